@@ -1,0 +1,82 @@
+"""Cache dtypes and bit-exact comparison [DTYPE-1, DTYPE-2].
+
+Dtypes are named by strings (``"bfloat16"``) everywhere in the spec so that plans,
+reports and golden vectors stay language-neutral; :func:`torch_dtype` turns a name
+into the torch dtype only where tensors are made.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvspec.clause import Clause
+
+CLAUSES = (
+    Clause(
+        "DTYPE-1",
+        "Allowed cache dtypes",
+        "A KV cache is float32, float16, bfloat16, float8_e4m3fn or float8_e5m2, named by "
+        "these strings. Any other dtype is refused, with the allowed names listed.",
+    ),
+    Clause(
+        "DTYPE-2",
+        "Comparisons are bit-exact",
+        "Two caches are equal when their shapes and dtypes are equal and their raw bits are "
+        "equal element by element. NaN payloads and -0.0 must survive every path; no "
+        "floating-point comparison is used.",
+    ),
+)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+"""The allowed cache dtypes by name [DTYPE-1]."""
+
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+# An integer dtype of the same width, to read a tensor's raw bits [DTYPE-2].
+_BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def check_dtype(name: object) -> str:
+    """Return ``name`` if it names an allowed cache dtype [DTYPE-1]."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
+    return name  # type: ignore[return-value]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for an allowed dtype name [DTYPE-1]."""
+    return DTYPES[check_dtype(name)]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The spec's name for a torch dtype; refuses dtypes outside the allow-list [DTYPE-1]."""
+    for name, candidate in DTYPES.items():
+        if candidate == dtype:
+            return name
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype}")
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of an allowed dtype."""
+    return torch_dtype(name).itemsize
+
+
+def raw_bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits, reinterpreted as integers of the same width [DTYPE-2]."""
+    return tensor.contiguous().view(_BITS_DTYPE[tensor.element_size()])
+
+
+def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` have the same shape, dtype and raw bits [DTYPE-2].
+
+    Tensors on different devices are compared on ``a``'s device.
+    """
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(raw_bits(a), raw_bits(b.to(a.device))))

@@ -1,0 +1,126 @@
+"""Hypothesis strategies for the spec's inputs, shared by kvspec's tests and its conformance suite.
+
+Draws are dependent, as the rules are: a source TP, then a target TP that divides
+or is divided by it [PLAN-1], then a head count valid for both [HEAD-1, HEAD-2],
+then pipeline layouts whose partitions fit the layer count [LAYER-1, LAYER-2].
+Validity is decided by the spec's own checks, never restated here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from kvspec.dtypes import DTYPES
+from kvspec.model import ModelShape
+from kvspec.ownership import check_heads
+from kvspec.plan import POLICIES, TransferPlan, check_tp_pair, plan_transfer
+from kvspec.stage import StageLayout
+
+TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
+"""TP sizes drawn by default: powers of two and the non-powers 3, 6, 12, 24."""
+
+
+def _valid(check, *args) -> bool:
+    try:
+        check(*args)
+    except ValueError:
+        return False
+    return True
+
+
+def head_counts_for(tps: tuple[int, ...], *, max_heads: int = 48) -> list[int]:
+    """Head counts valid for every TP size in ``tps`` [HEAD-1, HEAD-2]."""
+    return [h for h in range(1, max_heads + 1) if all(_valid(check_heads, h, tp) for tp in tps)]
+
+
+@dataclass(frozen=True)
+class TransferCase:
+    """One generated transfer: two stage layouts, the model and a replica policy."""
+
+    source: StageLayout
+    target: StageLayout
+    model: ModelShape
+    policy: str = "lowest"
+
+    def plan(self) -> TransferPlan:
+        return plan_transfer(self.source, self.target, self.model, policy=self.policy)
+
+    def describe(self) -> str:
+        return (
+            f"{self.source.describe()} -> {self.target.describe()}, {self.model.describe()}, "
+            f"policy {self.policy}"
+        )
+
+
+@st.composite
+def tp_pairs(draw: st.DrawFn, *, sizes: tuple[int, ...] = TP_SIZES) -> tuple[int, int]:
+    """A (source TP, target TP) pair that divide one another [PLAN-1]."""
+    source = draw(st.sampled_from(sizes))
+    target = draw(st.sampled_from([t for t in sizes if _valid(check_tp_pair, source, t)]))
+    return source, target
+
+
+@st.composite
+def stage_layouts(draw: st.DrawFn, *, tp: int, num_layers: int, max_pp: int = 3) -> StageLayout:
+    """A stage at TP ``tp`` with 1..max_pp pipeline ranks, default or explicit partition."""
+    pp = draw(st.integers(1, min(max_pp, num_layers)))
+    if pp == 1 or draw(st.booleans()):
+        return StageLayout(tp=tp, pp=pp)
+    cuts = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=pp - 1, max_size=pp - 1)))
+    bounds = [0, *cuts, num_layers]
+    return StageLayout(
+        tp=tp, pp=pp, layer_partition=tuple(b - a for a, b in itertools.pairwise(bounds))
+    )
+
+
+@st.composite
+def models(
+    draw: st.DrawFn,
+    *,
+    tps: tuple[int, ...] = (1,),
+    max_layers: int = 8,
+    max_head_dim: int = 4,
+    dtypes: tuple[str, ...] = tuple(DTYPES),
+    attention: tuple[str, ...] = ("mha", "mla"),
+    max_heads: int = 48,
+) -> ModelShape:
+    """A model whose head count is valid for every TP in ``tps`` (MLA always is)."""
+    kind = draw(st.sampled_from(attention))
+    num_layers = draw(st.integers(1, max_layers))
+    head_dim = draw(st.integers(1, max_head_dim))
+    dtype = draw(st.sampled_from(dtypes))
+    if kind == "mla":
+        return ModelShape.mla(num_layers, head_dim, dtype=dtype)
+    heads = draw(st.sampled_from(head_counts_for(tps, max_heads=max_heads)))
+    return ModelShape(num_layers, heads, head_dim, dtype=dtype)
+
+
+@st.composite
+def transfer_cases(
+    draw: st.DrawFn,
+    *,
+    sizes: tuple[int, ...] = TP_SIZES,
+    max_pp: int = 3,
+    max_layers: int = 8,
+    max_head_dim: int = 4,
+    dtypes: tuple[str, ...] = tuple(DTYPES),
+    attention: tuple[str, ...] = ("mha", "mla"),
+    policies: tuple[str, ...] = POLICIES,
+) -> TransferCase:
+    """A valid transfer: TP pair, a model valid for both, PP layouts on both sides."""
+    source_tp, target_tp = draw(tp_pairs(sizes=sizes))
+    model = draw(
+        models(
+            tps=(source_tp, target_tp),
+            max_layers=max_layers,
+            max_head_dim=max_head_dim,
+            dtypes=dtypes,
+            attention=attention,
+        )
+    )
+    source = draw(stage_layouts(tp=source_tp, num_layers=model.num_layers, max_pp=max_pp))
+    target = draw(stage_layouts(tp=target_tp, num_layers=model.num_layers, max_pp=max_pp))
+    return TransferCase(source, target, model, draw(st.sampled_from(policies)))

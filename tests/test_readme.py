@@ -1,0 +1,55 @@
+"""The README's examples are true: its Python blocks run and its console transcripts match."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from kvspec.cli import main
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
+
+
+def _blocks(language: str) -> list[str]:
+    return [body for lang, body in BLOCK.findall(README) if lang == language]
+
+
+def _transcripts() -> list[tuple[str, list[str]]]:
+    """(command, shown output lines) for every `$ .venv/bin/kvspec ...` line."""
+    found = []
+    for body in _blocks("console"):
+        current: tuple[str, list[str]] | None = None
+        for line in body.splitlines():
+            if line.startswith("$ "):
+                current = (line[2:], [])
+                found.append(current)
+            elif current is not None:
+                current[1].append(line)
+    return found
+
+
+@pytest.mark.parametrize("index", range(len(_blocks("python"))))
+def test_python_block_runs(index: int) -> None:
+    exec(compile(_blocks("python")[index], f"README.md python block {index}", "exec"), {})
+
+
+@pytest.mark.parametrize(("command", "shown"), _transcripts(), ids=lambda v: str(v)[:60])
+def test_console_transcript(
+    command: str, shown: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    words = shlex.split(command, comments=True)
+    assert words[0] == ".venv/bin/kvspec"
+    code = main(words[1:])
+    out, err = capsys.readouterr()
+    expected_code = 2 if "refused, exit 2" in command else 0
+    assert code == expected_code
+    printed = (out + err).splitlines()
+    for line in shown:
+        if line == "...":
+            continue
+        if line.endswith("..."):
+            assert any(p.startswith(line[:-3]) for p in printed), line
+        else:
+            assert line in printed, line
