@@ -16,6 +16,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.stage",
     "kvspec.model",
     "kvspec.dtypes",
+    "kvspec.kv",
     "kvspec.ownership",
     "kvspec.plan",
     "kvspec.slicing",

@@ -1,11 +1,10 @@
-"""Executing a plan on tensors: shard a full KV, send along edges, receive, compare.
+"""Executing a plan on tensors: shard a request's KV, send along edges, receive, compare.
 
-The reference representation of one request's KV for the whole model is a tensor
-``[num_layers, kv, seq_len, num_kv_heads, head_dim]`` (``kv`` = 2 for K and V, 1 for
-an MLA latent). A rank's shard is the same with only its layers and heads
-[RESHARD-1]. Senders turn their shard into one :class:`Shipment` per edge, receivers
-assemble their shard from the shipments they receive; the result must equal sharding
-the full tensor for the target layout, bit for bit [RESHARD-2].
+The whole model's KV for one request is a :class:`~kvspec.kv.RequestKV`; a rank's
+shard is the same restricted to the layers and heads it owns [RESHARD-1]. Senders
+turn their shard into one :class:`Shipment` per edge, receivers assemble their shard
+from the shipments they receive; the result equals sharding the whole KV for the
+target layout, bit for bit [RESHARD-2].
 
 Everything here runs on whatever device the tensors are on.
 """
@@ -17,9 +16,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kvspec._checks import require_choice, require_int
+from kvspec._checks import require_choice
 from kvspec.clause import Clause
-from kvspec.dtypes import torch_dtype
+from kvspec.dtypes import bit_equal
+from kvspec.kv import RequestKV, check_request_kv
 from kvspec.model import ModelShape
 from kvspec.ownership import rank_ownership, stage_ownership
 from kvspec.plan import Edge, TransferPlan
@@ -30,9 +30,10 @@ CLAUSES = (
     Clause(
         "RESHARD-1",
         "A rank's shard",
-        "The shard of a stage rank is the full request KV [num_layers, kv, seq_len, "
+        "The shard of a stage rank is the request's KV [num_layers, kv, seq_len, "
         "num_kv_heads, head_dim] restricted to the layers and heads the rank owns "
-        "[HEAD-1..3, LAYER-1..2], in global order.",
+        "[HEAD-1..3, LAYER-1..2], in global order, with the scales of those layers "
+        "[DTYPE-3].",
     ),
     Clause(
         "RESHARD-2",
@@ -51,55 +52,37 @@ CLAUSES = (
 )
 
 HEAD_AXIS = 3
-"""The head axis of the reference representation ``[layers, kv, seq, heads, dim]``."""
+"""The head axis of ``RequestKV.data``: ``[layers, kv, seq, heads, dim]``."""
 
 SLICING_MODES: tuple[str, ...] = ("sender", "receiver")
 
 
 @dataclass(frozen=True)
 class Shipment:
-    """What travels on one edge: the edge, its slice marker and the data.
+    """What travels on one edge: the edge, its slice marker and the KV.
 
-    ``data`` is ``[len(edge.layers), kv, seq_len, heads, head_dim]``, where ``heads`` is
-    the edge's heads once ``marker.applied`` and the sender's whole shard before.
+    ``kv`` covers the edge's layers, and its heads once ``marker.applied`` (the
+    sender's whole head shard before).
     """
 
     edge: Edge
     marker: HeadSlice
-    data: torch.Tensor
+    kv: RequestKV
 
 
-def full_shape(model: ModelShape, seq_len: int) -> tuple[int, int, int, int, int]:
-    """Shape of the reference representation of one request [RESHARD-1]."""
-    require_int("seq_len", seq_len, minimum=0)
-    return (model.num_layers, model.kv_tensors, seq_len, model.num_kv_heads, model.head_dim)
-
-
-def random_full(
-    model: ModelShape, seq_len: int, *, seed: int = 0, device: str | torch.device = "cpu"
-) -> torch.Tensor:
-    """A full request KV of random bits, NaN payloads and -0.0 included [DTYPE-2]."""
-    dtype = torch_dtype(model.dtype)
-    bits_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[dtype.itemsize]
-    info = torch.iinfo(bits_dtype)
-    generator = torch.Generator().manual_seed(seed)
-    bits = torch.randint(
-        info.min, info.max, full_shape(model, seq_len), dtype=bits_dtype, generator=generator
-    )
-    return bits.view(dtype).to(device)
-
-
-def shard(full: torch.Tensor, layout: StageLayout, model: ModelShape) -> list[torch.Tensor]:
+def shard(full: RequestKV, layout: StageLayout, model: ModelShape) -> list[RequestKV]:
     """The shard of every rank of ``layout``, in rank order [RESHARD-1]."""
-    _check_full(full, model)
+    check_request_kv(
+        full, model, layers=model.num_layers, heads=model.num_kv_heads, where="the request's KV"
+    )
     return [
-        full[r.layers.start : r.layers.stop, :, :, r.heads.start : r.heads.stop]
+        full.layer_slice(r.layers.start, r.layers.stop).head_slice(r.heads.start, r.heads.stop)
         for r in stage_ownership(layout, model)
     ]
 
 
 def send(
-    plan: TransferPlan, src: int, local_shard: torch.Tensor, *, slicing: str = "sender"
+    plan: TransferPlan, src: int, local: RequestKV, *, slicing: str = "sender"
 ) -> list[Shipment]:
     """The shipments sender ``src`` puts on each of its edges [SLICE-1, SLICE-2].
 
@@ -108,11 +91,17 @@ def send(
     """
     require_choice("slicing", slicing, SLICING_MODES)
     owner = rank_ownership(plan.source, plan.model, src)
-    _check_shard(local_shard, owner.layers, owner.heads, plan.model, "source", src)
+    check_request_kv(
+        local,
+        plan.model,
+        layers=len(owner.layers),
+        heads=len(owner.heads),
+        where=f"source rank {src}'s shard",
+    )
     shipments = []
     for edge in plan.edges_from(src):
         first = edge.layers.start - owner.layers.start
-        by_layer = local_shard[first : first + len(edge.layers)]
+        kv = local.layer_slice(first, first + len(edge.layers))
         marker = HeadSlice(
             target_rank=edge.dst,
             from_tp=plan.source.tp,
@@ -121,20 +110,75 @@ def send(
             num_slices=edge.num_slices,
         )
         if slicing == "sender":
-            data = slice_heads(by_layer, edge.offset_in_shard, edge.num_slices, head_axis=HEAD_AXIS)
+            data = slice_heads(kv.data, edge.offset_in_shard, edge.num_slices, head_axis=HEAD_AXIS)
+            kv = RequestKV(data, kv.scales)
             marker = replace(marker, applied=True, side="sender")
-        else:
-            data = by_layer
-        shipments.append(Shipment(edge, marker, data))
+        shipments.append(Shipment(edge, marker, kv))
     return shipments
 
 
-def receive(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> torch.Tensor:
-    """Assemble receiver ``dst``'s shard from its shipments [RESHARD-3, SLICE-3].
+def receive(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> RequestKV:
+    """Assemble receiver ``dst``'s shard from its shipments [RESHARD-3, SLICE-3, DTYPE-3].
 
     The order in which shipments arrive does not matter.
     """
     owner = rank_ownership(plan.target, plan.model, dst)
+    by_src = _match_plan(plan, dst, shipments)
+    seq_lens = sorted({s.kv.data.shape[2] for s in by_src.values() if s.kv.data.dim() == 5})
+    if len(seq_lens) > 1:
+        raise ValueError(f"shipments to target rank {dst} disagree on seq_len: {seq_lens}")
+
+    data: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+    scales_given = torch.zeros(len(owner.layers), dtype=torch.bool)
+    for src in sorted(by_src):
+        shipment = by_src[src]
+        edge = shipment.edge
+        sliced, _ = apply_head_slice(
+            shipment.kv.data, shipment.marker, my_rank=dst, head_axis=HEAD_AXIS
+        )
+        piece = RequestKV(sliced, shipment.kv.scales)
+        check_request_kv(
+            piece,
+            plan.model,
+            layers=len(edge.layers),
+            heads=len(edge.heads),
+            where=f"shipment from source rank {src} to target rank {dst}",
+        )
+        layers = slice(
+            edge.layers.start - owner.layers.start, edge.layers.stop - owner.layers.start
+        )
+        heads = slice(edge.heads.start - owner.heads.start, edge.heads.stop - owner.heads.start)
+        if data is None:
+            shape = (len(owner.layers), plan.model.kv_tensors, seq_lens[0], len(owner.heads))
+            data = sliced.new_empty((*shape, plan.model.head_dim))
+            if piece.scales is not None:
+                scales = piece.scales.new_empty((len(owner.layers), plan.model.kv_tensors))
+        data[layers, :, :, heads] = sliced
+        if scales is not None and piece.scales is not None:
+            _merge_scales(scales, scales_given, layers, piece.scales, src, dst)
+    assert data is not None, "exact cover [PLAN-2] gives every receiver at least one edge"
+    return RequestKV(data, scales)
+
+
+def reshard(
+    source_shards: Sequence[RequestKV], plan: TransferPlan, *, slicing: str = "sender"
+) -> list[RequestKV]:
+    """Run the whole plan: every sender sends, every receiver assembles [RESHARD-2]."""
+    if len(source_shards) != plan.source.world_size:
+        raise ValueError(
+            f"expected {plan.source.world_size} source shards (one per rank of "
+            f"{plan.source.describe()}), got {len(source_shards)}"
+        )
+    inbox: dict[int, list[Shipment]] = {dst: [] for dst in plan.target.ranks()}
+    for src, local in enumerate(source_shards):
+        for shipment in send(plan, src, local, slicing=slicing):
+            inbox[shipment.edge.dst].append(shipment)
+    return [receive(plan, dst, inbox[dst]) for dst in plan.target.ranks()]
+
+
+def _match_plan(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> dict[int, Shipment]:
+    """The shipments by sender, refusing any the plan does not list for ``dst`` [RESHARD-3]."""
     expected = {e.src: e for e in plan.edges_to(dst)}
     by_src: dict[int, Shipment] = {}
     for shipment in shipments:
@@ -159,73 +203,24 @@ def receive(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> torc
         raise ValueError(
             f"target rank {dst} is missing shipments from source ranks {missing} [RESHARD-3]"
         )
-    seq_lens = {s.data.shape[2] for s in by_src.values() if s.data.dim() == 5}
-    if len(seq_lens) > 1:
-        raise ValueError(f"shipments to target rank {dst} disagree on seq_len: {sorted(seq_lens)}")
-    seq_len = seq_lens.pop() if seq_lens else 0
-
-    result = None
-    for src in sorted(by_src):
-        shipment = by_src[src]
-        data, _ = apply_head_slice(shipment.data, shipment.marker, my_rank=dst, head_axis=HEAD_AXIS)
-        edge = shipment.edge
-        role = f"shipment from source rank {src} to target"
-        _check_shard(data, edge.layers, edge.heads, plan.model, role, dst)
-        if result is None:
-            shape = (len(owner.layers), plan.model.kv_tensors, seq_len, len(owner.heads))
-            result = data.new_empty((*shape, plan.model.head_dim))
-        result[
-            edge.layers.start - owner.layers.start : edge.layers.stop - owner.layers.start,
-            :,
-            :,
-            edge.heads.start - owner.heads.start : edge.heads.stop - owner.heads.start,
-        ] = data
-    assert result is not None, "exact cover [PLAN-2] gives every receiver at least one edge"
-    return result
+    return by_src
 
 
-def reshard(
-    source_shards: Sequence[torch.Tensor], plan: TransferPlan, *, slicing: str = "sender"
-) -> list[torch.Tensor]:
-    """Run the whole plan: every sender sends, every receiver assembles [RESHARD-2]."""
-    if len(source_shards) != plan.source.world_size:
-        raise ValueError(
-            f"expected {plan.source.world_size} source shards (one per rank of "
-            f"{plan.source.describe()}), got {len(source_shards)}"
-        )
-    inbox: dict[int, list[Shipment]] = {dst: [] for dst in plan.target.ranks()}
-    for src, local in enumerate(source_shards):
-        for shipment in send(plan, src, local, slicing=slicing):
-            inbox[shipment.edge.dst].append(shipment)
-    return [receive(plan, dst, inbox[dst]) for dst in plan.target.ranks()]
-
-
-def _check_full(full: torch.Tensor, model: ModelShape) -> None:
-    expected = full_shape(model, full.shape[2] if full.dim() == 5 else 0)
-    if full.dim() != 5 or tuple(full.shape) != expected:
-        raise ValueError(
-            f"full KV must have shape [layers, kv, seq, heads, dim] = {list(expected)} for "
-            f"{model.describe()}; got {list(full.shape)}"
-        )
-    if full.dtype != torch_dtype(model.dtype):
-        raise ValueError(f"full KV dtype {full.dtype} != model dtype {model.dtype}")
-
-
-def _check_shard(
-    data: torch.Tensor, layers: range, heads: range, model: ModelShape, role: str, rank: int
+def _merge_scales(
+    scales: torch.Tensor,
+    given: torch.Tensor,
+    layers: slice,
+    incoming: torch.Tensor,
+    src: int,
+    dst: int,
 ) -> None:
-    expected = [len(layers), model.kv_tensors, None, len(heads), model.head_dim]
-    ok = data.dim() == 5 and all(
-        e is None or e == n for e, n in zip(expected, data.shape, strict=True)
-    )
-    if not ok:
-        shown = ["seq" if e is None else e for e in expected]
+    """Write a shipment's scales; layers another sender already gave must agree [DTYPE-3]."""
+    known = given[layers].to(scales.device)
+    current = scales[layers]
+    if bool(known.any()) and not bit_equal(current[known], incoming[known]):
         raise ValueError(
-            f"{role} rank {rank}: expected a tensor of shape {shown} (layers "
-            f"{layers.start}..{layers.stop - 1}, heads {heads.start}..{heads.stop - 1}), "
-            f"got {list(data.shape)} [RESHARD-3]"
+            f"source rank {src} sends target rank {dst} scales {incoming[known].tolist()} for "
+            f"layers another sender gave as {current[known].tolist()} [DTYPE-3]"
         )
-    if data.dtype != torch_dtype(model.dtype):
-        raise ValueError(
-            f"{role} rank {rank}: dtype {data.dtype} != model dtype {model.dtype} [RESHARD-3]"
-        )
+    scales[layers] = incoming
+    given[layers] = True
