@@ -20,14 +20,11 @@ from kvspec.stage import StageLayout
 
 
 def _stage(args: dict[str, Any]) -> StageLayout:
-    partition = args.get("layer_partition")
-    return StageLayout(
-        args["tp"], args.get("pp", 1), None if partition is None else tuple(partition)
-    )
+    return StageLayout.from_dict(args)
 
 
 def _model(args: dict[str, Any]) -> ModelShape:
-    return ModelShape(**args)
+    return ModelShape.from_dict(args)
 
 
 OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {

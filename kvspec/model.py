@@ -8,8 +8,8 @@ byte count (one tensor per layer instead of K and V) and the cache layout differ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause
@@ -111,6 +111,15 @@ class ModelShape:
     def bytes_per_token_per_head_layer(self) -> int:
         """Cache bytes one token adds for one head in one layer, K and V together."""
         return self.kv_tensors * self.head_dim * self.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form, the constructor's keyword arguments."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelShape:
+        """Inverse of :meth:`to_dict`; omitted fields take their defaults."""
+        return cls(**data)
 
     def describe(self) -> str:
         """Short human form, e.g. ``32 layers, 8 KV heads x 128, mha, bfloat16``."""

@@ -152,24 +152,12 @@ class TransferPlan:
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form of the plan, for JSON output and golden vectors."""
         return {
-            "source": _layout_dict(self.source),
-            "target": _layout_dict(self.target),
-            "model": {
-                "num_layers": self.model.num_layers,
-                "num_kv_heads": self.model.num_kv_heads,
-                "head_dim": self.model.head_dim,
-                "attention": self.model.attention,
-                "dtype": self.model.dtype,
-                "scale_format": self.model.scale_format,
-            },
+            "source": self.source.to_dict(),
+            "target": self.target.to_dict(),
+            "model": self.model.to_dict(),
             "policy": self.policy,
             "edges": [e.to_dict() for e in self.edges],
         }
-
-
-def _layout_dict(layout: StageLayout) -> dict[str, Any]:
-    partition = None if layout.layer_partition is None else list(layout.layer_partition)
-    return {"tp": layout.tp, "pp": layout.pp, "layer_partition": partition}
 
 
 def check_tp_pair(source_tp: int, target_tp: int) -> None:

@@ -8,6 +8,7 @@ stages [STAGE-1]. Which heads and layers each rank owns is in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvspec._checks import require_int, require_rank
 from kvspec.clause import Clause
@@ -70,6 +71,17 @@ class StageLayout:
         """``(pp_rank, tp_rank)`` of a stage-local rank [STAGE-1]."""
         require_rank("rank", rank, self.world_size)
         return divmod(rank, self.tp)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form: ``{"tp", "pp", "layer_partition"}``."""
+        partition = None if self.layer_partition is None else list(self.layer_partition)
+        return {"tp": self.tp, "pp": self.pp, "layer_partition": partition}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StageLayout:
+        """Inverse of :meth:`to_dict`; ``pp`` and ``layer_partition`` may be omitted."""
+        partition = data.get("layer_partition")
+        return cls(data["tp"], data.get("pp", 1), None if partition is None else tuple(partition))
 
     def describe(self) -> str:
         """Short human form, e.g. ``TP8`` or ``PP2xTP2``."""

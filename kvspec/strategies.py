@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -44,6 +45,24 @@ class TransferCase:
     target: StageLayout
     model: ModelShape
     policy: str = "lowest"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form, for counterexamples and golden vectors."""
+        return {
+            "source": self.source.to_dict(),
+            "target": self.target.to_dict(),
+            "model": self.model.to_dict(),
+            "policy": self.policy,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransferCase:
+        return cls(
+            StageLayout.from_dict(data["source"]),
+            StageLayout.from_dict(data["target"]),
+            ModelShape.from_dict(data["model"]),
+            data.get("policy", "lowest"),
+        )
 
     def plan(self) -> TransferPlan:
         return plan_transfer(self.source, self.target, self.model, policy=self.policy)
