@@ -221,17 +221,19 @@ def plan_transfer(
             layers = _intersect(stage_layers, receiver.layers)
             if not layers:
                 continue
-            # Heads of this receiver, grouped by the source TP rank chosen to send them.
-            chosen: dict[int, list[int]] = defaultdict(list)
-            for head in receiver.heads:
-                replicas = head_replicas(model.num_kv_heads, source.tp, head)
-                k = consumer_index[(pp_rank, head)][receiver.rank]
-                chosen[_choose(policy, replicas, k)].append(head)
-            for tp_rank in sorted(chosen):
-                sender = sender_at[(pp_rank, tp_rank)]
-                heads = range(chosen[tp_rank][0], chosen[tp_rank][-1] + 1)
-                assert list(heads) == chosen[tp_rank], "a sender's heads are contiguous"
-                edges.append(_edge(sender, receiver.rank, heads, layers, model))
+            # The source TP rank chosen to send each of this receiver's heads.
+            chosen = {
+                _choose(
+                    policy,
+                    head_replicas(model.num_kv_heads, source.tp, head),
+                    consumer_index[(pp_rank, head)][receiver.rank],
+                )
+                for head in receiver.heads
+            }
+            edges.extend(
+                edge_between(sender_at[(pp_rank, tp_rank)], receiver, model)
+                for tp_rank in sorted(chosen)
+            )
     edges.sort(key=lambda e: (e.src, e.dst))
     return TransferPlan(source, target, model, policy, tuple(edges))
 
@@ -257,22 +259,42 @@ def _consumer_index(
     return index
 
 
-def _edge(sender: RankOwnership, dst: int, heads: range, layers: range, model: ModelShape) -> Edge:
-    """An edge whose heads must be an equal slice of the sender's shard [SLICE-1]."""
-    shard = sender.heads
-    num_slices, remainder = divmod(len(shard), len(heads))
-    offset, misaligned = divmod(heads.start - shard.start, len(heads))
-    # PLAN-1 and HEAD-1/2 guarantee both; a failure here is a bug in this module.
-    assert remainder == 0 and misaligned == 0, (shard, heads)
+def edge_between(sender: RankOwnership, receiver: RankOwnership, model: ModelShape) -> Edge:
+    """The edge from ``sender`` to ``receiver``: every head and layer both own [PLAN-2, SLICE-1].
+
+    When a sender is chosen for some of a receiver's heads it is chosen for all the
+    heads they share (a sender holds one head when heads are replicated [HEAD-2]), so
+    the edge is the intersection of the two ranks' ownership. Refuses ranks that share
+    nothing.
+    """
+    heads = _intersect(sender.heads, receiver.heads)
+    layers = _intersect(sender.layers, receiver.layers)
+    if not heads or not layers:
+        raise ValueError(
+            f"source rank {sender.rank} (heads {_span(sender.heads)}, layers "
+            f"{_span(sender.layers)}) shares nothing with target rank {receiver.rank} (heads "
+            f"{_span(receiver.heads)}, layers {_span(receiver.layers)}) [PLAN-2]"
+        )
+    num_slices, remainder = divmod(len(sender.heads), len(heads))
+    offset, misaligned = divmod(heads.start - sender.heads.start, len(heads))
+    if remainder or misaligned:
+        raise ValueError(
+            f"heads {_span(heads)} are not an equal slice of source rank {sender.rank}'s heads "
+            f"{_span(sender.heads)}; the two TP sizes must divide one another [PLAN-1, SLICE-1]"
+        )
     return Edge(
         src=sender.rank,
-        dst=dst,
+        dst=receiver.rank,
         heads=heads,
         layers=layers,
         offset_in_shard=offset,
         num_slices=num_slices,
         bytes_per_token=len(heads) * len(layers) * model.bytes_per_token_per_head_layer,
     )
+
+
+def _span(r: range) -> str:
+    return f"{r.start}..{r.stop - 1}"
 
 
 def _intersect(a: range, b: range) -> range:
