@@ -27,18 +27,29 @@ def _model(args: dict[str, Any]) -> ModelShape:
     return ModelShape.from_dict(args)
 
 
+def _transfer(args: dict[str, Any]) -> object:
+    """A whole transfer configuration, as an adapter's ``validate`` receives it.
+
+    Optional ``target_model`` (the receiver's model facts [MODEL-3]) and ``rank``
+    (``{"side": "source" | "target", "rank": int}`` [STAGE-1]) are checked too.
+    """
+    source, target, model = _stage(args["source"]), _stage(args["target"]), _model(args["model"])
+    if "target_model" in args:
+        check_compatible(model, _model(args["target_model"]))
+    plan = plan_transfer(source, target, model, policy=args.get("policy", "lowest"))
+    if "rank" in args:
+        side = args["rank"]["side"]
+        (source if side == "source" else target).coords(args["rank"]["rank"])
+    return plan
+
+
 OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "stage": _stage,
     "model": _model,
     "rank_coords": lambda a: _stage(a["stage"]).coords(a["rank"]),
     "owned_heads": lambda a: owned_heads(a["num_kv_heads"], a["tp"], a["tp_rank"]),
     "layer_ranges": lambda a: layer_ranges(_stage(a["stage"]), a["num_layers"]),
-    "plan": lambda a: plan_transfer(
-        _stage(a["source"]),
-        _stage(a["target"]),
-        _model(a["model"]),
-        policy=a.get("policy", "lowest"),
-    ),
+    "transfer": lambda a: _transfer(a),
     "compatible": lambda a: check_compatible(_model(a["source"]), _model(a["target"])),
     "head_slice": lambda a: HeadSlice.from_dict(a),
 }
@@ -97,30 +108,54 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
     ErrorCase(
         "tp-pair-3-2",
         "PLAN-1",
-        "plan",
+        "transfer",
         {"source": {"tp": 3}, "target": {"tp": 2}, "model": {**_M, "num_kv_heads": 6}},
         r"source TP 3 and target TP 2 do not divide one another",
     ),
     ErrorCase(
         "tp-pair-6-4",
         "PLAN-1",
-        "plan",
+        "transfer",
         {"source": {"tp": 6}, "target": {"tp": 4}, "model": {**_M, "num_kv_heads": 12}},
         r"source TP 6 and target TP 4 do not divide one another",
     ),
     ErrorCase(
         "target-heads-invalid",
         "HEAD-1",
-        "plan",
+        "transfer",
         {"source": {"tp": 2}, "target": {"tp": 8}, "model": {**_M, "num_kv_heads": 12}},
         r"12 KV heads cannot be split over TP 8",
     ),
     ErrorCase(
         "unknown-policy",
         "PLAN-4",
-        "plan",
+        "transfer",
         {"source": {"tp": 2}, "target": {"tp": 2}, "model": _M, "policy": "random"},
         r"policy must be one of 'lowest', 'balanced'; got 'random'",
+    ),
+    ErrorCase(
+        "transfer-rank-out-of-range",
+        "STAGE-1",
+        "transfer",
+        {
+            "source": {"tp": 2, "pp": 2},
+            "target": {"tp": 2},
+            "model": _M,
+            "rank": {"side": "source", "rank": 4},
+        },
+        r"rank 4 is out of range: valid ranks are 0\.\.3",
+    ),
+    ErrorCase(
+        "transfer-mismatched-models",
+        "MODEL-3",
+        "transfer",
+        {
+            "source": {"tp": 2},
+            "target": {"tp": 2},
+            "model": _M,
+            "target_model": {**_M, "num_kv_heads": 8},
+        },
+        r"num_kv_heads: source 4 != target 8",
     ),
     ErrorCase(
         "fewer-layers-than-pp",

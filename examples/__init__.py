@@ -1,0 +1,1 @@
+"""Example implementations and adapters (not part of kvspec)."""

@@ -1,0 +1,68 @@
+"""A kvspec adapter for examples/field_kv_utils.py, a module shaped like the field's API."""
+
+import torch
+
+from examples import field_kv_utils as kv
+from kvspec.conformance import Adapter
+from kvspec.kv import RequestKV
+
+
+def to_payload(request: RequestKV, marker: dict | None = None) -> dict:
+    """kvspec's [layers, kv, seq, heads, dim] -> the field's per-layer [seq, heads, dim] lists."""
+    data = request.data
+    blocks = {
+        name: [data[layer, i] if i < data.shape[1] else None for layer in range(data.shape[0])]
+        for i, name in enumerate(("key_cache", "value_cache"))
+    }
+    return {"layer_blocks": blocks, "metadata": {"tp_head_slice": marker} if marker else {}}
+
+
+def from_payload(payload: dict) -> RequestKV:
+    keys, values = (payload["layer_blocks"][name] for name in ("key_cache", "value_cache"))
+    tensors = [torch.stack(keys)] + ([torch.stack(values)] if values[0] is not None else [])
+    return RequestKV(torch.stack(tensors, dim=1))
+
+
+class FieldAdapter(Adapter):
+    name = "field_kv_utils"
+    slicing_modes = ("sender", "receiver")
+
+    def supports(self, case):
+        return case.source.pp == case.target.pp == 1  # the API has no pipeline parallelism
+
+    def topology(self, case, rank):
+        return kv.KVTPTopology(case.source.tp, case.target.tp, rank)
+
+    def sources(self, case, dst):
+        return kv.get_kv_source_ranks(self.topology(case, dst))
+
+    def targets(self, case, src):
+        return kv.get_kv_target_ranks(self.topology(case, src))
+
+    def sender_transform(self, case, src, shard, slicing):
+        topo, out = self.topology(case, src), {}
+        for dst in kv.get_kv_target_ranks(topo):
+            payload = to_payload(shard)
+            if slicing == "sender" and topo.target_tp_size > topo.source_tp_size:
+                blocks = kv.slice_layer_blocks(
+                    payload["layer_blocks"], dst % topo.ratio, topo.ratio
+                )
+                payload["layer_blocks"] = blocks
+            out[dst] = from_payload(payload)
+        return out
+
+    def receiver_combine(self, case, dst, shipments):
+        topo = self.topology(case, dst)
+        payloads = [to_payload(s.kv, s.marker.to_dict()) for s in shipments]
+        sliced = [kv.slice_received_rank_shard(p, topo) for p in payloads]
+        return from_payload(kv.merge_received_rank_shards(sliced))
+
+    def validate(self, config):
+        if config["source"].get("pp", 1) != 1 or config["target"].get("pp", 1) != 1:
+            raise ValueError("no pipeline parallelism in this API")
+        rank = config.get("rank", {}).get("rank", 0)
+        topo = kv.KVTPTopology(config["source"]["tp"], config["target"]["tp"], rank)
+        kv.validate_kv_tp_topology(topo)
+
+
+adapter = FieldAdapter()

@@ -1,0 +1,496 @@
+"""Checks of what travels and how it is combined, on real tensors.
+
+A request's KV of random bits (NaN payloads and -0.0 included) is sharded by the
+reference for the source layout; the implementation's sender transform and receiver
+combine must reproduce the reference's target shards bit for bit [RESHARD-2].
+Edges follow the implementation's own routing when it provides one, so any replica
+choice that satisfies the rules passes [PLAN-4].
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+from hypothesis import strategies as st
+
+from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
+from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples
+from kvspec.dtypes import FP8_DTYPES, raw_bits
+from kvspec.kv import RequestKV, kv_equal, random_request_kv
+from kvspec.model import ModelShape
+from kvspec.ownership import rank_ownership
+from kvspec.plan import TransferPlan, edge_between
+from kvspec.reshard import Shipment, send, shard
+from kvspec.slicing import HeadSlice
+from kvspec.stage import StageLayout
+from kvspec.strategies import TransferCase
+
+TENSOR_WEIGHT = 0.5
+
+
+def tensor_examples(adapter: Adapter, **case_kwargs) -> st.SearchStrategy[Example]:
+    """A small valid case, a sequence length and seeds for data and arrival order."""
+    return st.fixed_dictionaries(
+        {
+            "case": case_examples(adapter, max_layers=4, max_head_dim=3, **case_kwargs),
+            "seq_len": st.integers(1, 3),
+            "seed": st.integers(0, 2**16),
+        }
+    )
+
+
+def _pins(*cases: Example) -> tuple[Example, ...]:
+    return tuple({"case": c, "seq_len": 2, "seed": 0} for c in cases)
+
+
+TENSOR_PINS = _pins(*ROUTING_PINS)
+
+
+class Setup:
+    """The request's KV, the reference shards on both sides and the routed plan."""
+
+    def __init__(self, ctx: Context, example: Example) -> None:
+        self.ctx = ctx
+        self.case = TransferCase.from_dict(example["case"])
+        within_domain(ctx, self.case)
+        self.seq_len = example["seq_len"]
+        self.seed = example["seed"]
+        model = self.case.model
+        self.full = random_request_kv(model, self.seq_len, seed=self.seed, device=ctx.device)
+        self.source_shards = shard(self.full, self.case.source, model)
+        self.target_shards = shard(self.full, self.case.target, model)
+        self.plan = routed_plan(ctx, self.case)
+
+    def shipments_to(self, dst: int, slicing: str) -> list[Shipment]:
+        """Reference shipments along the routed plan's edges into ``dst``."""
+        return [
+            s
+            for src in self.plan.sources_of(dst)
+            for s in send(self.plan, src, self.source_shards[src], slicing=slicing)
+            if s.edge.dst == dst
+        ]
+
+    def combine(self, dst: int, shipments: Sequence[Shipment]) -> RequestKV:
+        try:
+            return self.ctx.adapter.receiver_combine(self.case, dst, list(shipments))
+        except Exception as error:
+            fail(
+                f"{self.case.describe()}: target rank {dst} refused a valid set of "
+                f"{len(shipments)} shipment(s) from sources "
+                f"{[s.edge.src for s in shipments]}: {error!r}"
+            )
+
+    def end_to_end(self, slicing: str) -> list[RequestKV]:
+        """The implementation's sender transform then its receiver combine, every rank."""
+        inbox: dict[int, list[Shipment]] = {t: [] for t in self.case.target.ranks()}
+        for src in self.case.source.ranks():
+            for dst, kv in self.sender_output(src, slicing).items():
+                edge = self.edge(src, dst)
+                marker = _marker(self.case, edge.dst, edge, slicing)
+                inbox[dst].append(Shipment(edge, marker, kv))
+        return [self.combine(dst, inbox[dst]) for dst in self.case.target.ranks()]
+
+    def sender_output(self, src: int, slicing: str) -> dict[int, RequestKV]:
+        try:
+            out = self.ctx.adapter.sender_transform(
+                self.case, src, self.source_shards[src], slicing
+            )
+        except Exception as error:
+            fail(f"{self.case.describe()}: source rank {src} ({slicing}-side) raised {error!r}")
+        bad = sorted(d for d in out if d not in self.case.target.ranks())
+        expect(not bad, f"{self.case.describe()}: source rank {src} sends to ranks {bad}")
+        return out
+
+    def edge(self, src: int, dst: int):
+        sender = rank_ownership(self.case.source, self.case.model, src)
+        receiver = rank_ownership(self.case.target, self.case.model, dst)
+        try:
+            return edge_between(sender, receiver, self.case.model)
+        except ValueError as error:
+            fail(f"{self.case.describe()}: {error}")
+
+
+def routed_plan(ctx: Context, case: TransferCase) -> TransferPlan:
+    """The reference plan, with edges along the adapter's routing when it has one."""
+    plan = case.plan()
+    if "routing" not in provided_capabilities(ctx.adapter):
+        return plan
+    edges = []
+    for dst in case.target.ranks():
+        receiver = rank_ownership(case.target, case.model, dst)
+        for src in ctx.adapter.sources(case, dst):
+            sender = rank_ownership(case.source, case.model, src)
+            try:
+                edges.append(edge_between(sender, receiver, case.model))
+            except ValueError as error:
+                fail(f"{case.describe()}: routing lists source {src} for target {dst}: {error}")
+    edges.sort(key=lambda e: (e.src, e.dst))
+    return replace(plan, edges=tuple(edges))
+
+
+def _marker(case: TransferCase, dst: int, edge, slicing: str) -> HeadSlice:
+    applied = slicing == "sender"
+    return HeadSlice(
+        target_rank=dst,
+        from_tp=case.source.tp,
+        to_tp=case.target.tp,
+        offset_in_shard=edge.offset_in_shard,
+        num_slices=edge.num_slices,
+        applied=applied,
+        side="sender" if applied else None,
+    )
+
+
+def difference(got: RequestKV, want: RequestKV) -> str | None:
+    """None when bit-equal; else where and how ``got`` differs from ``want``."""
+    if tuple(got.data.shape) != tuple(want.data.shape) or got.data.dtype != want.data.dtype:
+        return (
+            f"got {got.data.dtype} {list(got.data.shape)}, expected {want.data.dtype} "
+            f"{list(want.data.shape)} ([layers, kv, seq, heads, head_dim])"
+        )
+    if (got.scales is None) != (want.scales is None):
+        return f"scales {'missing' if got.scales is None else 'unexpected'}"
+    if got.scales is not None and not torch.equal(
+        raw_bits(got.scales), raw_bits(want.scales.to(got.scales.device))
+    ):
+        return f"scales {got.scales.tolist()} != expected {want.scales.tolist()}"
+    diff = raw_bits(got.data) != raw_bits(want.data.to(got.data.device))
+    if not bool(diff.any()):
+        return None
+    where = [int(i) for i in diff.nonzero()[0].tolist()]
+    return (
+        f"{int(diff.sum())} of {diff.numel()} elements differ; first at [layer, kv, token, head, "
+        f"dim] = {where} (relative to the shard)"
+    )
+
+
+def _slicing_modes(ctx: Context) -> tuple[str, ...]:
+    return ctx.adapter.slicing_modes
+
+
+@check(
+    "SLICE-1",
+    "sender-content",
+    "each edge carries the sender's slice (or whole shard) of the edge's layers",
+    needs=("sender",),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+)
+def sender_content(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    for slicing in _slicing_modes(ctx):
+        for src in setup.case.source.ranks():
+            owner = rank_ownership(setup.case.source, setup.case.model, src)
+            for dst, kv in setup.sender_output(src, slicing).items():
+                edge = setup.edge(src, dst)
+                expected = setup.source_shards[src].layer_slice(
+                    edge.layers.start - owner.layers.start, edge.layers.stop - owner.layers.start
+                )
+                if slicing == "sender":
+                    first = edge.heads.start - owner.heads.start
+                    expected = expected.head_slice(first, first + len(edge.heads))
+                problem = difference(kv, expected)
+                expect(
+                    problem is None,
+                    f"{setup.case.describe()}, {slicing}-side slicing: edge {src}->{dst} should "
+                    f"carry layers {edge.layers.start}..{edge.layers.stop - 1} and heads "
+                    f"{edge.heads.start}..{edge.heads.stop - 1} (slice {edge.offset_in_shard} of "
+                    f"{edge.num_slices} of the sender's heads) [SLICE-1]: {problem}",
+                )
+
+
+@check(
+    "PLAN-5",
+    "edge-bytes",
+    "an edge moves heads x layers x seq x head_dim x itemsize x (2 or 1) bytes",
+    needs=("sender",),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+)
+def edge_bytes(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    for slicing in _slicing_modes(ctx):
+        for src in setup.case.source.ranks():
+            for dst, kv in setup.sender_output(src, slicing).items():
+                edge = setup.edge(src, dst)
+                want = edge.nbytes(setup.seq_len, slicing=slicing)
+                got = kv.data.numel() * kv.data.element_size()
+                expect(
+                    got == want,
+                    f"{setup.case.describe()}, {slicing}-side slicing: edge {src}->{dst} moves "
+                    f"{got} bytes of KV; the spec says {want} [PLAN-5]",
+                )
+
+
+@check(
+    "RESHARD-2",
+    "round-trip",
+    "sender transform then receiver combine reproduce the target shards",
+    needs=("sender", "receiver"),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+)
+def round_trip(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    for slicing in _slicing_modes(ctx):
+        for dst, got in enumerate(setup.end_to_end(slicing)):
+            problem = difference(got, setup.target_shards[dst])
+            expect(
+                problem is None,
+                f"{setup.case.describe()}, seq_len {setup.seq_len}, {slicing}-side slicing: "
+                f"target rank {dst}'s shard differs from the spec's [RESHARD-2]: {problem}",
+            )
+
+
+@check(
+    "RESHARD-1",
+    "shard-shape",
+    "a receiver's shard is exactly its layers and heads",
+    needs=("receiver",),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+)
+def shard_shape(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    model = setup.case.model
+    for dst in setup.case.target.ranks():
+        owner = rank_ownership(setup.case.target, model, dst)
+        got = setup.combine(dst, setup.shipments_to(dst, "sender"))
+        want = [
+            len(owner.layers),
+            model.kv_tensors,
+            setup.seq_len,
+            len(owner.heads),
+            model.head_dim,
+        ]
+        expect(
+            list(got.data.shape) == want,
+            f"{setup.case.describe()}: target rank {dst} owns layers "
+            f"{owner.layers.start}..{owner.layers.stop - 1} and heads "
+            f"{owner.heads.start}..{owner.heads.stop - 1}, so its shard is {want}; the "
+            f"implementation returned {list(got.data.shape)} [RESHARD-1]",
+        )
+
+
+@check(
+    "SLICE-2",
+    "modes-agree",
+    "sender-side and receiver-side slicing give identical bits",
+    needs=("sender", "receiver"),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+    missing=lambda a: (
+        None
+        if len(set(a.slicing_modes)) == 2
+        else f"the adapter's sender transform does only {list(a.slicing_modes)} slicing"
+    ),
+)
+def modes_agree(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    by_sender = setup.end_to_end("sender")
+    by_receiver = setup.end_to_end("receiver")
+    for dst, (a, b) in enumerate(zip(by_sender, by_receiver, strict=True)):
+        problem = difference(b, a)
+        expect(
+            problem is None,
+            f"{setup.case.describe()}: target rank {dst} differs between sender-side and "
+            f"receiver-side slicing [SLICE-2]: {problem}",
+        )
+
+
+@check(
+    "SLICE-3",
+    "applied-once",
+    "an applied slice is not cut again; a payload for another rank is refused",
+    needs=("receiver",),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+)
+def applied_once(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    rng = random.Random(setup.seed)
+    for dst in setup.case.target.ranks():
+        applied = setup.shipments_to(dst, "sender")
+        unapplied = setup.shipments_to(dst, "receiver")
+        mixed = [rng.choice(pair) for pair in zip(applied, unapplied, strict=True)]
+        for label, shipments in (("applied", applied), ("unapplied", unapplied), ("mixed", mixed)):
+            problem = difference(setup.combine(dst, shipments), setup.target_shards[dst])
+            expect(
+                problem is None,
+                f"{setup.case.describe()}: target rank {dst} given {label} tp_head_slice markers "
+                f"({[s.marker.applied for s in shipments]}) assembles a wrong shard; an applied "
+                f"slice must not be cut again and an unapplied one must be cut once [SLICE-3]: "
+                f"{problem}",
+            )
+    world = setup.case.target.world_size
+    if world > 1:
+        dst = rng.randrange(world)
+        shipments = setup.shipments_to(dst, rng.choice(["sender", "receiver"]))
+        other = (dst + 1) % world
+        victim = rng.randrange(len(shipments))
+        stray = shipments[victim]
+        shipments[victim] = replace(stray, marker=replace(stray.marker, target_rank=other))
+        try:
+            ctx.adapter.receiver_combine(setup.case, dst, shipments)
+        except Exception:
+            return
+        fail(
+            f"{setup.case.describe()}: target rank {dst} accepted a payload from source "
+            f"{stray.edge.src} whose tp_head_slice is marked for target rank {other} [SLICE-3]"
+        )
+
+
+@check(
+    "RESHARD-3",
+    "order-and-missing",
+    "arrival order does not matter; a missing shipment is refused",
+    needs=("receiver",),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+)
+def order_and_missing(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    rng = random.Random(setup.seed)
+    for dst in setup.case.target.ranks():
+        shipments = setup.shipments_to(dst, "sender")
+        shuffled = rng.sample(shipments, len(shipments))
+        in_order = setup.combine(dst, shipments)
+        problem = difference(setup.combine(dst, shuffled), in_order)
+        expect(
+            problem is None,
+            f"{setup.case.describe()}: target rank {dst} assembles a different shard when "
+            f"shipments arrive in order {[s.edge.src for s in shuffled]} than in ascending "
+            f"sender order; the result must not depend on arrival order [RESHARD-3]: {problem}",
+        )
+        problem = difference(in_order, setup.target_shards[dst])
+        expect(
+            problem is None,
+            f"{setup.case.describe()}: target rank {dst} assembles a wrong shard from exactly "
+            f"its plan's shipments, in ascending sender order [RESHARD-3]: {problem}",
+        )
+    dst = rng.randrange(setup.case.target.world_size)
+    shipments = setup.shipments_to(dst, "sender")
+    dropped = shipments.pop(rng.randrange(len(shipments)))
+    try:
+        ctx.adapter.receiver_combine(setup.case, dst, shipments)
+    except Exception:
+        return
+    fail(
+        f"{setup.case.describe()}: target rank {dst} assembled a shard without the shipment "
+        f"from source rank {dropped.edge.src}; a missing shipment must be refused [RESHARD-3]"
+    )
+
+
+# Bit patterns, as the signed integers raw_bits() reads: a NaN with a payload, and -0.0.
+_NAN_WITH_PAYLOAD = {torch.float32: 0x7FC0_1234, torch.bfloat16: 0x7FC1, torch.float16: 0x7E01}
+_NEGATIVE_ZERO = {4: -0x8000_0000, 2: -0x8000}
+
+
+def _special_values(setup: Setup) -> None:
+    """Overwrite every fourth element (at random) with a NaN payload or -0.0 [DTYPE-2]."""
+    data = setup.full.data
+    assert data.is_contiguous()
+    flat = raw_bits(data).view(-1)  # shares data's storage
+    generator = torch.Generator().manual_seed(setup.seed)
+    where = torch.randint(0, flat.numel(), (max(1, flat.numel() // 4),), generator=generator)
+    nan = torch.rand(where.shape, generator=generator) < 0.5
+    values = torch.where(
+        nan, _NAN_WITH_PAYLOAD[data.dtype], _NEGATIVE_ZERO[data.element_size()]
+    ).to(flat.dtype)
+    flat[where.to(flat.device)] = values.to(flat.device)
+    setup.source_shards = shard(setup.full, setup.case.source, setup.case.model)
+    setup.target_shards = shard(setup.full, setup.case.target, setup.case.model)
+
+
+@check(
+    "DTYPE-2",
+    "special-values",
+    "NaN payloads and -0.0 arrive unchanged",
+    needs=("sender", "receiver"),
+    strategy=lambda adapter: tensor_examples(adapter, dtypes=("float32", "bfloat16", "float16")),
+    examples=TENSOR_PINS[:2],
+    weight=TENSOR_WEIGHT,
+)
+def special_values(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    _special_values(setup)
+    for slicing in _slicing_modes(ctx):
+        for dst, got in enumerate(setup.end_to_end(slicing)):
+            problem = difference(got, setup.target_shards[dst])
+            expect(
+                problem is None,
+                f"{setup.case.describe()}, {slicing}-side slicing: target rank {dst} does not "
+                f"receive NaN payloads and -0.0 bit for bit [DTYPE-2]: {problem}",
+            )
+
+
+@check(
+    "DTYPE-3",
+    "fp8-scales",
+    "fp8 scales travel with the data; senders disagreeing on a scale are refused",
+    needs=("sender", "receiver"),
+    strategy=lambda adapter: tensor_examples(adapter, dtypes=FP8_DTYPES),
+    examples=_pins(
+        TransferCase(
+            StageLayout(4), StageLayout(2), ModelShape(2, 4, 2, dtype="float8_e4m3fn")
+        ).to_dict()
+    ),
+    weight=TENSOR_WEIGHT,
+)
+def fp8_scales(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    for slicing in _slicing_modes(ctx):
+        for dst, got in enumerate(setup.end_to_end(slicing)):
+            problem = difference(got, setup.target_shards[dst])
+            expect(
+                problem is None,
+                f"{setup.case.describe()}, {slicing}-side slicing: target rank {dst} [DTYPE-3]: "
+                f"{problem}",
+            )
+    for dst in setup.case.target.ranks():
+        shipments = setup.shipments_to(dst, "sender")
+        if len(shipments) < 2 or not set(shipments[0].edge.layers) & set(shipments[1].edge.layers):
+            continue
+        bad = shipments[1]
+        scales = bad.kv.scales * 2  # type: ignore[operator]
+        shipments[1] = replace(bad, kv=RequestKV(bad.kv.data, scales))
+        try:
+            ctx.adapter.receiver_combine(setup.case, dst, shipments)
+        except Exception:
+            return
+        fail(
+            f"{setup.case.describe()}: target rank {dst} accepted source {bad.edge.src}'s scales "
+            f"{scales.tolist()} for layers that source {shipments[0].edge.src} gave as "
+            f"{shipments[0].kv.scales.tolist()}; the scales of one layer must agree [DTYPE-3]"
+        )
+
+
+@check(
+    "MODEL-2",
+    "mla-latent",
+    "an MLA latent (no V, no head axis) moves intact",
+    needs=("sender", "receiver"),
+    strategy=lambda adapter: tensor_examples(adapter, attention=("mla",)),
+    examples=TENSOR_PINS[-1:],
+    weight=TENSOR_WEIGHT,
+)
+def mla_latent(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    for slicing in _slicing_modes(ctx):
+        for dst, got in enumerate(setup.end_to_end(slicing)):
+            expect(
+                kv_equal(got, setup.target_shards[dst]),
+                f"{setup.case.describe()}, {slicing}-side slicing: target rank {dst}'s latent "
+                f"[MODEL-2]: {difference(got, setup.target_shards[dst])}",
+            )

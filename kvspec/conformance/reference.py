@@ -1,0 +1,49 @@
+"""The reference implementation, reached through the same adapter path as everyone else."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvspec import __version__
+from kvspec.conformance.adapter import Adapter
+from kvspec.error_cases import OPERATIONS
+from kvspec.kv import RequestKV
+from kvspec.model import ModelShape
+from kvspec.ownership import rank_ownership
+from kvspec.plan import POLICIES
+from kvspec.reshard import SLICING_MODES, Shipment, receive, send
+from kvspec.stage import StageLayout
+from kvspec.strategies import TransferCase
+
+
+class ReferenceAdapter(Adapter):
+    """kvspec itself, as an adapter; where the two disagree, the written clause wins."""
+
+    name = "reference"
+    version = __version__
+    policies = POLICIES
+    slicing_modes = SLICING_MODES
+
+    def owned(self, layout: StageLayout, model: ModelShape, rank: int) -> tuple[range, range]:
+        owner = rank_ownership(layout, model, rank)
+        return owner.heads, owner.layers
+
+    def sources(self, case: TransferCase, dst: int) -> Sequence[int]:
+        return case.plan().sources_of(dst)
+
+    def targets(self, case: TransferCase, src: int) -> Sequence[int]:
+        return case.plan().targets_of(src)
+
+    def sender_transform(
+        self, case: TransferCase, src: int, shard: RequestKV, slicing: str
+    ) -> dict[int, RequestKV]:
+        return {s.edge.dst: s.kv for s in send(case.plan(), src, shard, slicing=slicing)}
+
+    def receiver_combine(
+        self, case: TransferCase, dst: int, shipments: Sequence[Shipment]
+    ) -> RequestKV:
+        return receive(case.plan(), dst, shipments)
+
+    def validate(self, config: dict[str, Any]) -> None:
+        OPERATIONS["transfer"](config)
