@@ -1,0 +1,297 @@
+"""Deliberately wrong adapters: the reference with one realistic bug each.
+
+The conformance suite's power is measured by catching every one of them
+(tests/test_conformance_power.py). ``CAUGHT_BY`` names the check expected to catch
+each mutant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.error_cases import OPERATIONS
+from kvspec.kv import RequestKV
+from kvspec.model import ModelShape
+from kvspec.ownership import head_replicas, rank_ownership
+from kvspec.plan import edge_between
+from kvspec.reshard import HEAD_AXIS, Shipment, receive
+from kvspec.slicing import slice_heads
+from kvspec.stage import StageLayout
+from kvspec.strategies import TransferCase
+
+
+def _naive_combine(
+    case: TransferCase, dst: int, shipments: Sequence[Shipment], *, honour_marker: bool = True
+) -> RequestKV:
+    """Concatenate (sliced) pieces on the head axis in arrival order, per layer range."""
+    owner = rank_ownership(case.target, case.model, dst)
+    pieces = []
+    for s in shipments:
+        data = s.kv.data
+        if not s.marker.applied or not honour_marker:
+            data = slice_heads(data, s.marker.offset_in_shard, s.marker.num_slices, head_axis=3)
+        pieces.append((s.edge, data))
+    out = None
+    for layers in {(e.layers.start, e.layers.stop) for e, _ in pieces}:
+        group = [d for e, d in pieces if (e.layers.start, e.layers.stop) == layers]
+        block = torch.cat(group, dim=HEAD_AXIS)
+        if out is None:
+            shape = list(block.shape)
+            shape[0] = len(owner.layers)
+            out = block.new_zeros(shape)
+        out[layers[0] - owner.layers.start : layers[1] - owner.layers.start] = block
+    return RequestKV(out, shipments[0].kv.scales if shipments else None)
+
+
+class ReplicasMergedTwice(ReferenceAdapter):
+    """Takes a replicated head from every replica (the classic GQA bug)."""
+
+    def sources(self, case: TransferCase, dst: int) -> Sequence[int]:
+        receiver = rank_ownership(case.target, case.model, dst)
+        found = []
+        for src in case.source.ranks():
+            sender = rank_ownership(case.source, case.model, src)
+            try:
+                edge_between(sender, receiver, case.model)
+            except ValueError:
+                continue
+            found.append(src)
+        return found
+
+
+class WrongReplicaGroup(ReferenceAdapter):
+    """Picks the replica of the next head: ``tp_rank + tp/H`` instead of ``tp_rank``."""
+
+    def sources(self, case: TransferCase, dst: int) -> Sequence[int]:
+        heads, tp = case.model.num_kv_heads, case.source.tp
+        if heads >= tp:
+            return super().sources(case, dst)
+        shifted = []
+        for src in super().sources(case, dst):
+            pp_rank, tp_rank = case.source.coords(src)
+            shifted.append(case.source.rank(pp_rank, (tp_rank + tp // heads) % tp))
+        return sorted(shifted)
+
+
+class OffByOneHeadOffset(ReferenceAdapter):
+    """Sender-side slicing starts one slice too far."""
+
+    def sender_transform(self, case, src, shard, slicing):
+        out = super().sender_transform(case, src, shard, "receiver")
+        if slicing == "receiver":
+            return out
+        for dst in out:
+            edge = case.plan().edge(src, dst)
+            wrong = (edge.offset_in_shard + 1) % edge.num_slices
+            out[dst] = RequestKV(
+                slice_heads(out[dst].data, wrong, edge.num_slices, head_axis=3), out[dst].scales
+            )
+        return out
+
+
+class MergeInArrivalOrder(ReferenceAdapter):
+    """Concatenates received heads in arrival order instead of by head offset."""
+
+    def receiver_combine(self, case, dst, shipments):
+        if len({s.edge.src for s in shipments}) != len(case.plan().sources_of(dst)):
+            raise ValueError("missing shipment")
+        return _naive_combine(case, dst, shipments)
+
+
+class PipelineRemainderToLast(ReferenceAdapter):
+    """Gives the PP remainder to the last partitions (-1, -2, ...) instead of -2, -3, ..."""
+
+    def owned(self, layout: StageLayout, model: ModelShape, rank: int) -> tuple[range, range]:
+        heads, _ = super().owned(layout, model, rank)
+        if layout.layer_partition is not None:
+            return super().owned(layout, model, rank)
+        counts = [model.num_layers // layout.pp] * layout.pp
+        for i in range(model.num_layers % layout.pp):
+            counts[-1 - i] += 1
+        pp_rank = layout.coords(rank)[0]
+        start = sum(counts[:pp_rank])
+        return heads, range(start, start + counts[pp_rank])
+
+
+class IgnoresExplicitPartition(ReferenceAdapter):
+    """Always uses the default partition."""
+
+    def owned(self, layout, model, rank):
+        return super().owned(StageLayout(layout.tp, layout.pp), model, rank)
+
+
+class MlaSplitLikeHeads(ReferenceAdapter):
+    """Treats the MLA latent as if only TP rank 0 held it."""
+
+    def owned(self, layout, model, rank):
+        heads, layers = super().owned(layout, model, rank)
+        if model.attention == "mla" and layout.coords(rank)[1] > 0:
+            return range(0), layers
+        return heads, layers
+
+
+class DoubleSlicing(ReferenceAdapter):
+    """Cuts the slice again even when the sender already applied it."""
+
+    def receiver_combine(self, case, dst, shipments):
+        recut = []
+        for s in shipments:
+            if s.marker.applied and s.marker.num_slices > 1:
+                data = slice_heads(
+                    s.kv.data,
+                    0,
+                    min(s.marker.num_slices, s.kv.data.shape[3]),
+                    head_axis=3,
+                )
+                s = replace(s, kv=RequestKV(data, s.kv.scales))
+            recut.append(s)
+        return super().receiver_combine(case, dst, recut)
+
+
+class IgnoresTargetRank(ReferenceAdapter):
+    """Accepts a payload whose tp_head_slice is marked for another rank."""
+
+    def receiver_combine(self, case, dst, shipments):
+        fixed = [replace(s, marker=replace(s.marker, target_rank=dst)) for s in shipments]
+        return super().receiver_combine(case, dst, fixed)
+
+
+class PadsMissingShipment(ReferenceAdapter):
+    """Fills the heads of a missing sender with zeros instead of refusing."""
+
+    def receiver_combine(self, case, dst, shipments):
+        plan = case.plan()
+        have = {s.edge.src for s in shipments}
+        padded = list(shipments)
+        template = shipments[0] if shipments else None
+        for src in plan.sources_of(dst):
+            if src not in have and template is not None:
+                edge = plan.edge(src, dst)
+                shape = list(template.kv.data.shape)
+                shape[0], shape[3] = len(edge.layers), len(edge.heads)
+                marker = replace(
+                    template.marker,
+                    offset_in_shard=edge.offset_in_shard,
+                    num_slices=edge.num_slices,
+                    applied=True,
+                    side="sender",
+                )
+                zeros = template.kv.data.new_zeros(shape)
+                scales = (
+                    None
+                    if template.kv.scales is None
+                    else template.kv.scales[:1].expand(len(edge.layers), -1)
+                )
+                padded.append(Shipment(edge, marker, RequestKV(zeros, scales)))
+        return receive(plan, dst, padded)
+
+
+class DropsFp8Scales(ReferenceAdapter):
+    """The sender forgets the fp8 scales; the receiver makes up ones."""
+
+    def sender_transform(self, case, src, shard, slicing):
+        return {
+            d: RequestKV(kv.data)
+            for d, kv in super().sender_transform(case, src, shard, slicing).items()
+        }
+
+    def receiver_combine(self, case, dst, shipments):
+        fixed = []
+        for s in shipments:
+            scales = s.kv.scales
+            if case.model.scale_format and scales is None:
+                scales = torch.ones(
+                    len(s.edge.layers), case.model.kv_tensors, device=s.kv.data.device
+                )
+            fixed.append(replace(s, kv=RequestKV(s.kv.data, scales)))
+        return super().receiver_combine(case, dst, fixed)
+
+
+class NormalisesNegativeZero(ReferenceAdapter):
+    """The receiver's copy goes through arithmetic (``x + 0``), turning -0.0 into 0.0."""
+
+    def receiver_combine(self, case, dst, shipments):
+        out = super().receiver_combine(case, dst, shipments)
+        if out.data.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            return RequestKV(out.data + 0.0, out.scales)
+        return out
+
+
+class BalancedWithoutModulo(ReferenceAdapter):
+    """'balanced' clamps the consumer index instead of wrapping it."""
+
+    def sources(self, case, dst):
+        if case.policy != "balanced" or case.model.num_kv_heads >= case.source.tp:
+            return super().sources(case, dst)
+        lowest = TransferCase(case.source, case.target, case.model, "lowest")
+        chosen = []
+        for src in super().sources(lowest, dst):
+            pp_rank = case.source.coords(src)[0]
+            head = rank_ownership(case.source, case.model, src).heads[0]
+            replicas = head_replicas(case.model.num_kv_heads, case.source.tp, head)
+            consumers = [t for t in case.target.ranks() if src in super().sources(lowest, t)]
+            k = consumers.index(dst)
+            chosen.append(case.source.rank(pp_rank, replicas[min(k, len(replicas) - 1)]))
+        return sorted(chosen)
+
+
+class TargetsOmitLast(ReferenceAdapter):
+    """A sender with several targets forgets the last one."""
+
+    def targets(self, case, src):
+        found = list(super().targets(case, src))
+        return found[:-1] if len(found) > 1 else found
+
+
+class AcceptsNonDividingTp(ReferenceAdapter):
+    """Plans TP3 -> TP2 anyway."""
+
+    def validate(self, config: dict[str, Any]) -> None:
+        source, target = config["source"]["tp"], config["target"]["tp"]
+        if source > 0 and target > 0 and source % target and target % source:
+            return
+        super().validate(config)
+
+
+class AcceptsMismatchedModels(ReferenceAdapter):
+    """Never compares the receiver's model facts."""
+
+    def validate(self, config):
+        super().validate({k: v for k, v in config.items() if k != "target_model"})
+
+
+class AcceptsAnyRank(ReferenceAdapter):
+    """Checks only that a rank is non-negative."""
+
+    def validate(self, config):
+        rank = config.get("rank", {}).get("rank", 0)
+        if rank < 0:
+            raise ValueError("negative rank")
+        OPERATIONS["transfer"]({k: v for k, v in config.items() if k != "rank"})
+
+
+MUTANTS: dict[type[ReferenceAdapter], str] = {
+    ReplicasMergedTwice: "PLAN-2/exact-cover",
+    WrongReplicaGroup: "PLAN-2/exact-cover",
+    OffByOneHeadOffset: "SLICE-1/sender-content",
+    MergeInArrivalOrder: "RESHARD-3/order-and-missing",
+    PipelineRemainderToLast: "LAYER-1/default-partition",
+    IgnoresExplicitPartition: "LAYER-2/explicit-partition",
+    MlaSplitLikeHeads: "HEAD-3/mla-latent",
+    DoubleSlicing: "SLICE-3/applied-once",
+    IgnoresTargetRank: "SLICE-3/applied-once",
+    PadsMissingShipment: "RESHARD-3/order-and-missing",
+    DropsFp8Scales: "DTYPE-3/fp8-scales",
+    NormalisesNegativeZero: "DTYPE-2/special-values",
+    BalancedWithoutModulo: "PLAN-4/named-policy",
+    TargetsOmitLast: "PLAN-3/inverse",
+    AcceptsNonDividingTp: "PLAN-1/refuses-non-dividing-tp",
+    AcceptsMismatchedModels: "MODEL-3/refuses-mismatched-models",
+    AcceptsAnyRank: "STAGE-1/refuses-rank-out-of-range",
+}
+"""Each mutant and the check that must catch it."""

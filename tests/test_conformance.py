@@ -1,0 +1,152 @@
+"""The conformance suite itself: the reference passes through the adapter path, the
+field-shaped example fails where it is known to be wrong, and the CLI and the pytest
+plugin behave as documented."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvspec.clauses import all_clauses
+from kvspec.cli import main
+from kvspec.conformance import Adapter, AdapterError, load_adapter
+from kvspec.conformance.checks import all_checks
+from kvspec.conformance.runner import FAILED, NOT_PROVIDED, PASSED, run_suite
+from kvspec.conformance.skips import read_skips, resolve_skips
+from kvspec.profiles import load_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ci_profile():
+    load_profile("ci")
+    yield
+    load_profile()
+
+
+def test_the_reference_passes_every_check(device: str) -> None:
+    report = run_suite(load_adapter("reference"), device=device)
+    failed = {r.check.id: r.reason for r in report.results if r.verdict != PASSED}
+    assert not failed
+    assert {r.check.clause for r in report.results} == set(all_clauses()) - {
+        c for c in all_clauses() if not any(ch.clause == c for ch in all_checks())
+    }
+
+
+def test_every_clause_family_has_checks() -> None:
+    families = {c.family for c in all_clauses().values()}
+    checked = {ch.clause.split("-")[0] for ch in all_checks()}
+    assert families == checked
+
+
+def test_the_field_shaped_module_fails_its_known_bugs() -> None:
+    report = run_suite(load_adapter("examples.field_adapter:adapter"))
+    verdicts = {r.check.id: r.verdict for r in report.results}
+    known_bugs = {
+        "PLAN-2/exact-cover": "takes a replicated head from every replica",
+        "RESHARD-2/round-trip": "so the merged shard has too many heads",
+        "SLICE-1/sender-content": "slicing one head into several slices raises",
+        "SLICE-3/applied-once": "a payload for another rank is only warned about",
+        "DTYPE-3/fp8-scales": "the payload carries no scales",
+        "HEAD-1/refuses-uneven-split": "the topology has no head count to check",
+        "MODEL-3/refuses-mismatched-models": "model facts are never compared",
+        "STAGE-1/refuses-rank-out-of-range": "local_rank >= tp is accepted",
+    }
+    assert {c: verdicts[c] for c in known_bugs} == {c: FAILED for c in known_bugs}
+    assert verdicts["PLAN-3/inverse"] == PASSED
+    assert verdicts["PLAN-1/refuses-non-dividing-tp"] == PASSED
+    not_provided = {c for c, v in verdicts.items() if v == NOT_PROVIDED}
+    assert not_provided == {c.id for c in all_checks() if "ownership" in c.needs} | {
+        "PLAN-4/named-policy"
+    }
+
+
+def test_cli_exit_codes_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.json"
+    assert main(["conform", "reference", "--clause", "PLAN", "--report", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    assert report["summary"]["FAILED"] == 0 and report["summary"]["passed"] >= 5
+    assert main(["conform", "tests.mutants:TargetsOmitLast", "--clause", "PLAN-3", "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert "PLAN-3/inverse" in text and "FAILED" in text and "reproduce: kvspec conform" in text
+    assert main(["conform", "no_such_module:adapter"]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err
+    assert main(["conform", "kvspec.plan:POLICIES"]) == 2
+    assert "not an instance of kvspec.conformance.Adapter" in capsys.readouterr().err
+
+
+def test_cli_replays_a_counterexample(capsys: pytest.CaptureFixture[str]) -> None:
+    example = {
+        "source": {"tp": 4},
+        "target": {"tp": 2},
+        "model": {"num_layers": 2, "num_kv_heads": 2, "head_dim": 2},
+        "policy": "lowest",
+    }
+    code = main(
+        [
+            "conform",
+            "tests.mutants:ReplicasMergedTwice",
+            "--check",
+            "PLAN-2/exact-cover",
+            "--replay",
+            json.dumps(example),
+        ]
+    )
+    assert code == 1
+    assert "from source ranks [0, 1]" in capsys.readouterr().out
+
+
+def test_loading_refuses_malformed_adapters() -> None:
+    class Empty(Adapter):
+        pass
+
+    with pytest.raises(AdapterError, match="overrides no capability"):
+        from kvspec.conformance.adapter import check_adapter
+
+        check_adapter(Empty(), where="Empty")
+    with pytest.raises(AdapterError, match="neither a built-in adapter"):
+        load_adapter("nonsense")
+
+
+def test_skips_file(tmp_path: Path) -> None:
+    path = tmp_path / "skips.txt"
+    path.write_text("# ours\nPLAN-4/* no named policy here\nNOPE-9/* stale entry\n")
+    skips, unused = resolve_skips(read_skips(path), all_checks())
+    assert skips == {"PLAN-4/named-policy": "no named policy here"}
+    assert [e.pattern for e in unused] == ["NOPE-9/*"]
+    path.write_text("PLAN-4/*\n")
+    with pytest.raises(ValueError, match=r"skips.txt:1: 'PLAN-4/\*' needs a reason"):
+        read_skips(path)
+
+
+def test_pytest_plugin(pytester: pytest.Pytester) -> None:
+    pytester.syspathinsert(ROOT)
+    skips = pytester.makefile(".txt", skips="PLAN-4/* chosen elsewhere\nZZZ-1/* stale\n")
+    result = pytester.runpytest(
+        "-p",
+        "kvspec.conformance",
+        "--kvspec-impl",
+        "tests.mutants:TargetsOmitLast",
+        "--kvspec-clause",
+        "PLAN",
+        "--kvspec-skips",
+        str(skips),
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+        "-rs",
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "kvspec conformance: tests.mutants:TargetsOmitLast*",
+            "*PLAN-3/inverse failed*",
+            "reproduce: kvspec conform tests.mutants:TargetsOmitLast --check PLAN-3/inverse*",
+            "*skip entry 'ZZZ-1/*' matches no check*",
+            "*skips file: chosen elsewhere*",
+        ]
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes["failed"] == 1 and outcomes["skipped"] == 1 and outcomes["passed"] >= 4
