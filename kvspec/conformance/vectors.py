@@ -1,0 +1,357 @@
+"""Golden vectors: the spec's cases and expected outputs as language-neutral files.
+
+``kvspec vectors export DIR`` writes ``DIR/manifest.json`` (cases and expected
+results, plain JSON) and ``DIR/tensors.safetensors`` (every tensor a case names,
+by key), the same bytes on every run. ``docs/vectors.md`` documents the schema so a
+C++ or Rust implementation can conform without Python; ``kvspec vectors check DIR
+--impl IMPL`` replays the vectors through an adapter.
+
+Each family of vectors is a :class:`Family`: a deterministic ``export`` (cases,
+tensors) and a ``check`` that replays one case through an adapter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from kvspec import __version__
+from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.checks.transfer import difference
+from kvspec.error_cases import ERROR_CASES
+from kvspec.kv import RequestKV, random_request_kv
+from kvspec.model import ModelShape
+from kvspec.ownership import stage_ownership
+from kvspec.plan import check_plannable
+from kvspec.reshard import Shipment, send, shard
+from kvspec.slicing import HeadSlice
+from kvspec.stage import StageLayout
+from kvspec.strategies import TP_SIZES, TransferCase
+
+FORMAT = "kvspec-golden-vectors"
+VERSION = 1
+TENSORS_FILE = "tensors.safetensors"
+MANIFEST_FILE = "manifest.json"
+
+Case = dict[str, Any]
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kind of vector: how to make its cases and how to replay one through an adapter.
+
+    ``check`` returns None when the adapter agrees, else what differs; it raises
+    :class:`NotApplicable` when the adapter lacks what the case needs.
+    """
+
+    name: str
+    needs: tuple[str, ...]
+    export: Callable[[random.Random], tuple[list[Case], Tensors]]
+    check: Callable[[Adapter, Case, Tensors], str | None]
+
+
+class NotApplicable(Exception):
+    pass
+
+
+def _span(r: range) -> list[int]:
+    return [r.start, r.stop]
+
+
+def _sample_cases(rng: random.Random, count: int, *, max_layers: int = 8) -> list[TransferCase]:
+    """Valid transfer cases drawn from a fixed grid with a seeded generator."""
+    cases = []
+    while len(cases) < count:
+        source_tp, target_tp = rng.choice(TP_SIZES), rng.choice(TP_SIZES)
+        heads = rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48])
+        attention = rng.choice(["mha", "mha", "mha", "mla"])
+        if attention == "mla":
+            heads = 1
+        try:
+            check_plannable(source_tp, target_tp, heads)
+        except ValueError:
+            continue
+        num_layers = rng.randint(1, max_layers)
+        layouts = []
+        for tp in (source_tp, target_tp):
+            pp = rng.randint(1, min(3, num_layers))
+            partition = None
+            if pp > 1 and rng.random() < 0.3:
+                cuts = sorted(rng.sample(range(1, num_layers), pp - 1))
+                bounds = [0, *cuts, num_layers]
+                partition = tuple(b - a for a, b in itertools.pairwise(bounds))
+            layouts.append(StageLayout(tp, pp, partition))
+        dtype = rng.choice(["bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2"])
+        if attention == "mla":
+            model = ModelShape.mla(num_layers, rng.randint(1, 4), dtype=dtype)
+        else:
+            model = ModelShape(num_layers, heads, rng.randint(1, 4), dtype=dtype)
+        cases.append(
+            TransferCase(layouts[0], layouts[1], model, rng.choice(["lowest", "balanced"]))
+        )
+    return cases
+
+
+PINNED: tuple[TransferCase, ...] = (
+    TransferCase(StageLayout(8), StageLayout(2), ModelShape(4, 4, 2)),
+    TransferCase(StageLayout(4), StageLayout(2), ModelShape(2, 2, 2)),
+    TransferCase(StageLayout(2), StageLayout(8), ModelShape(2, 4, 2), "balanced"),
+    TransferCase(StageLayout(2, 2), StageLayout(4), ModelShape(61, 8, 2)),
+    TransferCase(StageLayout(6), StageLayout(3), ModelShape(3, 12, 2)),
+    TransferCase(StageLayout(4), StageLayout(8), ModelShape.mla(3, 4), "balanced"),
+)
+"""Named configurations from the design and the historical bug classes."""
+
+
+# ownership ----------------------------------------------------------------------------
+def _export_ownership(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases = []
+    for i, case in enumerate([*PINNED, *_sample_cases(rng, 30, max_layers=64)]):
+        for side, layout in (("source", case.source), ("target", case.target)):
+            cases.append(
+                {
+                    "id": f"ownership-{i:03d}-{side}",
+                    "clauses": ["STAGE-1", "HEAD-1", "HEAD-2", "HEAD-3", "LAYER-1", "LAYER-2"],
+                    "layout": layout.to_dict(),
+                    "model": case.model.to_dict(),
+                    "ranks": [
+                        {
+                            "rank": r.rank,
+                            "pp_rank": r.pp_rank,
+                            "tp_rank": r.tp_rank,
+                            "heads": _span(r.heads),
+                            "layers": _span(r.layers),
+                        }
+                        for r in stage_ownership(layout, case.model)
+                    ],
+                }
+            )
+    return cases, {}
+
+
+def _check_ownership(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    layout, model = StageLayout.from_dict(case["layout"]), ModelShape.from_dict(case["model"])
+    for expected in case["ranks"]:
+        heads, layers = adapter.owned(layout, model, expected["rank"])
+        got = [[min(heads, default=0), max(heads, default=-1) + 1], [layers[0], layers[-1] + 1]]
+        if got != [expected["heads"], expected["layers"]] or len(heads) != len(range(*got[0])):
+            return f"rank {expected['rank']}: heads/layers {got}, expected {expected}"
+    return None
+
+
+# plan ---------------------------------------------------------------------------------
+def _export_plan(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases = []
+    for i, case in enumerate([*PINNED, *_sample_cases(rng, 40)]):
+        plan = case.plan()
+        cases.append(
+            {
+                "id": f"plan-{i:03d}",
+                "clauses": ["PLAN-2", "PLAN-3", "PLAN-4", "PLAN-5", "SLICE-1"],
+                **case.to_dict(),
+                "edges": [e.to_dict() for e in plan.edges],
+            }
+        )
+    return cases, {}
+
+
+def _check_plan(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    transfer = TransferCase.from_dict(case)
+    if transfer.policy not in adapter.policies:
+        raise NotApplicable(f"policy {transfer.policy!r} not implemented by the adapter")
+    if not adapter.supports(transfer):
+        raise NotApplicable("outside the adapter's declared domain")
+    for dst in transfer.target.ranks():
+        expected = sorted(e["src"] for e in case["edges"] if e["dst"] == dst)
+        got = list(adapter.sources(transfer, dst))
+        if got != expected:
+            return f"target rank {dst} takes KV from {got}, expected {expected}"
+    return None
+
+
+# errors -------------------------------------------------------------------------------
+def _export_errors(rng: random.Random) -> tuple[list[Case], Tensors]:
+    return [
+        {"id": f"error-{c.id}", "clause": c.clause, "op": c.op, "args": c.args, "match": c.match}
+        for c in ERROR_CASES
+    ], {}
+
+
+def _check_errors(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    if case["op"] != "transfer":
+        raise NotApplicable(f"operation {case['op']!r} has no adapter capability")
+    try:
+        adapter.validate(case["args"])
+    except Exception:
+        return None
+    return f"accepted {case['args']}, which breaks {case['clause']}"
+
+
+# reshard ------------------------------------------------------------------------------
+def _export_reshard(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases, tensors = [], {}
+    chosen = [*PINNED[:3], PINNED[4], PINNED[5], *_sample_cases(rng, 10, max_layers=4)]
+    for i, case in enumerate(chosen):
+        key = f"reshard-{i:03d}"
+        seq_len = 1 + i % 3
+        full = random_request_kv(case.model, seq_len, seed=i)
+        plan = case.plan()
+        tensors[f"{key}/full"] = full.data
+        if full.scales is not None:
+            tensors[f"{key}/full_scales"] = full.scales
+        targets = shard(full, case.target, case.model)
+        for dst, kv in enumerate(targets):
+            tensors[f"{key}/target/{dst}"] = kv.data.contiguous()
+        edges = []
+        for src, local in enumerate(shard(full, case.source, case.model)):
+            for slicing in ("sender", "receiver"):
+                for s in send(plan, src, local, slicing=slicing):
+                    tensors[f"{key}/edge/{src}-{s.edge.dst}/{slicing}"] = s.kv.data.contiguous()
+            edges += [e.to_dict() for e in plan.edges_from(src)]
+        cases.append(
+            {
+                "id": key,
+                "clauses": ["RESHARD-1", "RESHARD-2", "SLICE-1", "SLICE-2", "DTYPE-2", "DTYPE-3"],
+                **case.to_dict(),
+                "seq_len": seq_len,
+                "tensors": {
+                    "full": f"{key}/full",
+                    "full_scales": f"{key}/full_scales" if full.scales is not None else None,
+                    "targets": [f"{key}/target/{d}" for d in range(len(targets))],
+                    "edges": {
+                        f"{e['src']}-{e['dst']}": {
+                            s: f"{key}/edge/{e['src']}-{e['dst']}/{s}"
+                            for s in ("sender", "receiver")
+                        }
+                        for e in edges
+                    },
+                },
+                "edges": edges,
+            }
+        )
+    return cases, tensors
+
+
+def _check_reshard(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    transfer = TransferCase.from_dict(case)
+    if not adapter.supports(transfer):
+        raise NotApplicable("outside the adapter's declared domain")
+    names = case["tensors"]
+    scales = tensors[names["full_scales"]] if names["full_scales"] else None
+    full = RequestKV(tensors[names["full"]], scales)
+    sources = shard(full, transfer.source, transfer.model)
+    targets = shard(full, transfer.target, transfer.model)
+    plan = transfer.plan()
+    for slicing in adapter.slicing_modes:
+        inbox: dict[int, list[Shipment]] = {t: [] for t in transfer.target.ranks()}
+        for src in transfer.source.ranks():
+            for dst, kv in adapter.sender_transform(transfer, src, sources[src], slicing).items():
+                edge = plan.edge(src, dst)
+                want = tensors[names["edges"][f"{src}-{dst}"][slicing]]
+                if not torch.equal(kv.data.contiguous().view(torch.uint8), want.view(torch.uint8)):
+                    return f"edge {src}->{dst} ({slicing}-side) differs from the vector"
+                marker = HeadSlice(
+                    dst,
+                    transfer.source.tp,
+                    transfer.target.tp,
+                    edge.offset_in_shard,
+                    edge.num_slices,
+                    slicing == "sender",
+                    "sender" if slicing == "sender" else None,
+                )
+                inbox[dst].append(Shipment(edge, marker, kv))
+        if "receiver" in provided_capabilities(adapter):
+            for dst in transfer.target.ranks():
+                got = adapter.receiver_combine(transfer, dst, inbox[dst])
+                problem = difference(got, targets[dst])
+                if problem:
+                    return f"target rank {dst} ({slicing}-side): {problem}"
+    return None
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("ownership", ("ownership",), _export_ownership, _check_ownership),
+    Family("plan", ("routing",), _export_plan, _check_plan),
+    Family("errors", ("rejection",), _export_errors, _check_errors),
+    Family("reshard", ("sender",), _export_reshard, _check_reshard),
+)
+
+
+def export_vectors(directory: str | Path, *, seed: int = 0) -> Path:
+    """Write the manifest and the tensors into ``directory``; the same bytes every run."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    families: dict[str, list[Case]] = {}
+    tensors: Tensors = {}
+    for family in FAMILIES:
+        cases, family_tensors = family.export(random.Random(f"{seed}:{family.name}"))
+        families[family.name] = cases
+        tensors.update(family_tensors)
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "kvspec_version": __version__,
+        "seed": seed,
+        "tensors_file": TENSORS_FILE,
+        "families": families,
+    }
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    save_file(
+        {k: v.detach().cpu().clone() for k, v in tensors.items()},
+        out / TENSORS_FILE,
+        metadata={"format": f"{FORMAT}/{VERSION}"},
+    )
+    return out
+
+
+@dataclass
+class VectorResult:
+    family: str
+    case_id: str
+    verdict: str  # "passed", "FAILED", "not applicable"
+    detail: str = ""
+
+
+def check_vectors(directory: str | Path, adapter: Adapter) -> list[VectorResult]:
+    """Replay every vector through ``adapter``; families it lacks are not applicable."""
+    root = Path(directory)
+    manifest = json.loads((root / MANIFEST_FILE).read_text())
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(
+            f"{root / MANIFEST_FILE} is not {FORMAT} version {VERSION}: "
+            f"format={manifest.get('format')!r}, version={manifest.get('version')!r}"
+        )
+    tensors = load_file(root / manifest["tensors_file"])
+    provided = provided_capabilities(adapter)
+    results = []
+    for family in FAMILIES:
+        for case in manifest["families"].get(family.name, []):
+            if not set(family.needs) <= provided:
+                results.append(
+                    VectorResult(
+                        family.name,
+                        case["id"],
+                        "not applicable",
+                        f"needs {', '.join(family.needs)}",
+                    )
+                )
+                continue
+            try:
+                problem = family.check(adapter, case, tensors)
+            except NotApplicable as why:
+                results.append(VectorResult(family.name, case["id"], "not applicable", str(why)))
+                continue
+            except Exception as error:
+                problem = f"raised {error!r}"
+            verdict = "passed" if problem is None else "FAILED"
+            results.append(VectorResult(family.name, case["id"], verdict, problem or ""))
+    return results
