@@ -223,11 +223,15 @@ def reproduction(impl: str, result: CheckResult) -> str:
     return f"kvspec conform {impl} --check {result.check.id} --replay '{example}'"
 
 
+def _adapter_label(adapter: Adapter) -> str:
+    return f"{adapter.name} {adapter.version}".strip()
+
+
 def render(report: Report) -> str:
     """The per-check table, then each failure with its counterexample and reproduction."""
     lines = [
-        f"kvspec conform: {report.impl} ({report.adapter.name} {report.adapter.version})".rstrip()
-        + f", profile {report.profile}, device {report.device}",
+        f"kvspec conform: {report.impl} ({_adapter_label(report.adapter)}), "
+        f"profile {report.profile}, device {report.device}",
         f"capabilities: {', '.join(sorted(provided_capabilities(report.adapter))) or 'none'}",
         "",
         f"{'check':<38} {'verdict':<13} {'examples':>8}  rule",
