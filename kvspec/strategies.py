@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from kvspec.cache_layout import CacheShape
 from kvspec.dtypes import DTYPES
 from kvspec.model import ModelShape
 from kvspec.ownership import check_heads
@@ -124,3 +125,25 @@ def transfer_cases(
     source = draw(stage_layouts(tp=source_tp, num_layers=model.num_layers, max_pp=max_pp))
     target = draw(stage_layouts(tp=target_tp, num_layers=model.num_layers, max_pp=max_pp))
     return TransferCase(source, target, model, draw(st.sampled_from(policies)))
+
+
+@st.composite
+def cache_shapes(
+    draw: st.DrawFn,
+    *,
+    kv: int | None = None,
+    min_blocks: int = 0,
+    max_blocks: int = 4,
+    max_block_size: int = 4,
+    max_heads: int = 3,
+    max_head_dim: int = 3,
+) -> CacheShape:
+    """What one layer's cache holds: K and V (kv=2) or a latent (kv=1, one head) [LAYOUT-2]."""
+    kv = draw(st.sampled_from((1, 2))) if kv is None else kv
+    return CacheShape(
+        kv=kv,
+        num_blocks=draw(st.integers(min_blocks, max_blocks)),
+        block_size=draw(st.integers(1, max_block_size)),
+        heads=1 if kv == 1 else draw(st.integers(1, max_heads)),
+        head_dim=draw(st.integers(1, max_head_dim)),
+    )
