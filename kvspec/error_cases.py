@@ -16,6 +16,7 @@ import torch
 
 from kvspec.cache_layout import LayerCache, cache_shape, convert, detect_layout
 from kvspec.model import ModelShape, check_compatible
+from kvspec.oracle import oracle_kv, verify
 from kvspec.ownership import layer_ranges, owned_heads
 from kvspec.plan import plan_transfer
 from kvspec.slicing import HeadSlice
@@ -45,6 +46,16 @@ def _known(args: dict[str, Any]) -> dict[str, int]:
     return {k: args[k] for k in ("heads", "head_dim", "block_size") if k in args}
 
 
+def _ranges(args: dict[str, Any]) -> dict[str, Any]:
+    """Oracle ranges from ``[start, stop]`` pairs (``tokens`` may be a seq_len)."""
+    tokens = args.get("tokens", 1)
+    out: dict[str, Any] = {"tokens": tokens if isinstance(tokens, int) else range(*tokens)}
+    for name in ("layers", "heads"):
+        if name in args:
+            out[name] = range(*args[name])
+    return out
+
+
 OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "stage": _stage,
     "model": _model,
@@ -64,6 +75,13 @@ OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
         _cache(a), a["source"], a["target"], block_size=a.get("block_size")
     ),
     "detect_layout": lambda a: detect_layout(_cache(a), **_known(a)),
+    "oracle_kv": lambda a: oracle_kv(_model(a["model"]), a["request_id"], **_ranges(a)),
+    "verify_oracle": lambda a: verify(
+        oracle_kv(_model(a["model"]), "r", **_ranges(a["fill"])),
+        _model(a["model"]),
+        "r",
+        **_ranges(a["check"]),
+    ),
 }
 """Reference implementation of every operation an error case can name."""
 
@@ -309,6 +327,41 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
         "detect_layout",
         {"shape": [3, 3, 16, 4, 8], "heads": 4, "head_dim": 8},
         r"tensor of shape \[3, 3, 16, 4, 8\] with heads=4, head_dim=8 fits no cache layout",
+    ),
+    ErrorCase(
+        "oracle-heads-past-model",
+        "ORACLE-4",
+        "oracle_kv",
+        {"model": _M, "request_id": "r", "heads": [2, 6]},
+        r"heads 2\.\.5 reach past the model's 4 heads \(valid: 0\.\.3\)",
+    ),
+    ErrorCase(
+        "oracle-layers-past-model",
+        "ORACLE-4",
+        "oracle_kv",
+        {"model": _M, "request_id": "r", "layers": [0, 5]},
+        r"layers 0\.\.4 reach past the model's 4 layers",
+    ),
+    ErrorCase(
+        "oracle-negative-token",
+        "ORACLE-4",
+        "oracle_kv",
+        {"model": _M, "request_id": "r", "tokens": [-1, 3]},
+        r"tokens must be a range of step 1 from >= 0, got range\(-1, 3\)",
+    ),
+    ErrorCase(
+        "oracle-request-id-not-str",
+        "ORACLE-1",
+        "oracle_kv",
+        {"model": _M, "request_id": 7},
+        r"request_id must be a str, got 7",
+    ),
+    ErrorCase(
+        "oracle-verify-other-token-count",
+        "ORACLE-5",
+        "verify_oracle",
+        {"model": _M, "fill": {"tokens": 3}, "check": {"tokens": [5, 9]}},
+        r"has 3 tokens but the token range 5\.\.8 has 4",
     ),
 )
 """Every invalid input the reference must refuse, one per distinct rule violation."""
