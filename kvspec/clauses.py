@@ -22,6 +22,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.slicing",
     "kvspec.reshard",
     "kvspec.cache_layout",
+    "kvspec.paged",
     "kvspec.oracle",
 )
 """Modules that declare clauses, in the order their families appear in the table."""

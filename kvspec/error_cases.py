@@ -15,9 +15,11 @@ from typing import Any
 import torch
 
 from kvspec.cache_layout import LayerCache, cache_shape, convert, detect_layout
+from kvspec.kv import RequestKV
 from kvspec.model import ModelShape, check_compatible
-from kvspec.oracle import oracle_kv, verify
+from kvspec.oracle import oracle_kv, oracle_scales, verify
 from kvspec.ownership import layer_ranges, owned_heads
+from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
 from kvspec.plan import plan_transfer
 from kvspec.slicing import HeadSlice
 from kvspec.stage import StageLayout
@@ -56,6 +58,37 @@ def _ranges(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _paged_model(args: dict[str, Any]) -> ModelShape:
+    return ModelShape(args["num_layers"], args["heads"], args["head_dim"], dtype=args["dtype"])
+
+
+def _paged(args: dict[str, Any]) -> PagedCache:
+    """A zero paged cache; fp8 gets the oracle's scales unless ``scales`` is false."""
+    model = _paged_model(args)
+    scales = oracle_scales(model) if args.get("scales", True) else None
+    return empty_paged_cache(
+        args["layout"],
+        num_layers=model.num_layers,
+        num_blocks=args["num_blocks"],
+        block_size=args["block_size"],
+        heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        dtype=model.dtype,
+        scales=scales,
+    )
+
+
+def _scatter(args: dict[str, Any]) -> None:
+    """Scatter oracle KV (``kv`` overrides its model facts, seed and scales) into a cache."""
+    cache_args = args["cache"]
+    kv_args = args.get("kv", {})
+    model = _paged_model({**cache_args, **kv_args})
+    kv = oracle_kv(model, "r", tokens=args["seq_len"], seed=kv_args.get("seed", 0))
+    if kv_args.get("drop_scales"):
+        kv = RequestKV(kv.data)
+    scatter_request(kv, _paged(cache_args), args["block_ids"])
+
+
 OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "stage": _stage,
     "model": _model,
@@ -75,6 +108,9 @@ OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
         _cache(a), a["source"], a["target"], block_size=a.get("block_size")
     ),
     "detect_layout": lambda a: detect_layout(_cache(a), **_known(a)),
+    "paged_cache": _paged,
+    "gather_request": lambda a: gather_request(_paged(a["cache"]), a["block_ids"], a["seq_len"]),
+    "scatter_request": _scatter,
     "oracle_kv": lambda a: oracle_kv(_model(a["model"]), a["request_id"], **_ranges(a)),
     "verify_oracle": lambda a: verify(
         oracle_kv(_model(a["model"]), "r", **_ranges(a["fill"])),
@@ -102,6 +138,16 @@ class ErrorCase:
 
 
 _M = {"num_layers": 4, "num_kv_heads": 4, "head_dim": 8}
+_PAGED = {
+    "layout": "flash_attn",
+    "num_layers": 2,
+    "num_blocks": 8,
+    "block_size": 16,
+    "heads": 2,
+    "head_dim": 8,
+    "dtype": "bfloat16",
+}
+_PAGED_FP8 = {**_PAGED, "dtype": "float8_e5m2"}
 
 ERROR_CASES: tuple[ErrorCase, ...] = (
     ErrorCase("tp-zero", "STAGE-1", "stage", {"tp": 0}, r"tp must be >= 1, got 0"),
@@ -327,6 +373,72 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
         "detect_layout",
         {"shape": [3, 3, 16, 4, 8], "heads": 4, "head_dim": 8},
         r"tensor of shape \[3, 3, 16, 4, 8\] with heads=4, head_dim=8 fits no cache layout",
+    ),
+    ErrorCase(
+        "paged-block-id-out-of-range",
+        "PAGED-2",
+        "gather_request",
+        {"cache": _PAGED, "block_ids": [2, 8], "seq_len": 20},
+        r"block ids \[8\] \(at positions \[1\]\) are out of range: the cache has 8 blocks, "
+        r"so valid ids are 0\.\.7",
+    ),
+    ErrorCase(
+        "paged-negative-block-id",
+        "PAGED-2",
+        "gather_request",
+        {"cache": _PAGED, "block_ids": [-1, 3], "seq_len": 20},
+        r"block ids \[-1\] \(at positions \[0\]\) are out of range",
+    ),
+    ErrorCase(
+        "paged-duplicate-block-ids",
+        "PAGED-2",
+        "scatter_request",
+        {"cache": _PAGED, "block_ids": [5, 1, 5], "seq_len": 40},
+        r"block ids \[5\] appear more than once in \[5, 1, 5\]",
+    ),
+    ErrorCase(
+        "paged-seq-len-beyond-blocks",
+        "PAGED-3",
+        "gather_request",
+        {"cache": _PAGED, "block_ids": [4, 1], "seq_len": 40},
+        r"seq_len 40 needs 3 blocks of 16 but 2 block ids were given \(\[4, 1\]\), which hold "
+        r"32 tokens; refusing rather than dropping 8 tokens",
+    ),
+    ErrorCase(
+        "paged-extra-block-ids",
+        "PAGED-3",
+        "scatter_request",
+        {"cache": _PAGED, "block_ids": [4, 1, 0], "seq_len": 20},
+        r"seq_len 20 needs 2 blocks of 16 but 3 block ids were given \(\[4, 1, 0\]\); pass "
+        r"exactly the first 2",
+    ),
+    ErrorCase(
+        "paged-kv-heads-differ",
+        "PAGED-4",
+        "scatter_request",
+        {"cache": _PAGED, "kv": {"heads": 4}, "block_ids": [0], "seq_len": 3},
+        r"KV of shape \[2, 2, 3, 4, 8\] does not fit .*expected .* \[2, 2, 'seq', 2, 8\]",
+    ),
+    ErrorCase(
+        "paged-fp8-scales-differ",
+        "PAGED-5",
+        "scatter_request",
+        {"cache": _PAGED_FP8, "kv": {"seed": 1}, "block_ids": [0], "seq_len": 3},
+        r"layer 0 \(of this cache\) has scales \[.*\] but the KV carries \[.*\]",
+    ),
+    ErrorCase(
+        "paged-fp8-scales-missing",
+        "DTYPE-3",
+        "scatter_request",
+        {"cache": _PAGED_FP8, "kv": {"drop_scales": True}, "block_ids": [0], "seq_len": 3},
+        r"KV scattered into a paged float8_e5m2 cache: .* must carry its per-layer K/V scales",
+    ),
+    ErrorCase(
+        "paged-fp8-cache-without-scales",
+        "DTYPE-3",
+        "paged_cache",
+        {**_PAGED_FP8, "scales": False},
+        r"a paged float8_e5m2 cache: .* must carry its per-layer K/V scales; none given",
     ),
     ErrorCase(
         "oracle-heads-past-model",
