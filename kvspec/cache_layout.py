@@ -10,7 +10,7 @@ the shape only when exactly one layout fits and otherwise asks for the name [LAY
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -331,7 +331,16 @@ def empty_cache(
     layout: str | CacheLayout, shape: CacheShape, dtype: str, device: str | torch.device = "cpu"
 ) -> LayerCache:
     """A zero-filled cache of ``shape`` in ``layout`` [LAYOUT-1]."""
-    spec = get_layout(layout)
+    return _allocate(get_layout(layout), shape, dtype, device, torch.zeros)
+
+
+def _allocate(
+    spec: CacheLayout,
+    shape: CacheShape,
+    dtype: str,
+    device: str | torch.device,
+    factory: Callable[..., torch.Tensor],
+) -> LayerCache:
     _check_holds(spec, shape)
     sizes = {
         "kv": shape.kv,
@@ -341,10 +350,11 @@ def empty_cache(
         "dim": shape.head_dim,
     }
     dims = [sizes[a] for a in spec.axes]
-    make = lambda: torch.zeros(dims, dtype=torch_dtype(dtype), device=device)  # noqa: E731
-    if spec.tuple_form:
-        return tuple(make() for _ in range(shape.kv))
-    return make()
+    tensors = [
+        factory(dims, dtype=torch_dtype(dtype), device=device)
+        for _ in range(shape.kv if spec.tuple_form else 1)
+    ]
+    return tuple(tensors) if spec.tuple_form else tensors[0]
 
 
 def _check_holds(spec: CacheLayout, shape: CacheShape) -> None:
@@ -390,11 +400,24 @@ def convert(
     out_shape = replace(shape, num_blocks=shape.slots // block_size, block_size=block_size)
     _check_holds(dst, out_shape)
     views = kv_views(cache, src)
-    out = empty_cache(dst, out_shape, dtype_name(views[0].dtype), views[0].device)
+    # Uninitialised is safe: every slot of the target is written below.
+    out = _allocate(dst, out_shape, dtype_name(views[0].dtype), views[0].device, torch.empty)
     for have, want in zip(views, kv_views(out, dst), strict=True):
-        # Move bits, not values [DTYPE-2]; reshape re-blocks (it copies only when it must).
-        bits_view(want).copy_(bits_view(have).reshape(want.shape))
+        _copy_slots(bits_view(have), bits_view(want))  # bits, not values [DTYPE-2]
     return out
+
+
+def _copy_slots(have: torch.Tensor, want: torch.Tensor) -> None:
+    """Copy slot s of ``have`` to slot s of ``want``, both [blocks, slots, heads, dim] [LAYOUT-3].
+
+    Their block sizes may differ: the target is viewed in the source's blocks where its
+    strides allow, so re-blocking costs no extra copy; otherwise the source is reshaped.
+    """
+    try:
+        target = want.view(have.shape)
+    except RuntimeError:
+        target, have = want, have.reshape(want.shape)
+    target.copy_(have)
 
 
 def detect_layout(

@@ -8,8 +8,9 @@ RequestKV into a cache whose layout and block size may differ, with that cache's
 block ids [PAGED-4]. Ids out of range, repeated, or not exactly as many as the request
 needs are refused, never dropped, wrapped or padded [PAGED-2, PAGED-3].
 
-Data moves by index (one indexing operation per layer and K/V, never per token) and
-as bits, not values [DTYPE-2], on whatever device the cache is on.
+Data moves by whole blocks (an index_select or index_put per layer and K/V, plus a
+slice for a partial last block; never a loop over tokens) and as bits, not values
+[DTYPE-2], on whatever device the cache is on.
 """
 
 from __future__ import annotations
@@ -216,13 +217,18 @@ def _as_id_list(block_ids: Sequence[int] | torch.Tensor) -> list[int]:
     return ids
 
 
-def _slot_index(
+def _block_split(
     ids: list[int], block_size: int, seq_len: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block, slot) of every token 0..seq_len-1, as index tensors on ``device`` [PAGED-1]."""
-    tokens = torch.arange(seq_len, device=device)
-    blocks = torch.tensor(ids, dtype=torch.long, device=device)
-    return blocks[tokens // block_size], tokens % block_size
+) -> tuple[torch.Tensor, int | None, int, int]:
+    """Where the request lies [PAGED-1]: its full blocks, then a partial last block.
+
+    Returns (the full blocks' ids as an index tensor, the last block's id or None,
+    tokens in full blocks, tokens in the last block). Moving whole blocks is one
+    index_select / index_put per layer and K/V; the partial block is one more slice.
+    """
+    full, rest = divmod(seq_len, block_size)
+    blocks = torch.tensor(ids[:full], dtype=torch.long, device=device)
+    return blocks, (ids[full] if rest else None), full * block_size, rest
 
 
 def gather_request(
@@ -237,7 +243,7 @@ def gather_request(
     ids = check_block_ids(
         block_ids, num_blocks=shape.num_blocks, block_size=shape.block_size, seq_len=seq_len
     )
-    block, slot = _slot_index(ids, shape.block_size, seq_len, cache.device)
+    blocks, last, in_full, rest = _block_split(ids, shape.block_size, seq_len, cache.device)
     out = torch.empty(
         (cache.num_layers, shape.kv, seq_len, shape.heads, shape.head_dim),
         dtype=torch_dtype(cache.dtype),
@@ -246,7 +252,12 @@ def gather_request(
     out_bits = bits_view(out)
     for layer, layer_cache in enumerate(cache.layers):
         for k, view in enumerate(kv_views(layer_cache, cache.layout)):
-            out_bits[layer, k] = bits_view(view)[block, slot]
+            source, target = bits_view(view), out_bits[layer, k]
+            if len(blocks):
+                whole = target[:in_full].view(len(blocks), *source.shape[1:])
+                torch.index_select(source, 0, blocks, out=whole)
+            if last is not None:
+                target[in_full:] = source[last, :rest]
     scales = None if cache.scales is None else cache.scales.clone()
     return RequestKV(out, scales)
 
@@ -285,11 +296,16 @@ def scatter_request(
     if cache.scales is not None and kv.scales is not None:
         _check_same_scales(kv.scales, cache.scales)
 
-    block, slot = _slot_index(ids, shape.block_size, seq_len, cache.device)
+    blocks, last, in_full, rest = _block_split(ids, shape.block_size, seq_len, cache.device)
     bits = bits_view(data.to(cache.device))
     for layer, layer_cache in enumerate(cache.layers):
         for k, view in enumerate(kv_views(layer_cache, cache.layout)):
-            bits_view(view)[block, slot] = bits[layer, k]
+            target, source = bits_view(view), bits[layer, k]
+            if len(blocks):
+                # Distinct ids [PAGED-2] make this index_put well defined.
+                target[blocks] = source[:in_full].reshape(len(blocks), *target.shape[1:])
+            if last is not None:
+                target[last, :rest] = source[in_full:]
 
 
 def _check_same_scales(incoming: torch.Tensor, own: torch.Tensor) -> None:
