@@ -437,6 +437,10 @@ def detect_layout(
     for name, value in stated.items():
         if value is not None:
             require_int(name, value, minimum=1)
+    tensors = cache if isinstance(cache, (tuple, list)) else (cache,)
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            dtype_name(tensor.dtype)  # a disallowed dtype is named as such [DTYPE-1]
     fits: list[tuple[str, CacheShape]] = []
     for name, spec in LAYOUTS.items():
         try:

@@ -141,14 +141,24 @@ def empty_paged_cache(
     heads: int,
     head_dim: int,
     dtype: str,
-    kv: int = 2,
+    kv: int | None = None,
     scales: torch.Tensor | None = None,
     device: str | torch.device = "cpu",
 ) -> PagedCache:
-    """A zero-filled paged cache; fp8 caches need their ``scales`` [PAGED-5]."""
+    """A zero-filled paged cache; fp8 caches need their ``scales`` [PAGED-5].
+
+    ``kv`` (2: K and V, 1: a latent) defaults to what the layout holds; token_major
+    holds either, so it must be stated there [LAYOUT-1].
+    """
     require_int("num_layers", num_layers, minimum=1)
-    shape = CacheShape(kv, num_blocks, block_size, heads, head_dim)
     spec = get_layout(layout)
+    if kv is None:
+        if spec.kv_tensors is None:
+            raise ValueError(
+                f"layout {spec.name} holds K and V or a latent; state kv=2 or kv=1 [LAYOUT-1]"
+            )
+        kv = spec.kv_tensors
+    shape = CacheShape(kv, num_blocks, block_size, heads, head_dim)
     layers = tuple(empty_cache(spec, shape, dtype, device) for _ in range(num_layers))
     return PagedCache(spec.name, layers, None if scales is None else scales.to(device))
 
