@@ -15,6 +15,7 @@ slice for a partial last block; never a loop over tokens) and as bits, not value
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -221,10 +222,11 @@ def _as_id_list(block_ids: Sequence[int] | torch.Tensor) -> list[int]:
             )
         return [int(i) for i in block_ids.tolist()]
     ids = list(block_ids)
-    wrong = [i for i in ids if isinstance(i, bool) or not isinstance(i, int)]
+    # Any integer type (numpy's too) is an id; bools and floats are not.
+    wrong = [i for i in ids if isinstance(i, bool) or not hasattr(i, "__index__")]
     if wrong:
         raise ValueError(f"block ids must be integers; got {wrong} in {ids} [PAGED-2]")
-    return ids
+    return [operator.index(i) for i in ids]
 
 
 def _block_split(
