@@ -21,6 +21,9 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.plan",
     "kvspec.slicing",
     "kvspec.reshard",
+    "kvspec.cache_layout",
+    "kvspec.paged",
+    "kvspec.oracle",
 )
 """Modules that declare clauses, in the order their families appear in the table."""
 

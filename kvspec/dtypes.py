@@ -7,6 +7,8 @@ into the torch dtype only where tensors are made.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kvspec.clause import Clause
@@ -37,6 +39,26 @@ DTYPES: dict[str, torch.dtype] = {
 """The allowed cache dtypes by name [DTYPE-1]."""
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """The bit layout of a cache dtype: sign, then exponent (with its bias), then mantissa."""
+
+    bits: int
+    exponent_bits: int
+    mantissa_bits: int
+    exponent_bias: int
+
+
+FLOAT_FORMATS: dict[str, FloatFormat] = {
+    "float32": FloatFormat(32, 8, 23, 127),
+    "float16": FloatFormat(16, 5, 10, 15),
+    "bfloat16": FloatFormat(16, 8, 7, 127),
+    "float8_e4m3fn": FloatFormat(8, 4, 3, 7),
+    "float8_e5m2": FloatFormat(8, 5, 2, 15),
+}
+"""Bit layouts of the allowed dtypes [DTYPE-1]; the oracle builds values from them."""
 
 # An integer dtype of the same width, to read a tensor's raw bits [DTYPE-2].
 _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -70,6 +92,15 @@ def itemsize(name: str) -> int:
 def raw_bits(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bits, reinterpreted as integers of the same width [DTYPE-2]."""
     return tensor.contiguous().view(_BITS_DTYPE[tensor.element_size()])
+
+
+def bits_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers of the same width, sharing its storage [DTYPE-2].
+
+    Unlike :func:`raw_bits` this never copies, whatever the strides, so writing into
+    the result writes the tensor: data is moved as bits, never as floating-point values.
+    """
+    return tensor.view(_BITS_DTYPE[tensor.element_size()])
 
 
 def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -88,23 +88,31 @@ def check_request_kv(
         )
     if data.dtype != torch_dtype(model.dtype):
         raise ValueError(f"{where}: dtype {data.dtype} != model dtype {model.dtype} [RESHARD-3]")
-    if model.dtype not in FP8_DTYPES:
-        if kv.scales is not None:
+    check_scales(kv.scales, model.dtype, layers=layers, kv_tensors=model.kv_tensors, where=where)
+
+
+def check_scales(
+    scales: torch.Tensor | None, dtype: str, *, layers: int, kv_tensors: int, where: str
+) -> None:
+    """Refuse scales that do not fit a ``dtype`` cache of ``layers`` layers [DTYPE-3].
+
+    fp8 needs float32 scales ``[layers, kv_tensors]``; every other dtype needs none.
+    """
+    if dtype not in FP8_DTYPES:
+        if scales is not None:
             raise ValueError(
-                f"{where}: scales given for a {model.dtype} cache; only fp8 caches carry "
-                "scales [DTYPE-3]"
+                f"{where}: scales given for a {dtype} cache; only fp8 caches carry scales [DTYPE-3]"
             )
         return
-    if kv.scales is None:
+    if scales is None:
         raise ValueError(
-            f"{where}: an {model.dtype} cache must carry its per-layer K/V scales; none "
-            "given [DTYPE-3]"
+            f"{where}: an {dtype} cache must carry its per-layer K/V scales; none given [DTYPE-3]"
         )
-    want = [layers, model.kv_tensors]
-    if list(kv.scales.shape) != want or kv.scales.dtype != SCALES_DTYPE:
+    want = [layers, kv_tensors]
+    if list(scales.shape) != want or scales.dtype != SCALES_DTYPE:
         raise ValueError(
             f"{where}: scales must be float32 of shape {want} ([layers, kv]); got "
-            f"{kv.scales.dtype} {list(kv.scales.shape)} [DTYPE-3]"
+            f"{scales.dtype} {list(scales.shape)} [DTYPE-3]"
         )
 
 

@@ -14,9 +14,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from kvspec.cache_layout import CacheShape, get_layout, layouts_for
 from kvspec.dtypes import DTYPES
 from kvspec.model import ModelShape
 from kvspec.ownership import check_heads
+from kvspec.paged import blocks_needed
 from kvspec.plan import POLICIES, TransferPlan, check_tp_pair, plan_transfer
 from kvspec.stage import StageLayout
 
@@ -143,3 +145,74 @@ def transfer_cases(
     source = draw(stage_layouts(tp=source_tp, num_layers=model.num_layers, max_pp=max_pp))
     target = draw(stage_layouts(tp=target_tp, num_layers=model.num_layers, max_pp=max_pp))
     return TransferCase(source, target, model, draw(st.sampled_from(policies)))
+
+
+@st.composite
+def cache_shapes(
+    draw: st.DrawFn,
+    *,
+    kv: int | None = None,
+    min_blocks: int = 0,
+    max_blocks: int = 4,
+    max_block_size: int = 4,
+    max_heads: int = 3,
+    max_head_dim: int = 3,
+) -> CacheShape:
+    """What one layer's cache holds: K and V (kv=2) or a latent (kv=1, one head) [LAYOUT-2]."""
+    kv = draw(st.sampled_from((1, 2))) if kv is None else kv
+    return CacheShape(
+        kv=kv,
+        num_blocks=draw(st.integers(min_blocks, max_blocks)),
+        block_size=draw(st.integers(1, max_block_size)),
+        heads=1 if kv == 1 else draw(st.integers(1, max_heads)),
+        head_dim=draw(st.integers(1, max_head_dim)),
+    )
+
+
+@st.composite
+def paged_layouts(
+    draw: st.DrawFn, *, attention: str = "mha", max_block_size: int = 5
+) -> tuple[str, int]:
+    """A layout that can hold ``attention``'s cache and a block size for it [LAYOUT-1].
+
+    token_major always has block size 1 [LAYOUT-2].
+    """
+    layout = draw(st.sampled_from(layouts_for(attention)))
+    if not get_layout(layout).paged:
+        return layout, 1
+    return layout, draw(st.integers(1, max_block_size))
+
+
+@st.composite
+def block_tables(
+    draw: st.DrawFn, *, seq_len: int, block_size: int, max_spare_blocks: int = 3
+) -> tuple[int, list[int]]:
+    """``(num_blocks, block_ids)``: a cache with room to spare and the request's blocks.
+
+    The ids are exactly the blocks the request needs [PAGED-3], distinct and in any
+    order [PAGED-2]; other blocks of the cache belong to other requests.
+    """
+    needed = blocks_needed(seq_len, block_size)
+    num_blocks = needed + draw(st.integers(0 if needed else 1, max_spare_blocks))
+    ids = draw(st.permutations(range(num_blocks)))
+    return num_blocks, list(ids[:needed])
+
+
+@dataclass(frozen=True)
+class PagedSide:
+    """One side's paged cache geometry for a request: layout, block size, blocks, block ids."""
+
+    layout: str
+    block_size: int
+    num_blocks: int
+    block_ids: tuple[int, ...]
+
+
+@st.composite
+def paged_sides(
+    draw: st.DrawFn, *, attention: str, seq_len: int, max_block_size: int = 5
+) -> PagedSide:
+    """A layout and block size for ``attention`` and a block table for ``seq_len`` tokens."""
+    layout, block_size = draw(paged_layouts(attention=attention, max_block_size=max_block_size))
+    num_blocks, ids = draw(block_tables(seq_len=seq_len, block_size=block_size))
+    return PagedSide(layout, block_size, num_blocks, tuple(ids))
