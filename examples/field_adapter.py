@@ -57,6 +57,9 @@ class FieldAdapter(Adapter):
         sliced = [kv.slice_received_rank_shard(p, topo) for p in payloads]
         return from_payload(kv.merge_received_rank_shards(sliced))
 
+    def read_layer(self, cache, layout):
+        return kv.normalize_layer_kv(cache)  # the field reads by shape, ignoring the name
+
     def validate(self, config):
         if config["source"].get("pp", 1) != 1 or config["target"].get("pp", 1) != 1:
             raise ValueError("no pipeline parallelism in this API")

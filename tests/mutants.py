@@ -295,3 +295,70 @@ MUTANTS: dict[type[ReferenceAdapter], str] = {
     AcceptsAnyRank: "STAGE-1/refuses-rank-out-of-range",
 }
 """Each mutant and the check that must catch it."""
+
+
+class GuessesLayoutFromShape(ReferenceAdapter):
+    """Detects a stacked cache by which axis has size 2, as shape-guessing readers do."""
+
+    def detect_layout(self, cache, **known):
+        if isinstance(cache, tuple):
+            return super().detect_layout(cache, **known)
+        if cache.dim() == 5 and cache.shape[0] == 2:
+            return "flash_attn"
+        if cache.dim() == 5 and cache.shape[1] == 2:
+            return "flashinfer"
+        return super().detect_layout(cache, **known)
+
+
+class ReadsHndAsNhd(ReferenceAdapter):
+    """Ignores the HND variants: reads heads where block slots are."""
+
+    def read_layer(self, cache, layout):
+        if layout.endswith("_hnd"):
+            return tuple(v.transpose(1, 2) for v in super().read_layer(cache, layout))
+        return super().read_layer(cache, layout)
+
+
+class ReadsByCopy(ReferenceAdapter):
+    """Returns contiguous copies instead of views."""
+
+    def read_layer(self, cache, layout):
+        return tuple(v.clone() for v in super().read_layer(cache, layout))
+
+
+class DropsOutOfRangeBlocks(ReferenceAdapter):
+    """Skips block ids outside the cache and pads with zeros (a silent drop)."""
+
+    def gather(self, cache, block_ids, seq_len):
+        valid = [b if 0 <= b < cache.shape.num_blocks else None for b in block_ids]
+        if None not in valid:
+            return super().gather(cache, block_ids, seq_len)
+        spare = next(b for b in range(cache.shape.num_blocks) if b not in block_ids)
+        patched = [spare if b is None else b for b in valid]
+        kv = super().gather(cache, patched, seq_len)
+        kv.data.zero_()
+        return kv
+
+    def scatter(self, kv, cache, block_ids):
+        keep = [b for b in block_ids if 0 <= b < cache.shape.num_blocks]
+        if len(keep) == len(block_ids):
+            return super().scatter(kv, cache, block_ids)
+        return None
+
+
+class OracleIgnoresRequestId(ReferenceAdapter):
+    """Fills every request alike."""
+
+    def oracle_fill(self, model, request_id, **region):
+        return super().oracle_fill(model, "same-for-all", **region)
+
+
+MUTANTS.update(
+    {
+        GuessesLayoutFromShape: "LAYOUT-4/detect-unambiguous",
+        ReadsHndAsNhd: "LAYOUT-1/read-named",
+        ReadsByCopy: "LAYOUT-2/views-alias",
+        DropsOutOfRangeBlocks: "PAGED-2/refuses-out-of-range",
+        OracleIgnoresRequestId: "ORACLE-1/fill",
+    }
+)

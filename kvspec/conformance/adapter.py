@@ -37,6 +37,11 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "sender": ("sender_transform",),
     "receiver": ("receiver_combine",),
     "rejection": ("validate",),
+    "layouts": ("read_layer",),
+    "conversion": ("convert_layout",),
+    "detection": ("detect_layout",),
+    "paged": ("gather", "scatter"),
+    "oracle": ("oracle_fill",),
 }
 """Capability name -> the adapter methods it consists of."""
 
@@ -111,6 +116,50 @@ class Adapter:
         ``target_model`` (the receiver's model facts) and ``rank``
         (``{"side": "source" | "target", "rank": int}``).
         """
+        raise NotProvided
+
+    # cache layouts ---------------------------------------------------------------
+    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
+        """K and V (or the latent) of one layer's cache in the named ``layout``, each
+        ``[num_blocks, block_size, heads, head_dim]`` and a view of the cache [LAYOUT-1, 2]."""
+        raise NotProvided
+
+    def convert_layout(self, cache: Any, source: str, target: str) -> Any:
+        """A new cache in ``target`` holding ``cache``'s slots bit for bit [LAYOUT-3]."""
+        raise NotProvided
+
+    def detect_layout(
+        self,
+        cache: Any,
+        *,
+        heads: int | None = None,
+        head_dim: int | None = None,
+        block_size: int | None = None,
+    ) -> str:
+        """The one layout ``cache`` can be; raise when several fit [LAYOUT-4]."""
+        raise NotProvided
+
+    # paged requests --------------------------------------------------------------
+    def gather(self, cache: Any, block_ids: list[int], seq_len: int) -> RequestKV:
+        """A request from a :class:`~kvspec.paged.PagedCache` by block ids [PAGED-1..3]."""
+        raise NotProvided
+
+    def scatter(self, kv: RequestKV, cache: Any, block_ids: list[int]) -> None:
+        """Write ``kv`` into the cache's blocks in place; refuse bad tables [PAGED-2..5]."""
+        raise NotProvided
+
+    # oracle ------------------------------------------------------------------------
+    def oracle_fill(
+        self,
+        model: ModelShape,
+        request_id: str,
+        *,
+        tokens: range,
+        layers: range,
+        heads: range,
+        seed: int,
+    ) -> RequestKV:
+        """The coordinate-hash values of a region of one request [ORACLE-1..4]."""
         raise NotProvided
 
 

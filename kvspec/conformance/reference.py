@@ -6,11 +6,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvspec import __version__
+from kvspec.cache_layout import convert, detect_layout, kv_views
 from kvspec.conformance.adapter import Adapter
 from kvspec.error_cases import OPERATIONS
 from kvspec.kv import RequestKV
 from kvspec.model import ModelShape
+from kvspec.oracle import oracle_kv
 from kvspec.ownership import rank_ownership
+from kvspec.paged import PagedCache, gather_request, scatter_request
 from kvspec.plan import POLICIES
 from kvspec.reshard import SLICING_MODES, Shipment, receive, send
 from kvspec.stage import StageLayout
@@ -47,3 +50,21 @@ class ReferenceAdapter(Adapter):
 
     def validate(self, config: dict[str, Any]) -> None:
         OPERATIONS["transfer"](config)
+
+    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
+        return kv_views(cache, layout)
+
+    def convert_layout(self, cache: Any, source: str, target: str) -> Any:
+        return convert(cache, source, target)
+
+    def detect_layout(self, cache: Any, **known: int | None) -> str:
+        return detect_layout(cache, **known)
+
+    def gather(self, cache: PagedCache, block_ids: list[int], seq_len: int) -> RequestKV:
+        return gather_request(cache, block_ids, seq_len)
+
+    def scatter(self, kv: RequestKV, cache: PagedCache, block_ids: list[int]) -> None:
+        scatter_request(kv, cache, block_ids)
+
+    def oracle_fill(self, model: ModelShape, request_id: str, **region: Any) -> RequestKV:
+        return oracle_kv(model, request_id, **region)

@@ -29,6 +29,8 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.routing",
     "kvspec.conformance.checks.rejection",
     "kvspec.conformance.checks.transfer",
+    "kvspec.conformance.checks.layouts",
+    "kvspec.conformance.checks.paged",
 )
 
 
