@@ -24,12 +24,24 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kvspec import __version__
+from kvspec.cache_layout import (
+    LAYOUTS,
+    CacheShape,
+    detect_layout,
+    empty_cache,
+    get_layout,
+    kv_views,
+    layouts_for,
+)
 from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.checks.transfer import difference
+from kvspec.dtypes import FP8_DTYPES, bits_view
 from kvspec.error_cases import ERROR_CASES
 from kvspec.kv import RequestKV, random_request_kv
 from kvspec.model import ModelShape
+from kvspec.oracle import oracle_kv, oracle_scales
 from kvspec.ownership import stage_ownership
+from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
 from kvspec.plan import check_plannable
 from kvspec.reshard import Shipment, send, shard
 from kvspec.slicing import HeadSlice
@@ -278,11 +290,221 @@ def _check_reshard(adapter: Adapter, case: Case, tensors: Tensors) -> str | None
     return None
 
 
+# cache layouts ------------------------------------------------------------------------
+def _layer_tensors(key: str, cache: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A layer cache's tensors by key, and its manifest entry ``{"tensors", "tuple"}``."""
+    parts = cache if isinstance(cache, tuple) else (cache,)
+    names = [f"{key}/cache/{i}" for i in range(len(parts))]
+    return dict(zip(names, parts, strict=True)), {
+        "tensors": names,
+        "tuple": isinstance(cache, tuple),
+    }
+
+
+def _load_layer(tensors: Tensors, entry: dict[str, Any]) -> Any:
+    parts = tuple(tensors[n].clone() for n in entry["tensors"])
+    return parts if entry["tuple"] else parts[0]
+
+
+def _export_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases, tensors = [], {}
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    shapes = [(2, 2, 4, 2, 3), (2, 3, 2, 2, 3), (2, 5, 3, 1, 2), (1, 3, 2, 1, 4), (2, 4, 1, 3, 2)]
+    i = 0
+    for kv, blocks, block_size, heads, dim in shapes:
+        for name, spec in LAYOUTS.items():
+            if spec.kv_tensors not in (None, kv):
+                continue
+            shape = CacheShape(kv, blocks, block_size if spec.paged else 1, heads, dim)
+            cache = empty_cache(name, shape, "bfloat16")
+            for view in kv_views(cache, name):
+                bits = bits_view(view)
+                bits.copy_(
+                    torch.randint(
+                        -(2**15), 2**15 - 1, bits.shape, generator=generator, dtype=torch.int16
+                    )
+                )
+            key = f"layouts-{i:03d}"
+            i += 1
+            layer, names = _layer_tensors(key, cache)
+            tensors.update(layer)
+            views = kv_views(cache, name)
+            read = [f"{key}/read/{k}" for k in range(len(views))]
+            tensors.update(dict(zip(read, (v.contiguous() for v in views), strict=True)))
+            known = {"heads": heads, "head_dim": dim}
+            try:
+                detected: str | None = detect_layout(cache, **known)
+            except ValueError:
+                detected = None
+            cases.append(
+                {
+                    "id": key,
+                    "clauses": ["LAYOUT-1", "LAYOUT-2", "LAYOUT-4"],
+                    "layout": name,
+                    "shape": {
+                        "kv": kv,
+                        "num_blocks": blocks,
+                        "block_size": shape.block_size,
+                        "heads": heads,
+                        "head_dim": dim,
+                    },
+                    "cache": names,
+                    "read": read,
+                    "detect": {"known": known, "answer": detected},
+                }
+            )
+    return cases, tensors
+
+
+def _check_layouts(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    cache = _load_layer(tensors, case["cache"])
+    provided = provided_capabilities(adapter)
+    if "layouts" in provided:
+        got = adapter.read_layer(cache, case["layout"])
+        for k, name in enumerate(case["read"]):
+            if k >= len(got) or not torch.equal(
+                bits_view(got[k].contiguous()), bits_view(tensors[name])
+            ):
+                return f"reading it as {case['layout']} gives a different tensor {k}"
+    if "detection" in provided:
+        try:
+            answer: str | None = adapter.detect_layout(cache, **case["detect"]["known"])
+        except Exception:
+            answer = None
+        if answer != case["detect"]["answer"]:
+            return (
+                f"detection said {answer!r}, expected {case['detect']['answer']!r} (null = refuse)"
+            )
+    return None
+
+
+# paged requests -----------------------------------------------------------------------
+def _export_paged(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases, tensors = [], {}
+    for i in range(12):
+        attention = "mla" if i % 4 == 3 else "mha"
+        layout = rng.choice(layouts_for(attention))
+        block_size = rng.randint(1, 5) if get_layout(layout).paged else 1
+        seq_len = rng.randint(1, 12)
+        needed = -(-seq_len // block_size)
+        num_blocks = needed + rng.randint(0, 3)
+        ids = rng.sample(range(num_blocks), needed)
+        dtype = rng.choice(["bfloat16", "float16", "float8_e4m3fn"])
+        model = (
+            ModelShape.mla(2, 3, dtype=dtype)
+            if attention == "mla"
+            else ModelShape(2, rng.randint(1, 3), rng.randint(1, 3), dtype=dtype)
+        )
+        scales = oracle_scales(model) if model.dtype in FP8_DTYPES else None
+        cache = empty_paged_cache(
+            layout,
+            num_layers=2,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            heads=model.num_kv_heads,
+            head_dim=model.head_dim,
+            dtype=dtype,
+            kv=model.kv_tensors,
+            scales=scales,
+        )
+        filler = oracle_kv(model, f"fill-{i}", tokens=num_blocks * block_size)
+        scatter_request(filler, cache, list(range(num_blocks)))
+        key = f"paged-{i:03d}"
+        layers = []
+        for j, layer in enumerate(cache.layers):
+            part, names = _layer_tensors(f"{key}/layer/{j}", layer)
+            tensors.update(part)
+            layers.append(names)
+        tensors[f"{key}/gathered"] = gather_request(cache, ids, seq_len).data
+        if scales is not None:
+            tensors[f"{key}/scales"] = scales
+        cases.append(
+            {
+                "id": key,
+                "clauses": ["PAGED-1", "PAGED-2", "PAGED-3", "PAGED-4"],
+                "layout": layout,
+                "model": model.to_dict(),
+                "block_size": block_size,
+                "num_blocks": num_blocks,
+                "block_ids": ids,
+                "seq_len": seq_len,
+                "layers": layers,
+                "scales": f"{key}/scales" if scales is not None else None,
+                "gathered": f"{key}/gathered",
+                "refuse": [[*ids[:-1], num_blocks], [ids[0], *ids]],
+            }
+        )
+    return cases, tensors
+
+
+def _check_paged(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    scales = tensors[case["scales"]] if case["scales"] else None
+    cache = PagedCache(
+        case["layout"], tuple(_load_layer(tensors, names) for names in case["layers"]), scales
+    )
+    got = adapter.gather(cache, list(case["block_ids"]), case["seq_len"])
+    if not torch.equal(bits_view(got.data.contiguous()), bits_view(tensors[case["gathered"]])):
+        return "the gathered request differs from the vector"
+    for bad in case["refuse"]:
+        try:
+            adapter.gather(cache, list(bad), case["seq_len"])
+        except Exception:
+            continue
+        return f"gather with block ids {bad} was accepted"
+    return None
+
+
+# oracle -------------------------------------------------------------------------------
+def _export_oracle(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases, tensors = [], {}
+    for i, dtype in enumerate(
+        ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"] * 2
+    ):
+        model = (
+            ModelShape.mla(3, 4, dtype=dtype)
+            if i >= 5 and i % 2
+            else ModelShape(3, 4, 3, dtype=dtype)
+        )
+        request_id = f"req_{i}-x"
+        seed = rng.randrange(2**31)
+        region = {"tokens": [2, 9], "layers": [1, 3], "heads": [0, model.num_kv_heads]}
+        kv = oracle_kv(model, request_id, seed=seed, **{k: range(*v) for k, v in region.items()})
+        key = f"oracle-{i:03d}"
+        tensors[f"{key}/data"] = kv.data
+        if kv.scales is not None:
+            tensors[f"{key}/scales"] = kv.scales
+        cases.append(
+            {
+                "id": key,
+                "clauses": ["ORACLE-1", "ORACLE-2", "ORACLE-3", "ORACLE-4"],
+                "model": model.to_dict(),
+                "request_id": request_id,
+                "seed": seed,
+                "region": region,
+                "data": f"{key}/data",
+                "scales": f"{key}/scales" if kv.scales is not None else None,
+            }
+        )
+    return cases, tensors
+
+
+def _check_oracle(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    model = ModelShape.from_dict(case["model"])
+    region = {k: range(*v) for k, v in case["region"].items()}
+    got = adapter.oracle_fill(model, case["request_id"], seed=case["seed"], **region)
+    if not torch.equal(bits_view(got.data.contiguous()), bits_view(tensors[case["data"]])):
+        return "the fill differs from the vector"
+    return None
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("ownership", ("ownership",), _export_ownership, _check_ownership),
     Family("plan", ("routing",), _export_plan, _check_plan),
     Family("errors", ("rejection",), _export_errors, _check_errors),
     Family("reshard", ("sender",), _export_reshard, _check_reshard),
+    Family("layouts", ("layouts",), _export_layouts, _check_layouts),
+    Family("paged", ("paged",), _export_paged, _check_paged),
+    Family("oracle", ("oracle",), _export_oracle, _check_oracle),
 )
 
 
