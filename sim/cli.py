@@ -1,0 +1,187 @@
+"""``python -m sim run``: a simulated cluster moving real KV between real processes.
+
+Every sender and receiver rank is its own OS process on the ports the spec assigns
+(loopback by default). Stage-0 ranks fill their paged caches from the
+coordinate-hash oracle; every receiving rank checks every element it gets, so no
+ground truth travels. The run ends with a report: requests verified or failed (with
+reasons), bytes per edge against the plan, throughput and latency.
+
+examples:
+  python -m sim run --source-tp 4 --target-tp 2 --kv-heads 2
+  python -m sim run --source-tp 8 --target-tp 2 --kv-heads 4 --src-layout flashinfer \\
+      --dst-layout flash_attn_hnd --src-block-size 16 --dst-block-size 32 --dtype float8_e4m3fn
+  python -m sim run --chain TP4,TP2,TP1 --kv-heads 4 --chunks 3
+  python -m sim run --source-tp 2 --source-pp 2 --target-tp 4 --kv-heads 8 --replicas 2
+  python -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 \\
+      --faults drop=0.05,dup=0.05,reorder=0.1,delay=1ms,corrupt=0.02,kill=sender:1@0.5
+
+faults (--faults NAME=VALUE,...): drop=P, dup=P, reorder=P, corrupt=P, garbage=P
+(probabilities per data message), delay=5ms, kill=ROLE:RANK@FRACTION and
+hang=ROLE:RANK@FRACTION (ROLE sender, receiver or stageN; join several with +).
+
+exit status: 0 every request verified; 1 a request failed, a rank failed, or the run
+hit its deadline; 2 the configuration is refused (with the spec's reason); 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from kvspec.cache_layout import LAYOUTS
+from kvspec.dtypes import DTYPES
+from kvspec.model import ModelShape
+from kvspec.plan import POLICIES
+from kvspec.stage import StageLayout
+from sim.cluster import run_simulation
+from sim.config import SimConfig, parse_seq_len, parse_stage
+from sim.faults import parse_faults
+from sim.progress import ProgressBar
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run a simulated transfer and verify every element",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    stages = run.add_argument_group("stages")
+    stages.add_argument("--source-tp", type=int, default=4, metavar="S", help="sender TP (4)")
+    stages.add_argument("--target-tp", type=int, default=2, metavar="T", help="receiver TP (2)")
+    stages.add_argument("--source-pp", type=int, default=1, metavar="P", help="sender PP (1)")
+    stages.add_argument("--target-pp", type=int, default=1, metavar="Q", help="receiver PP (1)")
+    stages.add_argument(
+        "--chain",
+        metavar="TP4,TP2,TP1",
+        help="a chain of stages instead of source/target, e.g. TP4,TP2,TP1 or PP2xTP2,TP4",
+    )
+    stages.add_argument("--replicas", type=int, default=1, help="independent replica groups (1)")
+    model = run.add_argument_group("model")
+    model.add_argument("--kv-heads", type=int, default=None, metavar="H", help="KV heads (MHA/GQA)")
+    model.add_argument("--head-dim", type=int, default=64, metavar="D", help="head dim (64)")
+    model.add_argument("--layers", type=int, default=4, metavar="L", help="layers (4)")
+    model.add_argument("--attention", choices=("mha", "mla"), default="mha", help="(mha)")
+    model.add_argument("--latent-dim", type=int, default=64, help="MLA latent width (64)")
+    model.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="(bfloat16)")
+    caches = run.add_argument_group("caches")
+    caches.add_argument(
+        "--src-layout", choices=tuple(LAYOUTS), default=None, help="(flash_attn; mla for MLA)"
+    )
+    caches.add_argument(
+        "--dst-layout", choices=tuple(LAYOUTS), default=None, help="(flash_attn; mla for MLA)"
+    )
+    caches.add_argument("--src-block-size", type=int, default=16, metavar="B", help="(16)")
+    caches.add_argument("--dst-block-size", type=int, default=16, metavar="B", help="(16)")
+    work = run.add_argument_group("workload")
+    work.add_argument(
+        "--requests", type=int, default=8, metavar="N", help="requests per replica (8)"
+    )
+    work.add_argument("--seq-len", default="16:128", metavar="MIN:MAX", help="tokens (16:128)")
+    work.add_argument("--chunks", type=int, default=1, metavar="K", help="chunks per request (1)")
+    work.add_argument(
+        "--slicing", choices=("sender", "receiver"), default="sender", help="(sender)"
+    )
+    work.add_argument(
+        "--policy", choices=POLICIES, default="lowest", help="replica choice (lowest)"
+    )
+    work.add_argument("--seed", type=int, default=0, help="oracle and workload seed (0)")
+    where = run.add_argument_group("where")
+    where.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(cpu)")
+    where.add_argument("--host", default="127.0.0.1", help="address senders bind (127.0.0.1)")
+    where.add_argument("--base-port", type=int, default=20000, metavar="N", help="(20000)")
+    where.add_argument(
+        "--ranks-per-process",
+        type=int,
+        default=1,
+        metavar="N",
+        help="host N ranks per process, each with its own sockets (1)",
+    )
+    where.add_argument(
+        "--transport",
+        choices=("tcp", "inproc"),
+        default="tcp",
+        help="tcp: one process per rank group; inproc: threads in this process (tcp)",
+    )
+    run.add_argument("--faults", default=None, metavar="SPEC", help="faults to inject (none)")
+    run.add_argument(
+        "--timeout", type=float, default=120.0, metavar="SECONDS", help="run deadline (120)"
+    )
+    run.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    if args.chain:
+        stages = tuple(parse_stage(s) for s in args.chain.split(","))
+    else:
+        stages = (
+            StageLayout(args.source_tp, args.source_pp),
+            StageLayout(args.target_tp, args.target_pp),
+        )
+    if args.attention == "mla":
+        if args.kv_heads not in (None, 1):
+            raise ValueError(
+                f"--kv-heads {args.kv_heads} with --attention mla: an MLA latent has no head axis [MODEL-2]"
+            )
+        model = ModelShape.mla(args.layers, args.latent_dim, dtype=args.dtype)
+    else:
+        if args.kv_heads is None:
+            raise ValueError("--kv-heads is required for --attention mha (e.g. --kv-heads 4)")
+        model = ModelShape(args.layers, args.kv_heads, args.head_dim, dtype=args.dtype)
+    default_layout = "mla" if args.attention == "mla" else "flash_attn"
+    return SimConfig(
+        stages=stages,
+        model=model,
+        src_layout=args.src_layout or default_layout,
+        dst_layout=args.dst_layout or default_layout,
+        src_block_size=args.src_block_size,
+        dst_block_size=args.dst_block_size,
+        requests=args.requests,
+        seq_len=parse_seq_len(args.seq_len),
+        chunks=args.chunks,
+        replicas=args.replicas,
+        slicing=args.slicing,
+        policy=args.policy,
+        device=args.device,
+        host=args.host,
+        base_port=args.base_port,
+        faults=parse_faults(args.faults),
+        seed=args.seed,
+        timeout=args.timeout,
+        ranks_per_process=args.ranks_per_process,
+        transport=args.transport,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as error:
+        print(f"sim: refused: {error}", file=sys.stderr)
+        return 2
+    bar = None if args.quiet else ProgressBar(config.requests * config.replicas)
+    try:
+        report = run_simulation(config, progress=bar.update if bar else None)
+    except ValueError as error:
+        print(f"sim: refused: {error}", file=sys.stderr)
+        return 2
+    if bar:
+        bar.close()
+    print(report.render())
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report.to_dict(), out, indent=2)
+    if report.interrupted:
+        return 130
+    return 0 if report.ok else 1

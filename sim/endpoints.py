@@ -1,0 +1,65 @@
+"""Where each rank listens: the spec's ports, as ZMQ endpoints, checked for the whole run.
+
+Every KV port comes from :func:`kvspec.ports.port` and the run's deployment is
+checked with :func:`kvspec.ports.check_deployment` before any process starts, so a
+run whose ports would collide is refused with the spec's reasons [PORT-1..3].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvspec.ports import DeployedStage, Deployment, PortMap, check_deployment, port
+
+from sim.config import SimConfig
+
+
+@dataclass(frozen=True)
+class RankId:
+    """One simulated rank: replica group, stage of the chain, stage-local rank."""
+
+    replica: int
+    stage: int
+    rank: int
+
+    @property
+    def name(self) -> str:
+        return f"replica {self.replica} stage {self.stage} rank {self.rank}"
+
+    @property
+    def tag(self) -> str:
+        """A compact identifier for sockets and file names: ``r0s1k3``."""
+        return f"r{self.replica}s{self.stage}k{self.rank}"
+
+
+def deployment(config: SimConfig) -> Deployment:
+    """The run as a deployment of the spec: every stage of the chain, every replica."""
+    return Deployment(
+        config.base_port,
+        tuple(
+            DeployedStage(stage_id=i, layout=layout, replicas=config.replicas)
+            for i, layout in enumerate(config.stages)
+        ),
+    )
+
+
+def check_ports(config: SimConfig) -> PortMap:
+    """Refuse a run whose ports collide or leave 1..65535 [PORT-3]."""
+    return check_deployment(deployment(config))
+
+
+def kv_endpoint(config: SimConfig, who: RankId, *, bind: bool = False) -> str:
+    """The KV endpoint of sender ``who``: the port [PORT-1] on the run's host, or inproc."""
+    number = port("kv", config.base_port, who.stage, who.rank, who.replica)
+    if config.transport == "inproc":
+        return f"inproc://kvspec-kv-{number}"
+    return f"tcp://{config.host}:{number}"
+
+
+def all_ranks(config: SimConfig) -> list[RankId]:
+    return [
+        RankId(replica, stage, rank)
+        for replica in range(config.replicas)
+        for stage, layout in enumerate(config.stages)
+        for rank in layout.ranks()
+    ]

@@ -1,0 +1,261 @@
+"""The books of a run: every request verified or failed with its reason, bytes per edge
+against the plan, throughput and latency; rendered for people and as JSON."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.cli.plan import human_bytes
+from kvspec.plan import plan_transfer
+from sim.config import SimConfig
+from sim.endpoints import RankId
+from sim.workload import Workload
+
+
+@dataclass
+class RequestOutcome:
+    """One request of one replica group, across every receiving rank of the chain."""
+
+    replica: int
+    request_id: str
+    ok: bool
+    reasons: list[str]
+    latency_s: float | None = None
+
+
+@dataclass
+class SimReport:
+    """Everything a run found; ``ok`` only when every request verified and nothing broke."""
+
+    config: SimConfig
+    outcomes: list[RequestOutcome]
+    edge_bytes: dict[tuple[int, int, int, int], int]
+    planned_bytes: dict[tuple[int, int, int, int], int]
+    sender_stats: dict[str, dict[str, Any]]
+    receiver_stats: Counter[str] = field(default_factory=Counter)
+    wall_s: float = 0.0
+    transfer_s: float = 0.0
+    processes: int = 0
+    errors: list[str] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)
+    timed_out: bool = False
+    interrupted: bool = False
+    stack_dumps: str = ""
+
+    @property
+    def verified(self) -> int:
+        return sum(o.ok for o in self.outcomes)
+
+    @property
+    def failed(self) -> int:
+        return sum(not o.ok for o in self.outcomes)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0 and not self.errors and not self.interrupted and not self.timed_out
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(self.edge_bytes.values())
+
+    @property
+    def throughput_gbps(self) -> float:
+        return self.bytes_moved / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
+
+    def latencies(self) -> list[float]:
+        return sorted(o.latency_s for o in self.outcomes if o.ok and o.latency_s is not None)
+
+    def percentile(self, q: float) -> float | None:
+        values = self.latencies()
+        if not values:
+            return None
+        if len(values) == 1:
+            return values[0]
+        return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+    def faults_injected(self) -> dict[str, int]:
+        counts: Counter[str] = Counter()
+        for stats in self.sender_stats.values():
+            for name, keys in stats.get("faults", {}).items():
+                counts[name] += len(keys)
+        return dict(counts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "config": self.config.to_dict(),
+            "requests": {
+                "total": len(self.outcomes),
+                "verified": self.verified,
+                "failed": self.failed,
+            },
+            "failures": [
+                {"replica": o.replica, "request": o.request_id, "reasons": o.reasons}
+                for o in self.outcomes
+                if not o.ok
+            ],
+            "edges": [
+                {
+                    "replica": r,
+                    "stage": s,
+                    "src": src,
+                    "dst": dst,
+                    "bytes": self.edge_bytes.get((r, s, src, dst), 0),
+                    "planned_bytes": planned,
+                }
+                for (r, s, src, dst), planned in sorted(self.planned_bytes.items())
+            ],
+            "bytes_moved": self.bytes_moved,
+            "transfer_seconds": self.transfer_s,
+            "throughput_gbps": self.throughput_gbps,
+            "latency_seconds": {"p50": self.percentile(50), "p99": self.percentile(99)},
+            "wall_seconds": self.wall_s,
+            "processes": self.processes,
+            "faults_injected": self.faults_injected(),
+            "receivers": dict(self.receiver_stats),
+            "dead_ranks": self.dead,
+            "errors": self.errors,
+            "timed_out": self.timed_out,
+            "interrupted": self.interrupted,
+        }
+
+    def render(self) -> str:
+        c = self.config
+        chain = " -> ".join(s.describe() for s in c.stages)
+        lines = [
+            f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
+            f"  caches {c.src_layout}/{c.src_block_size} -> {c.dst_layout}/{c.dst_block_size}, "
+            f"{c.slicing}-side slicing, policy {c.policy}, device {c.device}, "
+            f"{c.requests} requests of {c.seq_len[0]}..{c.seq_len[1]} tokens in {c.chunks} chunk(s), "
+            f"faults: {c.faults.describe()}",
+            "",
+        ]
+        verdict = "ALL VERIFIED" if self.ok else "FAILED"
+        lines.append(
+            f"requests: {self.verified} verified, {self.failed} failed, of {len(self.outcomes)} "
+            f"— {verdict} (every element checked against the coordinate-hash oracle)"
+        )
+        for o in [o for o in self.outcomes if not o.ok][:10]:
+            lines.append(f"  replica {o.replica} {o.request_id}: {o.reasons[0]}")
+        if self.failed > 10:
+            lines.append(f"  ... and {self.failed - 10} more (see --json)")
+        lines += ["", "bytes per edge (KV moved / the plan's bytes for these requests):"]
+        mismatched = 0
+        for (r, s, src, dst), planned in sorted(self.planned_bytes.items()):
+            got = self.edge_bytes.get((r, s, src, dst), 0)
+            mismatched += got != planned
+        shown = sorted(self.planned_bytes.items())[:12]
+        for (r, s, src, dst), planned in shown:
+            got = self.edge_bytes.get((r, s, src, dst), 0)
+            mark = "" if got == planned else "   <- differs"
+            lines.append(
+                f"  replica {r} stage {s}->{s + 1}  {src:>3} -> {dst:<3} {human_bytes(got):>10} / "
+                f"{human_bytes(planned):<10}{mark}"
+            )
+        if len(self.planned_bytes) > len(shown):
+            lines.append(f"  ... {len(self.planned_bytes) - len(shown)} more edges (see --json)")
+        lines.append(
+            f"  {len(self.planned_bytes)} edges, {human_bytes(self.bytes_moved)} moved; "
+            + (
+                "every edge equals the plan"
+                if not mismatched
+                else f"{mismatched} differ from the plan"
+            )
+        )
+        p50, p99 = self.percentile(50), self.percentile(99)
+        latency = "n/a" if p50 is None else f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
+        lines += [
+            "",
+            f"throughput: {self.throughput_gbps:.3f} GB/s over {self.transfer_s:.2f} s of transfer "
+            f"(send to last shard received; verification excluded)",
+            f"latency:    {latency} (first shard sent to request verified, end to end)",
+            f"wall time:  {self.wall_s:.2f} s, {self.processes} process(es)",
+        ]
+        injected = self.faults_injected()
+        if injected or self.receiver_stats:
+            lines.append(
+                "faults:     injected "
+                + (", ".join(f"{k} {v}" for k, v in sorted(injected.items())) or "none")
+                + "; receivers ignored "
+                + f"{self.receiver_stats.get('duplicates_ignored', 0)} duplicate(s), refused "
+                + f"{self.receiver_stats.get('garbage_refused', 0)} unreadable message(s) and "
+                + f"{self.receiver_stats.get('codec_refusals', 0)} payload(s) the codec rejected"
+            )
+        if self.dead:
+            lines.append(f"dead ranks: {', '.join(self.dead)}")
+        for error in self.errors:
+            lines += ["", "error:", error.rstrip()]
+        if self.timed_out:
+            lines += ["", f"the run hit its {c.timeout:g} s deadline; stacks of stuck ranks:"]
+            lines.append(self.stack_dumps.rstrip() or "  (none captured)")
+        if self.interrupted:
+            lines += ["", "interrupted (Ctrl-C): the numbers above are partial"]
+        return "\n".join(lines)
+
+
+def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int]:
+    """(replica, stage, src, dst) -> bytes the plan says the run's requests move [PLAN-5]."""
+    planned = {}
+    for stage in range(config.last_stage):
+        plan = plan_transfer(
+            config.stages[stage], config.stages[stage + 1], config.model, policy=config.policy
+        )
+        for replica in range(config.replicas):
+            seqs = [r.seq_len for r in Workload(config, replica).requests]
+            for e in plan.edges:
+                total = sum(e.nbytes(n, slicing=config.slicing) for n in seqs)
+                planned[(replica, stage, e.src, e.dst)] = total
+    return planned
+
+
+def outcomes_from(
+    config: SimConfig,
+    results: dict[RankId, dict[str, dict[str, Any]]],
+    missing_reason: dict[RankId, str],
+) -> list[RequestOutcome]:
+    """One outcome per request: verified only if every receiving rank verified it."""
+    outcomes = []
+    for replica in range(config.replicas):
+        for request in Workload(config, replica).requests:
+            reasons, first_sent, verified_at = [], [], []
+            for stage in range(1, len(config.stages)):
+                for rank in config.stages[stage].ranks():
+                    who = RankId(replica, stage, rank)
+                    event = results.get(who, {}).get(request.request_id)
+                    if event is None:
+                        reasons.append(
+                            f"stage {stage} rank {rank}: "
+                            + missing_reason.get(who, "no result reported")
+                        )
+                    elif not event["ok"]:
+                        reasons.append(f"stage {stage} rank {rank}: {event['reason']}")
+                    else:
+                        if stage == 1:
+                            first_sent.append(event["first_sent"])
+                        if stage == config.last_stage:
+                            verified_at.append(event["verified"])
+            latency = max(verified_at) - min(first_sent) if not reasons else None
+            outcomes.append(
+                RequestOutcome(replica, request.request_id, not reasons, reasons, latency)
+            )
+    return outcomes
+
+
+def measured_edge_bytes(
+    results: dict[RankId, dict[str, dict[str, Any]]],
+) -> tuple[dict[tuple[int, int, int, int], int], float, float]:
+    """Bytes per edge from receivers' results, and the transfer window's start and end."""
+    edges: dict[tuple[int, int, int, int], int] = defaultdict(int)
+    start, end = float("inf"), 0.0
+    for who, by_request in results.items():
+        for event in by_request.values():
+            if not event["ok"]:
+                continue
+            for src, n in event["edge_bytes"].items():
+                edges[(who.replica, who.stage - 1, int(src), who.rank)] += n
+            start = min(start, event["first_sent"])
+            end = max(end, event["received"])
+    return dict(edges), start, end

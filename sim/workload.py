@@ -1,0 +1,79 @@
+"""The requests of a run and where each rank keeps them: ids, lengths, chunks, block tables.
+
+Everything is derived from the run's seed, so every rank computes the same workload
+on its own and nothing but KV travels.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import cached_property
+
+from kvspec.paged import blocks_needed
+from sim.config import SimConfig
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: its id, length and the token ranges of its chunks."""
+
+    request_id: str
+    index: int
+    seq_len: int
+    chunks: tuple[range, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests of one replica group."""
+
+    config: SimConfig
+    replica: int
+
+    @cached_property
+    def requests(self) -> tuple[Request, ...]:
+        rng = random.Random(f"{self.config.seed}:requests")
+        low, high = self.config.seq_len
+        out = []
+        for i in range(self.config.requests):
+            seq_len = rng.randint(low, high)
+            out.append(
+                Request(
+                    # Replicas serve different requests; ids never contain the legacy key head.
+                    request_id=f"req-{self.replica}-{i:04d}",
+                    index=i,
+                    seq_len=seq_len,
+                    chunks=split_tokens(seq_len, self.config.chunks),
+                )
+            )
+        return tuple(out)
+
+    def block_table(self, stage: int, rank: int) -> tuple[int, dict[str, list[int]]]:
+        """(number of blocks, block ids per request) of one rank's cache.
+
+        Blocks are handed out in a shuffled order, so block ids and token order never
+        coincide by accident; a few spare blocks belong to no request.
+        """
+        _, block_size = self.config.layout_of(stage)
+        need = [blocks_needed(r.seq_len, block_size) for r in self.requests]
+        total = sum(need) + 2
+        rng = random.Random(f"{self.config.seed}:{self.replica}:{stage}:{rank}:blocks")
+        free = list(range(total))
+        rng.shuffle(free)
+        tables, start = {}, 0
+        for request, n in zip(self.requests, need, strict=True):
+            tables[request.request_id] = free[start : start + n]
+            start += n
+        return total, tables
+
+
+def split_tokens(seq_len: int, chunks: int) -> tuple[range, ...]:
+    """``chunks`` contiguous, non-empty token ranges covering ``range(seq_len)``."""
+    base, extra = divmod(seq_len, chunks)
+    out, start = [], 0
+    for i in range(chunks):
+        size = base + (1 if i < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return tuple(out)
