@@ -21,6 +21,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.plan",
     "kvspec.slicing",
     "kvspec.reshard",
+    "kvspec.keys",
 )
 """Modules that declare clauses, in the order their families appear in the table."""
 

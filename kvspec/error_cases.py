@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvspec.keys import legacy_key, parse_key, rank_aware_key
 from kvspec.model import ModelShape, check_compatible
 from kvspec.ownership import layer_ranges, owned_heads
 from kvspec.plan import plan_transfer
@@ -44,6 +45,9 @@ OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     ),
     "compatible": lambda a: check_compatible(_model(a["source"]), _model(a["target"])),
     "head_slice": lambda a: HeadSlice.from_dict(a),
+    "rank_aware_key": lambda a: rank_aware_key(**a),
+    "legacy_key": lambda a: legacy_key(**a),
+    "parse_key": lambda a: parse_key(a["key"]),
 }
 """Reference implementation of every operation an error case can name."""
 
@@ -64,6 +68,7 @@ class ErrorCase:
 
 
 _M = {"num_layers": 4, "num_kv_heads": 4, "head_dim": 8}
+_KEY = {"from_stage": 0, "chunk_id": 0, "from_rank": 0, "to_rank": 0}
 
 ERROR_CASES: tuple[ErrorCase, ...] = (
     ErrorCase("tp-zero", "STAGE-1", "stage", {"tp": 0}, r"tp must be >= 1, got 0"),
@@ -217,6 +222,55 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
             "applied": True,
         },
         r"side must be one of 'sender', 'receiver'; got None",
+    ),
+    ErrorCase(
+        "key-request-id-with-legacy-head",
+        "KEY-3",
+        "rank_aware_key",
+        {"request_id": "omni_0_to_1_kv_cache_5", **_KEY},
+        r"request_id 'omni_0_to_1_kv_cache_5' begins with a legacy key's head",
+    ),
+    ErrorCase(
+        "key-request-id-empty",
+        "KEY-3",
+        "rank_aware_key",
+        {"request_id": "", **_KEY},
+        r"request_id must be a non-empty string, got ''",
+    ),
+    ErrorCase(
+        "key-request-id-control-character",
+        "KEY-3",
+        "legacy_key",
+        {"request_id": "a\tb", "from_stage": 0, "to_stage": 1},
+        r"request_id must be printable.*'a\\tb'",
+    ),
+    ErrorCase(
+        "key-negative-rank",
+        "KEY-3",
+        "rank_aware_key",
+        {"request_id": "r", **_KEY, "to_rank": -1},
+        r"to_rank must be >= 0, got -1",
+    ),
+    ErrorCase(
+        "key-leading-zero",
+        "KEY-3",
+        "parse_key",
+        {"key": "req_1_01_0_0"},
+        r"'req_1_01_0_0' is not a key",
+    ),
+    ErrorCase(
+        "key-three-numbers",
+        "KEY-3",
+        "parse_key",
+        {"key": "req_0_0_0"},
+        r"'req_0_0_0' is not a key: expected",
+    ),
+    ErrorCase(
+        "key-non-ascii-digit",
+        "KEY-3",
+        "parse_key",
+        {"key": "req_\u0661_0_0_0"},
+        r"is not a key",
     ),
 )
 """Every invalid input the reference must refuse, one per distinct rule violation."""

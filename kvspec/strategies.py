@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from kvspec.dtypes import DTYPES
+from kvspec.keys import LegacyKey, RankAwareKey
 from kvspec.model import ModelShape
 from kvspec.ownership import check_heads
 from kvspec.plan import POLICIES, TransferPlan, check_tp_pair, plan_transfer
@@ -124,3 +125,50 @@ def transfer_cases(
     source = draw(stage_layouts(tp=source_tp, num_layers=model.num_layers, max_pp=max_pp))
     target = draw(stage_layouts(tp=target_tp, num_layers=model.num_layers, max_pp=max_pp))
     return TransferCase(source, target, model, draw(st.sampled_from(policies)))
+
+
+# -- keys [KEY-1..3] ----------------------------------------------------------------------
+
+TRICKY_REQUEST_IDS: tuple[str, ...] = (
+    "5_0_0_0_0",  # its legacy key also reads as a rank-aware key [KEY-3]
+    "omni_0_to_1_kv_cache",
+    "omni_0_to_1_kv_cache_5",
+    "omni_0_to_1_kv",
+    "omni",
+    "_",
+    "__",
+    "0",
+    "req_1_2",
+    "chatcmpl-7f3a",
+    "ü_名_0",
+)
+"""Request ids that broke, or could break, keys joined with ``_``."""
+
+
+@st.composite
+def request_ids(draw: st.DrawFn) -> str:
+    """Request ids built from the pieces keys are made of, plus :data:`TRICKY_REQUEST_IDS`.
+
+    Every id is valid for payloads and legacy keys; some are refused in rank-aware keys.
+    """
+    pieces = st.sampled_from(["omni", "to", "kv", "cache", "0", "1", "12", "01", "x", "", "-"])
+    return draw(
+        st.one_of(
+            st.sampled_from(TRICKY_REQUEST_IDS),
+            st.lists(pieces, min_size=1, max_size=8).map("_".join).filter(bool),
+            st.text(st.characters(codec="utf-8", categories=("L", "N", "P", "S")), min_size=1),
+        )
+    )
+
+
+@st.composite
+def keys(
+    draw: st.DrawFn, *, kinds: tuple[str, ...] = ("rank_aware", "legacy")
+) -> RankAwareKey | LegacyKey:
+    """A key of the injective domain [KEY-3], of either kind."""
+    kind = draw(st.sampled_from(kinds))
+    number = st.integers(0, 10**6)
+    if kind == "legacy":
+        return LegacyKey(draw(request_ids()), draw(number), draw(number))
+    request_id = draw(request_ids().filter(lambda r: _valid(RankAwareKey, r, 0, 0, 0, 0)))
+    return RankAwareKey(request_id, draw(number), draw(number), draw(number), draw(number))
