@@ -22,6 +22,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.slicing",
     "kvspec.reshard",
     "kvspec.keys",
+    "kvspec.ports",
 )
 """Modules that declare clauses, in the order their families appear in the table."""
 

@@ -16,6 +16,7 @@ from kvspec.keys import legacy_key, parse_key, rank_aware_key
 from kvspec.model import ModelShape, check_compatible
 from kvspec.ownership import layer_ranges, owned_heads
 from kvspec.plan import plan_transfer
+from kvspec.ports import DeployedStage, Deployment, PortScheme, check_deployment, port
 from kvspec.slicing import HeadSlice
 from kvspec.stage import StageLayout
 
@@ -29,6 +30,26 @@ def _stage(args: dict[str, Any]) -> StageLayout:
 
 def _model(args: dict[str, Any]) -> ModelShape:
     return ModelShape(**args)
+
+
+def _port(args: dict[str, Any]) -> int:
+    args = dict(args)
+    scheme = PortScheme(**args.pop("scheme", {}))
+    return port(**args, scheme=scheme)
+
+
+def _deployment(args: dict[str, Any]) -> object:
+    stages = tuple(
+        DeployedStage(
+            s.get("id", i),
+            _stage(s),
+            replicas=s.get("replicas", 1),
+            dp=s.get("dp", 1),
+        )
+        for i, s in enumerate(args["stages"])
+    )
+    scheme = PortScheme(**args.get("scheme", {}))
+    return check_deployment(Deployment(args.get("base", 50000), stages), scheme=scheme)
 
 
 OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
@@ -48,6 +69,8 @@ OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "rank_aware_key": lambda a: rank_aware_key(**a),
     "legacy_key": lambda a: legacy_key(**a),
     "parse_key": lambda a: parse_key(a["key"]),
+    "port": _port,
+    "deployment": _deployment,
 }
 """Reference implementation of every operation an error case can name."""
 
@@ -271,6 +294,70 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
         "parse_key",
         {"key": "req_\u0661_0_0_0"},
         r"is not a key",
+    ),
+    ErrorCase(
+        "port-stage-past-rank-stride",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 50000, "stage": 16},
+        r"stage 16 is out of range: with rank_stride 16 stages must be 0\.\.15",
+    ),
+    ErrorCase(
+        "port-rank-into-next-replica",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 50000, "stage": 0, "rank": 64},
+        r"rank 64 is out of range: rank\*16 \+ stage = 1024 must be < replica_stride 1024",
+    ),
+    ErrorCase(
+        "port-above-65535",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 65000, "stage": 0, "replica": 1},
+        r"would be 66124; ports must be in 1\.\.65535",
+    ),
+    ErrorCase(
+        "port-zero",
+        "PORT-2",
+        "port",
+        {"purpose": "forward", "base": 0, "stage": 0},
+        r"would be 0; ports must be in 1\.\.65535",
+    ),
+    ErrorCase(
+        "port-dp-without-stride",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 50000, "stage": 0, "dp_rank": 1},
+        r"dp_rank 1 needs a scheme with a dp_stride",
+    ),
+    ErrorCase(
+        "port-replica-into-next-dp-rank",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 1, "stage": 0, "replica": 4, "scheme": {"dp_stride": 4096}},
+        r"replica 4 is out of range: .* = 4096 must be < dp_stride 4096",
+    ),
+    ErrorCase(
+        "deployment-forward-meets-kv",
+        "PORT-3",
+        "deployment",
+        {"stages": [{"tp": 8}] * 5},
+        r"port 50100: kv \(stage 0, replica 0, rank 0\) and forward \(stage 4, replica 0, rank 6\)",
+    ),
+    ErrorCase(
+        "deployment-stage-id-past-stride",
+        "PORT-3",
+        "deployment",
+        {"stages": [{"tp": 2}, {"id": 16, "tp": 1}]},
+        r"kv \(stage 16, replica 0, rank 0\): stage 16 is out of range"
+        r"(?s:.*)port 50116: kv \(stage 0, replica 0, rank 1\) and kv \(stage 16",
+    ),
+    ErrorCase(
+        "deployment-duplicate-stage-ids",
+        "PORT-3",
+        "deployment",
+        {"stages": [{"id": 1, "tp": 1}, {"id": 1, "tp": 2}]},
+        r"stage ids must be distinct; repeated: \[1\]",
     ),
 )
 """Every invalid input the reference must refuse, one per distinct rule violation."""

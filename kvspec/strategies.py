@@ -18,6 +18,7 @@ from kvspec.keys import LegacyKey, RankAwareKey
 from kvspec.model import ModelShape
 from kvspec.ownership import check_heads
 from kvspec.plan import POLICIES, TransferPlan, check_tp_pair, plan_transfer
+from kvspec.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
 from kvspec.stage import StageLayout
 
 TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
@@ -172,3 +173,42 @@ def keys(
         return LegacyKey(draw(request_ids()), draw(number), draw(number))
     request_id = draw(request_ids().filter(lambda r: _valid(RankAwareKey, r, 0, 0, 0, 0)))
     return RankAwareKey(request_id, draw(number), draw(number), draw(number), draw(number))
+
+
+# -- ports [PORT-1..3] --------------------------------------------------------------------
+
+
+@st.composite
+def port_schemes(draw: st.DrawFn) -> PortScheme:
+    """The compatible scheme, or one with other offsets, strides and maybe a dp stride."""
+    if draw(st.booleans()):
+        return COMPATIBLE
+    rank_stride = draw(st.sampled_from([4, 8, 16, 32]))
+    replica_stride = rank_stride * draw(st.sampled_from([4, 16, 64]))
+    dp = draw(st.sampled_from([None, 2, 4]))
+    return PortScheme(
+        kv_offset=draw(st.integers(0, 300)),
+        forward_offset=draw(st.integers(0, 300)),
+        orchestrator_offset=draw(st.integers(0, 300)),
+        rank_stride=rank_stride,
+        replica_stride=replica_stride,
+        dp_stride=None if dp is None else replica_stride * dp,
+    )
+
+
+@st.composite
+def deployments(draw: st.DrawFn, *, max_stages: int = 6, max_tp: int = 16) -> Deployment:
+    """A deployment of 1..max_stages stages, some of them replicated (maybe past any limit)."""
+    ids = draw(st.lists(st.integers(0, 20), min_size=1, max_size=max_stages, unique=True))
+    stages = tuple(
+        DeployedStage(
+            stage_id,
+            StageLayout(
+                draw(st.sampled_from([t for t in TP_SIZES if t <= max_tp])), draw(st.integers(1, 2))
+            ),
+            replicas=draw(st.integers(1, 3)),
+            dp=draw(st.sampled_from([1, 1, 2])),
+        )
+        for stage_id in ids
+    )
+    return Deployment(draw(st.sampled_from([1, 5000, 50000, 64000])), stages)

@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvspec.cli import clauses, plan
+from kvspec.cli import clauses, plan, ports
 
-SUBCOMMANDS = (plan, clauses)
+SUBCOMMANDS = (plan, ports, clauses)
 """Each module provides ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
 
 
