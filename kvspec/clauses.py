@@ -23,6 +23,8 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.reshard",
     "kvspec.keys",
     "kvspec.ports",
+    "kvspec.payload",
+    "kvspec.chunks",
 )
 """Modules that declare clauses, in the order their families appear in the table."""
 

@@ -9,14 +9,21 @@ offending values are part of every pattern.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
+from kvspec.chunks import reassemble
+from kvspec.dtypes import torch_dtype
 from kvspec.keys import legacy_key, parse_key, rank_aware_key
+from kvspec.kv import random_request_kv
 from kvspec.model import ModelShape, check_compatible
 from kvspec.ownership import layer_ranges, owned_heads
+from kvspec.payload import Chunk, Payload, merge_payloads, payload_from_shipment
 from kvspec.plan import plan_transfer
 from kvspec.ports import DeployedStage, Deployment, PortScheme, check_deployment, port
+from kvspec.reshard import send, shard
 from kvspec.slicing import HeadSlice
 from kvspec.stage import StageLayout
 
@@ -52,6 +59,71 @@ def _deployment(args: dict[str, Any]) -> object:
     return check_deployment(Deployment(args.get("base", 50000), stages), scheme=scheme)
 
 
+def _tensors(value: Any) -> Any:
+    """``{"zeros": shape, "dtype": name}`` anywhere in ``value`` becomes that tensor."""
+    if isinstance(value, dict) and set(value) == {"zeros", "dtype"}:
+        return torch.zeros(value["zeros"], dtype=torch_dtype(value["dtype"]))
+    if isinstance(value, dict):
+        return {k: _tensors(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tensors(v) for v in value]
+    return value
+
+
+def _drop(values: tuple, layer: int) -> tuple:
+    return tuple(None if i == layer else t for i, t in enumerate(values))
+
+
+def _changed(payload: Payload, change: dict[str, Any]) -> Payload:
+    """One sender's payload with the changes an error case names."""
+    for name, value in change.items():
+        if name == "seq_len":
+            cut = tuple(None if t is None else t[:value] for t in payload.key_cache)
+            cutv = tuple(None if t is None else t[:value] for t in payload.value_cache)
+            payload = replace(payload, key_cache=cut, value_cache=cutv, seq_len=value)
+        elif name == "drop_layer":
+            payload = replace(
+                payload,
+                key_cache=_drop(payload.key_cache, value),
+                value_cache=_drop(payload.value_cache, value),
+            )
+        elif name == "target_rank":
+            payload = replace(payload, head_slice=replace(payload.head_slice, target_rank=value))
+        elif name == "chunk":
+            payload = replace(payload, chunk=Chunk(**value))
+        else:
+            payload = replace(payload, **{name: value})
+    return payload
+
+
+def _merge(args: dict[str, Any]) -> object:
+    """Merge one request's payloads into ``dst`` after changing some senders' payloads."""
+    source, model = _stage(args["source"]), _model(args["model"])
+    plan = plan_transfer(source, _stage(args["target"]), model)
+    shards = shard(random_request_kv(model, args.get("seq_len", 2)), source, model)
+    received = [
+        (src, payload_from_shipment(plan, shipment, "req_1"))
+        for src in plan.sources_of(args["dst"])
+        for shipment in send(plan, src, shards[src])
+        if shipment.edge.dst == args["dst"]
+    ]
+    changes = args.get("change", {})
+    received = [(src, _changed(p, changes.get(str(src), {}))) for src, p in received]
+    return merge_payloads(plan, args["dst"], received)
+
+
+def _reassemble(args: dict[str, Any]) -> object:
+    """Reassemble chunks ``[chunk_id, start, stop, final]`` of a 1-layer float32 request."""
+    data = torch.zeros((2, 16, 1, 1), dtype=torch.float32)
+    marker = HeadSlice(0, 1, 1, 0, 1, applied=True, side="sender")
+    return reassemble(
+        Payload(
+            "r", (data[0, a:b],), (data[1, a:b],), (), 4, "float32", b - a, marker, Chunk(i, a, f)
+        )
+        for i, a, b, f in args["chunks"]
+    )
+
+
 OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "stage": _stage,
     "model": _model,
@@ -71,6 +143,9 @@ OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "parse_key": lambda a: parse_key(a["key"]),
     "port": _port,
     "deployment": _deployment,
+    "payload": lambda a: Payload.from_dict(_tensors(a)),
+    "merge": _merge,
+    "reassemble": _reassemble,
 }
 """Reference implementation of every operation an error case can name."""
 
@@ -92,6 +167,29 @@ class ErrorCase:
 
 _M = {"num_layers": 4, "num_kv_heads": 4, "head_dim": 8}
 _KEY = {"from_stage": 0, "chunk_id": 0, "from_rank": 0, "to_rank": 0}
+_KV = {"zeros": [3, 2, 4], "dtype": "bfloat16"}
+_FP8 = {"zeros": [3, 2, 4], "dtype": "float8_e4m3fn"}
+_PAYLOAD = {
+    "request_id": "req_1",
+    "layer_blocks": {"key_cache": [None, _KV], "value_cache": [None, _KV]},
+    "block_ids": [7],
+    "metadata": {
+        "block_size": 16,
+        "num_layers": 2,
+        "dtype": "bfloat16",
+        "seq_len": 3,
+        "tp_head_slice": {
+            "target_rank": 0,
+            "from_tp": 1,
+            "to_tp": 1,
+            "offset_in_shard": 0,
+            "num_slices": 1,
+            "applied": True,
+            "side": "sender",
+        },
+    },
+}
+_MERGE = {"source": {"tp": 4}, "target": {"tp": 2}, "model": _M, "dst": 0}
 
 ERROR_CASES: tuple[ErrorCase, ...] = (
     ErrorCase("tp-zero", "STAGE-1", "stage", {"tp": 0}, r"tp must be >= 1, got 0"),
@@ -358,6 +456,121 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
         "deployment",
         {"stages": [{"id": 1, "tp": 1}, {"id": 1, "tp": 2}]},
         r"stage ids must be distinct; repeated: \[1\]",
+    ),
+    ErrorCase(
+        "payload-unknown-key",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "priority": 1},
+        r"payload has missing keys \[\] and unknown keys \['priority'\]",
+    ),
+    ErrorCase(
+        "payload-layer-count",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "metadata": {**_PAYLOAD["metadata"], "num_layers": 3}},
+        r"layer_blocks.key_cache must be a list of num_layers=3 entries, got 2",
+    ),
+    ErrorCase(
+        "payload-seq-len",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "metadata": {**_PAYLOAD["metadata"], "seq_len": 5}},
+        r"key_cache\[1\] has shape \[3, 2, 4\]; expected \[seq_len=5",
+    ),
+    ErrorCase(
+        "payload-dtype",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "metadata": {**_PAYLOAD["metadata"], "dtype": "float16"}},
+        r"key_cache\[1\] has dtype torch.bfloat16, metadata says float16",
+    ),
+    ErrorCase(
+        "payload-fp8-without-scales",
+        "DTYPE-3",
+        "payload",
+        {
+            **_PAYLOAD,
+            "layer_blocks": {
+                "key_cache": [None, _FP8],
+                "value_cache": [None, _FP8],
+                "key_scale": [None, None],
+                "value_scale": [None, None],
+            },
+            "metadata": {**_PAYLOAD["metadata"], "dtype": "float8_e4m3fn"},
+        },
+        r"key_scale\[1\] must be present exactly where the cache is; the cache is present",
+    ),
+    ErrorCase(
+        "payload-no-layer",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "layer_blocks": {"key_cache": [None, None], "value_cache": [None, None]}},
+        r"payload of request 'req_1' carries no layer",
+    ),
+    ErrorCase(
+        "merge-request-ids-differ",
+        "PAYLOAD-3",
+        "merge",
+        {**_MERGE, "change": {"1": {"request_id": "req_2"}}},
+        r"disagree on request_id \(source rank 0: 'req_1', source rank 1: 'req_2'\)",
+    ),
+    ErrorCase(
+        "merge-seq-lens-differ",
+        "PAYLOAD-3",
+        "merge",
+        {**_MERGE, "change": {"0": {"seq_len": 1}}},
+        r"disagree on seq_len \(source rank 0: 1, source rank 1: 2\)",
+    ),
+    ErrorCase(
+        "merge-chunks-differ",
+        "PAYLOAD-3",
+        "merge",
+        {**_MERGE, "change": {"1": {"chunk": {"chunk_id": 1, "token_start": 2, "final": True}}}},
+        r"disagree on chunk",
+    ),
+    ErrorCase(
+        "merge-layer-missing-on-one-shard",
+        "PAYLOAD-3",
+        "merge",
+        {**_MERGE, "change": {"1": {"drop_layer": 0}}},
+        r"layer 0 is present on the shard of source rank 0 and missing on the shard of "
+        r"source rank 1",
+    ),
+    ErrorCase(
+        "merge-payload-for-another-rank",
+        "SLICE-3",
+        "merge",
+        {**_MERGE, "change": {"1": {"target_rank": 1}}},
+        r"payload is marked for target rank 1 but arrived at rank 0",
+    ),
+    ErrorCase(
+        "chunk-missing",
+        "CHUNK-2",
+        "reassemble",
+        {"chunks": [[0, 0, 4, False], [2, 8, 10, True]]},
+        r"missing tokens 4\.\.7; missing chunk ids \[1\]",
+    ),
+    ErrorCase(
+        "chunk-final-missing",
+        "CHUNK-2",
+        "reassemble",
+        {"chunks": [[0, 0, 4, False]]},
+        r"missing the final chunk \(tokens from 4 on\)",
+    ),
+    ErrorCase(
+        "chunk-overlap",
+        "CHUNK-2",
+        "reassemble",
+        {"chunks": [[0, 0, 4, False], [1, 2, 6, True]]},
+        r"chunk 0 \(tokens 0\.\.3\) and chunk 1 \(tokens 2\.\.5\) overlap on tokens 2\.\.3",
+    ),
+    ErrorCase(
+        "chunk-repeated",
+        "CHUNK-2",
+        "reassemble",
+        {"chunks": [[0, 0, 4, True], [0, 0, 4, True]]},
+        r"chunk 0 arrived 2 times",
     ),
 )
 """Every invalid input the reference must refuse, one per distinct rule violation."""

@@ -212,3 +212,16 @@ def deployments(draw: st.DrawFn, *, max_stages: int = 6, max_tp: int = 16) -> De
         for stage_id in ids
     )
     return Deployment(draw(st.sampled_from([1, 5000, 50000, 64000])), stages)
+
+
+# -- chunks [CHUNK-1] ---------------------------------------------------------------------
+
+
+@st.composite
+def chunk_sizes(draw: st.DrawFn, *, seq_len: int) -> list[int]:
+    """Positive chunk sizes that sum to ``seq_len`` (one chunk when it is 0 or 1)."""
+    if seq_len <= 1:
+        return [seq_len] if seq_len else []
+    cuts = sorted(draw(st.sets(st.integers(1, seq_len - 1), max_size=seq_len - 1)))
+    bounds = [0, *cuts, seq_len]
+    return [b - a for a, b in itertools.pairwise(bounds)]

@@ -26,4 +26,16 @@ def test_error_cases_are_well_formed() -> None:
 
 def test_every_refusing_family_has_error_cases() -> None:
     families = {c.clause.split("-")[0] for c in ERROR_CASES}
-    assert {"STAGE", "MODEL", "DTYPE", "HEAD", "LAYER", "PLAN", "SLICE", "KEY", "PORT"} <= families
+    assert {
+        "STAGE",
+        "MODEL",
+        "DTYPE",
+        "HEAD",
+        "LAYER",
+        "PLAN",
+        "SLICE",
+        "KEY",
+        "PORT",
+        "PAYLOAD",
+        "CHUNK",
+    } <= families
