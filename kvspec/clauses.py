@@ -25,6 +25,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.ports",
     "kvspec.payload",
     "kvspec.chunks",
+    "kvspec.wire",
 )
 """Modules that declare clauses, in the order their families appear in the table."""
 

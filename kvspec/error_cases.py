@@ -8,6 +8,8 @@ offending values are part of every pattern.
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,6 +28,7 @@ from kvspec.ports import DeployedStage, Deployment, PortScheme, check_deployment
 from kvspec.reshard import send, shard
 from kvspec.slicing import HeadSlice
 from kvspec.stage import StageLayout
+from kvspec.wire import WireLimits, decode
 
 
 def _stage(args: dict[str, Any]) -> StageLayout:
@@ -124,6 +127,28 @@ def _reassemble(args: dict[str, Any]) -> object:
     )
 
 
+def _decode(args: dict[str, Any]) -> object:
+    """Decode ``frames_hex``, or a ``header`` object followed by zeroed ``frame_bytes``."""
+    if "frames_hex" in args:
+        frames = [bytes.fromhex(f) for f in args["frames_hex"]]
+    else:
+        header = json.dumps(args["header"]).encode()
+        frames = [header, *(bytes(n) for n in args["frame_bytes"])]
+    return decode(frames, limits=WireLimits(**args.get("limits", {})))
+
+
+def _wire(**changes: Any) -> dict[str, Any]:
+    """A valid one-layer float32 message, with ``a__b=value`` edits to its header."""
+    header = copy.deepcopy(_WIRE_HEADER)
+    for path, value in changes.items():
+        node = header
+        *parents, last = path.split("__")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(last) if last.isdigit() else last] = value
+    return {"header": header, "frame_bytes": [4, 4]}
+
+
 OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "stage": _stage,
     "model": _model,
@@ -146,6 +171,7 @@ OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "payload": lambda a: Payload.from_dict(_tensors(a)),
     "merge": _merge,
     "reassemble": _reassemble,
+    "decode": _decode,
 }
 """Reference implementation of every operation an error case can name."""
 
@@ -188,6 +214,17 @@ _PAYLOAD = {
             "side": "sender",
         },
     },
+}
+_WIRE_HEADER = {
+    "format": "kvspec.payload",
+    "version": 1,
+    "request_id": "r",
+    "block_ids": [],
+    "metadata": {**_PAYLOAD["metadata"], "num_layers": 1, "dtype": "float32", "seq_len": 1},
+    "tensors": [
+        {"field": "key_cache", "layer": 0, "dtype": "float32", "shape": [1, 1, 1]},
+        {"field": "value_cache", "layer": 0, "dtype": "float32", "shape": [1, 1, 1]},
+    ],
 }
 _MERGE = {"source": {"tp": 4}, "target": {"tp": 2}, "model": _M, "dst": 0}
 
@@ -343,6 +380,14 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
             "applied": True,
         },
         r"side must be one of 'sender', 'receiver'; got None",
+    ),
+    ErrorCase(
+        "slice-marker-without-offset",
+        "SLICE-3",
+        "head_slice",
+        {"target_rank": 0, "from_tp": 2, "to_tp": 4, "num_slices": 2},
+        r"include target_rank, from_tp, to_tp, offset_in_shard, num_slices; got .*, "
+        r"missing \['offset_in_shard'\]",
     ),
     ErrorCase(
         "key-request-id-with-legacy-head",
@@ -571,6 +616,69 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
         "reassemble",
         {"chunks": [[0, 0, 4, True], [0, 0, 4, True]]},
         r"chunk 0 arrived 2 times",
+    ),
+    ErrorCase(
+        "wire-not-json",
+        "WIRE-1",
+        "decode",
+        {"frames_hex": ["7b2261"]},
+        r"the header is not JSON",
+    ),
+    ErrorCase(
+        "wire-future-version",
+        "WIRE-1",
+        "decode",
+        _wire(version=2),
+        r"unsupported version 2; this decoder reads version 1",
+    ),
+    ErrorCase(
+        "wire-dtype-outside-allow-list",
+        "WIRE-3",
+        "decode",
+        _wire(tensors__0__dtype="float64"),
+        r"tensors\[0\]\.dtype must be one of float32, .* got 'float64'",
+    ),
+    ErrorCase(
+        "wire-negative-dimension",
+        "WIRE-3",
+        "decode",
+        _wire(tensors__1__shape=[1, -1, 1]),
+        r"tensors\[1\]\.shape\[1\] must be an integer >= 0, got -1",
+    ),
+    ErrorCase(
+        "wire-frame-length-disagrees",
+        "WIRE-3",
+        "decode",
+        _wire(tensors__1__shape=[1, 1, 2]),
+        r"frame 2 has 4 bytes but tensors\[1\] declares float32 \[1, 1, 2\] = 8 bytes",
+    ),
+    ErrorCase(
+        "wire-huge-declared-shape",
+        "WIRE-2",
+        "decode",
+        _wire(tensors__0__shape=[2**40, 2**40, 2**40]),
+        r"tensors\[0\]\.shape \[1099511627776, .*\] of float32 exceeds max_total_bytes",
+    ),
+    ErrorCase(
+        "wire-frame-missing",
+        "WIRE-3",
+        "decode",
+        {**_wire(), "frame_bytes": [4]},
+        r"the header lists 2 tensors but 1 tensor frames follow it",
+    ),
+    ErrorCase(
+        "wire-header-over-limit",
+        "WIRE-2",
+        "decode",
+        {**_wire(), "limits": {"max_header_bytes": 64}},
+        r"decode: over the limits: a \d+-byte header > max_header_bytes 64",
+    ),
+    ErrorCase(
+        "wire-too-many-layers",
+        "WIRE-2",
+        "decode",
+        _wire(metadata__num_layers=10**9),
+        r"metadata\.num_layers must be an integer 1\.\.1024, got 1000000000",
     ),
 )
 """Every invalid input the reference must refuse, one per distinct rule violation."""

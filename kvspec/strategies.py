@@ -9,6 +9,7 @@ Validity is decided by the spec's own checks, never restated here.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -225,3 +226,129 @@ def chunk_sizes(draw: st.DrawFn, *, seq_len: int) -> list[int]:
     cuts = sorted(draw(st.sets(st.integers(1, seq_len - 1), max_size=seq_len - 1)))
     bounds = [0, *cuts, seq_len]
     return [b - a for a, b in itertools.pairwise(bounds)]
+
+
+# -- wire fuzzing [WIRE-4] ----------------------------------------------------------------
+
+HOSTILE_STRINGS: tuple[str, ...] = (
+    "float64",
+    "int8",
+    "object",
+    "torch.float32",
+    "__import__('os').system('true')",
+    "float8_e4m3fnuz",
+    "",
+    "bfloat16\x00",
+    "\ud800",
+)
+"""dtype names and strings a decoder must refuse without looking anything up."""
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.sampled_from([-1, 0, 1, 2**31, 2**63, 2**64 + 1, 10**30])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8)
+    | st.sampled_from(HOSTILE_STRINGS),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+"""Any JSON value (floats and NaN included), hostile strings and numbers preferred."""
+
+
+def _json_paths(value: object, prefix: tuple = ()) -> list[tuple]:
+    paths = [prefix]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            paths += _json_paths(child, (*prefix, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            paths += _json_paths(child, (*prefix, index))
+    return paths
+
+
+@st.composite
+def mutated_frames(draw: st.DrawFn, *, messages: list[list[bytes]]) -> list[bytes]:
+    """A valid message with 1..3 mutations: header edits, byte flips, cut/grown/moved frames."""
+    frames = [bytes(f) for f in draw(st.sampled_from(messages))]
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(
+            st.sampled_from(
+                [
+                    "header",
+                    "header",
+                    "header",
+                    "flip",
+                    "truncate",
+                    "extend",
+                    "drop",
+                    "repeat",
+                    "swap",
+                ]
+            )
+        )
+        index = draw(st.integers(0, len(frames) - 1)) if frames else 0
+        if kind == "header" and frames:
+            try:
+                header = json.loads(frames[0])
+            except ValueError:
+                continue
+            path = draw(st.sampled_from(_json_paths(header)))
+            action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
+            header = _edit(header, path, action, draw(json_values), draw(st.text(max_size=6)))
+            frames[0] = json.dumps(header).encode()
+        elif kind == "flip" and frames and frames[index]:
+            frame = bytearray(frames[index])
+            for _ in range(draw(st.integers(1, 4))):
+                frame[draw(st.integers(0, len(frame) - 1))] = draw(st.integers(0, 255))
+            frames[index] = bytes(frame)
+        elif kind == "truncate" and frames:
+            frames[index] = frames[index][: draw(st.integers(0, max(len(frames[index]) - 1, 0)))]
+        elif kind == "extend" and frames:
+            frames[index] += draw(st.binary(min_size=1, max_size=16))
+        elif kind == "drop" and frames:
+            del frames[index]
+        elif kind == "repeat" and frames:
+            frames.insert(index, frames[index])
+        elif kind == "swap" and len(frames) > 1:
+            other = draw(st.integers(0, len(frames) - 1))
+            frames[index], frames[other] = frames[other], frames[index]
+    return frames
+
+
+def _edit(value: object, path: tuple, action: str, new: object, key: str) -> object:
+    """``value`` with the node at ``path`` replaced, deleted or given a new key."""
+    if not path:
+        if action == "add" and isinstance(value, dict):
+            return {**value, key: new}
+        return new if action != "delete" else None
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        copy = dict(value)
+        if not rest and action == "delete":
+            copy.pop(head, None)
+        else:
+            copy[head] = _edit(copy[head], rest, action, new, key)
+        return copy
+    assert isinstance(value, list)
+    copy = list(value)
+    if not rest and action == "delete":
+        del copy[head]
+    else:
+        copy[head] = _edit(copy[head], rest, action, new, key)
+    return copy
+
+
+random_frames = st.lists(
+    st.one_of(
+        st.binary(max_size=64),
+        st.sampled_from(
+            [b"{}", b"[]", b"null", b'{"format":"kvspec.payload","version":1}', b"\xff\xfe"]
+        ),
+    ),
+    max_size=6,
+)
+"""Frames with no structure at all."""
