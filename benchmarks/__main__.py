@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.figure import Figure
 
-BENCHMARKS: tuple[str, ...] = ("benchmarks.reshard",)
+BENCHMARKS: tuple[str, ...] = ("benchmarks.reshard", "benchmarks.codec")
 """Benchmark modules, in the order they run; each has ``run(quick) -> list[Figure]``."""
 
 

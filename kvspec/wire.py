@@ -193,12 +193,15 @@ def decode(frames: Sequence[Any], *, limits: WireLimits = DEFAULT_LIMITS) -> Pay
     blocks: dict[str, list[torch.Tensor | None]] = {name: [None] * num_layers for name in fields}
     entries = header["tensors"]
     seen: set[tuple[str, int]] = set()
-    for i, entry in enumerate(entries):
-        name, layer, dtype, shape = _check_entry(i, entry, num_layers, fields, meta, limits)
-        if (name, layer) in seen:
-            raise WireError(f"tensors[{i}]: {name}[{layer}] is given twice [WIRE-3]")
-        seen.add((name, layer))
-        blocks[name][layer] = _tensor_view(i, views[i + 1], dtype, shape)
+    with warnings.catch_warnings():
+        # A read-only frame (bytes) gives a tensor torch calls writable; documented above.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        for i, entry in enumerate(entries):
+            name, layer, dtype, shape = _check_entry(i, entry, num_layers, fields, meta, limits)
+            if (name, layer) in seen:
+                raise WireError(f"tensors[{i}]: {name}[{layer}] is given twice [WIRE-3]")
+            seen.add((name, layer))
+            blocks[name][layer] = _tensor_view(i, views[i + 1], dtype, shape)
     try:
         return Payload.from_dict(
             {
@@ -413,8 +416,4 @@ def _tensor_view(index: int, frame: memoryview, dtype: str, shape: tuple[int, ..
         )
     if expected == 0:
         return torch.empty(shape, dtype=torch_dtype)
-    with warnings.catch_warnings():
-        # A read-only frame (bytes) gives a tensor torch calls writable; documented above.
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        flat = torch.frombuffer(frame, dtype=torch.uint8)
-    return flat.view(torch_dtype).view(shape)
+    return torch.frombuffer(frame, dtype=torch.uint8).view(torch_dtype).view(shape)
