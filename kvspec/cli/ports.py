@@ -59,9 +59,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar="N",
             help=f"offset of {purpose} ports ({defaults.offset(purpose)})",
         )
-    scheme.add_argument("--rank-stride", type=int, default=defaults.rank_stride, metavar="N")
-    scheme.add_argument("--replica-stride", type=int, default=defaults.replica_stride, metavar="N")
-    scheme.add_argument("--dp-stride", type=int, default=None, metavar="N", help="(none)")
+    scheme.add_argument(
+        "--rank-stride",
+        type=int,
+        default=defaults.rank_stride,
+        metavar="N",
+        help=f"port step between ranks; stage ids must stay below it ({defaults.rank_stride})",
+    )
+    scheme.add_argument(
+        "--replica-stride",
+        type=int,
+        default=defaults.replica_stride,
+        metavar="N",
+        help=f"port step between replicas ({defaults.replica_stride})",
+    )
+    scheme.add_argument(
+        "--dp-stride",
+        type=int,
+        default=None,
+        metavar="N",
+        help="port step between data-parallel ranks (none: dp must be 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print the port map as JSON")
 
 
