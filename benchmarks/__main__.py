@@ -18,7 +18,12 @@ import torch
 
 from benchmarks.figure import Figure
 
-BENCHMARKS: tuple[str, ...] = ("benchmarks.reshard", "benchmarks.layouts", "benchmarks.conformance")
+BENCHMARKS: tuple[str, ...] = (
+    "benchmarks.reshard",
+    "benchmarks.layouts",
+    "benchmarks.codec",
+    "benchmarks.conformance",
+)
 """Benchmark modules, in the order they run; each has ``run(quick) -> list[Figure]``."""
 
 

@@ -24,6 +24,11 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.cache_layout",
     "kvspec.paged",
     "kvspec.oracle",
+    "kvspec.keys",
+    "kvspec.ports",
+    "kvspec.payload",
+    "kvspec.chunks",
+    "kvspec.wire",
 )
 """Modules that declare clauses, in the order their families appear in the table."""
 

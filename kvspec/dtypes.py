@@ -66,9 +66,11 @@ _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def check_dtype(name: object) -> str:
     """Return ``name`` if it names an allowed cache dtype [DTYPE-1]."""
-    if name not in DTYPES:
+    # The isinstance test first: an unhashable name (a list from untrusted JSON) must be
+    # refused with this message, not a TypeError from the dict lookup.
+    if not isinstance(name, str) or name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
-    return name  # type: ignore[return-value]
+    return name
 
 
 def torch_dtype(name: str) -> torch.dtype:

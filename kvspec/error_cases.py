@@ -8,21 +8,31 @@ offending values are part of every pattern.
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from kvspec.cache_layout import LayerCache, cache_shape, convert, detect_layout
 from kvspec.kv import RequestKV
+from kvspec.chunks import reassemble
+from kvspec.dtypes import torch_dtype
+from kvspec.keys import legacy_key, parse_key, rank_aware_key
+from kvspec.kv import random_request_kv
 from kvspec.model import ModelShape, check_compatible
 from kvspec.oracle import oracle_kv, oracle_scales, verify
 from kvspec.ownership import layer_ranges, owned_heads
 from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
+from kvspec.payload import Chunk, Payload, merge_payloads, payload_from_shipment
 from kvspec.plan import plan_transfer
+from kvspec.ports import DeployedStage, Deployment, PortScheme, check_deployment, port
+from kvspec.reshard import send, shard
 from kvspec.slicing import HeadSlice
 from kvspec.stage import StageLayout
+from kvspec.wire import WireLimits, decode
 
 
 def _stage(args: dict[str, Any]) -> StageLayout:
@@ -102,6 +112,113 @@ def _scatter(args: dict[str, Any]) -> None:
     scatter_request(kv, _paged(cache_args), args["block_ids"])
 
 
+def _port(args: dict[str, Any]) -> int:
+    args = dict(args)
+    scheme = PortScheme(**args.pop("scheme", {}))
+    return port(**args, scheme=scheme)
+
+
+def _deployment(args: dict[str, Any]) -> object:
+    stages = tuple(
+        DeployedStage(
+            s.get("id", i),
+            _stage(s),
+            replicas=s.get("replicas", 1),
+            dp=s.get("dp", 1),
+        )
+        for i, s in enumerate(args["stages"])
+    )
+    scheme = PortScheme(**args.get("scheme", {}))
+    return check_deployment(Deployment(args.get("base", 50000), stages), scheme=scheme)
+
+
+def _tensors(value: Any) -> Any:
+    """``{"zeros": shape, "dtype": name}`` anywhere in ``value`` becomes that tensor."""
+    if isinstance(value, dict) and set(value) == {"zeros", "dtype"}:
+        return torch.zeros(value["zeros"], dtype=torch_dtype(value["dtype"]))
+    if isinstance(value, dict):
+        return {k: _tensors(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tensors(v) for v in value]
+    return value
+
+
+def _drop(values: tuple, layer: int) -> tuple:
+    return tuple(None if i == layer else t for i, t in enumerate(values))
+
+
+def _changed(payload: Payload, change: dict[str, Any]) -> Payload:
+    """One sender's payload with the changes an error case names."""
+    for name, value in change.items():
+        if name == "seq_len":
+            cut = tuple(None if t is None else t[:value] for t in payload.key_cache)
+            cutv = tuple(None if t is None else t[:value] for t in payload.value_cache)
+            payload = replace(payload, key_cache=cut, value_cache=cutv, seq_len=value)
+        elif name == "drop_layer":
+            payload = replace(
+                payload,
+                key_cache=_drop(payload.key_cache, value),
+                value_cache=_drop(payload.value_cache, value),
+            )
+        elif name == "target_rank":
+            payload = replace(payload, head_slice=replace(payload.head_slice, target_rank=value))
+        elif name == "chunk":
+            payload = replace(payload, chunk=Chunk(**value))
+        else:
+            payload = replace(payload, **{name: value})
+    return payload
+
+
+def _merge(args: dict[str, Any]) -> object:
+    """Merge one request's payloads into ``dst`` after changing some senders' payloads."""
+    source, model = _stage(args["source"]), _model(args["model"])
+    plan = plan_transfer(source, _stage(args["target"]), model)
+    shards = shard(random_request_kv(model, args.get("seq_len", 2)), source, model)
+    received = [
+        (src, payload_from_shipment(plan, shipment, "req_1"))
+        for src in plan.sources_of(args["dst"])
+        for shipment in send(plan, src, shards[src])
+        if shipment.edge.dst == args["dst"]
+    ]
+    changes = args.get("change", {})
+    received = [(src, _changed(p, changes.get(str(src), {}))) for src, p in received]
+    return merge_payloads(plan, args["dst"], received)
+
+
+def _reassemble(args: dict[str, Any]) -> object:
+    """Reassemble chunks ``[chunk_id, start, stop, final]`` of a 1-layer float32 request."""
+    data = torch.zeros((2, 16, 1, 1), dtype=torch.float32)
+    marker = HeadSlice(0, 1, 1, 0, 1, applied=True, side="sender")
+    return reassemble(
+        Payload(
+            "r", (data[0, a:b],), (data[1, a:b],), (), 4, "float32", b - a, marker, Chunk(i, a, f)
+        )
+        for i, a, b, f in args["chunks"]
+    )
+
+
+def _decode(args: dict[str, Any]) -> object:
+    """Decode ``frames_hex``, or a ``header`` object followed by zeroed ``frame_bytes``."""
+    if "frames_hex" in args:
+        frames = [bytes.fromhex(f) for f in args["frames_hex"]]
+    else:
+        header = json.dumps(args["header"]).encode()
+        frames = [header, *(bytes(n) for n in args["frame_bytes"])]
+    return decode(frames, limits=WireLimits(**args.get("limits", {})))
+
+
+def _wire(**changes: Any) -> dict[str, Any]:
+    """A valid one-layer float32 message, with ``a__b=value`` edits to its header."""
+    header = copy.deepcopy(_WIRE_HEADER)
+    for path, value in changes.items():
+        node = header
+        *parents, last = path.split("__")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(last) if last.isdigit() else last] = value
+    return {"header": header, "frame_bytes": [4, 4]}
+
+
 OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "stage": _stage,
     "model": _model,
@@ -126,6 +243,15 @@ OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
         "r",
         **_ranges(a["check"]),
     ),
+    "rank_aware_key": lambda a: rank_aware_key(**a),
+    "legacy_key": lambda a: legacy_key(**a),
+    "parse_key": lambda a: parse_key(a["key"]),
+    "port": _port,
+    "deployment": _deployment,
+    "payload": lambda a: Payload.from_dict(_tensors(a)),
+    "merge": _merge,
+    "reassemble": _reassemble,
+    "decode": _decode,
 }
 """Reference implementation of every operation an error case can name."""
 
@@ -156,6 +282,41 @@ _PAGED = {
     "dtype": "bfloat16",
 }
 _PAGED_FP8 = {**_PAGED, "dtype": "float8_e5m2"}
+_KEY = {"from_stage": 0, "chunk_id": 0, "from_rank": 0, "to_rank": 0}
+_KV = {"zeros": [3, 2, 4], "dtype": "bfloat16"}
+_FP8 = {"zeros": [3, 2, 4], "dtype": "float8_e4m3fn"}
+_PAYLOAD = {
+    "request_id": "req_1",
+    "layer_blocks": {"key_cache": [None, _KV], "value_cache": [None, _KV]},
+    "block_ids": [7],
+    "metadata": {
+        "block_size": 16,
+        "num_layers": 2,
+        "dtype": "bfloat16",
+        "seq_len": 3,
+        "tp_head_slice": {
+            "target_rank": 0,
+            "from_tp": 1,
+            "to_tp": 1,
+            "offset_in_shard": 0,
+            "num_slices": 1,
+            "applied": True,
+            "side": "sender",
+        },
+    },
+}
+_WIRE_HEADER = {
+    "format": "kvspec.payload",
+    "version": 1,
+    "request_id": "r",
+    "block_ids": [],
+    "metadata": {**_PAYLOAD["metadata"], "num_layers": 1, "dtype": "float32", "seq_len": 1},
+    "tensors": [
+        {"field": "key_cache", "layer": 0, "dtype": "float32", "shape": [1, 1, 1]},
+        {"field": "value_cache", "layer": 0, "dtype": "float32", "shape": [1, 1, 1]},
+    ],
+}
+_MERGE = {"source": {"tp": 4}, "target": {"tp": 2}, "model": _M, "dst": 0}
 
 ERROR_CASES: tuple[ErrorCase, ...] = (
     ErrorCase("tp-zero", "STAGE-1", "stage", {"tp": 0}, r"tp must be >= 1, got 0"),
@@ -506,6 +667,305 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
         "verify_oracle",
         {"model": _M, "fill": {"tokens": 3}, "check": {"tokens": [5, 9]}},
         r"has 3 tokens but the token range 5\.\.8 has 4",
+    ),
+    ErrorCase(
+        "slice-marker-without-offset",
+        "SLICE-3",
+        "head_slice",
+        {"target_rank": 0, "from_tp": 2, "to_tp": 4, "num_slices": 2},
+        r"include target_rank, from_tp, to_tp, offset_in_shard, num_slices; got .*, "
+        r"missing \['offset_in_shard'\]",
+    ),
+    ErrorCase(
+        "key-request-id-with-legacy-head",
+        "KEY-3",
+        "rank_aware_key",
+        {"request_id": "omni_0_to_1_kv_cache_5", **_KEY},
+        r"request_id 'omni_0_to_1_kv_cache_5' begins with a legacy key's head",
+    ),
+    ErrorCase(
+        "key-request-id-empty",
+        "KEY-3",
+        "rank_aware_key",
+        {"request_id": "", **_KEY},
+        r"request_id must be a non-empty string, got ''",
+    ),
+    ErrorCase(
+        "key-request-id-control-character",
+        "KEY-3",
+        "legacy_key",
+        {"request_id": "a\tb", "from_stage": 0, "to_stage": 1},
+        r"request_id must be printable.*'a\\tb'",
+    ),
+    ErrorCase(
+        "key-negative-rank",
+        "KEY-3",
+        "rank_aware_key",
+        {"request_id": "r", **_KEY, "to_rank": -1},
+        r"to_rank must be >= 0, got -1",
+    ),
+    ErrorCase(
+        "key-leading-zero",
+        "KEY-3",
+        "parse_key",
+        {"key": "req_1_01_0_0"},
+        r"'req_1_01_0_0' is not a key",
+    ),
+    ErrorCase(
+        "key-three-numbers",
+        "KEY-3",
+        "parse_key",
+        {"key": "req_0_0_0"},
+        r"'req_0_0_0' is not a key: expected",
+    ),
+    ErrorCase(
+        "key-non-ascii-digit",
+        "KEY-3",
+        "parse_key",
+        {"key": "req_\u0661_0_0_0"},
+        r"is not a key",
+    ),
+    ErrorCase(
+        "port-stage-past-rank-stride",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 50000, "stage": 16},
+        r"stage 16 is out of range: with rank_stride 16 stages must be 0\.\.15",
+    ),
+    ErrorCase(
+        "port-rank-into-next-replica",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 50000, "stage": 0, "rank": 64},
+        r"rank 64 is out of range: rank\*16 \+ stage = 1024 must be < replica_stride 1024",
+    ),
+    ErrorCase(
+        "port-above-65535",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 65000, "stage": 0, "replica": 1},
+        r"would be 66124; ports must be in 1\.\.65535",
+    ),
+    ErrorCase(
+        "port-zero",
+        "PORT-2",
+        "port",
+        {"purpose": "forward", "base": 0, "stage": 0},
+        r"would be 0; ports must be in 1\.\.65535",
+    ),
+    ErrorCase(
+        "port-dp-without-stride",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 50000, "stage": 0, "dp_rank": 1},
+        r"dp_rank 1 needs a scheme with a dp_stride",
+    ),
+    ErrorCase(
+        "port-replica-into-next-dp-rank",
+        "PORT-2",
+        "port",
+        {"purpose": "kv", "base": 1, "stage": 0, "replica": 4, "scheme": {"dp_stride": 4096}},
+        r"replica 4 is out of range: .* = 4096 must be < dp_stride 4096",
+    ),
+    ErrorCase(
+        "deployment-forward-meets-kv",
+        "PORT-3",
+        "deployment",
+        {"stages": [{"tp": 8}] * 5},
+        r"port 50100: kv \(stage 0, replica 0, rank 0\) and forward \(stage 4, replica 0, rank 6\)",
+    ),
+    ErrorCase(
+        "deployment-stage-id-past-stride",
+        "PORT-3",
+        "deployment",
+        {"stages": [{"tp": 2}, {"id": 16, "tp": 1}]},
+        r"kv \(stage 16, replica 0, rank 0\): stage 16 is out of range"
+        r"(?s:.*)port 50116: kv \(stage 0, replica 0, rank 1\) and kv \(stage 16",
+    ),
+    ErrorCase(
+        "deployment-duplicate-stage-ids",
+        "PORT-3",
+        "deployment",
+        {"stages": [{"id": 1, "tp": 1}, {"id": 1, "tp": 2}]},
+        r"stage ids must be distinct; repeated: \[1\]",
+    ),
+    ErrorCase(
+        "payload-unknown-key",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "priority": 1},
+        r"payload has missing keys \[\] and unknown keys \['priority'\]",
+    ),
+    ErrorCase(
+        "payload-layer-count",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "metadata": {**_PAYLOAD["metadata"], "num_layers": 3}},
+        r"layer_blocks.key_cache must be a list of num_layers=3 entries, got 2",
+    ),
+    ErrorCase(
+        "payload-seq-len",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "metadata": {**_PAYLOAD["metadata"], "seq_len": 5}},
+        r"key_cache\[1\] has shape \[3, 2, 4\]; expected \[seq_len=5",
+    ),
+    ErrorCase(
+        "payload-dtype",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "metadata": {**_PAYLOAD["metadata"], "dtype": "float16"}},
+        r"key_cache\[1\] has dtype torch.bfloat16, metadata says float16",
+    ),
+    ErrorCase(
+        "payload-fp8-without-scales",
+        "DTYPE-3",
+        "payload",
+        {
+            **_PAYLOAD,
+            "layer_blocks": {
+                "key_cache": [None, _FP8],
+                "value_cache": [None, _FP8],
+                "key_scale": [None, None],
+                "value_scale": [None, None],
+            },
+            "metadata": {**_PAYLOAD["metadata"], "dtype": "float8_e4m3fn"},
+        },
+        r"key_scale\[1\] must be present exactly where the cache is; the cache is present",
+    ),
+    ErrorCase(
+        "payload-no-layer",
+        "PAYLOAD-1",
+        "payload",
+        {**_PAYLOAD, "layer_blocks": {"key_cache": [None, None], "value_cache": [None, None]}},
+        r"payload of request 'req_1' carries no layer",
+    ),
+    ErrorCase(
+        "merge-request-ids-differ",
+        "PAYLOAD-3",
+        "merge",
+        {**_MERGE, "change": {"1": {"request_id": "req_2"}}},
+        r"disagree on request_id \(source rank 0: 'req_1', source rank 1: 'req_2'\)",
+    ),
+    ErrorCase(
+        "merge-seq-lens-differ",
+        "PAYLOAD-3",
+        "merge",
+        {**_MERGE, "change": {"0": {"seq_len": 1}}},
+        r"disagree on seq_len \(source rank 0: 1, source rank 1: 2\)",
+    ),
+    ErrorCase(
+        "merge-chunks-differ",
+        "PAYLOAD-3",
+        "merge",
+        {**_MERGE, "change": {"1": {"chunk": {"chunk_id": 1, "token_start": 2, "final": True}}}},
+        r"disagree on chunk",
+    ),
+    ErrorCase(
+        "merge-layer-missing-on-one-shard",
+        "PAYLOAD-3",
+        "merge",
+        {**_MERGE, "change": {"1": {"drop_layer": 0}}},
+        r"layer 0 is present on the shard of source rank 0 and missing on the shard of "
+        r"source rank 1",
+    ),
+    ErrorCase(
+        "merge-payload-for-another-rank",
+        "SLICE-3",
+        "merge",
+        {**_MERGE, "change": {"1": {"target_rank": 1}}},
+        r"payload is marked for target rank 1 but arrived at rank 0",
+    ),
+    ErrorCase(
+        "chunk-missing",
+        "CHUNK-2",
+        "reassemble",
+        {"chunks": [[0, 0, 4, False], [2, 8, 10, True]]},
+        r"missing tokens 4\.\.7; missing chunk ids \[1\]",
+    ),
+    ErrorCase(
+        "chunk-final-missing",
+        "CHUNK-2",
+        "reassemble",
+        {"chunks": [[0, 0, 4, False]]},
+        r"missing the final chunk \(tokens from 4 on\)",
+    ),
+    ErrorCase(
+        "chunk-overlap",
+        "CHUNK-2",
+        "reassemble",
+        {"chunks": [[0, 0, 4, False], [1, 2, 6, True]]},
+        r"chunk 0 \(tokens 0\.\.3\) and chunk 1 \(tokens 2\.\.5\) overlap on tokens 2\.\.3",
+    ),
+    ErrorCase(
+        "chunk-repeated",
+        "CHUNK-2",
+        "reassemble",
+        {"chunks": [[0, 0, 4, True], [0, 0, 4, True]]},
+        r"chunk 0 arrived 2 times",
+    ),
+    ErrorCase(
+        "wire-not-json",
+        "WIRE-1",
+        "decode",
+        {"frames_hex": ["7b2261"]},
+        r"the header is not JSON",
+    ),
+    ErrorCase(
+        "wire-future-version",
+        "WIRE-1",
+        "decode",
+        _wire(version=2),
+        r"unsupported version 2; this decoder reads version 1",
+    ),
+    ErrorCase(
+        "wire-dtype-outside-allow-list",
+        "WIRE-3",
+        "decode",
+        _wire(tensors__0__dtype="float64"),
+        r"tensors\[0\]\.dtype must be one of float32, .* got 'float64'",
+    ),
+    ErrorCase(
+        "wire-negative-dimension",
+        "WIRE-3",
+        "decode",
+        _wire(tensors__1__shape=[1, -1, 1]),
+        r"tensors\[1\]\.shape\[1\] must be an integer >= 0, got -1",
+    ),
+    ErrorCase(
+        "wire-frame-length-disagrees",
+        "WIRE-3",
+        "decode",
+        _wire(tensors__1__shape=[1, 1, 2]),
+        r"frame 2 has 4 bytes but tensors\[1\] declares float32 \[1, 1, 2\] = 8 bytes",
+    ),
+    ErrorCase(
+        "wire-huge-declared-shape",
+        "WIRE-2",
+        "decode",
+        _wire(tensors__0__shape=[2**40, 2**40, 2**40]),
+        r"tensors\[0\]\.shape \[1099511627776, .*\] of float32 exceeds max_total_bytes",
+    ),
+    ErrorCase(
+        "wire-frame-missing",
+        "WIRE-3",
+        "decode",
+        {**_wire(), "frame_bytes": [4]},
+        r"the header lists 2 tensors but 1 tensor frames follow it",
+    ),
+    ErrorCase(
+        "wire-header-over-limit",
+        "WIRE-2",
+        "decode",
+        {**_wire(), "limits": {"max_header_bytes": 64}},
+        r"decode: over the limits: a \d+-byte header > max_header_bytes 64",
+    ),
+    ErrorCase(
+        "wire-too-many-layers",
+        "WIRE-2",
+        "decode",
+        _wire(metadata__num_layers=10**9),
+        r"metadata\.num_layers must be an integer 1\.\.1024, got 1000000000",
     ),
 )
 """Every invalid input the reference must refuse, one per distinct rule violation."""

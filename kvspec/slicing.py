@@ -11,7 +11,7 @@ applied, so that it is applied exactly once [SLICE-3].
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -90,11 +90,13 @@ class HeadSlice:
     def from_dict(cls, data: dict[str, Any]) -> HeadSlice:
         """Parse a ``tp_head_slice`` dict; unknown or missing keys are refused."""
         expected = set(cls.__dataclass_fields__)
+        required = [n for n, f in cls.__dataclass_fields__.items() if f.default is MISSING]
         keys = set(data)
-        if keys - expected or not {"target_rank", "from_tp", "to_tp"} <= keys:
+        if keys - expected or not set(required) <= keys:
             raise ValueError(
                 f"tp_head_slice keys must be drawn from {sorted(expected)} and include "
-                f"target_rank, from_tp, to_tp; got {sorted(keys)}"
+                f"{', '.join(required)}; got {sorted(keys)}, missing "
+                f"{[n for n in required if n not in keys]} [SLICE-3]"
             )
         return cls(**data)
 

@@ -9,6 +9,7 @@ Validity is decided by the spec's own checks, never restated here.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +17,12 @@ from hypothesis import strategies as st
 
 from kvspec.cache_layout import CacheShape, get_layout, layouts_for
 from kvspec.dtypes import DTYPES
+from kvspec.keys import LegacyKey, RankAwareKey
 from kvspec.model import ModelShape
 from kvspec.ownership import check_heads
 from kvspec.paged import blocks_needed
 from kvspec.plan import POLICIES, TransferPlan, check_tp_pair, plan_transfer
+from kvspec.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
 from kvspec.stage import StageLayout
 
 TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
@@ -216,3 +219,228 @@ def paged_sides(
     layout, block_size = draw(paged_layouts(attention=attention, max_block_size=max_block_size))
     num_blocks, ids = draw(block_tables(seq_len=seq_len, block_size=block_size))
     return PagedSide(layout, block_size, num_blocks, tuple(ids))
+
+
+# -- keys [KEY-1..3] ----------------------------------------------------------------------
+
+TRICKY_REQUEST_IDS: tuple[str, ...] = (
+    "5_0_0_0_0",  # its legacy key also reads as a rank-aware key [KEY-3]
+    "omni_0_to_1_kv_cache",
+    "omni_0_to_1_kv_cache_5",
+    "omni_0_to_1_kv",
+    "omni",
+    "_",
+    "__",
+    "0",
+    "req_1_2",
+    "chatcmpl-7f3a",
+    "ü_名_0",
+)
+"""Request ids that broke, or could break, keys joined with ``_``."""
+
+
+@st.composite
+def request_ids(draw: st.DrawFn) -> str:
+    """Request ids built from the pieces keys are made of, plus :data:`TRICKY_REQUEST_IDS`.
+
+    Every id is valid for payloads and legacy keys; some are refused in rank-aware keys.
+    """
+    pieces = st.sampled_from(["omni", "to", "kv", "cache", "0", "1", "12", "01", "x", "", "-"])
+    return draw(
+        st.one_of(
+            st.sampled_from(TRICKY_REQUEST_IDS),
+            st.lists(pieces, min_size=1, max_size=8).map("_".join).filter(bool),
+            st.text(st.characters(codec="utf-8", categories=("L", "N", "P", "S")), min_size=1),
+        )
+    )
+
+
+@st.composite
+def keys(
+    draw: st.DrawFn, *, kinds: tuple[str, ...] = ("rank_aware", "legacy")
+) -> RankAwareKey | LegacyKey:
+    """A key of the injective domain [KEY-3], of either kind."""
+    kind = draw(st.sampled_from(kinds))
+    number = st.integers(0, 10**6)
+    if kind == "legacy":
+        return LegacyKey(draw(request_ids()), draw(number), draw(number))
+    request_id = draw(request_ids().filter(lambda r: _valid(RankAwareKey, r, 0, 0, 0, 0)))
+    return RankAwareKey(request_id, draw(number), draw(number), draw(number), draw(number))
+
+
+# -- ports [PORT-1..3] --------------------------------------------------------------------
+
+
+@st.composite
+def port_schemes(draw: st.DrawFn) -> PortScheme:
+    """The compatible scheme, or one with other offsets, strides and maybe a dp stride."""
+    if draw(st.booleans()):
+        return COMPATIBLE
+    rank_stride = draw(st.sampled_from([4, 8, 16, 32]))
+    replica_stride = rank_stride * draw(st.sampled_from([4, 16, 64]))
+    dp = draw(st.sampled_from([None, 2, 4]))
+    return PortScheme(
+        kv_offset=draw(st.integers(0, 300)),
+        forward_offset=draw(st.integers(0, 300)),
+        orchestrator_offset=draw(st.integers(0, 300)),
+        rank_stride=rank_stride,
+        replica_stride=replica_stride,
+        dp_stride=None if dp is None else replica_stride * dp,
+    )
+
+
+@st.composite
+def deployments(draw: st.DrawFn, *, max_stages: int = 6, max_tp: int = 16) -> Deployment:
+    """A deployment of 1..max_stages stages, some of them replicated (maybe past any limit)."""
+    ids = draw(st.lists(st.integers(0, 20), min_size=1, max_size=max_stages, unique=True))
+    stages = tuple(
+        DeployedStage(
+            stage_id,
+            StageLayout(
+                draw(st.sampled_from([t for t in TP_SIZES if t <= max_tp])), draw(st.integers(1, 2))
+            ),
+            replicas=draw(st.integers(1, 3)),
+            dp=draw(st.sampled_from([1, 1, 2])),
+        )
+        for stage_id in ids
+    )
+    return Deployment(draw(st.sampled_from([1, 5000, 50000, 64000])), stages)
+
+
+# -- chunks [CHUNK-1] ---------------------------------------------------------------------
+
+
+@st.composite
+def chunk_sizes(draw: st.DrawFn, *, seq_len: int) -> list[int]:
+    """Positive chunk sizes that sum to ``seq_len`` (one chunk when it is 0 or 1)."""
+    if seq_len <= 1:
+        return [seq_len] if seq_len else []
+    cuts = sorted(draw(st.sets(st.integers(1, seq_len - 1), max_size=seq_len - 1)))
+    bounds = [0, *cuts, seq_len]
+    return [b - a for a, b in itertools.pairwise(bounds)]
+
+
+# -- wire fuzzing [WIRE-4] ----------------------------------------------------------------
+
+HOSTILE_STRINGS: tuple[str, ...] = (
+    "float64",
+    "int8",
+    "object",
+    "torch.float32",
+    "__import__('os').system('true')",
+    "float8_e4m3fnuz",
+    "",
+    "bfloat16\x00",
+    "\ud800",
+)
+"""dtype names and strings a decoder must refuse without looking anything up."""
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.sampled_from([-1, 0, 1, 2**31, 2**63, 2**64 + 1, 10**30])
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8)
+    | st.sampled_from(HOSTILE_STRINGS),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+"""Any JSON value (floats and NaN included), hostile strings and numbers preferred."""
+
+
+def _json_paths(value: object, prefix: tuple = ()) -> list[tuple]:
+    paths = [prefix]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            paths += _json_paths(child, (*prefix, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            paths += _json_paths(child, (*prefix, index))
+    return paths
+
+
+@st.composite
+def mutated_frames(draw: st.DrawFn, *, messages: list[list[bytes]]) -> list[bytes]:
+    """A valid message with 1..3 mutations: header edits, byte flips, cut/grown/moved frames."""
+    frames = [bytes(f) for f in draw(st.sampled_from(messages))]
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(
+            st.sampled_from(
+                [
+                    "header",
+                    "header",
+                    "header",
+                    "flip",
+                    "truncate",
+                    "extend",
+                    "drop",
+                    "repeat",
+                    "swap",
+                ]
+            )
+        )
+        index = draw(st.integers(0, len(frames) - 1)) if frames else 0
+        if kind == "header" and frames:
+            try:
+                header = json.loads(frames[0])
+            except ValueError:
+                continue
+            path = draw(st.sampled_from(_json_paths(header)))
+            action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
+            header = _edit(header, path, action, draw(json_values), draw(st.text(max_size=6)))
+            frames[0] = json.dumps(header).encode()
+        elif kind == "flip" and frames and frames[index]:
+            frame = bytearray(frames[index])
+            for _ in range(draw(st.integers(1, 4))):
+                frame[draw(st.integers(0, len(frame) - 1))] = draw(st.integers(0, 255))
+            frames[index] = bytes(frame)
+        elif kind == "truncate" and frames:
+            frames[index] = frames[index][: draw(st.integers(0, max(len(frames[index]) - 1, 0)))]
+        elif kind == "extend" and frames:
+            frames[index] += draw(st.binary(min_size=1, max_size=16))
+        elif kind == "drop" and frames:
+            del frames[index]
+        elif kind == "repeat" and frames:
+            frames.insert(index, frames[index])
+        elif kind == "swap" and len(frames) > 1:
+            other = draw(st.integers(0, len(frames) - 1))
+            frames[index], frames[other] = frames[other], frames[index]
+    return frames
+
+
+def _edit(value: object, path: tuple, action: str, new: object, key: str) -> object:
+    """``value`` with the node at ``path`` replaced, deleted or given a new key."""
+    if not path:
+        if action == "add" and isinstance(value, dict):
+            return {**value, key: new}
+        return new if action != "delete" else None
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        copy = dict(value)
+        if not rest and action == "delete":
+            copy.pop(head, None)
+        else:
+            copy[head] = _edit(copy[head], rest, action, new, key)
+        return copy
+    assert isinstance(value, list)
+    copy = list(value)
+    if not rest and action == "delete":
+        del copy[head]
+    else:
+        copy[head] = _edit(copy[head], rest, action, new, key)
+    return copy
+
+
+random_frames = st.lists(
+    st.one_of(
+        st.binary(max_size=64),
+        st.sampled_from(
+            [b"{}", b"[]", b"null", b'{"format":"kvspec.payload","version":1}', b"\xff\xfe"]
+        ),
+    ),
+    max_size=6,
+)
+"""Frames with no structure at all."""

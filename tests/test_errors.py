@@ -6,6 +6,7 @@ import pytest
 
 from kvspec.clauses import all_clauses
 from kvspec.error_cases import ERROR_CASES, OPERATIONS, ErrorCase
+from kvspec.wire import WireError
 
 
 @pytest.mark.parametrize("case", ERROR_CASES, ids=lambda c: c.id)
@@ -15,6 +16,13 @@ def test_reference_refuses(case: ErrorCase) -> None:
     assert re.search(case.match, str(raised.value)), (
         f"{case.id}: message {str(raised.value)!r} does not match {case.match!r}"
     )
+
+
+@pytest.mark.parametrize("case", [c for c in ERROR_CASES if c.op == "decode"], ids=lambda c: c.id)
+def test_the_codec_refuses_with_its_own_error(case: ErrorCase) -> None:
+    """WIRE-4: malformed messages raise WireError, a ValueError."""
+    with pytest.raises(WireError):
+        case.run_reference()
 
 
 def test_error_cases_are_well_formed() -> None:
@@ -36,4 +44,8 @@ def test_every_refusing_family_has_error_cases() -> None:
         "SLICE",
         "LAYOUT",
         "ORACLE",
+        "KEY",
+        "PORT",
+        "PAYLOAD",
+        "CHUNK",
     } <= families

@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from kvspec.cli import clauses, conform, plan, vectors
+from kvspec.cli import clauses, conform, plan, ports, vectors
 
-SUBCOMMANDS = (plan, conform, vectors, clauses)
+SUBCOMMANDS = (plan, ports, conform, vectors, clauses)
 """Each module provides ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
 
 

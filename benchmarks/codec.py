@@ -1,0 +1,118 @@
+"""Wire codec throughput: encode + decode of one payload versus one memory copy of its bytes.
+
+- zero copy: encode frames the contiguous CPU tensors as views and decode views the
+  frames, so only the header is built and parsed [WIRE-5];
+- through one copy: the same plus one copy of every frame into preallocated receive
+  buffers, what a copying transport adds, against those copies alone: the ratio is what
+  the codec costs on top of the transport;
+- strided source: sender-side slicing leaves non-contiguous head slices, which encode
+  must copy once;
+- from CUDA (when present): encode copies device memory to host, against a plain
+  device-to-host copy of the same bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.figure import Figure, best_seconds, memcpy_seconds, speed_figure
+from kvspec.kv import random_request_kv
+from kvspec.model import ModelShape
+from kvspec.payload import Payload, payload_from_shipment
+from kvspec.plan import plan_transfer
+from kvspec.reshard import send, shard
+from kvspec.stage import StageLayout
+from kvspec.wire import decode, encode
+
+MODEL = ModelShape(num_layers=8, num_kv_heads=8, head_dim=128)
+"""32 KiB of K and V per token in bfloat16: 2048 tokens are 64 MiB."""
+
+
+def _payloads(seq_len: int, target_tp: int, device: str = "cpu") -> list[Payload]:
+    source, target = StageLayout(1), StageLayout(target_tp)
+    plan = plan_transfer(source, target, MODEL)
+    full = random_request_kv(MODEL, seq_len, device=device)
+    (local,) = shard(full, source, MODEL)
+    return [payload_from_shipment(plan, s, "bench") for s in send(plan, 0, local)]
+
+
+def _nbytes(payloads: list[Payload]) -> int:
+    return sum(t.nbytes for p in payloads for _, _, t in p.tensors())
+
+
+def run(quick: bool) -> list[Figure]:
+    seq_len = 256 if quick else 2048
+    figures = []
+
+    (whole,) = _payloads(seq_len, 1)
+    nbytes = _nbytes([whole])
+    mib = f"{nbytes >> 20} MiB"
+    copy = memcpy_seconds(nbytes)
+
+    def zero_copy() -> None:
+        decode(encode(whole))
+
+    figures.append(
+        speed_figure(
+            f"codec encode+decode, zero copy ({mib})",
+            nbytes,
+            best_seconds(zero_copy),
+            copy,
+            "memcpy",
+            note="frames are views; only the header is built and parsed",
+        )
+    )
+
+    frames = encode(whole)
+    buffers = [bytearray(memoryview(f).nbytes) for f in frames]
+
+    def copy_frames(sent: list) -> None:
+        for buffer, frame in zip(buffers, sent, strict=True):
+            memoryview(buffer)[:] = frame
+
+    def through_one_copy() -> None:
+        copy_frames(encode(whole))
+        decode(buffers)
+
+    figures.append(
+        speed_figure(
+            f"codec encode+copy+decode ({mib})",
+            nbytes,
+            best_seconds(through_one_copy),
+            best_seconds(lambda: copy_frames(frames)),
+            "frame copies",
+            note="a transport's one copy of every frame, with and without the codec around it",
+        )
+    )
+
+    halves = _payloads(seq_len, 2)  # sender-side slices of 4 of 8 heads: strided views
+    strided = _nbytes(halves)
+    figures.append(
+        speed_figure(
+            f"codec encode+decode, strided source ({strided >> 20} MiB)",
+            strided,
+            best_seconds(lambda: [decode(encode(p)) for p in halves]),
+            memcpy_seconds(strided),
+            "memcpy",
+            note="encode gathers non-contiguous head slices into fresh memory once",
+        )
+    )
+
+    if torch.cuda.is_available():
+        (on_gpu,) = _payloads(seq_len, 1, device="cuda")
+        flat = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+
+        def device_to_host() -> None:
+            flat.to("cpu")
+
+        figures.append(
+            speed_figure(
+                f"codec encode+decode from cuda ({mib})",
+                nbytes,
+                best_seconds(lambda: decode(encode(on_gpu))),
+                best_seconds(device_to_host),
+                "cuda->cpu copy",
+                note="encode copies device memory to host once",
+            )
+        )
+    return figures
