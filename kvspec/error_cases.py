@@ -61,7 +61,7 @@ def _transfer(args: dict[str, Any]) -> object:
 
 def _cache(args: dict[str, Any]) -> LayerCache:
     """A zero cache of ``shape`` (one tensor) or ``shapes`` (a tuple), ``dtype`` float16."""
-    dtype = getattr(torch, args.get("dtype", "float16"))
+    dtype = torch_dtype(args.get("dtype", "float16"))
     if "shapes" in args:
         return tuple(torch.zeros(shape, dtype=dtype) for shape in args["shapes"])
     return torch.zeros(args["shape"], dtype=dtype)
