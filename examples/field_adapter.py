@@ -60,6 +60,26 @@ class FieldAdapter(Adapter):
     def read_layer(self, cache, layout):
         return kv.normalize_layer_kv(cache)  # the field reads by shape, ignoring the name
 
+    def rank_aware_key(self, request_id, from_stage, chunk_id, from_rank, to_rank):
+        return kv.get_kv_connector_key(request_id, from_stage, chunk_id, from_rank, to_rank)
+
+    def legacy_key(self, request_id, from_stage, to_stage):
+        topo = kv.KVTPTopology(1, 1, 0)
+        return kv.build_rank_aware_send_keys(request_id, from_stage, to_stage, topo)[0]
+
+    def send_keys(self, case, request_id, src, *, from_stage, to_stage):
+        topo = self.topology(case, src)
+        keys = kv.build_rank_aware_send_keys(request_id, from_stage, to_stage, topo)
+        return list(zip(keys, kv.get_kv_target_ranks(topo), strict=True))
+
+    def recv_keys(self, case, request_id, dst, *, from_stage, to_stage):
+        topo = self.topology(case, dst)
+        keys = kv.build_rank_aware_recv_keys(request_id, from_stage, to_stage, topo)
+        return [(key, 0 if src is None else src) for key, src in keys]  # None: the only sender
+
+    def kv_port(self, base, stage, rank, replica):
+        return kv.kv_zmq_port(base, stage, rank)  # the formula has no replica term
+
     def validate(self, config):
         if config["source"].get("pp", 1) != 1 or config["target"].get("pp", 1) != 1:
             raise ValueError("no pipeline parallelism in this API")

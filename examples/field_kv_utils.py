@@ -162,3 +162,25 @@ def normalize_layer_kv(
     if layer_kv.shape[1] == 2:
         return layer_kv[:, 0], layer_kv[:, 1]
     raise ValueError(f"unrecognised KV cache shape {tuple(layer_kv.shape)}")
+
+
+def build_rank_aware_send_keys(
+    request_id: str, from_stage: int, to_stage: int, topo: KVTPTopology
+) -> list[str]:
+    if topo.source_tp_size <= 1 and topo.target_tp_size <= 1:
+        return [f"omni_{from_stage}_to_{to_stage}_kv_cache_{request_id}"]
+    return [
+        get_kv_connector_key(request_id, from_stage, 0, topo.local_rank, r)
+        for r in get_kv_target_ranks(topo)
+    ]
+
+
+def build_rank_aware_recv_keys(
+    request_id: str, from_stage: int, to_stage: int, topo: KVTPTopology
+) -> list[tuple[str, int | None]]:
+    if topo.source_tp_size <= 1 and topo.target_tp_size <= 1:
+        return [(f"omni_{from_stage}_to_{to_stage}_kv_cache_{request_id}", None)]
+    return [
+        (get_kv_connector_key(request_id, from_stage, 0, r, topo.local_rank), r)
+        for r in get_kv_source_ranks(topo)
+    ]

@@ -17,11 +17,10 @@ from typing import Any
 import torch
 
 from kvspec.cache_layout import LayerCache, cache_shape, convert, detect_layout
-from kvspec.kv import RequestKV
 from kvspec.chunks import reassemble
 from kvspec.dtypes import torch_dtype
 from kvspec.keys import legacy_key, parse_key, rank_aware_key
-from kvspec.kv import random_request_kv
+from kvspec.kv import RequestKV, random_request_kv
 from kvspec.model import ModelShape, check_compatible
 from kvspec.oracle import oracle_kv, oracle_scales, verify
 from kvspec.ownership import layer_ranges, owned_heads

@@ -131,7 +131,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.attention == "mla":
         if args.kv_heads not in (None, 1):
             raise ValueError(
-                f"--kv-heads {args.kv_heads} with --attention mla: an MLA latent has no head axis [MODEL-2]"
+                f"--kv-heads {args.kv_heads} with --attention mla: an MLA latent has no head "
+                "axis [MODEL-2]"
             )
         model = ModelShape.mla(args.layers, args.latent_dim, dtype=args.dtype)
     else:

@@ -23,6 +23,7 @@ import traceback
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,10 +264,8 @@ class Cluster:
             self.errors.append(f"{who.name} raised:\n{event.get('traceback', '')}")
 
     def _command(self, tag: str, command: dict[str, Any]) -> None:
-        try:
+        with suppress(zmq.ZMQError):  # a rank that is gone cannot be told anything
             self.control.send_multipart([tag.encode(), messages.dump(command)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass  # a rank that is gone cannot be told anything
 
     def _results_in(self) -> int:
         counted = sum(len(v) for v in self.results.values())

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvspec.ports import DeployedStage, Deployment, PortMap, check_deployment, port
-
 from sim.config import SimConfig
 
 

@@ -27,17 +27,17 @@ from typing import Any
 
 import torch
 import zmq
+
 from kvspec.chunks import reassemble
 from kvspec.keys import recv_keys, send_keys
-from kvspec.payload import Chunk, Payload, merge_payloads, payload_from_shipment
-from kvspec.wire import WireError, decode, encode
-
 from kvspec.kv import RequestKV
 from kvspec.oracle import oracle_kv, oracle_scales, verify
 from kvspec.ownership import rank_ownership
 from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
+from kvspec.payload import Chunk, Payload, merge_payloads, payload_from_shipment
 from kvspec.plan import TransferPlan, plan_transfer
 from kvspec.reshard import send
+from kvspec.wire import WireError, decode, encode
 from sim import messages
 from sim.config import SimConfig
 from sim.endpoints import RankId, kv_endpoint

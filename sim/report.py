@@ -129,7 +129,8 @@ class SimReport:
             f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
             f"  caches {c.src_layout}/{c.src_block_size} -> {c.dst_layout}/{c.dst_block_size}, "
             f"{c.slicing}-side slicing, policy {c.policy}, device {c.device}, "
-            f"{c.requests} requests of {c.seq_len[0]}..{c.seq_len[1]} tokens in {c.chunks} chunk(s), "
+            f"{c.requests} requests of {c.seq_len[0]}..{c.seq_len[1]} tokens "
+            f"in {c.chunks} chunk(s), "
             f"faults: {c.faults.describe()}",
             "",
         ]

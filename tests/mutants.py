@@ -362,3 +362,93 @@ MUTANTS.update(
         OracleIgnoresRequestId: "ORACLE-1/fill",
     }
 )
+
+
+class PortsWithoutDomain(ReferenceAdapter):
+    """Applies the port formula to any stage and rank: stage 16 lands on the next rank's port."""
+
+    def kv_port(self, base, stage, rank, replica):
+        return base + 100 + replica * 1024 + rank * 16 + stage
+
+
+class KeysJoinStrings(ReferenceAdapter):
+    """Accepts a stage given as a string, so '_' inside it collides with the request id."""
+
+    def rank_aware_key(self, request_id, from_stage, chunk_id, from_rank, to_rank):
+        if isinstance(from_stage, str):
+            return f"{request_id}_{from_stage}_{chunk_id}_{from_rank}_{to_rank}"
+        return super().rank_aware_key(request_id, from_stage, chunk_id, from_rank, to_rank)
+
+
+class LegacyKeyWhenSenderIsTp1(ReferenceAdapter):
+    """The sender uses the legacy key whenever its own TP is 1; the receiver does not."""
+
+    def send_keys(self, case, request_id, src, *, from_stage, to_stage):
+        keys = super().send_keys(case, request_id, src, from_stage=from_stage, to_stage=to_stage)
+        if case.source.tp == 1:
+            legacy = super().legacy_key(request_id, from_stage, to_stage)
+            return [(legacy, dst) for _, dst in keys]
+        return keys
+
+
+class MergesWithoutAgreement(ReferenceAdapter):
+    """Merges shards of different requests, trusting the first one's metadata."""
+
+    def merge(self, case, dst, received):
+        first = min(received, key=lambda pair: pair[0])[1]
+        same = [(src, replace(p, request_id=first.request_id)) for src, p in received]
+        return super().merge(case, dst, same)
+
+
+class ReassemblesInArrivalOrder(ReferenceAdapter):
+    """Concatenates chunks as they arrived."""
+
+    def reassemble(self, chunks):
+        from kvspec.chunks import reassemble
+
+        relabelled = []
+        start = 0
+        for i, chunk in enumerate(chunks):
+            relabelled.append(
+                replace(
+                    chunk,
+                    chunk=replace(
+                        chunk.chunk, chunk_id=i, token_start=start, final=i == len(chunks) - 1
+                    ),
+                )
+            )
+            start += chunk.seq_len
+        return reassemble(relabelled)
+
+
+class DecoderTrustsLengths(ReferenceAdapter):
+    """Reads each tensor from its frame without checking the frame's length."""
+
+    def decode(self, frames):
+        import json
+
+        from kvspec.wire import decode as spec_decode
+
+        header = json.loads(frames[0])
+        fixed = [frames[0]]
+        for entry, frame in zip(header["tensors"], frames[1:], strict=False):
+            want = 1
+            for n in entry["shape"]:
+                want *= max(n, 0)
+            itemsize = 4 if entry["dtype"] == "float32" else 2 if "16" in entry["dtype"] else 1
+            want *= itemsize
+            size = len(frame)
+            fixed.append(bytes(frame[:want]) + b"\0" * max(0, want - size))
+        return spec_decode(fixed)
+
+
+MUTANTS.update(
+    {
+        PortsWithoutDomain: "PORT-2/refuses-outside-domain",
+        KeysJoinStrings: "KEY-3/injective",
+        LegacyKeyWhenSenderIsTp1: "KEY-4/send-equals-recv",
+        MergesWithoutAgreement: "PAYLOAD-3/merge",
+        ReassemblesInArrivalOrder: "CHUNK-2/reassemble",
+        DecoderTrustsLengths: "WIRE-4/refuses-malformed",
+    }
+)

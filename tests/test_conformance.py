@@ -54,12 +54,15 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "MODEL-3/refuses-mismatched-models": "model facts are never compared",
         "STAGE-1/refuses-rank-out-of-range": "local_rank >= tp is accepted",
         "LAYOUT-1/read-named": "a stacked cache is read by guessing from its shape",
+        "KEY-3/injective": "a legacy key and a rank-aware key can be the same string",
+        "PORT-3/deployment-distinct": "the port formula has no replica term",
+        "PORT-2/refuses-outside-domain": "stage 16 of rank 0 is accepted (rank 1's port)",
     }
     assert {c: verdicts[c] for c in known_bugs} == {c: FAILED for c in known_bugs}
     assert verdicts["PLAN-3/inverse"] == PASSED
     assert verdicts["PLAN-1/refuses-non-dividing-tp"] == PASSED
     not_provided = {c for c, v in verdicts.items() if v == NOT_PROVIDED}
-    lacking = {"ownership", "conversion", "detection", "paged", "oracle"}
+    lacking = {"ownership", "conversion", "detection", "paged", "oracle", "payload", "chunks", "wire"}
     assert not_provided == {c.id for c in all_checks() if lacking & set(c.needs)} | {
         "PLAN-4/named-policy"
     }

@@ -42,6 +42,12 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "detection": ("detect_layout",),
     "paged": ("gather", "scatter"),
     "oracle": ("oracle_fill",),
+    "keys": ("rank_aware_key", "legacy_key"),
+    "edge-keys": ("send_keys", "recv_keys"),
+    "ports": ("kv_port",),
+    "payload": ("merge",),
+    "chunks": ("reassemble",),
+    "wire": ("encode", "decode"),
 }
 """Capability name -> the adapter methods it consists of."""
 
@@ -160,6 +166,51 @@ class Adapter:
         seed: int,
     ) -> RequestKV:
         """The coordinate-hash values of a region of one request [ORACLE-1..4]."""
+        raise NotProvided
+
+    # keys and ports -------------------------------------------------------------------
+    def rank_aware_key(
+        self, request_id: str, from_stage: int, chunk_id: int, from_rank: int, to_rank: int
+    ) -> str:
+        """The rank-aware connector key; raise for inputs outside the domain [KEY-1, KEY-3]."""
+        raise NotProvided
+
+    def legacy_key(self, request_id: str, from_stage: int, to_stage: int) -> str:
+        """The legacy key of two single-rank stages [KEY-2, KEY-3]."""
+        raise NotProvided
+
+    def send_keys(
+        self, case: TransferCase, request_id: str, src: int, *, from_stage: int, to_stage: int
+    ) -> Sequence[tuple[str, int]]:
+        """``(key, target rank)`` for everything sender ``src`` sends [KEY-4]."""
+        raise NotProvided
+
+    def recv_keys(
+        self, case: TransferCase, request_id: str, dst: int, *, from_stage: int, to_stage: int
+    ) -> Sequence[tuple[str, int]]:
+        """``(key, source rank)`` for everything receiver ``dst`` expects [KEY-4]."""
+        raise NotProvided
+
+    def kv_port(self, base: int, stage: int, rank: int, replica: int) -> int:
+        """The KV port of sender (stage, rank, replica); raise outside the domain [PORT-1..3]."""
+        raise NotProvided
+
+    # payloads and the wire ----------------------------------------------------------
+    def merge(self, case: TransferCase, dst: int, received: Sequence[tuple[int, Any]]) -> Any:
+        """Receiver ``dst``'s shard from ``(source rank, Payload)`` pairs in arrival order
+        [PAYLOAD-3]; refuse shards that disagree."""
+        raise NotProvided
+
+    def reassemble(self, chunks: Sequence[Any]) -> Any:
+        """One whole-request :class:`~kvspec.payload.Payload` from its chunks [CHUNK-2]."""
+        raise NotProvided
+
+    def encode(self, payload: Any) -> Sequence[Any]:
+        """The frames of a :class:`~kvspec.payload.Payload` in the spec's format [WIRE-1]."""
+        raise NotProvided
+
+    def decode(self, frames: Sequence[bytes]) -> Any:
+        """The payload of a list of frames; refuse anything malformed [WIRE-4]."""
         raise NotProvided
 
 

@@ -7,17 +7,22 @@ from typing import Any
 
 from kvspec import __version__
 from kvspec.cache_layout import convert, detect_layout, kv_views
+from kvspec.chunks import reassemble
 from kvspec.conformance.adapter import Adapter
 from kvspec.error_cases import OPERATIONS
+from kvspec.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.kv import RequestKV
 from kvspec.model import ModelShape
 from kvspec.oracle import oracle_kv
 from kvspec.ownership import rank_ownership
 from kvspec.paged import PagedCache, gather_request, scatter_request
+from kvspec.payload import Payload, merge_payloads
 from kvspec.plan import POLICIES
+from kvspec.ports import port
 from kvspec.reshard import SLICING_MODES, Shipment, receive, send
 from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase
+from kvspec.wire import decode, encode
 
 
 class ReferenceAdapter(Adapter):
@@ -68,3 +73,32 @@ class ReferenceAdapter(Adapter):
 
     def oracle_fill(self, model: ModelShape, request_id: str, **region: Any) -> RequestKV:
         return oracle_kv(model, request_id, **region)
+
+    def rank_aware_key(self, *args: Any, **kwargs: Any) -> str:
+        return rank_aware_key(*args, **kwargs)
+
+    def legacy_key(self, *args: Any, **kwargs: Any) -> str:
+        return legacy_key(*args, **kwargs)
+
+    def send_keys(self, case: TransferCase, request_id: str, src: int, **stages: int):
+        return send_keys(case.plan(), request_id, src, **stages)
+
+    def recv_keys(self, case: TransferCase, request_id: str, dst: int, **stages: int):
+        return recv_keys(case.plan(), request_id, dst, **stages)
+
+    def kv_port(self, base: int, stage: int, rank: int, replica: int) -> int:
+        return port("kv", base, stage, rank, replica)
+
+    def merge(
+        self, case: TransferCase, dst: int, received: Sequence[tuple[int, Payload]]
+    ) -> Payload:
+        return merge_payloads(case.plan(), dst, received)
+
+    def reassemble(self, chunks: Sequence[Payload]) -> Payload:
+        return reassemble(chunks)
+
+    def encode(self, payload: Payload) -> Sequence[Any]:
+        return encode(payload)
+
+    def decode(self, frames: Sequence[bytes]) -> Payload:
+        return decode(frames)

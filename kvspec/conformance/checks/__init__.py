@@ -31,6 +31,8 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.transfer",
     "kvspec.conformance.checks.layouts",
     "kvspec.conformance.checks.paged",
+    "kvspec.conformance.checks.naming",
+    "kvspec.conformance.checks.payloads",
 )
 
 

@@ -33,6 +33,7 @@ ROUTING_PINS: tuple[Example, ...] = (
     _case(8, 2, 4),  # TP8 -> TP2 with 4 heads
     _case(2, 8, 4),  # fan-out into replicated heads
     _case(2, 4, 8),  # fan-out, two heads per slice: a slice cut twice loses one
+    _case(1, 2, 2),  # a TP1 sender: legacy keys are for two single-rank stages only
     _case(2, 2, 8, layers=5, pp_s=2, pp_t=3),  # uneven pipeline partitions on both sides
     TransferCase(StageLayout(4), StageLayout(8), ModelShape.mla(2, 4)).to_dict(),
 )
