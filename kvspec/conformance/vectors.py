@@ -37,16 +37,20 @@ from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.checks.transfer import difference
 from kvspec.dtypes import FP8_DTYPES, bits_view
 from kvspec.error_cases import ERROR_CASES
+from kvspec.keys import legacy_key, rank_aware_key
 from kvspec.kv import RequestKV, random_request_kv
 from kvspec.model import ModelShape
 from kvspec.oracle import oracle_kv, oracle_scales
 from kvspec.ownership import stage_ownership
 from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
+from kvspec.payload import payload_from_shipment
 from kvspec.plan import check_plannable
+from kvspec.ports import port
 from kvspec.reshard import Shipment, send, shard
 from kvspec.slicing import HeadSlice
 from kvspec.stage import StageLayout
 from kvspec.strategies import TP_SIZES, TransferCase
+from kvspec.wire import encode
 
 FORMAT = "kvspec-golden-vectors"
 VERSION = 1
@@ -497,6 +501,155 @@ def _check_oracle(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     return None
 
 
+# keys and ports -------------------------------------------------------------------------
+def _export_keys(rng: random.Random) -> tuple[list[Case], Tensors]:
+    ids = ["req_7", "5_0_0_0_0", "chatcmpl-7f3a", "a_b_c", "omni", "0", "ü_名_0", "x-1"]
+    cases = []
+    for i, request_id in enumerate(ids):
+        fields = {
+            "from_stage": rng.randint(0, 3),
+            "chunk_id": rng.randint(0, 2),
+            "from_rank": rng.randint(0, 15),
+            "to_rank": rng.randint(0, 15),
+        }
+        cases.append(
+            {
+                "id": f"key-{i:03d}",
+                "clauses": ["KEY-1", "KEY-3"],
+                "kind": "rank_aware",
+                "args": {"request_id": request_id, **fields},
+                "key": rank_aware_key(request_id, **fields),
+            }
+        )
+        stages = {"from_stage": rng.randint(0, 3), "to_stage": rng.randint(0, 3)}
+        cases.append(
+            {
+                "id": f"key-legacy-{i:03d}",
+                "clauses": ["KEY-2", "KEY-3"],
+                "kind": "legacy",
+                "args": {"request_id": request_id, **stages},
+                "key": legacy_key(request_id, **stages),
+            }
+        )
+    refused = [
+        {
+            "request_id": "omni_0_to_1_kv_cache_5",
+            "from_stage": 0,
+            "chunk_id": 0,
+            "from_rank": 0,
+            "to_rank": 0,
+        },
+        {"request_id": "", "from_stage": 0, "chunk_id": 0, "from_rank": 0, "to_rank": 0},
+        {"request_id": "r", "from_stage": -1, "chunk_id": 0, "from_rank": 0, "to_rank": 0},
+        {"request_id": "r", "from_stage": "0_1", "chunk_id": 0, "from_rank": 0, "to_rank": 0},
+    ]
+    cases += [
+        {
+            "id": f"key-refused-{i:03d}",
+            "clauses": ["KEY-3"],
+            "kind": "rank_aware",
+            "args": args,
+            "key": None,
+        }
+        for i, args in enumerate(refused)
+    ]
+    return cases, {}
+
+
+def _check_keys(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    make = adapter.rank_aware_key if case["kind"] == "rank_aware" else adapter.legacy_key
+    try:
+        got = make(**case["args"])
+    except Exception as error:
+        return None if case["key"] is None else f"refused {case['args']}: {error!r}"
+    if got != case["key"]:
+        return f"{case['kind']} key of {case['args']} is {got!r}, expected {case['key']!r}"
+    return None
+
+
+def _export_ports(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases = []
+    for i in range(24):
+        args = {
+            "base": rng.choice([20000, 50000, 65000]),
+            "stage": rng.randint(0, 18),
+            "rank": rng.randint(0, 70),
+            "replica": rng.randint(0, 3),
+        }
+        try:
+            number: int | None = port("kv", **args)
+        except ValueError:
+            number = None
+        cases.append(
+            {"id": f"port-{i:03d}", "clauses": ["PORT-1", "PORT-2"], "args": args, "port": number}
+        )
+    return cases, {}
+
+
+def _check_ports(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    try:
+        got = adapter.kv_port(**case["args"])
+    except Exception as error:
+        return None if case["port"] is None else f"refused {case['args']}: {error!r}"
+    if got != case["port"]:
+        return f"KV port of {case['args']} is {got}, expected {case['port']} (null = refuse)"
+    return None
+
+
+# wire ---------------------------------------------------------------------------------
+def _export_wire(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases, tensors = [], {}
+    for i, case in enumerate(
+        [PINNED[0], PINNED[2], PINNED[5], *_sample_cases(rng, 3, max_layers=3)]
+    ):
+        plan = case.plan()
+        full = random_request_kv(case.model, 2 + i % 2, seed=i)
+        src = plan.edges[0].src
+        shipment = send(plan, src, shard(full, case.source, case.model)[src])[0]
+        payload = payload_from_shipment(plan, shipment, f"req_{i}", block_size=16, block_ids=[i])
+        key = f"wire-{i:03d}"
+        frames = [bytes(f) for f in encode(payload)]
+        names = []
+        for j, frame in enumerate(frames):
+            names.append(f"{key}/frame/{j}")
+            tensors[names[-1]] = (
+                torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+                if frame
+                else torch.zeros(0, dtype=torch.uint8)
+            )
+        tensors.update(
+            {f"{key}/{name}/{layer}": t.contiguous() for name, layer, t in payload.tensors()}
+        )
+        cases.append(
+            {
+                "id": key,
+                "clauses": ["WIRE-1", "WIRE-3", "PAYLOAD-1"],
+                "frames": names,
+                "request_id": payload.request_id,
+                "metadata": payload.metadata(),
+                "tensors": {
+                    f"{name}/{layer}": f"{key}/{name}/{layer}"
+                    for name, layer, _ in payload.tensors()
+                },
+            }
+        )
+    return cases, tensors
+
+
+def _check_wire(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    frames = [tensors[n].numpy().tobytes() for n in case["frames"]]
+    got = adapter.decode(frames)
+    if got.request_id != case["request_id"] or got.metadata() != case["metadata"]:
+        return "the decoded header differs from the vector"
+    for name, layer, t in got.tensors():
+        want = tensors[case["tensors"][f"{name}/{layer}"]]
+        if not torch.equal(bits_view(t.contiguous()), bits_view(want)):
+            return f"decoded {name}[{layer}] differs from the vector"
+    if len(got.tensors()) != len(case["tensors"]):
+        return f"decoded {len(got.tensors())} tensors, expected {len(case['tensors'])}"
+    return None
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("ownership", ("ownership",), _export_ownership, _check_ownership),
     Family("plan", ("routing",), _export_plan, _check_plan),
@@ -505,6 +658,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("layouts", ("layouts",), _export_layouts, _check_layouts),
     Family("paged", ("paged",), _export_paged, _check_paged),
     Family("oracle", ("oracle",), _export_oracle, _check_oracle),
+    Family("keys", ("keys",), _export_keys, _check_keys),
+    Family("ports", ("ports",), _export_ports, _check_ports),
+    Family("wire", ("wire",), _export_wire, _check_wire),
 )
 
 
