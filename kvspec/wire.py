@@ -33,6 +33,7 @@ import json
 import math
 import sys
 import warnings
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,11 +85,21 @@ CLAUSES = (
         "non-contiguous tensors are copied to host once. Decoding returns views into the "
         "received frames. decode(encode(p)) equals p bit for bit [DTYPE-2].",
     ),
+    Clause(
+        "WIRE-6",
+        "Optional integrity: CRC-32 of the header and of every frame",
+        "An encoder may add crc32 = {header, frames} to the header: header is the CRC-32 "
+        "(zlib's, IEEE 802.3) of the header's canonical JSON without the crc32 key (sorted "
+        "keys, no whitespace, ASCII), frames[i] the CRC-32 of tensor frame i+1. A decoder that "
+        "finds crc32 checks every value before making any tensor and refuses a mismatch, so "
+        "a flipped bit anywhere in the message is refused, not decoded.",
+    ),
 )
 
 FORMAT = "kvspec.payload"
 VERSION = 1
 _HEADER_KEYS = frozenset({"format", "version", "request_id", "block_ids", "metadata", "tensors"})
+_CHECKSUM_KEY = "crc32"
 _TENSOR_KEYS = frozenset({"field", "layer", "dtype", "shape"})
 
 
@@ -131,10 +142,14 @@ def _host_frame(tensor: torch.Tensor) -> memoryview | bytes:
     return memoryview(buffer).cast("B")
 
 
-def encode(payload: Payload, *, limits: WireLimits = DEFAULT_LIMITS) -> list[memoryview | bytes]:
+def encode(
+    payload: Payload, *, limits: WireLimits = DEFAULT_LIMITS, checksum: bool = False
+) -> list[memoryview | bytes]:
     """The frames of one payload: a JSON header, then one frame per tensor [WIRE-1, WIRE-5].
 
     Refuses a payload that a decoder with the same ``limits`` would refuse [WIRE-2].
+    ``checksum`` adds CRC-32s of the header and of every frame [WIRE-6]; computing them
+    reads every byte once.
     """
     if not isinstance(payload, Payload):
         raise WireError(f"encode takes a Payload, got {type(payload).__name__} [WIRE-1]")
@@ -158,6 +173,11 @@ def encode(payload: Payload, *, limits: WireLimits = DEFAULT_LIMITS) -> list[mem
         "metadata": payload.metadata(),
         "tensors": entries,
     }
+    if checksum:
+        header[_CHECKSUM_KEY] = {
+            "header": zlib.crc32(_canonical(header)),
+            "frames": [zlib.crc32(frame) for frame in frames],
+        }
     head = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("ascii")
     out: list[memoryview | bytes] = [head, *frames]
     total = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in out)
@@ -187,6 +207,8 @@ def decode(frames: Sequence[Any], *, limits: WireLimits = DEFAULT_LIMITS) -> Pay
     _check_limits(len(views), views[0].nbytes, total, None, limits, side="decode")
     header = _parse_header(views[0])
     meta = _check_header(header, len(views) - 1, limits)
+    if _CHECKSUM_KEY in header:
+        _check_checksums(header, views)
     num_layers = meta["num_layers"]
     fp8 = meta["dtype"] in FP8_DTYPES
     fields = TENSOR_FIELDS if fp8 else CACHE_FIELDS
@@ -331,7 +353,7 @@ def _check_header(header: dict[str, Any], tensor_frames: int, limits: WireLimits
             f"unsupported version {_show(header.get('version'))}; this decoder reads version "
             f"{VERSION} [WIRE-1]"
         )
-    keys = set(header)
+    keys = set(header) - {_CHECKSUM_KEY}
     if keys != _HEADER_KEYS:
         missing, unknown = sorted(_HEADER_KEYS - keys), sorted(keys - _HEADER_KEYS)
         raise WireError(
@@ -353,6 +375,37 @@ def _check_header(header: dict[str, Any], tensor_frames: int, limits: WireLimits
             "it; there is exactly one frame per tensor [WIRE-3]"
         )
     return meta
+
+
+def _canonical(header: dict[str, Any]) -> bytes:
+    """The header without its checksums, as canonical JSON: what its CRC covers [WIRE-6]."""
+    plain = {k: v for k, v in header.items() if k != _CHECKSUM_KEY}
+    return json.dumps(plain, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
+
+
+def _check_checksums(header: dict[str, Any], views: list[memoryview]) -> None:
+    """Refuse a message whose header or any frame differs from its CRC-32 [WIRE-6]."""
+    sums = header[_CHECKSUM_KEY]
+    frames = sums.get("frames") if isinstance(sums, dict) else None
+    if (
+        not isinstance(sums, dict)
+        or set(sums) != {"header", "frames"}
+        or not isinstance(frames, list)
+        or len(frames) != len(views) - 1
+    ):
+        raise WireError(
+            f"crc32 must be {{header, frames}} with one CRC per tensor frame ({len(views) - 1}), "
+            f"got {_show(sums)} [WIRE-6]"
+        )
+    _int("crc32.header", sums["header"], 0, 2**32 - 1)
+    if zlib.crc32(_canonical(header)) != sums["header"]:
+        raise WireError("the header does not match its CRC-32: it was damaged on the way [WIRE-6]")
+    for i, (view, expected) in enumerate(zip(views[1:], frames, strict=True)):
+        _int(f"crc32.frames[{i}]", expected, 0, 2**32 - 1)
+        if zlib.crc32(view) != expected:
+            raise WireError(
+                f"frame {i + 1} does not match its CRC-32: it was damaged on the way [WIRE-6]"
+            )
 
 
 def _check_entry(

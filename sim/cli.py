@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="tcp",
         help="tcp: one process per rank group; inproc: threads in this process (tcp)",
     )
+    run.add_argument(
+        "--no-checksum",
+        dest="checksum",
+        action="store_false",
+        help="send without the wire format's CRC-32s (corruption is then caught by the oracle)",
+    )
     run.add_argument("--faults", default=None, metavar="SPEC", help="faults to inject (none)")
     run.add_argument(
         "--timeout", type=float, default=120.0, metavar="SECONDS", help="run deadline (120)"
@@ -161,6 +167,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         timeout=args.timeout,
         ranks_per_process=args.ranks_per_process,
         transport=args.transport,
+        checksum=args.checksum,
     )
 
 

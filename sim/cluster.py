@@ -32,6 +32,7 @@ import multiprocess
 import zmq
 
 from kvspec.cache_layout import get_layout, layouts_for
+from kvspec.keys import RankAwareKey, parse_key
 from kvspec.plan import plan_transfer
 from sim import messages
 from sim.config import SimConfig
@@ -101,6 +102,8 @@ class Cluster:
         self.ranks = all_ranks(config)
         self.by_tag = {r.tag: r for r in self.ranks}
         self.ready: set[str] = set()
+        self.active_senders: set[str] = set()
+        self.timed_out = self.interrupted = False
         self.results: dict[RankId, dict[str, dict[str, Any]]] = defaultdict(dict)
         self.sender_stats: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
@@ -252,6 +255,8 @@ class Cluster:
         kind = event.get("ev")
         if kind == "ready":
             self.ready.add(tag)
+            if event.get("sends"):
+                self.active_senders.add(tag)
         elif kind == "result":
             self.results[who][event["request"]] = event
         elif kind == "sent":
@@ -313,14 +318,23 @@ class Cluster:
         while time.time() < end:
             self._poll(50)
 
+    def _stuck(self, who: RankId) -> bool:
+        """A rank that still owes work: results (a receiver) or its end-of-stream (a sender)."""
+        if who.tag in self.dead:
+            return False
+        if who.stage > 0 and len(self.results.get(who, {})) < self.config.requests:
+            return True
+        return who.tag in self.active_senders and who.tag not in self.sender_stats
+
     def _dump_stacks(self) -> str:
-        """The stacks of every rank still running when the deadline passed."""
+        """The stacks of the ranks still owing work when the deadline passed."""
         out = []
-        for host in self.hosts:
+        stuck = [h for h in self.hosts if any(self._stuck(w) for w in h.tags)]
+        for host in stuck:
             if host.process is not None and host.process.is_alive() and host.dump_file:
                 os.kill(host.process.pid, signal.SIGUSR1)
         time.sleep(0.5)
-        for host in self.hosts:
+        for host in stuck:
             names = ", ".join(w.tag for w in host.tags)
             if host.process is not None and host.dump_file and host.dump_file.exists():
                 text = host.dump_file.read_text().strip()
@@ -360,35 +374,30 @@ class Cluster:
         )
         self.progress(ok, failed, self.config.requests * self.config.replicas, moved)
 
+    def _missing_reason(self, who: RankId, request_id: str) -> str:
+        """Why ``who`` has no result for ``request_id``: death, the deadline, or Ctrl-C."""
+        if who.tag in self.dead:
+            return f"the rank died before finishing it ({self.dead[who.tag]})"
+        if self.timed_out:
+            waiting = self.pending.get(who.tag)
+            if waiting is None:
+                return (
+                    f"no result within the {self.config.timeout:g} s deadline and the rank did "
+                    "not answer (hung); see its stack below"
+                )
+            shards = ", ".join(_describe_key(key) for key in waiting.get(request_id, [])[:3])
+            return f"timed out after {self.config.timeout:g} s waiting for shard(s) {shards}"
+        if self.interrupted:
+            return "the run was interrupted (Ctrl-C)"
+        return "no result reported"
+
     def _report(self, wall: float, timed_out: bool, interrupted: bool) -> SimReport:
-        missing_reason: dict[RankId, str] = {}
-        for tag, why in self.dead.items():
-            missing_reason[self.by_tag[tag]] = f"the rank died before finishing it ({why})"
-        if timed_out:
-            for tag, who in self.by_tag.items():
-                if who.stage == 0 or tag in self.dead:
-                    continue
-                waiting = self.pending.get(tag)
-                if waiting is None:
-                    missing_reason[who] = (
-                        f"no result within the {self.config.timeout:g} s deadline and the rank "
-                        "did not answer (hung); see its stack below"
-                    )
-                else:
-                    missing_reason[who] = (
-                        f"timed out after {self.config.timeout:g} s waiting for shards "
-                        + "; ".join(
-                            f"{rid}: {', '.join(keys[:3])}" for rid, keys in waiting.items()
-                        )[:300]
-                    )
-        if interrupted:
-            for who in self.by_tag.values():
-                missing_reason.setdefault(who, "the run was interrupted (Ctrl-C)")
+        self.timed_out, self.interrupted = timed_out, interrupted
         edges, start, end = measured_edge_bytes(self.results)
         receiver_stats = defaultdict(int)
         report = SimReport(
             config=self.config,
-            outcomes=outcomes_from(self.config, self.results, missing_reason),
+            outcomes=outcomes_from(self.config, self.results, self._missing_reason),
             edge_bytes=edges,
             planned_bytes=planned_edge_bytes(self.config),
             sender_stats=self.sender_stats,
@@ -410,6 +419,13 @@ class Cluster:
 
 class _Abort(Exception):
     pass
+
+
+def _describe_key(key: str) -> str:
+    parsed = parse_key(key)
+    return (
+        f"{key} (from source rank {parsed.from_rank})" if isinstance(parsed, RankAwareKey) else key
+    )
 
 
 def _context():

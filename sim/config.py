@@ -57,6 +57,7 @@ class SimConfig:
     timeout: float = 60.0
     ranks_per_process: int = 1
     transport: str = "tcp"
+    checksum: bool = True
 
     def __post_init__(self) -> None:
         if len(self.stages) < 2:

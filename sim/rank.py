@@ -201,7 +201,7 @@ class Rank:
                 self._expect_keys()
             self._open_sockets()
             self._await_hellos()
-            self._event({"ev": "ready"})
+            self._event({"ev": "ready", "sends": bool(self.targets)})
             self._await_go()
             self.started = time.time()
             while not self.stopping:
@@ -368,7 +368,8 @@ class Rank:
         """Send one data message, with the run's faults applied [sim.faults]."""
         self.sent_keys[dst].append(key)
         self._maybe_die(sending=True)
-        frames: list[Any] = [messages.envelope(key, time.time()), *encode(payload)]
+        wire = encode(payload, checksum=self.config.checksum)
+        frames: list[Any] = [messages.envelope(key, time.time()), *wire]
         if self.faults.hit("garbage"):
             self._put(dst, [self.faults.garbage()])
             self.fault_log["garbage"].append(key)
@@ -492,6 +493,13 @@ class Rank:
         except WireError as error:
             self.stats["codec_refusals"] += 1
             self._fail(state, f"shard {key} from source rank {src} refused by the codec: {error}")
+            return
+        if payload.request_id != request_id or payload.chunk.chunk_id != chunk_id:
+            self._fail(
+                state,
+                f"shard {key} from source rank {src} holds request {payload.request_id!r} chunk "
+                f"{payload.chunk.chunk_id}, not what its key names",
+            )
             return
         state.first_sent = min(state.first_sent, envelope["t"])
         state.edge_bytes[src] += sum(

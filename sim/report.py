@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,7 +216,7 @@ def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int
 def outcomes_from(
     config: SimConfig,
     results: dict[RankId, dict[str, dict[str, Any]]],
-    missing_reason: dict[RankId, str],
+    missing_reason: Callable[[RankId, str], str],
 ) -> list[RequestOutcome]:
     """One outcome per request: verified only if every receiving rank verified it."""
     outcomes = []
@@ -228,8 +229,7 @@ def outcomes_from(
                     event = results.get(who, {}).get(request.request_id)
                     if event is None:
                         reasons.append(
-                            f"stage {stage} rank {rank}: "
-                            + missing_reason.get(who, "no result reported")
+                            f"stage {stage} rank {rank}: {missing_reason(who, request.request_id)}"
                         )
                     elif not event["ok"]:
                         reasons.append(f"stage {stage} rank {rank}: {event['reason']}")

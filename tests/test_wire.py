@@ -316,3 +316,30 @@ def test_payloads_decoded_are_valid() -> None:
     back = decode(_base())
     assert isinstance(back, Payload)
     assert Payload.from_dict(back.to_dict()) is not back
+
+
+@given(data=st.data())
+def test_with_checksums_any_flipped_bit_is_refused(data: st.DataObject) -> None:
+    """WIRE-6: a CRC-32 of the header and of every frame catches every single-bit flip."""
+    frames = [bytes(f) for f in encode(decode(_base()), checksum=True)]
+    assert payload_equal(decode(frames), decode(_base()))
+    which = data.draw(st.integers(0, len(frames) - 1))
+    if not frames[which]:
+        return
+    at = data.draw(st.integers(0, len(frames[which]) - 1))
+    bit = data.draw(st.integers(0, 7))
+    damaged = bytearray(frames[which])
+    damaged[at] ^= 1 << bit
+    frames[which] = bytes(damaged)
+    with pytest.raises(WireError):
+        decode(frames)
+
+
+def test_checksums_are_optional_and_checked_only_when_present() -> None:
+    plain = [bytes(f) for f in encode(decode(_base()))]
+    summed = [bytes(f) for f in encode(decode(_base()), checksum=True)]
+    assert "crc32" not in json.loads(plain[0]) and "crc32" in json.loads(summed[0])
+    header = json.loads(summed[0])
+    header["crc32"]["frames"] = header["crc32"]["frames"][:-1]
+    with pytest.raises(WireError, match=r"one CRC per tensor frame.*\[WIRE-6\]"):
+        decode([json.dumps(header).encode(), *summed[1:]])
