@@ -62,7 +62,16 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
     assert verdicts["PLAN-3/inverse"] == PASSED
     assert verdicts["PLAN-1/refuses-non-dividing-tp"] == PASSED
     not_provided = {c for c, v in verdicts.items() if v == NOT_PROVIDED}
-    lacking = {"ownership", "conversion", "detection", "paged", "oracle", "payload", "chunks", "wire"}
+    lacking = {
+        "ownership",
+        "conversion",
+        "detection",
+        "paged",
+        "oracle",
+        "payload",
+        "chunks",
+        "wire",
+    }
     assert not_provided == {c.id for c in all_checks() if lacking & set(c.needs)} | {
         "PLAN-4/named-policy"
     }
