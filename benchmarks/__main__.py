@@ -23,6 +23,7 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.layouts",
     "benchmarks.codec",
     "benchmarks.conformance",
+    "benchmarks.sim",
 )
 """Benchmark modules, in the order they run; each has ``run(quick) -> list[Figure]``."""
 

@@ -307,9 +307,11 @@ class Payload:
                 "contiguous layer range [PAYLOAD-2]"
             )
         fields = CACHE_FIELDS[: self.kv_tensors]
-        data = torch.stack(
-            [torch.stack([getattr(self, f)[layer] for f in fields]) for layer in layers]
-        )
+        first = self._first()
+        data = first.new_empty((len(layers), len(fields), *first.shape))
+        for i, layer in enumerate(layers):  # one copy of each tensor, straight into place
+            for j, name in enumerate(fields):
+                data[i, j].copy_(getattr(self, name)[layer])
         scales = None
         if self.key_scale is not None:
             scale_fields = SCALE_FIELDS[: self.kv_tensors]
@@ -539,6 +541,23 @@ def slice_payload(payload: Payload, my_rank: int) -> Payload:
 _AGREED = ("request_id", "seq_len", "num_layers", "dtype", "block_size", "chunk")
 
 
+def merge_to_request_kv(
+    plan: TransferPlan, dst: int, received: Iterable[tuple[int, Payload]]
+) -> RequestKV:
+    """Receiver ``dst``'s shard as one :class:`RequestKV`, from ``(source rank, payload)``
+    pairs in any order [PAYLOAD-3]: the checks of :func:`merge_payloads` without building
+    the dict form again, for a receiver that writes the shard into its cache next."""
+    pairs = list(received)
+    for src, payload in pairs:
+        require_int("source rank", src, minimum=0)
+        if not isinstance(payload, Payload):
+            raise ValueError(f"expected a Payload from source rank {src}, got {payload!r:.80}")
+    _check_agreement(dst, pairs)
+    _check_layers(plan, dst, pairs)
+    shipments = [shipment_from_payload(plan, src, dst, p) for src, p in pairs]
+    return receive(plan, dst, shipments)
+
+
 def merge_payloads(
     plan: TransferPlan, dst: int, received: Iterable[tuple[int, Payload]]
 ) -> Payload:
@@ -548,14 +567,7 @@ def merge_payloads(
     as they arrived); the result does not depend on it.
     """
     pairs = list(received)
-    for src, payload in pairs:
-        require_int("source rank", src, minimum=0)
-        if not isinstance(payload, Payload):
-            raise ValueError(f"expected a Payload from source rank {src}, got {payload!r:.80}")
-    _check_agreement(dst, pairs)
-    _check_layers(plan, dst, pairs)
-    shipments = [shipment_from_payload(plan, src, dst, p) for src, p in pairs]
-    kv = receive(plan, dst, shipments)
+    kv = merge_to_request_kv(plan, dst, pairs)
     first = min(pairs, key=lambda pair: pair[0])[1]
     owner = rank_ownership(plan.target, plan.model, dst)
     fp8 = kv.scales is not None

@@ -120,7 +120,8 @@ def send(
 def receive(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> RequestKV:
     """Assemble receiver ``dst``'s shard from its shipments [RESHARD-3, SLICE-3, DTYPE-3].
 
-    The order in which shipments arrive does not matter.
+    The order in which shipments arrive does not matter. When one shipment is the whole
+    shard, the result is (a view of) its data, not a copy.
     """
     owner = rank_ownership(plan.target, plan.model, dst)
     by_src = _match_plan(plan, dst, shipments)
@@ -149,6 +150,8 @@ def receive(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> Requ
             edge.layers.start - owner.layers.start, edge.layers.stop - owner.layers.start
         )
         heads = slice(edge.heads.start - owner.heads.start, edge.heads.stop - owner.heads.start)
+        if len(by_src) == 1 and edge.heads == owner.heads and edge.layers == owner.layers:
+            return piece  # one shipment is the whole shard: nothing to place, nothing to copy
         if data is None:
             shape = (len(owner.layers), plan.model.kv_tensors, seq_lens[0], len(owner.heads))
             data = sliced.new_empty((*shape, plan.model.head_dim))

@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="send without the wire format's CRC-32s (corruption is then caught by the oracle)",
     )
+    run.add_argument(
+        "--verify-after",
+        action="store_true",
+        help="verify once every request has arrived, so throughput excludes verification",
+    )
     run.add_argument("--faults", default=None, metavar="SPEC", help="faults to inject (none)")
     run.add_argument(
         "--timeout", type=float, default=120.0, metavar="SECONDS", help="run deadline (120)"
@@ -168,6 +173,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ranks_per_process=args.ranks_per_process,
         transport=args.transport,
         checksum=args.checksum,
+        verify_after=args.verify_after,
     )
 
 

@@ -58,6 +58,7 @@ class SimConfig:
     ranks_per_process: int = 1
     transport: str = "tcp"
     checksum: bool = True
+    verify_after: bool = False
 
     def __post_init__(self) -> None:
         if len(self.stages) < 2:

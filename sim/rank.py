@@ -34,7 +34,13 @@ from kvspec.kv import RequestKV
 from kvspec.oracle import oracle_kv, oracle_scales, verify
 from kvspec.ownership import rank_ownership
 from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
-from kvspec.payload import Chunk, Payload, merge_payloads, payload_from_shipment
+from kvspec.payload import (
+    Chunk,
+    Payload,
+    merge_payloads,
+    merge_to_request_kv,
+    payload_from_shipment,
+)
 from kvspec.plan import TransferPlan, plan_transfer
 from kvspec.reshard import send
 from kvspec.wire import WireError, decode, encode
@@ -64,6 +70,7 @@ class Incoming:
     chunks: dict[int, list[tuple[int, Payload]]] = field(default_factory=lambda: defaultdict(list))
     first_sent: float = float("inf")
     edge_bytes: Counter[int] = field(default_factory=Counter)
+    received_at: float | None = None
     done: bool = False
 
 
@@ -94,6 +101,7 @@ class Rank:
         self.stats: Counter[str] = Counter()
         self.fault_log: dict[str, list[str]] = defaultdict(list)
         self.incoming: dict[str, Incoming] = {}
+        self.unverified: list[Incoming] = []
         self.key_owner: dict[str, tuple[str, int, int]] = {}  # key -> (request, chunk, src)
         self.outbox: list[str] = []  # request ids ready to send
         self.sent_keys: dict[int, list[str]] = defaultdict(list)
@@ -537,30 +545,48 @@ class Rank:
             self._fail(state, reason)
 
     def _complete(self, state: Incoming, received_at: float) -> None:
-        """Merge, reassemble, scatter into the cache, verify every element [PAYLOAD-3, ORACLE-5]."""
+        """Merge, reassemble and scatter into the cache [PAYLOAD-3, CHUNK-2, PAGED-4]; then
+        verify every element now, or once every request has arrived (``verify_after``)."""
         assert self.in_plan is not None
         request = state.request
         try:
-            parts = [
-                merge_payloads(self.in_plan, self.who.rank, pairs)
-                for _, pairs in sorted(state.chunks.items())
-            ]
-            whole = reassemble(parts)
-            kv = whole.to_request_kv().to(self.device)
+            if len(state.chunks) == 1:  # one chunk: straight to the shard, one copy fewer
+                kv = merge_to_request_kv(self.in_plan, self.who.rank, state.chunks[0])
+            else:
+                merged = [
+                    merge_payloads(self.in_plan, self.who.rank, pairs)
+                    for pairs in state.chunks.values()
+                ]
+                kv = reassemble(merged).to_request_kv()
+            kv = kv.to(self.device)
             scatter_request(kv, self.cache, self.tables[request.request_id])
-            stored = gather_request(self.cache, self.tables[request.request_id], request.seq_len)
-            verdict = verify(
-                stored,
-                self.model,
-                request.request_id,
-                tokens=request.seq_len,
-                layers=self.owner.layers,
-                heads=self.owner.heads,
-                seed=self.config.seed,
-            )
         except ValueError as error:
             self._fail(state, f"refused on assembly: {error}")
             return
+        state.received_at = received_at
+        state.chunks.clear()  # the frames can go: the cache holds the request now
+        if not self.config.verify_after:
+            self._verify(state)
+            return
+        self.unverified.append(state)
+        if all(s.done or s.received_at is not None for s in self.incoming.values()):
+            for waiting in self.unverified:
+                self._verify(waiting)
+            self.unverified.clear()
+
+    def _verify(self, state: Incoming) -> None:
+        """Check every element of the stored request against the oracle [ORACLE-5]."""
+        request = state.request
+        stored = gather_request(self.cache, self.tables[request.request_id], request.seq_len)
+        verdict = verify(
+            stored,
+            self.model,
+            request.request_id,
+            tokens=request.seq_len,
+            layers=self.owner.layers,
+            heads=self.owner.heads,
+            seed=self.config.seed,
+        )
         if not verdict.ok:
             self._fail(state, verdict.message)
             return
@@ -571,7 +597,7 @@ class Rank:
                 "request": request.request_id,
                 "ok": True,
                 "first_sent": state.first_sent,
-                "received": received_at,
+                "received": state.received_at,
                 "verified": time.time(),
                 "edge_bytes": {str(src): n for src, n in state.edge_bytes.items()},
             }
