@@ -1,26 +1,44 @@
 # The two commands of the README:
-#   make run    the main job, on a fresh machine
-#   make test   the whole test suite (lint, tests)
+#   make run    the main job on a fresh machine: a simulated cluster moves and verifies KV
+#   make test   the whole test suite (ruff, pytest, the notebooks)
 # Both create or refresh the virtual environment first (tools/bootstrap.sh).
 # Override the torch build with, e.g.:
 #   make test TORCH='torch==2.5.1' TORCH_INDEX=https://download.pytorch.org/whl/cu121
+#
+# Also: make test-gpu (everything on CUDA; fails without a GPU), make bench (the
+# benchmark table, --quick), make vectors (regenerate the golden vectors).
 
 VENV ?= .venv
 TORCH ?=
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test clean
+.PHONY: setup run test test-gpu bench vectors clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
 
 run: setup
-	$(VENV)/bin/kvspec plan --source-tp 8 --target-tp 2 --kv-heads 4
+	$(PY) -m sim run --source-tp 8 --target-tp 2 --kv-heads 4
 
 test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+test-gpu: setup
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+	  f'make test-gpu: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda})')"
+	KVSPEC_REQUIRE_CUDA=1 $(PY) -m pytest -ra
+	$(VENV)/bin/kvspec conform reference --device cuda --profile ci --quiet
+	$(PY) -m sim run --device cuda --source-tp 4 --target-tp 2 --kv-heads 4 --dtype float8_e4m3fn \
+	  --src-layout flashinfer --dst-layout flash_attn_hnd --dst-block-size 32 --chunks 2 --quiet
+	$(PY) -m benchmarks --quick --only reshard
+
+bench: setup
+	$(PY) -m benchmarks --quick
+
+vectors: setup
+	$(VENV)/bin/kvspec vectors export vectors
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

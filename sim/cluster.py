@@ -167,7 +167,7 @@ class Cluster:
                     thread.start()
             else:
                 host.dump_file = self.dump_dir / f"host-{i // per}.txt"
-                host.process = _context().Process(
+                host.process = _context(self.config.device).Process(
                     target=_host_main,
                     args=(config_json, tags, endpoint, str(host.dump_file), os.getpid()),
                     name=f"kvspec-sim-host-{i // per}",
@@ -428,10 +428,13 @@ def _describe_key(key: str) -> str:
     )
 
 
-def _context():
-    """fork where available: ranks start in milliseconds with torch already imported."""
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
-    return multiprocess.get_context(method)
+def _context(device: str):
+    """fork where it is safe: ranks start in milliseconds with torch already imported.
+
+    CUDA does not survive a fork, so ranks on a GPU (and ranks off Linux) are spawned.
+    """
+    fork = sys.platform.startswith("linux") and device != "cuda"
+    return multiprocess.get_context("fork" if fork else "spawn")
 
 
 def _host_main(

@@ -295,7 +295,7 @@ class Rank:
             for state in self.incoming.values():
                 lost = sorted(k for k in state.waiting if self.key_owner[k][2] == src)
                 if lost and not state.done:
-                    self._fail(state, f"source rank {src} died before sending shard {lost[0]}")
+                    self._fail(state, f"source rank {src} died; shard {lost[0]} never arrived")
 
     def _waiting_summary(self) -> dict[str, list[str]]:
         return {

@@ -126,12 +126,19 @@ class SimReport:
     def render(self) -> str:
         c = self.config
         chain = " -> ".join(s.describe() for s in c.stages)
+        ranks = sum(s.world_size for s in c.stages) * c.replicas
+        where = (
+            "threads in one process"
+            if c.transport == "inproc"
+            else (f"{self.processes} process(es), ports from {c.base_port} on {c.host}")
+        )
         lines = [
             f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
-            f"  caches {c.src_layout}/{c.src_block_size} -> {c.dst_layout}/{c.dst_block_size}, "
-            f"{c.slicing}-side slicing, policy {c.policy}, device {c.device}, "
-            f"{c.requests} requests of {c.seq_len[0]}..{c.seq_len[1]} tokens "
-            f"in {c.chunks} chunk(s), "
+            f"  {ranks} ranks as {where}; caches {c.src_layout} (block {c.src_block_size}) -> "
+            f"{c.dst_layout} (block {c.dst_block_size}); {c.slicing}-side slicing, replica "
+            f"policy {c.policy}, device {c.device}",
+            f"  {c.requests} request(s) per group of {c.seq_len[0]}..{c.seq_len[1]} tokens in "
+            f"{c.chunks} chunk(s); stage 0 fills its caches from the coordinate-hash oracle; "
             f"faults: {c.faults.describe()}",
             "",
         ]
@@ -171,13 +178,14 @@ class SimReport:
         latency = "n/a" if p50 is None else f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
         lines += [
             "",
-            f"throughput: {self.throughput_gbps:.3f} GB/s over {self.transfer_s:.2f} s of transfer "
-            f"(send to last shard received; verification excluded)",
+            f"throughput: {self.throughput_gbps:.3f} GB/s over {self.transfer_s:.2f} s from the "
+            "first shard sent to the last received"
+            + (" (verification after)" if c.verify_after else " (verifying as requests land)"),
             f"latency:    {latency} (first shard sent to request verified, end to end)",
             f"wall time:  {self.wall_s:.2f} s, {self.processes} process(es)",
         ]
         injected = self.faults_injected()
-        if injected or self.receiver_stats:
+        if injected or any(self.receiver_stats.values()):
             lines.append(
                 "faults:     injected "
                 + (", ".join(f"{k} {v}" for k, v in sorted(injected.items())) or "none")
@@ -195,7 +203,7 @@ class SimReport:
             lines.append(self.stack_dumps.rstrip() or "  (none captured)")
         if self.interrupted:
             lines += ["", "interrupted (Ctrl-C): the numbers above are partial"]
-        return "\n".join(lines)
+        return "\n".join(line.rstrip() for line in lines)
 
 
 def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int]:

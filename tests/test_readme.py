@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvspec.cli import main
+from sim.cli import main as sim_main
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
@@ -17,7 +18,7 @@ def _blocks(language: str) -> list[str]:
 
 
 def _transcripts() -> list[tuple[str, list[str]]]:
-    """(command, shown output lines) for every `$ .venv/bin/kvspec ...` line."""
+    """(command, shown output lines) for every `$ .venv/bin/...` line of a console block."""
     found = []
     for body in _blocks("console"):
         current: tuple[str, list[str]] | None = None
@@ -40,8 +41,11 @@ def test_console_transcript(
     command: str, shown: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     words = shlex.split(command, comments=True)
-    assert words[0] == ".venv/bin/kvspec"
-    code = main(words[1:])
+    if words[:3] == [".venv/bin/python", "-m", "sim"]:
+        code = sim_main(words[3:])
+    else:
+        assert words[0] == ".venv/bin/kvspec", f"README runs only kvspec and sim: {command}"
+        code = main(words[1:])
     out, err = capsys.readouterr()
     annotated = re.search(r"exit (\d+)", command)
     expected_code = int(annotated.group(1)) if annotated else 0
