@@ -311,21 +311,9 @@ class Rank:
         request = self.requests[request_id]
         kv = gather_request(self.cache, self.tables[request_id], request.seq_len)
         _, block_size = self.config.layout_of(self.who.stage)
-        chunked = self.config.chunks > 1
         for chunk_id, tokens in enumerate(request.chunks):
             part = RequestKV(kv.data[:, :, tokens.start : tokens.stop], kv.scales)
-            keys = {
-                dst: key
-                for key, dst in send_keys(
-                    self.out_plan,
-                    request_id,
-                    self.who.rank,
-                    from_stage=self.who.stage,
-                    to_stage=self.who.stage + 1,
-                    chunk_id=chunk_id,
-                    chunked=chunked,
-                )
-            }
+            keys = {dst: key for key, dst in self._send_keys(request_id, chunk_id)}
             first_block = tokens.start // block_size
             last_block = (tokens.stop - 1) // block_size
             blocks = self.tables[request_id][first_block : last_block + 1]
@@ -339,6 +327,19 @@ class Rank:
                     chunk=Chunk(chunk_id, tokens.start, chunk_id == len(request.chunks) - 1),
                 )
                 self._transmit(shipment.edge.dst, keys[shipment.edge.dst], self._host(payload))
+
+    def _send_keys(self, request_id: str, chunk_id: int) -> tuple[tuple[str, int], ...]:
+        """(key, target rank) of every edge this sender sends one chunk on [KEY-4]."""
+        assert self.out_plan is not None
+        return send_keys(
+            self.out_plan,
+            request_id,
+            self.who.rank,
+            from_stage=self.who.stage,
+            to_stage=self.who.stage + 1,
+            chunk_id=chunk_id,
+            chunked=self.config.chunks > 1,
+        )
 
     def _host(self, payload: Payload) -> Payload:
         """The payload in host memory: staged through pinned buffers from a device cache.
@@ -614,15 +615,7 @@ class Rank:
         self._event({"ev": "result", "request": rid, "ok": False, "reason": reason})
         if self.out_plan is not None:  # tell the next stage why it will not get this request
             for chunk_id in range(len(state.request.chunks)):
-                for key, dst in send_keys(
-                    self.out_plan,
-                    rid,
-                    self.who.rank,
-                    from_stage=self.who.stage,
-                    to_stage=self.who.stage + 1,
-                    chunk_id=chunk_id,
-                    chunked=self.config.chunks > 1,
-                ):
+                for key, dst in self._send_keys(rid, chunk_id):
                     self.skipped[dst][key] = f"it failed at stage {self.who.stage}: {reason}"
         self._maybe_die(sending=False)
 

@@ -20,7 +20,7 @@ from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
 from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples
 from kvspec.dtypes import FP8_DTYPES, raw_bits
-from kvspec.kv import RequestKV, kv_equal, random_request_kv
+from kvspec.kv import RequestKV, random_request_kv
 from kvspec.model import ModelShape
 from kvspec.ownership import rank_ownership
 from kvspec.plan import TransferPlan, edge_between
@@ -93,6 +93,17 @@ class Setup:
                 marker = _marker(self.case, edge.dst, edge, slicing)
                 inbox[dst].append(Shipment(edge, marker, kv))
         return [self.combine(dst, inbox[dst]) for dst in self.case.target.ranks()]
+
+    def expect_end_to_end(self, clause: str, what: str) -> None:
+        """Every receiver's shard, in every slicing mode of the adapter, equals the spec's."""
+        for slicing in self.ctx.adapter.slicing_modes:
+            for dst, got in enumerate(self.end_to_end(slicing)):
+                problem = difference(got, self.target_shards[dst])
+                expect(
+                    problem is None,
+                    f"{self.case.describe()}, seq_len {self.seq_len}, {slicing}-side slicing: "
+                    f"target rank {dst}: {what} [{clause}]: {problem}",
+                )
 
     def sender_output(self, src: int, slicing: str) -> dict[int, RequestKV]:
         try:
@@ -238,15 +249,7 @@ def edge_bytes(ctx: Context, example: Example) -> None:
     weight=TENSOR_WEIGHT,
 )
 def round_trip(ctx: Context, example: Example) -> None:
-    setup = Setup(ctx, example)
-    for slicing in _slicing_modes(ctx):
-        for dst, got in enumerate(setup.end_to_end(slicing)):
-            problem = difference(got, setup.target_shards[dst])
-            expect(
-                problem is None,
-                f"{setup.case.describe()}, seq_len {setup.seq_len}, {slicing}-side slicing: "
-                f"target rank {dst}'s shard differs from the spec's [RESHARD-2]: {problem}",
-            )
+    Setup(ctx, example).expect_end_to_end("RESHARD-2", "the shard differs from the spec's")
 
 
 @check(
@@ -425,14 +428,7 @@ def _special_values(setup: Setup) -> None:
 def special_values(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     _special_values(setup)
-    for slicing in _slicing_modes(ctx):
-        for dst, got in enumerate(setup.end_to_end(slicing)):
-            problem = difference(got, setup.target_shards[dst])
-            expect(
-                problem is None,
-                f"{setup.case.describe()}, {slicing}-side slicing: target rank {dst} does not "
-                f"receive NaN payloads and -0.0 bit for bit [DTYPE-2]: {problem}",
-            )
+    setup.expect_end_to_end("DTYPE-2", "NaN payloads and -0.0 must arrive bit for bit")
 
 
 @check(
@@ -450,14 +446,7 @@ def special_values(ctx: Context, example: Example) -> None:
 )
 def fp8_scales(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    for slicing in _slicing_modes(ctx):
-        for dst, got in enumerate(setup.end_to_end(slicing)):
-            problem = difference(got, setup.target_shards[dst])
-            expect(
-                problem is None,
-                f"{setup.case.describe()}, {slicing}-side slicing: target rank {dst} [DTYPE-3]: "
-                f"{problem}",
-            )
+    setup.expect_end_to_end("DTYPE-3", "data and scales must arrive bit for bit")
     for dst in setup.case.target.ranks():
         shipments = setup.shipments_to(dst, "sender")
         if len(shipments) < 2 or not set(shipments[0].edge.layers) & set(shipments[1].edge.layers):
@@ -486,11 +475,4 @@ def fp8_scales(ctx: Context, example: Example) -> None:
     weight=TENSOR_WEIGHT,
 )
 def mla_latent(ctx: Context, example: Example) -> None:
-    setup = Setup(ctx, example)
-    for slicing in _slicing_modes(ctx):
-        for dst, got in enumerate(setup.end_to_end(slicing)):
-            expect(
-                kv_equal(got, setup.target_shards[dst]),
-                f"{setup.case.describe()}, {slicing}-side slicing: target rank {dst}'s latent "
-                f"[MODEL-2]: {difference(got, setup.target_shards[dst])}",
-            )
+    Setup(ctx, example).expect_end_to_end("MODEL-2", "the latent must arrive intact")
