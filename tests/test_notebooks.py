@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-EXPECTED = {"routing_explorer"}
+EXPECTED = {"routing_explorer", "simulated_cluster"}
 CELL_TIMEOUT_S = 120
 KERNEL = "kvspec-python3"
 
