@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kvspec.cache_layout import LAYOUTS
 from kvspec.dtypes import DTYPES
@@ -37,6 +38,7 @@ from kvspec.plan import POLICIES
 from kvspec.stage import StageLayout
 from sim.cluster import run_simulation
 from sim.config import SimConfig, parse_seq_len, parse_stage
+from sim.endpoints import find_free_base
 from sim.faults import parse_faults
 from sim.progress import ProgressBar
 
@@ -97,7 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     where = run.add_argument_group("where")
     where.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(cpu)")
     where.add_argument("--host", default="127.0.0.1", help="address senders bind (127.0.0.1)")
-    where.add_argument("--base-port", type=int, default=20000, metavar="N", help="(20000)")
+    where.add_argument(
+        "--base-port",
+        default="20000",
+        metavar="N",
+        help="KV ports start here (20000); 'auto' finds a base whose ports are all free",
+    )
     where.add_argument(
         "--ranks-per-process",
         type=int,
@@ -166,7 +173,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         policy=args.policy,
         device=args.device,
         host=args.host,
-        base_port=args.base_port,
+        base_port=20000 if args.base_port == "auto" else _int("--base-port", args.base_port),
         faults=parse_faults(args.faults),
         seed=args.seed,
         timeout=args.timeout,
@@ -177,10 +184,19 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
+def _int(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer or 'auto', got {text!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)
+        if args.base_port == "auto":
+            config = replace(config, base_port=find_free_base(config))
     except ValueError as error:
         print(f"sim: refused: {error}", file=sys.stderr)
         return 2

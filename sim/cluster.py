@@ -284,12 +284,13 @@ class Cluster:
         """Notice ranks that died; tell their peers; abort if it happened before traffic."""
         newly = []
         for host in self.hosts:
+            if host.process is None:  # in-process ranks: one thread each
+                for thread, who in zip(host.threads, host.tags, strict=True):
+                    if not thread.is_alive() and who.tag not in self.dead:
+                        self.dead[who.tag] = "its thread ended (killed by a fault)"
+                        newly.append(who.tag)
+                continue
             if host.alive():
-                if host.process is None:
-                    for thread, who in zip(host.threads, host.tags, strict=True):
-                        if not thread.is_alive() and who.tag not in self.dead:
-                            self.dead[who.tag] = "its thread ended (killed by a fault)"
-                            newly.append(who.tag)
                 continue
             code = host.exit_code()
             for who in host.tags:
@@ -411,7 +412,7 @@ class Cluster:
             stack_dumps=getattr(self, "stack_dumps", ""),
         )
         for stats in self.rank_stats.values():
-            for name in ("duplicates_ignored", "garbage_refused", "codec_refusals"):
+            for name in ("duplicates_ignored", "garbage_refused", "codec_refusals", "late_ignored"):
                 receiver_stats[name] += stats.get(name, 0)
         report.receiver_stats.update(receiver_stats)
         return report

@@ -7,7 +7,8 @@ run whose ports would collide is refused with the spec's reasons [PORT-1..3].
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, replace
 
 from kvspec.ports import DeployedStage, Deployment, PortMap, check_deployment, port
 from sim.config import SimConfig
@@ -53,6 +54,36 @@ def kv_endpoint(config: SimConfig, who: RankId, *, bind: bool = False) -> str:
     if config.transport == "inproc":
         return f"inproc://kvspec-kv-{number}"
     return f"tcp://{config.host}:{number}"
+
+
+def kv_ports(config: SimConfig) -> list[int]:
+    """Every KV port the run's senders bind [PORT-1]."""
+    return [port("kv", config.base_port, w.stage, w.rank, w.replica) for w in all_ranks(config)]
+
+
+def port_is_free(host: str, number: int) -> bool:
+    """Whether a listener could bind ``host:number`` now (connections in TIME_WAIT aside)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, number))
+            probe.listen()
+        except OSError:
+            return False
+    return True
+
+
+def find_free_base(config: SimConfig, *, start: int = 20000, stop: int = 32768) -> int:
+    """A base port, from ``start`` in steps of 256, whose every KV port is free and below
+    ``stop`` (where the usual ephemeral port range begins)."""
+    base, numbers = start, []
+    while base < stop:
+        candidate = replace(config, base_port=base)
+        numbers = kv_ports(candidate)
+        if max(numbers) < stop and all(port_is_free(config.host, n) for n in numbers):
+            return base
+        base += 256
+    raise ValueError(f"no base port in {start}..{stop} has all {len(numbers)} KV ports free")
 
 
 def all_ranks(config: SimConfig) -> list[RankId]:

@@ -10,6 +10,7 @@ expected JSON object is refused with :class:`MessageError`.
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 MAX_ENVELOPE = 4096
@@ -37,8 +38,17 @@ def load(frame: bytes | memoryview, *, limit: int = 1 << 20) -> dict[str, Any]:
     return message
 
 
-def envelope(key: str, sent_at: float) -> bytes:
-    return dump({"key": key, "t": sent_at})
+def _envelope_crc(key: str, sent_at: float) -> int:
+    return zlib.crc32(f"{key}|{sent_at!r}".encode())
+
+
+def envelope(key: str, sent_at: float, *, checksum: bool = False) -> bytes:
+    """The envelope of a data message; with ``checksum``, a CRC-32 of its own fields, so
+    that a flipped bit in the key or the time is refused like one in the payload."""
+    message: dict[str, Any] = {"key": key, "t": sent_at}
+    if checksum:
+        message["crc"] = _envelope_crc(key, sent_at)
+    return dump(message)
 
 
 def end_of_stream(keys: list[str], skipped: dict[str, str]) -> bytes:
@@ -56,6 +66,8 @@ def read_envelope(frame: bytes | memoryview) -> dict[str, Any]:
     message = load(frame, limit=MAX_ENVELOPE)
     if not isinstance(message.get("key"), str) or not isinstance(message.get("t"), int | float):
         raise MessageError(f"an envelope needs a string key and a number t, got {message}")
+    if "crc" in message and message["crc"] != _envelope_crc(message["key"], message["t"]):
+        raise MessageError("the envelope does not match its CRC-32: it was damaged on the way")
     return message
 
 

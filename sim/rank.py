@@ -164,7 +164,14 @@ class Rank:
             self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.setsockopt(zmq.SNDHWM, 256)
-            self.router.bind(kv_endpoint(self.config, self.who, bind=True))
+            endpoint = kv_endpoint(self.config, self.who, bind=True)
+            try:
+                self.router.bind(endpoint)
+            except zmq.ZMQError as error:
+                raise RuntimeError(
+                    f"{self.who.name} cannot bind its KV port {endpoint}: {error}; another "
+                    "program holds it — choose another --base-port (or --base-port auto)"
+                ) from None
             self.poller.register(self.router, zmq.POLLIN)
         self.dealers: dict[zmq.Socket, int] = {}
         for src in self.sources:
@@ -378,7 +385,8 @@ class Rank:
         self.sent_keys[dst].append(key)
         self._maybe_die(sending=True)
         wire = encode(payload, checksum=self.config.checksum)
-        frames: list[Any] = [messages.envelope(key, time.time()), *wire]
+        head = messages.envelope(key, time.time(), checksum=self.config.checksum)
+        frames: list[Any] = [head, *wire]
         if self.faults.hit("garbage"):
             self._put(dst, [self.faults.garbage()])
             self.fault_log["garbage"].append(key)
@@ -495,13 +503,14 @@ class Rank:
             self.stats["duplicates_ignored"] += 1
             return
         state.waiting.discard(key)
-        if state.done:
-            return
         try:
             payload = decode([f.buffer for f in frames[1:]])
         except WireError as error:
-            self.stats["codec_refusals"] += 1
+            self.stats["codec_refusals"] += 1  # counted even when the request already failed
             self._fail(state, f"shard {key} from source rank {src} refused by the codec: {error}")
+            return
+        if state.done:
+            self.stats["late_ignored"] += 1  # its request already failed for another reason
             return
         if payload.request_id != request_id or payload.chunk.chunk_id != chunk_id:
             self._fail(

@@ -77,6 +77,14 @@ class SimReport:
             return values[0]
         return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
+    def faulted_keys(self, name: str) -> set[str]:
+        """The keys of the data messages fault ``name`` struck (``drop``, ``corrupt``, ...)."""
+        return {
+            key
+            for stats in self.sender_stats.values()
+            for key in stats.get("faults", {}).get(name, [])
+        }
+
     def faults_injected(self) -> dict[str, int]:
         counts: Counter[str] = Counter()
         for stats in self.sender_stats.values():

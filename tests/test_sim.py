@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import multiprocess
@@ -32,22 +33,25 @@ from kvspec.strategies import transfer_cases
 from sim.cli import main as sim_main
 from sim.cluster import Cluster, run_simulation
 from sim.config import SimConfig
+from sim.endpoints import find_free_base
 from sim.faults import parse_faults
 from sim.report import SimReport
 
 ROOT = Path(__file__).resolve().parent.parent
-_ports = itertools.count(24000, 512)
+_next_base = itertools.count(21000, 768)
+
+
+def free_base(config: SimConfig) -> int:
+    """A base port whose KV ports are free now, so concurrent runs do not collide."""
+    return find_free_base(config, start=next(_next_base) % 10000 + 21000)
 
 
 def make(stages: tuple[StageLayout, ...], model: ModelShape, **overrides) -> SimConfig:
-    settings_ = {
-        "requests": 3,
-        "seq_len": (3, 24),
-        "timeout": 60.0,
-        "base_port": next(_ports),
-        **overrides,
-    }
-    return SimConfig(stages=stages, model=model, **settings_)
+    settings_ = {"requests": 3, "seq_len": (3, 24), "timeout": 60.0, **overrides}
+    config = SimConfig(stages=stages, model=model, **settings_)
+    if config.transport == "inproc" or "base_port" in overrides:
+        return config
+    return replace(config, base_port=free_base(config))
 
 
 def assert_all_verified(report: SimReport) -> None:
@@ -158,10 +162,6 @@ def _faulted(faults: str, **overrides) -> SimReport:
     return run_simulation(config)
 
 
-def _fault_keys(report: SimReport, name: str) -> set[str]:
-    return {key for stats in report.sender_stats.values() for key in stats["faults"].get(name, [])}
-
-
 def _requests_of(keys: set[str]) -> set[str]:
     return {parse_key(k).request_id for k in keys}
 
@@ -172,7 +172,7 @@ def _failed(report: SimReport) -> dict[str, str]:
 
 def test_dropped_shards_fail_exactly_their_requests() -> None:
     report = _faulted("drop=0.1")
-    dropped = _fault_keys(report, "drop")
+    dropped = report.faulted_keys("drop")
     assert dropped, "the fault was injected"
     assert set(_failed(report)) == _requests_of(dropped)
     assert all("never arrived intact" in why for why in _failed(report).values())
@@ -182,12 +182,12 @@ def test_dropped_shards_fail_exactly_their_requests() -> None:
 def test_duplicates_are_ignored() -> None:
     report = _faulted("dup=0.3,reorder=0.3,delay=1ms")
     assert_all_verified(report)
-    assert report.receiver_stats["duplicates_ignored"] == len(_fault_keys(report, "dup")) > 0
+    assert report.receiver_stats["duplicates_ignored"] == len(report.faulted_keys("dup")) > 0
 
 
 def test_corrupted_frames_are_refused_by_the_codec() -> None:
     report = _faulted("corrupt=0.15")
-    corrupted = _fault_keys(report, "corrupt")
+    corrupted = report.faulted_keys("corrupt")
     assert corrupted
     assert set(_failed(report)) == _requests_of(corrupted)
     refused = report.receiver_stats["codec_refusals"] + report.receiver_stats["garbage_refused"]
@@ -198,14 +198,14 @@ def test_corrupted_frames_are_refused_by_the_codec() -> None:
 def test_without_checksums_corruption_is_caught_by_the_oracle() -> None:
     report = _faulted("corrupt=0.15", checksum=False)
     failed = _failed(report)
-    assert set(failed) <= _requests_of(_fault_keys(report, "corrupt"))
+    assert set(failed) <= _requests_of(report.faulted_keys("corrupt"))
     assert any("[ORACLE-5]" in why for why in failed.values())
 
 
 def test_garbage_frames_are_refused_and_the_receivers_survive() -> None:
     report = _faulted("garbage=0.3")
     assert_all_verified(report)
-    assert report.receiver_stats["garbage_refused"] == len(_fault_keys(report, "garbage")) > 0
+    assert report.receiver_stats["garbage_refused"] == len(report.faulted_keys("garbage")) > 0
 
 
 def test_a_killed_sender_is_detected_and_every_request_accounted() -> None:
@@ -276,7 +276,7 @@ def test_cli_runs_the_default_example(tmp_path: Path, capsys: pytest.CaptureFixt
             "2",
             "--quiet",
             "--base-port",
-            str(next(_ports)),
+            "auto",
             "--json",
             str(out),
         ]
@@ -305,7 +305,7 @@ def test_cli_refuses_with_the_reason(argv, reason, capsys: pytest.CaptureFixture
 
 
 def test_ctrl_c_stops_every_rank() -> None:
-    base = next(_ports)
+    base = free_base(make((StageLayout(4), StageLayout(2)), MHA))
     proc = subprocess.Popen(
         [
             sys.executable,

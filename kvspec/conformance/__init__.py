@@ -22,7 +22,7 @@ from kvspec.conformance.plugin import (
     pytest_report_header,
     pytest_terminal_summary,
 )
-from kvspec.conformance.runner import Report, run_check, run_suite
+from kvspec.conformance.runner import Report, get_check, render, run_check, run_suite
 
 __all__ = [
     "CAPABILITIES",
@@ -30,6 +30,7 @@ __all__ = [
     "AdapterError",
     "NotProvided",
     "Report",
+    "get_check",
     "load_adapter",
     "provided_capabilities",
     "pytest_addoption",
@@ -37,6 +38,7 @@ __all__ = [
     "pytest_configure",
     "pytest_report_header",
     "pytest_terminal_summary",
+    "render",
     "run_check",
     "run_suite",
 ]

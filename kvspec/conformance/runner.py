@@ -83,6 +83,14 @@ class Report:
         }
 
 
+def get_check(check_id: str) -> Check:
+    """The check with id ``CLAUSE/slug``; unknown ids are refused with the known ones."""
+    checks = {c.id: c for c in all_checks()}
+    if check_id not in checks:
+        raise KeyError(f"no check {check_id!r}; see `kvspec conform --list`")
+    return checks[check_id]
+
+
 def select_checks(patterns: Sequence[str] = ()) -> list[Check]:
     """Checks whose id (``CLAUSE/slug``) matches any glob in ``patterns`` (all if none).
 
@@ -251,6 +259,8 @@ def render(report: Report) -> str:
             f"  counterexample: {json.dumps(r.counterexample)}",
             f"  what happened: {r.reason}",
             f"  reproduce: {reproduction(report.impl, r)}",
+            f"  or in Python: run_check(get_check({r.check.id!r}), adapter, "
+            f"replay={json.dumps(r.counterexample)})",
         ]
     others = [r for r in report.results if r.verdict in (NOT_PROVIDED, SKIPPED) and r.reason]
     if others:
