@@ -29,12 +29,11 @@ def _raw_zmq_seconds(message_bytes: int, frames: int, messages: int) -> float:
     frame = message_bytes // frames
 
     def push(endpoint: str) -> None:
-        import torch
-
+        # No torch here: a forked child must not touch the parent's OpenMP thread pool.
         context = zmq.Context()
         sock = context.socket(zmq.PUSH)
         sock.connect(endpoint)
-        buffers = [torch.ones(frame, dtype=torch.uint8).numpy() for _ in range(frames)]
+        buffers = [bytearray(b"\1") * frame for _ in range(frames)]
         for _ in range(messages):
             sock.send_multipart([memoryview(b) for b in buffers], copy=False)
         sock.close(linger=-1)
