@@ -1,0 +1,27 @@
+"""The benchmark runner works and reports every speed with its same-run baseline.
+
+Speeds are not asserted here (they are measured, not tested); this keeps the runner
+and the fast benchmarks from rotting.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.__main__ import main
+
+
+def test_quick_run_of_the_fast_benchmarks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "figures.json"
+    assert main(["--quick", "--only", "reshard", "--only", "codec", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    figures = json.loads(out.read_text())["figures"]
+    assert len(figures) >= 4
+    for figure in figures:
+        assert figure["name"] in table and figure["value"] > 0
+        if figure["unit"] == "GB/s":
+            assert figure["baseline"] > 0 and figure["baseline_name"]
+            assert figure["ratio"] == pytest.approx(figure["value"] / figure["baseline"], rel=1e-6)
