@@ -21,6 +21,7 @@ import torch
 from kvspec._checks import require_int
 from kvspec.clause import Clause
 from kvspec.dtypes import bit_equal
+from kvspec.paged import blocks_needed, blocks_of
 from kvspec.payload import CACHE_FIELDS, SCALE_FIELDS, Chunk, Payload
 
 CLAUSES = (
@@ -213,7 +214,7 @@ def split_chunks(payload: Payload, sizes: Iterable[int]) -> tuple[Payload, ...]:
             f"{payload.seq_len} [CHUNK-1]"
         )
     bs = payload.block_size
-    blocks = -(-payload.seq_len // bs)
+    blocks = blocks_needed(payload.seq_len, bs)
     if payload.block_ids and len(payload.block_ids) != blocks:
         raise ValueError(
             f"block_ids lists {len(payload.block_ids)} blocks but {payload.seq_len} tokens "
@@ -226,7 +227,7 @@ def split_chunks(payload: Payload, sizes: Iterable[int]) -> tuple[Payload, ...]:
         def cut(values: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
             return tuple(None if t is None else t[start:stop] for t in values)  # noqa: B023
 
-        ids = payload.block_ids[start // bs : -(-stop // bs)] if payload.block_ids else ()
+        ids = tuple(blocks_of(payload.block_ids, bs, range(start, stop)))
         out.append(
             replace(
                 payload,

@@ -171,6 +171,18 @@ def blocks_needed(seq_len: int, block_size: int) -> int:
     return -(-seq_len // block_size)
 
 
+def blocks_of(block_ids: Sequence[int], block_size: int, tokens: range) -> list[int]:
+    """The ids of the blocks that hold ``tokens`` of a request [PAGED-1].
+
+    Token t lies in block ``block_ids[t // block_size]``; a range that starts or ends
+    inside a block includes that block.
+    """
+    require_int("block_size", block_size, minimum=1)
+    if not tokens:
+        return []
+    return list(block_ids[tokens.start // block_size : blocks_needed(tokens.stop, block_size)])
+
+
 def check_block_ids(
     block_ids: Sequence[int] | torch.Tensor, *, num_blocks: int, block_size: int, seq_len: int
 ) -> list[int]:

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvspec.cache_layout import LAYOUTS
+from kvspec.cli.plan import model_from_args
 from kvspec.dtypes import DTYPES
-from kvspec.model import ModelShape
 from kvspec.plan import POLICIES
 from kvspec.stage import StageLayout
 from sim.cluster import run_simulation
@@ -146,17 +146,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             StageLayout(args.source_tp, args.source_pp),
             StageLayout(args.target_tp, args.target_pp),
         )
-    if args.attention == "mla":
-        if args.kv_heads not in (None, 1):
-            raise ValueError(
-                f"--kv-heads {args.kv_heads} with --attention mla: an MLA latent has no head "
-                "axis [MODEL-2]"
-            )
-        model = ModelShape.mla(args.layers, args.latent_dim, dtype=args.dtype)
-    else:
-        if args.kv_heads is None:
-            raise ValueError("--kv-heads is required for --attention mha (e.g. --kv-heads 4)")
-        model = ModelShape(args.layers, args.kv_heads, args.head_dim, dtype=args.dtype)
+    model = model_from_args(args)
     default_layout = "mla" if args.attention == "mla" else "flash_attn"
     return SimConfig(
         stages=stages,

@@ -33,7 +33,13 @@ from kvspec.keys import recv_keys, send_keys
 from kvspec.kv import RequestKV
 from kvspec.oracle import oracle_kv, oracle_scales, verify
 from kvspec.ownership import rank_ownership
-from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
+from kvspec.paged import (
+    PagedCache,
+    blocks_of,
+    empty_paged_cache,
+    gather_request,
+    scatter_request,
+)
 from kvspec.payload import (
     Chunk,
     Payload,
@@ -321,9 +327,7 @@ class Rank:
         for chunk_id, tokens in enumerate(request.chunks):
             part = RequestKV(kv.data[:, :, tokens.start : tokens.stop], kv.scales)
             keys = {dst: key for key, dst in self._send_keys(request_id, chunk_id)}
-            first_block = tokens.start // block_size
-            last_block = (tokens.stop - 1) // block_size
-            blocks = self.tables[request_id][first_block : last_block + 1]
+            blocks = blocks_of(self.tables[request_id], block_size, tokens)
             for shipment in send(self.out_plan, self.who.rank, part, slicing=self.config.slicing):
                 payload = payload_from_shipment(
                     self.out_plan,

@@ -240,3 +240,20 @@ def test_every_dtype_moves_as_bits(device: str, dtype: str) -> None:
     request = gather_request(sender, [3, 1, 0], 8)
     scatter_request(request, receiver, [0, 2, 1, 3])
     assert kv_equal(gather_request(receiver, [0, 2, 1, 3], 8), request)
+
+
+@given(
+    block_size=st.integers(1, 6),
+    seq_len=st.integers(1, 40),
+    data=st.data(),
+)
+def test_blocks_of_a_token_range(block_size: int, seq_len: int, data: st.DataObject) -> None:
+    """PAGED-1: exactly the blocks holding the tokens, in table order."""
+    from kvspec.paged import blocks_needed, blocks_of
+
+    table = data.draw(st.permutations(range(blocks_needed(seq_len, block_size))))
+    start = data.draw(st.integers(0, seq_len - 1))
+    stop = data.draw(st.integers(start + 1, seq_len))
+    got = blocks_of(table, block_size, range(start, stop))
+    assert got == list(dict.fromkeys(table[t // block_size] for t in range(start, stop)))
+    assert blocks_of(table, block_size, range(0)) == []

@@ -85,18 +85,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stages_and_model(args: argparse.Namespace) -> tuple[StageLayout, StageLayout, ModelShape]:
+def model_from_args(args: argparse.Namespace) -> ModelShape:
+    """The model of the ``--attention --kv-heads --layers --head-dim --latent-dim --dtype``
+    options that ``kvspec plan`` and ``python -m sim run`` share [MODEL-1, MODEL-2]."""
     if args.attention == "mla":
         if args.kv_heads not in (None, 1):
             raise ValueError(
                 f"--kv-heads {args.kv_heads} with --attention mla: an MLA latent has no head "
                 "axis; drop --kv-heads and give --latent-dim [MODEL-2]"
             )
-        model = ModelShape.mla(args.layers, args.latent_dim, dtype=args.dtype)
-    else:
-        if args.kv_heads is None:
-            raise ValueError("--kv-heads is required for --attention mha")
-        model = ModelShape(args.layers, args.kv_heads, args.head_dim, dtype=args.dtype)
+        return ModelShape.mla(args.layers, args.latent_dim, dtype=args.dtype)
+    if args.kv_heads is None:
+        raise ValueError("--kv-heads is required for --attention mha (e.g. --kv-heads 4)")
+    return ModelShape(args.layers, args.kv_heads, args.head_dim, dtype=args.dtype)
+
+
+def _stages_and_model(args: argparse.Namespace) -> tuple[StageLayout, StageLayout, ModelShape]:
+    model = model_from_args(args)
     source = StageLayout(args.source_tp, args.source_pp, _partition(args.source_partition))
     target = StageLayout(args.target_tp, args.target_pp, _partition(args.target_partition))
     return source, target, model
