@@ -271,13 +271,7 @@ class Rank:
                 self._on_control(messages.load(self.control.recv()))
 
     def _step(self) -> None:
-        for sock, _ in self.poller.poll(0 if self.outbox else POLL_MS):
-            if sock is self.control:
-                self._on_control(messages.load(sock.recv()))
-            elif sock is self.router:
-                sock.recv_multipart()  # late hellos: nothing to do
-            else:
-                self._on_data(self.dealers[sock], sock.recv_multipart(copy=False))
+        self._read_incoming(0 if self.outbox else POLL_MS)
         if self.outbox:
             self._send_request(self.outbox.pop(0))
         elif self.unfinished_senders and self._nothing_left_to_forward():
@@ -423,21 +417,21 @@ class Rank:
                 self.router.send_multipart(message, copy=False, flags=zmq.NOBLOCK)
                 self.stats["messages_sent"] += 1
                 return
-            except zmq.Again:
-                self._service_incoming()
+            except zmq.Again:  # the pipe is full: read what arrives so none fills both ways
+                self._read_incoming(POLL_MS)
             except zmq.ZMQError as error:
                 if error.errno == zmq.EHOSTUNREACH:
                     self.stats["unreachable"] += 1
                     return
                 raise
 
-    def _service_incoming(self) -> None:
-        """While a send waits for room: read what arrives so no pipe fills both ways."""
-        for sock, _ in self.poller.poll(POLL_MS):
+    def _read_incoming(self, timeout_ms: int) -> None:
+        """Handle whatever arrives within ``timeout_ms``: commands and data."""
+        for sock, _ in self.poller.poll(timeout_ms):
             if sock is self.control:
                 self._on_control(messages.load(sock.recv()))
             elif sock is self.router:
-                sock.recv_multipart()
+                sock.recv_multipart()  # late hellos: nothing to do
             else:
                 self._on_data(self.dealers[sock], sock.recv_multipart(copy=False))
 
