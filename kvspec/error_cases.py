@@ -24,7 +24,7 @@ from kvspec.kv import RequestKV, random_request_kv
 from kvspec.model import ModelShape, check_compatible
 from kvspec.oracle import oracle_kv, oracle_scales, verify
 from kvspec.ownership import layer_ranges, owned_heads
-from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
+from kvspec.paged import PagedCache, empty_model_cache, gather_request, scatter_request
 from kvspec.payload import Chunk, Payload, merge_payloads, payload_from_shipment
 from kvspec.plan import plan_transfer
 from kvspec.ports import DeployedStage, Deployment, PortScheme, check_deployment, port
@@ -88,14 +88,11 @@ def _paged(args: dict[str, Any]) -> PagedCache:
     """A zero paged cache; fp8 gets the oracle's scales unless ``scales`` is false."""
     model = _paged_model(args)
     scales = oracle_scales(model) if args.get("scales", True) else None
-    return empty_paged_cache(
+    return empty_model_cache(
         args["layout"],
-        num_layers=model.num_layers,
+        model,
         num_blocks=args["num_blocks"],
         block_size=args["block_size"],
-        heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        dtype=model.dtype,
         scales=scales,
     )
 

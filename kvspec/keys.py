@@ -243,21 +243,10 @@ def send_keys(
     chunked: bool = False,
 ) -> tuple[tuple[str, int], ...]:
     """``(key, target rank)`` for every edge sender ``src`` sends, ascending [KEY-4]."""
+    stages = {"from_stage": from_stage, "to_stage": to_stage, "chunk_id": chunk_id}
     return tuple(
-        (
-            _edge_key(
-                plan,
-                request_id,
-                src,
-                edge.dst,
-                from_stage=from_stage,
-                to_stage=to_stage,
-                chunk_id=chunk_id,
-                chunked=chunked,
-            ),
-            edge.dst,
-        )
-        for edge in plan.edges_from(src)
+        (_edge_key(plan, request_id, e.src, e.dst, chunked=chunked, **stages), e.dst)
+        for e in plan.edges_from(src)
     )
 
 
@@ -271,20 +260,12 @@ def recv_keys(
     chunk_id: int = 0,
     chunked: bool = False,
 ) -> tuple[tuple[str, int], ...]:
-    """``(key, source rank)`` for every edge receiver ``dst`` receives, ascending [KEY-4]."""
+    """``(key, source rank)`` for every edge receiver ``dst`` receives, ascending [KEY-4].
+
+    Built by the same :func:`_edge_key` as :func:`send_keys`, from the same edges.
+    """
+    stages = {"from_stage": from_stage, "to_stage": to_stage, "chunk_id": chunk_id}
     return tuple(
-        (
-            _edge_key(
-                plan,
-                request_id,
-                edge.src,
-                dst,
-                from_stage=from_stage,
-                to_stage=to_stage,
-                chunk_id=chunk_id,
-                chunked=chunked,
-            ),
-            edge.src,
-        )
-        for edge in plan.edges_to(dst)
+        (_edge_key(plan, request_id, e.src, e.dst, chunked=chunked, **stages), e.src)
+        for e in plan.edges_to(dst)
     )

@@ -36,6 +36,7 @@ from kvspec.cache_layout import (
 from kvspec.clause import Clause
 from kvspec.dtypes import bit_equal, bits_view, dtype_name, torch_dtype
 from kvspec.kv import RequestKV, check_scales
+from kvspec.model import ModelShape
 
 CLAUSES = (
     Clause(
@@ -162,6 +163,34 @@ def empty_paged_cache(
     shape = CacheShape(kv, num_blocks, block_size, heads, head_dim)
     layers = tuple(empty_cache(spec, shape, dtype, device) for _ in range(num_layers))
     return PagedCache(spec.name, layers, None if scales is None else scales.to(device))
+
+
+def empty_model_cache(
+    layout: str | CacheLayout,
+    model: ModelShape,
+    *,
+    num_blocks: int,
+    block_size: int,
+    layers: int | None = None,
+    heads: int | None = None,
+    scales: torch.Tensor | None = None,
+    device: str | torch.device = "cpu",
+) -> PagedCache:
+    """A zero paged cache shaped by ``model``: ``layers`` and ``heads`` are how many the
+    rank holds (the whole model by default); K/V or latent, head_dim and dtype come from
+    the model [PAGED-4, MODEL-2]."""
+    return empty_paged_cache(
+        layout,
+        num_layers=model.num_layers if layers is None else layers,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        heads=model.num_kv_heads if heads is None else heads,
+        head_dim=model.head_dim,
+        dtype=model.dtype,
+        kv=model.kv_tensors,
+        scales=scales,
+        device=device,
+    )
 
 
 def blocks_needed(seq_len: int, block_size: int) -> int:

@@ -36,7 +36,7 @@ from kvspec.ownership import rank_ownership
 from kvspec.paged import (
     PagedCache,
     blocks_of,
-    empty_paged_cache,
+    empty_model_cache,
     gather_request,
     scatter_request,
 )
@@ -129,15 +129,13 @@ class Rank:
         scales = oracle_scales(
             self.model, layers=self.owner.layers, seed=self.config.seed, device=self.device
         )
-        cache = empty_paged_cache(
+        cache = empty_model_cache(
             layout,
-            num_layers=len(self.owner.layers),
+            self.model,
             num_blocks=num_blocks,
             block_size=block_size,
+            layers=len(self.owner.layers),
             heads=len(self.owner.heads),
-            head_dim=self.model.head_dim,
-            dtype=self.model.dtype,
-            kv=self.model.kv_tensors,
             scales=scales,
             device=self.device,
         )

@@ -42,7 +42,7 @@ from kvspec.kv import RequestKV, random_request_kv
 from kvspec.model import ModelShape
 from kvspec.oracle import oracle_kv, oracle_scales
 from kvspec.ownership import stage_ownership
-from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
+from kvspec.paged import PagedCache, empty_model_cache, gather_request, scatter_request
 from kvspec.payload import payload_from_shipment
 from kvspec.plan import check_plannable
 from kvspec.ports import port
@@ -400,16 +400,8 @@ def _export_paged(rng: random.Random) -> tuple[list[Case], Tensors]:
             else ModelShape(2, rng.randint(1, 3), rng.randint(1, 3), dtype=dtype)
         )
         scales = oracle_scales(model) if model.dtype in FP8_DTYPES else None
-        cache = empty_paged_cache(
-            layout,
-            num_layers=2,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            heads=model.num_kv_heads,
-            head_dim=model.head_dim,
-            dtype=dtype,
-            kv=model.kv_tensors,
-            scales=scales,
+        cache = empty_model_cache(
+            layout, model, num_blocks=num_blocks, block_size=block_size, scales=scales
         )
         filler = oracle_kv(model, f"fill-{i}", tokens=num_blocks * block_size)
         scatter_request(filler, cache, list(range(num_blocks)))

@@ -15,7 +15,7 @@ from kvspec.dtypes import FP8_DTYPES, bits_view
 from kvspec.kv import RequestKV
 from kvspec.model import ModelShape
 from kvspec.oracle import oracle_kv, oracle_scales
-from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
+from kvspec.paged import PagedCache, empty_model_cache, gather_request, scatter_request
 from kvspec.strategies import models, paged_sides
 
 
@@ -51,15 +51,11 @@ def _oracle(model: ModelShape, request_id: str, tokens: int, seed: int, device: 
 def _cache(model: ModelShape, side: dict, device: str, *, fill_seed: int | None) -> PagedCache:
     """A paged cache for ``side``; with ``fill_seed``, every block holds oracle values."""
     scales = oracle_scales(model, device=device) if model.dtype in FP8_DTYPES else None
-    cache = empty_paged_cache(
+    cache = empty_model_cache(
         side["layout"],
-        num_layers=model.num_layers,
+        model,
         num_blocks=side["num_blocks"],
         block_size=side["block_size"],
-        heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        dtype=model.dtype,
-        kv=model.kv_tensors,
         scales=scales,
         device=device,
     )
