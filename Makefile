@@ -38,7 +38,7 @@ bench: setup
 	$(PY) -m benchmarks --quick
 
 vectors: setup
-	$(VENV)/bin/kvspec vectors export vectors
+	$(VENV)/bin/kvspec vectors export kvspec/conformance/golden
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kvspec import __version__
 from kvspec.cli import clauses, conform, plan, ports, vectors
 
 SUBCOMMANDS = (plan, ports, conform, vectors, clauses)
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
             "parallel layouts differ. Every rule is a numbered clause; see `kvspec clauses`."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"kvspec {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in SUBCOMMANDS:
         sub = commands.add_parser(

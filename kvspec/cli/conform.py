@@ -33,7 +33,7 @@ from kvspec.conformance.runner import (
     select_checks,
 )
 from kvspec.conformance.skips import read_skips, resolve_skips
-from kvspec.profiles import PROFILES, load_profile
+from kvspec.profiles import PROFILES
 
 NAME = "conform"
 HELP = "check an implementation (through its adapter) against every clause"
@@ -121,7 +121,6 @@ def _replay(args: argparse.Namespace, adapter) -> int:
     checks = select_checks(args.patterns)
     if len(checks) != 1:
         raise ValueError(f"--replay needs exactly one check; {len(checks)} match {args.patterns}")
-    load_profile(args.profile)
     result = run_check(checks[0], adapter, device=args.device, replay=json.loads(args.replay))
     report = Report(args.impl, adapter, args.profile or "replay", args.device, [result])
     print(render(report))

@@ -8,7 +8,7 @@ examples:
   kvspec plan --source-tp 8 --target-tp 2 --kv-heads 4
   kvspec plan --source-tp 2 --source-pp 2 --target-tp 4 --kv-heads 8 --layers 61
   kvspec plan --source-tp 4 --target-tp 8 --attention mla --latent-dim 576
-  kvspec plan --source-tp 6 --target-tp 3 --kv-heads 12 --policy balanced --json
+  kvspec plan --source-tp 6 --target-tp 3 --kv-heads 12 --policy balanced --json -
 
 A configuration the spec refuses exits with status 2, says which rule it breaks and
 lists nearby configurations that are valid.
@@ -17,10 +17,10 @@ lists nearby configurations that are valid.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from kvspec.cli.output import STDOUT, add_json_option, write_json
 from kvspec.dtypes import DTYPES
 from kvspec.model import ModelShape
 from kvspec.ownership import stage_ownership
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="request tokens for byte counts (1024)",
     )
-    out.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_json_option(out, "the plan")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,10 +78,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {hint}", file=sys.stderr)
         return 2
     report = plan_report(plan, args.seq_len)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
+    if args.json != STDOUT:
         print(render(plan, report))
+    if args.json:
+        write_json(args.json, report)
     return 0
 
 

@@ -8,7 +8,7 @@ orchestrator port, and the verdict proves them distinct or names each colliding 
 examples:
   kvspec ports --base 50000 --stage tp=2,replicas=2 --stage tp=1,replicas=2
   kvspec ports --stage tp=4,pp=2 --stage tp=2 --stage tp=1
-  kvspec ports --stage tp=8,dp=2 --dp-stride 4096 --json
+  kvspec ports --stage tp=8,dp=2 --dp-stride 4096 --json -
   kvspec ports --stage tp=8 --stage tp=8 --stage tp=8 --stage tp=8 --stage tp=8
 
 A stage SPEC is comma-separated key=value with keys tp, pp, replicas, dp and id
@@ -19,11 +19,11 @@ the collision-free domain prints its map, then exits with status 2 and every rea
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from typing import Any
 
+from kvspec.cli.output import STDOUT, add_json_option, write_json
 from kvspec.ports import (
     PURPOSES,
     DeployedStage,
@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="port step between data-parallel ranks (none: dp must be 1)",
     )
-    parser.add_argument("--json", action="store_true", help="print the port map as JSON")
+    add_json_option(parser, "the port map")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvspec ports: refused: {error}", file=sys.stderr)
         return 2
     ports = port_map(deployment, scheme=scheme)
-    print(json.dumps(report(ports), indent=2) if args.json else render(ports))
+    if args.json != STDOUT:
+        print(render(ports))
+    if args.json:
+        write_json(args.json, report(ports))
     if not ports.ok:
         print(f"kvspec ports: refused: {ports.verdict()}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ from hypothesis import example as pinned
 from kvspec.clauses import get_clause
 from kvspec.conformance.adapter import Adapter, NotProvided, provided_capabilities
 from kvspec.conformance.checks import Check, Context, Example, OutsideDomain, Violation, all_checks
-from kvspec.profiles import load_profile
+from kvspec.profiles import default_profile, profile_settings
 
 PASSED, FAILED, NOT_PROVIDED, SKIPPED = "passed", "FAILED", "not provided", "skipped"
 
@@ -122,8 +122,10 @@ def run_check(
     device: str = "cpu",
     max_examples: int | None = None,
     replay: Example | None = None,
+    profile: str | None = None,
 ) -> CheckResult:
-    """Run one check; ``replay`` runs exactly that example instead of generating."""
+    """Run one check under ``profile`` (default: :func:`~kvspec.profiles.default_profile`),
+    applied to this check alone; ``replay`` runs exactly that example instead of generating."""
     started = time.perf_counter()
     result = CheckResult(check, PASSED)
     missing = sorted(set(check.needs) - provided_capabilities(adapter))
@@ -151,7 +153,7 @@ def run_check(
         if replay is not None:
             body(replay)
         else:
-            _hypothesis_test(check, adapter, body, max_examples)()
+            _hypothesis_test(check, adapter, body, max_examples, profile)()
     except _Unprovided as error:
         result.verdict, result.reason = NOT_PROVIDED, str(error)
     except BaseException:
@@ -171,9 +173,13 @@ class _Unprovided(Exception):
 
 
 def _hypothesis_test(
-    check: Check, adapter: Adapter, body: Callable[[Example], None], max_examples: int | None
+    check: Check,
+    adapter: Adapter,
+    body: Callable[[Example], None],
+    max_examples: int | None,
+    profile: str | None,
 ) -> Callable[[], None]:
-    base = settings()  # the loaded profile
+    base = profile_settings(profile)  # applied here only; the global profile is untouched
     count = max_examples if max_examples is not None else base.max_examples
     test = given(check.strategy(adapter))(body)
     for ex in reversed(check.examples):
@@ -209,7 +215,7 @@ def run_suite(
     progress: Callable[[int, int, CheckResult], None] | None = None,
 ) -> Report:
     """Run every selected check; skipped checks (id -> reason) are reported, not run."""
-    chosen_profile = load_profile(profile)
+    chosen_profile = profile or default_profile()
     report = Report(impl or adapter.name, adapter, chosen_profile, device)
     started = time.perf_counter()
     checks = select_checks(patterns)
@@ -217,7 +223,7 @@ def run_suite(
         if skips and check.id in skips:
             result = CheckResult(check, SKIPPED, reason=skips[check.id])
         else:
-            result = run_check(check, adapter, device=device)
+            result = run_check(check, adapter, device=device, profile=chosen_profile)
         report.results.append(result)
         if progress:
             progress(i, len(checks), result)
