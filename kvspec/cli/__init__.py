@@ -8,13 +8,14 @@ from collections.abc import Sequence
 
 from kvspec import __version__
 from kvspec.cli import clauses, conform, plan, ports, vectors
+from kvspec.cli.args import Parser
 
 SUBCOMMANDS = (plan, ports, conform, vectors, clauses)
 """Each module provides ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kvspec",
         description=(
             "The executable reference for moving a KV cache between inference stages whose "

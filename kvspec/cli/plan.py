@@ -20,6 +20,13 @@ import argparse
 import sys
 from typing import Any
 
+from kvspec.cli.args import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_PARALLEL,
+    int_in,
+)
 from kvspec.cli.output import STDOUT, add_json_option, write_json
 from kvspec.dtypes import DTYPES
 from kvspec.model import ModelShape
@@ -33,13 +40,33 @@ HELP = "show which rank sends which heads and layers to which"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     stages = parser.add_argument_group("stages")
-    stages.add_argument("--source-tp", type=int, required=True, metavar="S", help="sender TP size")
     stages.add_argument(
-        "--target-tp", type=int, required=True, metavar="T", help="receiver TP size"
+        "--source-tp",
+        type=int_in(1, MAX_PARALLEL),
+        required=True,
+        metavar="S",
+        help="sender TP size",
     )
-    stages.add_argument("--source-pp", type=int, default=1, metavar="P", help="sender PP size (1)")
     stages.add_argument(
-        "--target-pp", type=int, default=1, metavar="Q", help="receiver PP size (1)"
+        "--target-tp",
+        type=int_in(1, MAX_PARALLEL),
+        required=True,
+        metavar="T",
+        help="receiver TP size",
+    )
+    stages.add_argument(
+        "--source-pp",
+        type=int_in(1, MAX_PARALLEL),
+        default=1,
+        metavar="P",
+        help="sender PP size (1)",
+    )
+    stages.add_argument(
+        "--target-pp",
+        type=int_in(1, MAX_PARALLEL),
+        default=1,
+        metavar="Q",
+        help="receiver PP size (1)",
     )
     stages.add_argument(
         "--source-partition", metavar="N,N,..", help="explicit layers per sender PP rank"
@@ -48,17 +75,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target-partition", metavar="N,N,..", help="explicit layers per receiver PP rank"
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--kv-heads", type=int, metavar="H", help="total KV heads (MHA/GQA)")
-    model.add_argument("--layers", type=int, default=32, metavar="L", help="layers (32)")
-    model.add_argument("--head-dim", type=int, default=128, metavar="D", help="head dim (128)")
+    model.add_argument(
+        "--kv-heads", type=int_in(1, MAX_HEADS), metavar="H", help="total KV heads (MHA/GQA)"
+    )
+    model.add_argument(
+        "--layers", type=int_in(1, MAX_LAYERS), default=32, metavar="L", help="layers (32)"
+    )
+    model.add_argument(
+        "--head-dim", type=int_in(1, MAX_HEAD_DIM), default=128, metavar="D", help="head dim (128)"
+    )
     model.add_argument("--attention", choices=("mha", "mla"), default="mha", help="(mha)")
-    model.add_argument("--latent-dim", type=int, default=576, help="MLA latent width (576)")
+    model.add_argument(
+        "--latent-dim", type=int_in(1, MAX_HEAD_DIM), default=576, help="MLA latent width (576)"
+    )
     model.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="(bfloat16)")
     out = parser.add_argument_group("output")
     out.add_argument("--policy", choices=POLICIES, default="lowest", help="replica choice (lowest)")
     out.add_argument(
         "--seq-len",
-        type=int,
+        type=int_in(1, 1 << 24),
         default=1024,
         metavar="N",
         help="request tokens for byte counts (1024)",
