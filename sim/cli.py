@@ -54,6 +54,7 @@ from sim.faults import parse_faults
 from sim.progress import ProgressBar
 
 RANKS = int_in(1, LIMITS.ranks)
+PROG = "python -m sim run"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="send without the wire format's CRC-32s (corruption is then caught by the oracle)",
     )
     run.add_argument(
+        "--require-checksum",
+        action="store_true",
+        help="receivers refuse any message without the wire format's CRC-32s [WIRE-6]",
+    )
+    run.add_argument(
         "--verify-after",
         action="store_true",
         help="verify once every request has arrived, so throughput excludes verification",
@@ -197,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    if args.chain:
+    if args.chain is not None:
         stages = tuple(parse_stage(s) for s in args.chain.split(","))
     else:
         stages = (
@@ -229,6 +235,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ranks_per_process=args.ranks_per_process,
         transport=args.transport,
         checksum=args.checksum,
+        require_checksum=args.require_checksum,
         verify_after=args.verify_after,
     )
 
@@ -250,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except KeyboardInterrupt:
-        print("\nsim: interrupted (Ctrl-C)", file=sys.stderr)
+        print(f"\n{PROG}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
 
 
@@ -262,11 +269,11 @@ def _run(args: argparse.Namespace) -> int:
             config = replace(config, base_port=find_free_base(config))
         validate(config)
     except ValueError as error:
-        print(f"sim: refused: {error}", file=sys.stderr)
+        print(f"{PROG}: refused: {error}", file=sys.stderr)
         return 2
     exposed = exposure(config)
     if exposed:
-        print(f"sim: exposed: {exposed}", file=sys.stderr)
+        print(f"{PROG}: exposed: {exposed}", file=sys.stderr)
     bar = None if args.quiet else ProgressBar(config.requests * config.replicas)
     try:
         report = run_simulation(config, progress=bar.update if bar else None)

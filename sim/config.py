@@ -84,6 +84,7 @@ class SimConfig:
     ranks_per_process: int = 1
     transport: str = "tcp"
     checksum: bool = True
+    require_checksum: bool = False
     verify_after: bool = False
 
     def __post_init__(self) -> None:
@@ -118,6 +119,10 @@ class SimConfig:
             raise ValueError(
                 f"--timeout must be a number of seconds in (0, {LIMITS.timeout_s:g}], "
                 f"got {self.timeout}"
+            )
+        if self.require_checksum and not self.checksum:
+            raise ValueError(
+                "--require-checksum with --no-checksum: every message would be refused"
             )
         check_rank_faults(self.faults, tuple(s.world_size for s in self.stages))
 

@@ -661,7 +661,9 @@ class Rank:
         state = self.incoming[request_id]
         state.waiting.discard(key)
         try:
-            payload = decode([f.buffer for f in frames[1:]])
+            payload = decode(
+                [f.buffer for f in frames[1:]], require_checksum=self.config.require_checksum
+            )
         except WireError as error:
             self.book.observe("corrupt", key)  # counted even when the request already failed
             self._fail(state, f"shard {key} from source rank {src} refused by the codec: {error}")

@@ -27,7 +27,7 @@ from kvspec.cli.args import (
     MAX_PARALLEL,
     int_in,
 )
-from kvspec.cli.output import STDOUT, add_json_option, write_json
+from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.dtypes import DTYPES
 from kvspec.model import ModelShape
 from kvspec.ownership import stage_ownership
@@ -102,6 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        check_writable(args.json)
+    except ValueError as error:
+        print(f"kvspec plan: refused: {error}", file=sys.stderr)
+        return 2
     try:
         plan = plan_transfer(*_stages_and_model(args), policy=args.policy)
     except ValueError as error:

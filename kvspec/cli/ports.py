@@ -24,7 +24,7 @@ from dataclasses import asdict
 from typing import Any
 
 from kvspec.cli.args import MAX_PARALLEL, MAX_PORT, int_in, quote
-from kvspec.cli.output import STDOUT, add_json_option, write_json
+from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.ports import (
     PURPOSES,
     DeployedStage,
@@ -86,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        check_writable(args.json)
         deployment = Deployment(args.base, tuple(_stage(i, s) for i, s in enumerate(args.stage)))
         scheme = PortScheme(
             kv_offset=args.kv_offset,
