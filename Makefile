@@ -5,9 +5,10 @@
 # Override the torch build with, e.g.:
 #   make test TORCH='torch==2.5.1' TORCH_INDEX=https://download.pytorch.org/whl/cu121
 #
-# Also: make smoke (build the wheel, install it in a fresh venv, use it), make test-gpu (everything on CUDA; fails without a GPU), make stress (the sim
-# tests 20 times beside a CPU hog; RUNS=N), make bench (the benchmark table, --quick),
-# make vectors (regenerate the golden vectors).
+# Also: make smoke (build the wheel, install it in a fresh venv, use it), make test-gpu
+# (everything on CUDA; fails without a GPU), make stress (the sim tests 20 times beside
+# a CPU hog; RUNS=N), make bench (the benchmark table, --quick), make vectors
+# (regenerate the golden vectors), make notebooks (execute and render the notebooks).
 
 VENV ?= .venv
 TORCH ?=
@@ -45,6 +46,9 @@ stress: setup
 
 bench: setup
 	$(PY) -m benchmarks --quick
+
+notebooks: setup
+	$(PY) tools/render_notebooks.py
 
 vectors: setup
 	$(VENV)/bin/kvspec vectors export kvspec/conformance/golden

@@ -534,3 +534,20 @@ def test_runs_on_every_device(device: str) -> None:
         slicing="receiver",
     )
     assert_all_verified(run_simulation(config))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "delay=1000ms",
+        "delay=0.001s",
+        "delay=10s",
+        "delay=7us",
+        "drop=0.1,delay=1e-3s",
+        "kill=sender:1@0.5+receiver:0@0.25,hang=stage1:2@1",
+    ],
+)
+def test_a_fault_spec_round_trips_through_its_description(spec: str) -> None:
+    """Ranks get the spec as its description: it must parse back to the same faults."""
+    parsed = parse_faults(spec)
+    assert parse_faults(parsed.describe()) == parsed
