@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec._checks import require_choice, require_int, require_rank
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.model import ModelShape
 from kvspec.ownership import RankOwnership, check_heads, head_replicas, stage_ownership
 from kvspec.stage import StageLayout
@@ -27,6 +27,13 @@ CLAUSES = (
         "t % s == 0 (PP sizes are free). Then every edge carries the sender's whole head "
         "shard or one of its equal slices [SLICE-1], which the tp_head_slice marker can "
         "state. Other pairs are refused with both sizes in the error.",
+        obligations=(
+            refuses("TP sizes s and t with s % t != 0 and t % s != 0"),
+            must(
+                "every pair of dividing TP sizes, with any PP sizes and a model valid for both, is "
+                "accepted"
+            ),
+        ),
     ),
     Clause(
         "PLAN-2",
@@ -34,12 +41,22 @@ CLAUSES = (
         "For every receiver rank, every (head, layer) it owns is carried by exactly one edge "
         "into it, and that edge's sender owns the (head, layer). No edge carries a head or "
         "layer its receiver does not own. There is at most one edge per (sender, receiver).",
+        obligations=(
+            must("every (head, layer) a receiver owns arrives on an edge into it"),
+            must("no (head, layer) arrives twice: replicas are never merged twice"),
+            must("every edge's sender owns the heads and layers the edge carries"),
+            must("a receiver lists each of its senders once"),
+        ),
     ),
     Clause(
         "PLAN-3",
         "Inverse consistency",
         "A receiver lists sender s among its sources if and only if s lists the receiver "
         "among its targets; both lists are in ascending rank order.",
+        obligations=(
+            must("a receiver lists sender s if and only if s lists the receiver"),
+            must("sources and targets are listed in ascending rank order"),
+        ),
     ),
     Clause(
         "PLAN-4",
@@ -49,6 +66,22 @@ CLAUSES = (
         "numbers the receivers that need the head from one source pipeline stage in "
         "ascending rank order and gives the k-th of them replica k mod (number of replicas). "
         "Every policy satisfies PLAN-2 and PLAN-3; an unknown policy name is refused.",
+        obligations=(
+            must("'lowest' takes a replicated head from the lowest TP rank holding it"),
+            must(
+                "'balanced' gives the k-th receiver of a head (ascending, per source pipeline "
+                "stage) replica k mod (number of replicas)"
+            ),
+            must(
+                "the choice is deterministic: one configuration gives the same senders on every "
+                "call, in any order of calls"
+            ),
+            refuses("a policy name that is not one of the implementation's policies"),
+            must(
+                "a declared (field) policy picks a rank holding the head, the same one every time, "
+                "and routing follows it"
+            ),
+        ),
     ),
     Clause(
         "PLAN-5",
@@ -56,6 +89,13 @@ CLAUSES = (
         "An edge of h heads and l layers moves h * l * seq_len * head_dim * itemsize * k "
         "bytes for a request of seq_len tokens, k = 2 for MHA/GQA (K and V) and 1 for MLA. "
         "Under receiver-side slicing it moves num_slices times that [SLICE-2].",
+        obligations=(
+            must(
+                "sender-side, an edge moves heads x layers x seq_len x head_dim x itemsize x "
+                "(2, or 1 for MLA) bytes"
+            ),
+            must("receiver-side, an edge moves num_slices times that"),
+        ),
     ),
 )
 
