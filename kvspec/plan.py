@@ -10,6 +10,7 @@ own them; when a head is replicated on several source ranks, the policy picks on
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,34 @@ CLAUSES = (
 
 POLICIES: tuple[str, ...] = ("lowest", "balanced")
 """The named replica-choice policies [PLAN-4]."""
+
+
+@dataclass(frozen=True)
+class ReplicaChoice:
+    """What a replica policy sees when it picks the sender of one head [PLAN-4].
+
+    ``replicas`` are the TP ranks of source pipeline stage ``source_pp_rank`` that hold
+    ``head``; ``consumer_index`` is the receiver's index (ascending rank order) among the
+    receivers that need the head from that stage; ``receiver_rank`` and
+    ``receiver_tp_rank`` name the receiver.
+    """
+
+    head: int
+    replicas: range
+    consumer_index: int
+    receiver_rank: int
+    receiver_tp_rank: int
+    source_pp_rank: int
+
+
+ReplicaRule = Callable[[ReplicaChoice], int]
+"""A replica policy as a function: the TP rank (one of ``replicas``) that sends the head."""
+
+SPEC_RULES: dict[str, ReplicaRule] = {
+    "lowest": lambda c: c.replicas[0],
+    "balanced": lambda c: c.replicas[c.consumer_index % len(c.replicas)],
+}
+"""The spec's named policies as rules [PLAN-4]."""
 
 
 @dataclass(frozen=True)
@@ -241,13 +270,23 @@ def plan_transfer(
     model: ModelShape,
     *,
     policy: str = "lowest",
+    rule: ReplicaRule | None = None,
 ) -> TransferPlan:
     """The transfer plan from ``source`` to ``target`` for ``model`` [PLAN-1..5].
+
+    ``policy`` names one of :data:`POLICIES`, or, with ``rule``, a policy of one's own:
+    the rule picks the sending TP rank of each replicated head and must return one of
+    the replicas it is shown [PLAN-4]. Every policy gives a plan that satisfies PLAN-2
+    and PLAN-3.
 
     Both stages must run the same model; check that first with
     :func:`kvspec.model.check_compatible` when each stage has its own description.
     """
-    require_choice("policy", policy, POLICIES)
+    if rule is None:
+        require_choice("policy", policy, POLICIES)
+        rule = SPEC_RULES[policy]
+    elif not isinstance(policy, str) or not policy:
+        raise ValueError(f"a policy given as a rule needs a name, got {policy!r} [PLAN-4]")
     check_plannable(source.tp, target.tp, model.num_kv_heads)
     senders = stage_ownership(source, model)
     receivers = stage_ownership(target, model)
@@ -265,8 +304,15 @@ def plan_transfer(
             chosen = {
                 _choose(
                     policy,
-                    head_replicas(model.num_kv_heads, source.tp, head),
-                    consumer_index[(pp_rank, head)][receiver.rank],
+                    rule,
+                    ReplicaChoice(
+                        head=head,
+                        replicas=head_replicas(model.num_kv_heads, source.tp, head),
+                        consumer_index=consumer_index[(pp_rank, head)][receiver.rank],
+                        receiver_rank=receiver.rank,
+                        receiver_tp_rank=receiver.tp_rank,
+                        source_pp_rank=pp_rank,
+                    ),
                 )
                 for head in receiver.heads
             }
@@ -278,11 +324,17 @@ def plan_transfer(
     return TransferPlan(source, target, model, policy, tuple(edges))
 
 
-def _choose(policy: str, replicas: range, consumer_index: int) -> int:
-    """The source TP rank that sends a head to its ``consumer_index``-th receiver [PLAN-4]."""
-    if policy == "lowest":
-        return replicas[0]
-    return replicas[consumer_index % len(replicas)]
+def _choose(policy: str, rule: ReplicaRule, choice: ReplicaChoice) -> int:
+    """The source TP rank that sends ``choice.head`` to its receiver; refused unless it is
+    one of the head's replicas [PLAN-4]."""
+    chosen = rule(choice)
+    if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen not in choice.replicas:
+        raise ValueError(
+            f"policy {policy!r} chose source TP rank {chosen!r} for head {choice.head} of "
+            f"target rank {choice.receiver_rank}, but only TP ranks "
+            f"{choice.replicas.start}..{choice.replicas.stop - 1} hold it [PLAN-4]"
+        )
+    return chosen
 
 
 def _consumer_index(

@@ -12,8 +12,21 @@ from contextlib import suppress
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
-from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples
+from kvspec.conformance.checks import (
+    Context,
+    Example,
+    check,
+    expect,
+    expect_refused,
+    fail,
+    within_domain,
+)
+from kvspec.conformance.checks.routing import (
+    ROUTING_PINS,
+    case_examples,
+    policy_in_domain,
+    spec_plan,
+)
 from kvspec.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.model import ModelShape
 from kvspec.ports import port
@@ -44,12 +57,21 @@ def _accepted_rank_aware(ids: st.SearchStrategy[str]) -> st.SearchStrategy[Examp
     strategy=lambda adapter: _accepted_rank_aware(request_ids()),
     examples=(
         {"request_id": "req_7", "from_stage": 0, "chunk_id": 0, "from_rank": 2, "to_rank": 1},
+        {"request_id": "r", "from_stage": 3, "chunk_id": 12, "from_rank": 0, "to_rank": 10},
     ),
+    covers=("KEY-1.1", "KEY-1.2"),
 )
 def rank_aware_format(ctx: Context, example: Example) -> None:
     got = ctx.adapter.rank_aware_key(**example)
     want = rank_aware_key(**example)
-    expect(got == want, f"key of {example} is {got!r}; the spec's is {want!r} [KEY-1]")
+    digits = [str(example[f]) for f in _FIELDS]
+    canonical = isinstance(got, str) and got.endswith("_" + "_".join(digits))
+    expect(
+        got == want,
+        f"key of {example} is {got!r}; the spec's is {want!r} "
+        f"[{'KEY-1.1' if canonical else 'KEY-1.2'}: integers in canonical decimal, "
+        "fields in the order request_id, from_stage, chunk_id, from_rank, to_rank]",
+    )
 
 
 @check(
@@ -65,11 +87,12 @@ def rank_aware_format(ctx: Context, example: Example) -> None:
         }
     ),
     examples=({"request_id": "5_0_0_0_0", "from_stage": 0, "to_stage": 1},),
+    covers=("KEY-2.1",),
 )
 def legacy_format(ctx: Context, example: Example) -> None:
     got = ctx.adapter.legacy_key(**example)
     want = legacy_key(**example)
-    expect(got == want, f"legacy key of {example} is {got!r}; the spec's is {want!r} [KEY-2]")
+    expect(got == want, f"legacy key of {example} is {got!r}; the spec's is {want!r} [KEY-2.1]")
 
 
 @st.composite
@@ -96,6 +119,11 @@ def _colliding_inputs(draw: st.DrawFn) -> Example:
         "from_stage": 0,
         "to_stage": 1,
     }
+    if draw(st.booleans()):  # two long ids of the domain that differ only at their end
+        prefix = "r" * draw(st.sampled_from([64, 100, 128, 250, 256, 300]))
+        first = {**first, "request_id": prefix + "a", "from_stage": numbers[1]}
+        second = {**first, "request_id": prefix + "b"}
+        legacy = {**legacy, "request_id": prefix + "c"}
     return {"first": first, "second": second, "legacy": legacy}
 
 
@@ -123,7 +151,25 @@ def _colliding_inputs(draw: st.DrawFn) -> Example:
             },
             "legacy": {"request_id": "5_0_0_0_0", "from_stage": 0, "to_stage": 1},
         },
+        {
+            "first": {
+                "request_id": "x" * 200 + "1",
+                "from_stage": 0,
+                "chunk_id": 0,
+                "from_rank": 0,
+                "to_rank": 0,
+            },
+            "second": {
+                "request_id": "x" * 200 + "2",
+                "from_stage": 0,
+                "chunk_id": 0,
+                "from_rank": 0,
+                "to_rank": 0,
+            },
+            "legacy": {"request_id": "x" * 200 + "3", "from_stage": 0, "to_stage": 1},
+        },
     ),
+    covers=("KEY-3.3", "KEY-3.4"),
 )
 def injective(ctx: Context, example: Example) -> None:
     made: dict[str, list[str]] = defaultdict(list)
@@ -134,11 +180,70 @@ def injective(ctx: Context, example: Example) -> None:
     with suppress(Exception):
         made[ctx.adapter.legacy_key(**example["legacy"])].append(f"legacy {example['legacy']}")
     clashes = {k: v for k, v in made.items() if len(v) > 1}
+    legacy_head = any("omni_" in str(example[lab]["request_id"]) for lab in ("first", "second"))
     expect(
         not clashes,
         "different inputs give the same key: "
-        + "; ".join(f"{k!r} <- {' and '.join(v)}" for k, v in clashes.items())
-        + " — one of them must be refused [KEY-3]",
+        + "; ".join(f"{k[:80]!r} <- {' and '.join(v)[:300]}" for k, v in clashes.items())
+        + (
+            " — a rank-aware request id beginning with a legacy key's head must be refused "
+            "[KEY-3.3]"
+            if legacy_head
+            else " — distinct inputs of the domain give distinct keys [KEY-3.4]"
+        ),
+    )
+
+
+_BAD_REQUEST_IDS: tuple[object, ...] = ("", "a\nb", "req\x00", "tab\there", 5, None)
+_BAD_NUMBERS: tuple[object, ...] = (-1, True, 1.0, "0_5", "1", None, -10)
+
+
+@st.composite
+def _outside_key_domain(draw: st.DrawFn) -> Example:
+    """Valid key fields with one of them outside the domain [KEY-3]."""
+    kind = draw(st.sampled_from(["rank_aware", "legacy"]))
+    fields = _FIELDS if kind == "rank_aware" else ("from_stage", "to_stage")
+    args: Example = {"request_id": draw(st.sampled_from(["req-1", "a_b", "chatcmpl-7f3a"]))}
+    args.update({f: draw(st.integers(0, 12)) for f in fields})
+    field = draw(st.sampled_from(["request_id", *fields]))
+    bad = _BAD_REQUEST_IDS if field == "request_id" else _BAD_NUMBERS
+    args[field] = draw(st.sampled_from(bad))
+    return {"kind": kind, "args": args, "field": field}
+
+
+@check(
+    "KEY-3",
+    "refuses-outside-domain",
+    "empty or unprintable request ids and fields that are not integers >= 0 are refused",
+    needs=("keys",),
+    strategy=lambda adapter: _outside_key_domain(),
+    examples=(
+        {
+            "kind": "rank_aware",
+            "args": {
+                "request_id": "r",
+                "from_stage": "0_5",
+                "chunk_id": 0,
+                "from_rank": 0,
+                "to_rank": 1,
+            },
+            "field": "from_stage",
+        },
+        {
+            "kind": "legacy",
+            "args": {"request_id": "", "from_stage": 0, "to_stage": 1},
+            "field": "request_id",
+        },
+    ),
+    covers=("KEY-3.1", "KEY-3.2"),
+)
+def refuses_outside_key_domain(ctx: Context, example: Example) -> None:
+    make = ctx.adapter.rank_aware_key if example["kind"] == "rank_aware" else ctx.adapter.legacy_key
+    field = example["field"]
+    expect_refused(
+        "KEY-3.1" if field == "request_id" else "KEY-3.2",
+        f"a {example['kind']} key with {field}={example['args'][field]!r} ({example['args']})",
+        lambda: make(**example["args"]),
     )
 
 
@@ -148,15 +253,20 @@ def injective(ctx: Context, example: Example) -> None:
     "the keys s sends t are the keys t expects from s",
     needs=("edge-keys",),
     strategy=lambda adapter: case_examples(adapter),
-    # TP1 -> TP1 is the legacy key's case: both ends must agree on it [KEY-2].
+    # TP1 -> TP1 is the legacy key's case: both ends must agree on it [KEY-2]; a TP1 stage
+    # with PP has several ranks, so it is not [KEY-2.2].
     examples=(
         *ROUTING_PINS,
         TransferCase(StageLayout(1), StageLayout(1), ModelShape(2, 2, 2)).to_dict(),
+        TransferCase(StageLayout(1, 2), StageLayout(1), ModelShape(2, 2, 2)).to_dict(),
+        TransferCase(StageLayout(1), StageLayout(1, 2), ModelShape(4, 2, 2)).to_dict(),
     ),
+    covers=("KEY-4.1", "KEY-4.2", "KEY-2.2"),
 )
 def send_equals_recv(ctx: Context, example: Example) -> None:
     case = TransferCase.from_dict(example)
     within_domain(ctx, case)
+    policy_in_domain(ctx, case)
     sent = {
         (src, dst, key)
         for src in case.source.ranks()
@@ -170,16 +280,21 @@ def send_equals_recv(ctx: Context, example: Example) -> None:
     expect(
         sent == expected,
         f"{case.describe()}: keys sent but not expected {sorted(sent - expected)[:3]}; expected "
-        f"but never sent {sorted(expected - sent)[:3]} [KEY-4]",
+        f"but never sent {sorted(expected - sent)[:3]} [KEY-4.1]",
     )
     keys = [k for _, _, k in sent]
-    expect(len(keys) == len(set(keys)), f"{case.describe()}: two edges share a key [KEY-4]")
-    plan = case.plan()
+    shared = sorted({k for k in keys if keys.count(k) > 1})
+    expect(
+        not shared,
+        f"{case.describe()}: edges share the key(s) {shared[:3]}; all keys of one chunk of one "
+        "request are distinct [KEY-4.2]",
+    )
+    plan = spec_plan(ctx.adapter, case)
     want = {(e.src, e.dst) for e in plan.edges}
     if {(s, d) for s, d, _ in sent} != want and ctx.adapter.policies:
         fail(
             f"{case.describe()}: keys name edges {sorted({(s, d) for s, d, _ in sent})}, the plan "
-            f"has {sorted(want)} [KEY-4]"
+            f"has {sorted(want)} [KEY-4.1]"
         )
     reference = {
         k
@@ -192,10 +307,15 @@ def send_equals_recv(ctx: Context, example: Example) -> None:
         for k, _ in recv_keys(plan, "req-1", dst, from_stage=0, to_stage=1)
     }
     foreign = sorted(set(keys) - reference)
+    single = case.source.world_size == 1 and case.target.world_size == 1
     expect(
         not foreign or not ctx.adapter.policies,
         f"{case.describe()}: keys {foreign[:3]} are not the spec's keys for this plan "
-        "[KEY-1, KEY-2]",
+        + (
+            "[KEY-2.1]"
+            if single
+            else "(only two single-rank stages use the legacy key) [KEY-2.2, KEY-1.1]"
+        ),
     )
 
 
@@ -203,11 +323,19 @@ def _port_examples(adapter: Adapter) -> st.SearchStrategy[Example]:
     return st.fixed_dictionaries(
         {
             "base": st.integers(1, 60000),
-            "stage": st.integers(0, 20),
-            "rank": st.integers(0, 80),
-            "replica": st.integers(0, 70),
+            "stage": st.integers(0, 15),
+            "rank": st.integers(0, 63),
+            "replica": st.integers(0, 40),
         }
-    )
+    ).filter(_valid_port)
+
+
+def _valid_port(args: Example) -> bool:
+    try:
+        port("kv", **args)
+    except ValueError:
+        return False
+    return True
 
 
 @check(
@@ -216,45 +344,77 @@ def _port_examples(adapter: Adapter) -> st.SearchStrategy[Example]:
     "kv port = base + 100 + replica*1024 + rank*16 + stage where valid",
     needs=("ports",),
     strategy=_port_examples,
-    examples=({"base": 50000, "stage": 1, "rank": 3, "replica": 1},),
+    examples=(
+        {"base": 50000, "stage": 1, "rank": 3, "replica": 1},
+        {"base": 20000, "stage": 15, "rank": 63, "replica": 2},
+    ),
+    covers=("PORT-1.1",),
 )
 def formula(ctx: Context, example: Example) -> None:
-    try:
-        want = port("kv", **example)
-    except ValueError:
-        return  # outside the domain: PORT-2 checks the refusal
+    want = port("kv", **example)
     got = ctx.adapter.kv_port(**example)
-    expect(got == want, f"KV port of {example} is {got}; the spec's is {want} [PORT-1]")
+    expect(got == want, f"KV port of {example} is {got}; the spec's is {want} [PORT-1.1]")
+
+
+_PORT_DEFECTS = {
+    "stage-past-stride": "PORT-2.1",
+    "rank-past-replica": "PORT-2.2",
+    "port-past-65535": "PORT-2.3",
+    "negative": "PORT-2.4",
+    "not-integer": "PORT-2.5",
+}
+
+
+@st.composite
+def _outside_port_domain(draw: st.DrawFn) -> Example:
+    """Valid port arguments with one step outside the domain of [PORT-2]."""
+    args = draw(_port_examples(_ANY_ADAPTER))
+    defect = draw(st.sampled_from(list(_PORT_DEFECTS)))
+    if defect == "stage-past-stride":
+        args["stage"] = draw(st.integers(16, 20))
+        args["rank"] = min(args["rank"], 62)
+    elif defect == "rank-past-replica":
+        args["rank"] = draw(st.integers(64, 70))
+    elif defect == "port-past-65535":
+        args["base"] = 65536 - 100 - args["replica"] * 1024 - args["rank"] * 16 - args["stage"]
+        args["base"] += draw(st.integers(0, 20))
+    elif defect == "negative":
+        args[draw(st.sampled_from(["base", "stage", "rank", "replica"]))] = draw(
+            st.sampled_from([-1, -16, -1024])
+        )
+    else:
+        field = draw(st.sampled_from(["base", "stage", "rank", "replica"]))
+        args[field] = draw(st.sampled_from([float(args[field]), str(args[field]), None, True]))
+    return {**args, "defect": defect}
 
 
 @check(
     "PORT-2",
     "refuses-outside-domain",
-    "arguments that could collide, or ports outside 1..65535, are refused",
+    "arguments that could collide, negative or non-integer ones, ports past 65535: refused",
     needs=("ports",),
-    strategy=_port_examples,
+    strategy=lambda adapter: _outside_port_domain(),
     examples=(
-        {
-            "base": 50000,
-            "stage": 16,
-            "rank": 0,
-            "replica": 0,
-        },  # stage 16 of rank 0 = stage 0 of rank 1
-        {"base": 50000, "stage": 0, "rank": 64, "replica": 0},  # rank 64 = replica 1's rank 0
-        {"base": 65000, "stage": 0, "rank": 40, "replica": 0},  # past 65535
+        # stage 16 of rank 0 = stage 0 of rank 1
+        {"base": 50000, "stage": 16, "rank": 0, "replica": 0, "defect": "stage-past-stride"},
+        # rank 64 = replica 1's rank 0
+        {"base": 50000, "stage": 0, "rank": 64, "replica": 0, "defect": "rank-past-replica"},
+        {"base": 65000, "stage": 0, "rank": 40, "replica": 0, "defect": "port-past-65535"},
+        {"base": 50000, "stage": 1, "rank": -1, "replica": 0, "defect": "negative"},
+        {"base": 50000, "stage": "0_1", "rank": 0, "replica": 0, "defect": "not-integer"},
     ),
+    covers=tuple(_PORT_DEFECTS.values()),
 )
 def refuses_outside_domain(ctx: Context, example: Example) -> None:
-    try:
-        port("kv", **example)
-        return  # inside the domain
-    except ValueError as why:
-        reason = str(why)
-    try:
-        got = ctx.adapter.kv_port(**example)
-    except Exception:
-        return
-    fail(f"KV port of {example} was given as {got}; the spec refuses it: {reason}")
+    args = {k: v for k, v in example.items() if k != "defect"}
+    expect_refused(
+        _PORT_DEFECTS[example["defect"]],
+        f"the KV port of {args} ({example['defect']})",
+        lambda: ctx.adapter.kv_port(**args),
+    )
+
+
+_ANY_ADAPTER = Adapter()
 
 
 @st.composite
@@ -274,6 +434,7 @@ def _deployment_examples(draw: st.DrawFn) -> Example:
     needs=("ports",),
     strategy=lambda adapter: _deployment_examples(),
     examples=({"base": 30000, "tp": [2, 1], "replicas": 2},),
+    covers=("PORT-3.1",),
 )
 def deployment_distinct(ctx: Context, example: Example) -> None:
     owners: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
@@ -290,5 +451,5 @@ def deployment_distinct(ctx: Context, example: Example) -> None:
         not clashes,
         f"deployment {example}: (stage, replica, rank) endpoints share ports: "
         + "; ".join(f"{p}: {o}" for p, o in sorted(clashes.items())[:3])
-        + " [PORT-3]",
+        + " [PORT-3.1]",
     )
