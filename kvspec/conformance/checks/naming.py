@@ -198,17 +198,18 @@ _BAD_REQUEST_IDS: tuple[object, ...] = ("", "a\nb", "req\x00", "tab\there", 5, N
 _BAD_NUMBERS: tuple[object, ...] = (-1, True, 1.0, "0_5", "1", None, -10)
 
 
-@st.composite
-def _outside_key_domain(draw: st.DrawFn) -> Example:
-    """Valid key fields with one of them outside the domain [KEY-3]."""
-    kind = draw(st.sampled_from(["rank_aware", "legacy"]))
-    fields = _FIELDS if kind == "rank_aware" else ("from_stage", "to_stage")
-    args: Example = {"request_id": draw(st.sampled_from(["req-1", "a_b", "chatcmpl-7f3a"]))}
-    args.update({f: draw(st.integers(0, 12)) for f in fields})
-    field = draw(st.sampled_from(["request_id", *fields]))
-    bad = _BAD_REQUEST_IDS if field == "request_id" else _BAD_NUMBERS
-    args[field] = draw(st.sampled_from(bad))
-    return {"kind": kind, "args": args, "field": field}
+def _outside_key_domain(args: Example) -> list[tuple[str, str, str, Example]]:
+    """Valid rank-aware and legacy key fields with one field outside the domain, for every
+    field and every bad value: (obligation, kind, field, arguments) [KEY-3]."""
+    found = []
+    for kind, fields in (("rank_aware", _FIELDS), ("legacy", ("from_stage", "to_stage"))):
+        base = {"request_id": args["request_id"], **{f: args[f] for f in fields}}
+        for bad in _BAD_REQUEST_IDS:
+            found.append(("KEY-3.1", kind, "request_id", {**base, "request_id": bad}))
+        for field in fields:
+            for bad in _BAD_NUMBERS:
+                found.append(("KEY-3.2", kind, field, {**base, field: bad}))
+    return found
 
 
 @check(
@@ -216,35 +217,22 @@ def _outside_key_domain(draw: st.DrawFn) -> Example:
     "refuses-outside-domain",
     "empty or unprintable request ids and fields that are not integers >= 0 are refused",
     needs=("keys",),
-    strategy=lambda adapter: _outside_key_domain(),
-    examples=(
+    strategy=lambda adapter: st.fixed_dictionaries(
         {
-            "kind": "rank_aware",
-            "args": {
-                "request_id": "r",
-                "from_stage": "0_5",
-                "chunk_id": 0,
-                "from_rank": 0,
-                "to_rank": 1,
-            },
-            "field": "from_stage",
-        },
-        {
-            "kind": "legacy",
-            "args": {"request_id": "", "from_stage": 0, "to_stage": 1},
-            "field": "request_id",
-        },
+            "request_id": st.sampled_from(["req-1", "a_b", "chatcmpl-7f3a", "5"]),
+            **{f: st.integers(0, 12) for f in (*_FIELDS, "to_stage")},
+        }
     ),
     covers=("KEY-3.1", "KEY-3.2"),
 )
 def refuses_outside_key_domain(ctx: Context, example: Example) -> None:
-    make = ctx.adapter.rank_aware_key if example["kind"] == "rank_aware" else ctx.adapter.legacy_key
-    field = example["field"]
-    expect_refused(
-        "KEY-3.1" if field == "request_id" else "KEY-3.2",
-        f"a {example['kind']} key with {field}={example['args'][field]!r} ({example['args']})",
-        lambda: make(**example["args"]),
-    )
+    for obligation, kind, field, args in _outside_key_domain(example):
+        make = ctx.adapter.rank_aware_key if kind == "rank_aware" else ctx.adapter.legacy_key
+        expect_refused(
+            obligation,
+            f"a {kind} key with {field}={args[field]!r} ({args})",
+            lambda make=make, args=args: make(**args),
+        )
 
 
 @check(
@@ -356,36 +344,22 @@ def formula(ctx: Context, example: Example) -> None:
     expect(got == want, f"KV port of {example} is {got}; the spec's is {want} [PORT-1.1]")
 
 
-_PORT_DEFECTS = {
-    "stage-past-stride": "PORT-2.1",
-    "rank-past-replica": "PORT-2.2",
-    "port-past-65535": "PORT-2.3",
-    "negative": "PORT-2.4",
-    "not-integer": "PORT-2.5",
-}
-
-
-@st.composite
-def _outside_port_domain(draw: st.DrawFn) -> Example:
-    """Valid port arguments with one step outside the domain of [PORT-2]."""
-    args = draw(_port_examples(_ANY_ADAPTER))
-    defect = draw(st.sampled_from(list(_PORT_DEFECTS)))
-    if defect == "stage-past-stride":
-        args["stage"] = draw(st.integers(16, 20))
-        args["rank"] = min(args["rank"], 62)
-    elif defect == "rank-past-replica":
-        args["rank"] = draw(st.integers(64, 70))
-    elif defect == "port-past-65535":
-        args["base"] = 65536 - 100 - args["replica"] * 1024 - args["rank"] * 16 - args["stage"]
-        args["base"] += draw(st.integers(0, 20))
-    elif defect == "negative":
-        args[draw(st.sampled_from(["base", "stage", "rank", "replica"]))] = draw(
-            st.sampled_from([-1, -16, -1024])
-        )
-    else:
-        field = draw(st.sampled_from(["base", "stage", "rank", "replica"]))
-        args[field] = draw(st.sampled_from([float(args[field]), str(args[field]), None, True]))
-    return {**args, "defect": defect}
+def _outside_port_domain(args: Example) -> list[tuple[str, str, Example]]:
+    """Valid port arguments with one step outside the domain of [PORT-2], of every kind:
+    (obligation, what, arguments)."""
+    found = []
+    stage = {**args, "stage": 16 + args["stage"] % 4, "rank": min(args["rank"], 62)}
+    found.append(("PORT-2.1", f"stage {stage['stage']} >= rank_stride 16", stage))
+    rank = {**args, "rank": 64 + args["rank"] % 4}
+    found.append(("PORT-2.2", f"rank {rank['rank']}: rank*16 + stage >= 1024", rank))
+    high = 65536 - 100 - args["replica"] * 1024 - args["rank"] * 16 - args["stage"]
+    over = {**args, "base": high + args["base"] % 16}
+    found.append(("PORT-2.3", "a port past 65535", over))
+    for field in ("base", "stage", "rank", "replica"):
+        found.append(("PORT-2.4", f"{field} -1", {**args, field: -1}))
+        for bad in (float(args[field]), str(args[field]), None):
+            found.append(("PORT-2.5", f"{field} {bad!r}", {**args, field: bad}))
+    return found
 
 
 @check(
@@ -393,25 +367,17 @@ def _outside_port_domain(draw: st.DrawFn) -> Example:
     "refuses-outside-domain",
     "arguments that could collide, negative or non-integer ones, ports past 65535: refused",
     needs=("ports",),
-    strategy=lambda adapter: _outside_port_domain(),
-    examples=(
-        # stage 16 of rank 0 = stage 0 of rank 1
-        {"base": 50000, "stage": 16, "rank": 0, "replica": 0, "defect": "stage-past-stride"},
-        # rank 64 = replica 1's rank 0
-        {"base": 50000, "stage": 0, "rank": 64, "replica": 0, "defect": "rank-past-replica"},
-        {"base": 65000, "stage": 0, "rank": 40, "replica": 0, "defect": "port-past-65535"},
-        {"base": 50000, "stage": 1, "rank": -1, "replica": 0, "defect": "negative"},
-        {"base": 50000, "stage": "0_1", "rank": 0, "replica": 0, "defect": "not-integer"},
-    ),
-    covers=tuple(_PORT_DEFECTS.values()),
+    strategy=_port_examples,
+    examples=({"base": 50000, "stage": 0, "rank": 0, "replica": 0},),
+    covers=tuple(f"PORT-2.{i}" for i in range(1, 6)),
 )
 def refuses_outside_domain(ctx: Context, example: Example) -> None:
-    args = {k: v for k, v in example.items() if k != "defect"}
-    expect_refused(
-        _PORT_DEFECTS[example["defect"]],
-        f"the KV port of {args} ({example['defect']})",
-        lambda: ctx.adapter.kv_port(**args),
-    )
+    for obligation, what, args in _outside_port_domain(example):
+        expect_refused(
+            obligation,
+            f"the KV port of {args} ({what})",
+            lambda args=args: ctx.adapter.kv_port(**args),
+        )
 
 
 _ANY_ADAPTER = Adapter()

@@ -272,76 +272,50 @@ def _expect_nothing_written(
     )
 
 
-_BAD_IDS = {
-    "past-end": "PAGED-2.1",
-    "negative": "PAGED-2.2",
-    "duplicate": "PAGED-2.3",
-    "not-integer": "PAGED-2.4",
-}
-
-
-@st.composite
-def _bad_tables(draw: st.DrawFn, adapter: Adapter, *, kinds: tuple[str, ...]) -> Example:
-    example = draw(paged_examples(adapter))
-    side = example["sides"][0]
+def _bad_tables(side: dict, kinds: tuple[str, ...]) -> list[tuple[str, str, list]]:
+    """The side's block table with one defect, for every kind that applies:
+    (obligation, what, ids) [PAGED-2, PAGED-3]."""
     ids, blocks = list(side["block_ids"]), side["num_blocks"]
-    kind = draw(st.sampled_from(kinds))
-    if kind == "duplicate" and len(ids) < 2:
-        side["num_blocks"] = blocks = max(blocks, 2)
-        example["seq_len"] = side["block_size"] + 1
-        ids = [0, 1]
-        side["block_ids"] = list(ids)
-    at = draw(st.integers(0, len(ids) - 1))
-    if kind == "past-end":
-        ids[at] = draw(st.sampled_from([blocks, blocks + 1, blocks * 2]))
-    elif kind == "negative":
-        ids[at] = draw(st.sampled_from([-1, -blocks]))
-    elif kind == "duplicate":
-        other = draw(st.integers(0, len(ids) - 1).filter(lambda j: j != at))
-        ids[at] = ids[other]
-    elif kind == "not-integer":
-        ids[at] = draw(st.sampled_from([float(ids[at]), str(ids[at]), None, [ids[at]]]))
-    elif kind == "fewer":
-        ids = ids[:-1]
-    else:  # one valid, distinct block too many
-        spare = [b for b in range(blocks) if b not in ids]
-        if not spare:
-            side["num_blocks"] = blocks + 1
-            spare = [blocks]
-        ids = [*ids, draw(st.sampled_from(spare))]
-    side["bad_ids"] = ids
-    side["kind"] = kind
-    return example
+    last = len(ids) - 1
+    spare = [b for b in range(blocks) if b not in ids]
+
+    def at(value: object, where: int = last) -> list:
+        return [value if i == where else b for i, b in enumerate(ids)]
+
+    table = {
+        "past-end": ("PAGED-2.1", [at(blocks), at(blocks + 1, 0)]),
+        "negative": ("PAGED-2.2", [at(-1), at(-blocks, 0)]),
+        "duplicate": ("PAGED-2.3", [at(ids[0])] if len(ids) > 1 else []),
+        "not-integer": ("PAGED-2.4", [at(float(ids[last])), at(str(ids[0]), 0), at(None)]),
+        "fewer": ("PAGED-3.1", [ids[:-1]]),
+        "more": ("PAGED-3.2", [[*ids, spare[0]]] if spare else []),
+    }
+    return [(table[k][0], k, bad) for k in kinds for bad in table[k][1]]
 
 
-def _table_refusals(ctx: Context, example: Example) -> None:
+def _table_refusals(ctx: Context, example: Example, kinds: tuple[str, ...]) -> None:
+    """Every defective table of the example's first side is refused by gather and by
+    scatter, and a refused scatter writes nothing [PAGED-2, PAGED-3, PAGED-4.3]."""
     _in_domain(ctx, example)
     model = ModelShape.from_dict(example["model"])
     side = example["sides"][0]
-    kind = side.get("kind", "past-end")
-    obligation = _BAD_IDS.get(kind) or ("PAGED-3.1" if kind == "fewer" else "PAGED-3.2")
     cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
-    bad = side["bad_ids"]
-    what = f"{_describe(example, side)}: block ids {bad!r} ({kind})"
-    expect_refused(
-        obligation,
-        f"gathering with {what}",
-        lambda: ctx.adapter.gather(cache, list(bad), example["seq_len"]),
-    )
     request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
-    _expect_nothing_written(
-        ctx,
-        example,
-        cache,
-        obligation,
-        f"scattering into {what}",
-        lambda: ctx.adapter.scatter(request, cache, list(bad)),
-    )
-
-
-def _bad(example: Example, ids: list, kind: str) -> Example:
-    side = {**example["sides"][0], "bad_ids": ids, "kind": kind}
-    return {**example, "sides": [side, example["sides"][1]]}
+    for obligation, kind, bad in _bad_tables(side, kinds):
+        what = f"{_describe(example, side)}: block ids {bad!r} ({kind})"
+        expect_refused(
+            obligation,
+            f"gathering with {what}",
+            lambda bad=bad: ctx.adapter.gather(cache, list(bad), example["seq_len"]),
+        )
+        _expect_nothing_written(
+            ctx,
+            example,
+            cache,
+            obligation,
+            f"scattering into {what}",
+            lambda bad=bad: ctx.adapter.scatter(request, cache, list(bad)),
+        )
 
 
 @check(
@@ -349,17 +323,12 @@ def _bad(example: Example, ids: list, kind: str) -> Example:
     "refuses-bad-ids",
     "ids out of range, negative, repeated or not integers are refused; nothing is written",
     needs=("paged",),
-    strategy=lambda adapter: _bad_tables(adapter, kinds=tuple(_BAD_IDS)),
-    examples=(
-        _bad(PAGED_PINS[0], [3, 4], "past-end"),
-        _bad(PAGED_PINS[1], [1, -1, 0], "negative"),
-        _bad(PAGED_PINS[1], [1, 1, 0], "duplicate"),
-        _bad(PAGED_PINS[1], [1, 3.0, 0], "not-integer"),
-    ),
+    strategy=paged_examples,
+    examples=PAGED_PINS,
     covers=("PAGED-2.1", "PAGED-2.2", "PAGED-2.3", "PAGED-2.4", "PAGED-4.3"),
 )
 def refuses_bad_ids(ctx: Context, example: Example) -> None:
-    _table_refusals(ctx, example)
+    _table_refusals(ctx, example, ("past-end", "negative", "duplicate", "not-integer"))
 
 
 @check(
@@ -367,20 +336,15 @@ def refuses_bad_ids(ctx: Context, example: Example) -> None:
     "refuses-wrong-count",
     "exactly the blocks seq_len needs; nothing is written otherwise",
     needs=("paged",),
-    strategy=lambda adapter: _bad_tables(adapter, kinds=("fewer", "more")),
-    examples=(_bad(PAGED_PINS[0], [3], "fewer"), _bad(PAGED_PINS[1], [1, 3, 0, 2], "more")),
+    strategy=paged_examples,
+    examples=PAGED_PINS,
     covers=("PAGED-3.1", "PAGED-3.2", "PAGED-4.3"),
 )
 def refuses_wrong_count(ctx: Context, example: Example) -> None:
-    _table_refusals(ctx, example)
+    _table_refusals(ctx, example, ("fewer", "more"))
 
 
 _MISFITS = ("one head more", "head_dim one longer", "one layer fewer", "one layer more", "dtype")
-
-
-@st.composite
-def _misfit_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
-    return {**draw(paged_examples(adapter)), "misfit": draw(st.sampled_from(_MISFITS))}
 
 
 def _misfit(kv: RequestKV, misfit: str, model: ModelShape) -> RequestKV:
@@ -405,8 +369,8 @@ def _misfit(kv: RequestKV, misfit: str, model: ModelShape) -> RequestKV:
     "refuses-mismatched-kv",
     "KV that does not fit the cache (layers, heads, head_dim, dtype) is refused, unwritten",
     needs=("paged",),
-    strategy=_misfit_examples,
-    examples=tuple({**PAGED_PINS[0], "misfit": m} for m in _MISFITS),
+    strategy=paged_examples,
+    examples=PAGED_PINS,
     covers=("PAGED-4.4", "PAGED-4.3"),
 )
 def refuses_mismatched_kv(ctx: Context, example: Example) -> None:
@@ -414,29 +378,18 @@ def refuses_mismatched_kv(ctx: Context, example: Example) -> None:
     model = ModelShape.from_dict(example["model"])
     side = example["sides"][1]
     cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
-    kv = _misfit(_oracle(model, "req", example["seq_len"], 1, ctx.device), example["misfit"], model)
-    _expect_nothing_written(
-        ctx,
-        example,
-        cache,
-        "PAGED-4.4",
-        f"scattering {kv.data.dtype} KV of shape {list(kv.data.shape)} ({example['misfit']}) "
-        f"into {_describe(example, side)}",
-        lambda: ctx.adapter.scatter(kv, cache, list(side["block_ids"])),
-    )
-
-
-@st.composite
-def _scale_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
-    example = draw(paged_examples(adapter, dtypes=FP8_DTYPES))
-    model = ModelShape.from_dict(example["model"])
-    wrong = draw(
-        st.one_of(
-            st.just(None),
-            st.tuples(st.integers(0, model.num_layers - 1), st.integers(0, model.kv_tensors - 1)),
+    request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
+    for misfit in _MISFITS:
+        kv = _misfit(request, misfit, model)
+        _expect_nothing_written(
+            ctx,
+            example,
+            cache,
+            "PAGED-4.4",
+            f"scattering {kv.data.dtype} KV of shape {list(kv.data.shape)} ({misfit}) "
+            f"into {_describe(example, side)}",
+            lambda kv=kv: ctx.adapter.scatter(kv, cache, list(side["block_ids"])),
         )
-    )
-    return {**example, "wrong": wrong}
 
 
 @check(
@@ -444,12 +397,8 @@ def _scale_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
     "fp8-scales",
     "fp8 KV without scales, or under one other scale (K or V of one layer), is refused",
     needs=("paged", "fp8-scales"),
-    strategy=_scale_examples,
-    examples=(
-        {**PAGED_PINS[2], "wrong": [1, 1]},
-        {**PAGED_PINS[2], "wrong": [0, 0]},
-        {**PAGED_PINS[2], "wrong": None},
-    ),
+    strategy=lambda adapter: paged_examples(adapter, dtypes=FP8_DTYPES),
+    examples=PAGED_PINS[2:],
     missing=no_fp8,
     covers=("PAGED-5.1", "PAGED-5.2", "PAGED-4.3"),
 )
@@ -461,23 +410,24 @@ def fp8_scales(ctx: Context, example: Example) -> None:
     side = example["sides"][1]
     cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
     request = _oracle(model, "req", example["seq_len"], example["seed"], ctx.device)
-    if example["wrong"] is None:
-        kv, obligation, what = RequestKV(request.data), "PAGED-5.2", "without scales"
-    else:
-        layer, k = example["wrong"]
-        scales = request.scales.clone()  # type: ignore[union-attr]
-        scales[layer, k] *= 2
-        kv, obligation = RequestKV(request.data, scales), "PAGED-5.1"
-        name = "KV"[k] if model.kv_tensors == 2 else "latent"
-        what = (
-            f"whose {name} scale of layer {layer} is {float(scales[layer, k])}, the cache's "
-            f"{float(cache.scales[layer, k])}"  # type: ignore[index]
+    assert request.scales is not None and cache.scales is not None
+    variants = [("PAGED-5.2", "without scales", RequestKV(request.data))]
+    for layer in range(model.num_layers):
+        for k in range(model.kv_tensors):
+            scales = request.scales.clone()
+            scales[layer, k] *= 2
+            name = "KV"[k] if model.kv_tensors == 2 else "latent"
+            what = (
+                f"whose {name} scale of layer {layer} is {float(scales[layer, k])}, the "
+                f"cache's {float(cache.scales[layer, k])}"
+            )
+            variants.append(("PAGED-5.1", what, RequestKV(request.data, scales)))
+    for obligation, what, kv in variants:
+        _expect_nothing_written(
+            ctx,
+            example,
+            cache,
+            obligation,
+            f"scattering fp8 KV {what} into {_describe(example, side)}",
+            lambda kv=kv: ctx.adapter.scatter(kv, cache, list(side["block_ids"])),
         )
-    _expect_nothing_written(
-        ctx,
-        example,
-        cache,
-        obligation,
-        f"scattering fp8 KV {what} into {_describe(example, side)}",
-        lambda: ctx.adapter.scatter(kv, cache, list(side["block_ids"])),
-    )

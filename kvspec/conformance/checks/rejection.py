@@ -28,6 +28,7 @@ from kvspec.conformance.checks import (
     OutsideDomain,
     check,
     expect,
+    expect_refused,
     within_domain,
 )
 from kvspec.conformance.checks.routing import case_examples
@@ -101,13 +102,20 @@ def _rank_out_of_range(draw: st.DrawFn, adapter: Adapter) -> Example:
     return {**config, "rank": {"side": side, "rank": rank}}
 
 
-@st.composite
-def _empty_stage(draw: st.DrawFn, adapter: Adapter) -> Example:
-    config = draw(_valid(adapter))
-    side = draw(st.sampled_from(["source", "target"]))
-    field = draw(st.sampled_from(["tp", "pp"]))
-    config[side] = {**config[side], field: draw(st.sampled_from([0, -1])), "layer_partition": None}
-    return config
+Variant = tuple[str, str, Example]
+"""(obligation, what was changed, the configuration)."""
+
+
+def _empty_stages(config: Example) -> list[Variant]:
+    """Every way to give one side a TP or PP size below 1 [STAGE-1]."""
+    found = []
+    for side in ("source", "target"):
+        for field in ("tp", "pp"):
+            for value in (0, -1):
+                changed = copy.deepcopy(config)
+                changed[side] = {**changed[side], field: value, "layer_partition": None}
+                found.append(("STAGE-1.3", f"{side} {field} {value}", changed))
+    return found
 
 
 @st.composite
@@ -119,32 +127,33 @@ def _fewer_layers_than_pp(draw: st.DrawFn, adapter: Adapter) -> Example:
     return config
 
 
-@st.composite
-def _bad_partition(draw: st.DrawFn, adapter: Adapter) -> Example:
-    """A valid explicit partition with one defect: a sum off by one, a count below 1, or one
-    entry more or less than pp [LAYER-2]."""
-    config = draw(_valid(adapter))
+def _bad_partitions(config: Example) -> list[Variant]:
+    """A valid explicit partition with one defect each: a sum off by one, a count of 0 or
+    -1, one entry more or less than pp [LAYER-2]."""
     layers = max(config["model"]["num_layers"], 4)
-    config["model"] = {**config["model"], "num_layers": layers}
-    config["source"] = {**config["source"], "layer_partition": None}
-    config["target"] = {**config["target"], "layer_partition": None}
-    side = draw(st.sampled_from(["source", "target"]))
-    pp = draw(st.integers(2, min(4, layers - 1)))
-    counts = _split(layers, pp)
-    defect = draw(st.sampled_from(["sum", "zero", "negative", "length"]))
-    if defect == "sum":
-        counts[draw(st.integers(0, pp - 1))] += draw(st.sampled_from([1, -1]))
-        if min(counts) < 1:
-            counts = [c + 1 for c in counts]
-    elif defect in ("zero", "negative"):
-        i = draw(st.integers(0, pp - 1))
-        moved = counts[i] - (0 if defect == "zero" else -1)
-        counts[i] -= moved
-        counts[(i + 1) % pp] += moved
-    else:  # one entry more or less, still summing to num_layers
-        counts = _split(layers, pp + 1 if draw(st.booleans()) else pp - 1)
-    config[side] = {"tp": config[side]["tp"], "pp": pp, "layer_partition": counts}
-    return config
+    base = copy.deepcopy(config)
+    base["model"] = {**base["model"], "num_layers": layers}
+    pp = min(4, layers - 1)
+    good = _split(layers, pp)
+    defects: list[tuple[str, str, list[int]]] = [
+        ("LAYER-2.2", "a count one too many", [good[0] + 1, *good[1:]]),
+        ("LAYER-2.2", "a count one too few", [*good[:-1], good[-1] - 1]),
+        ("LAYER-2.3", "a count of 0", [0, *good[1:-1], good[-1] + good[0]]),
+        ("LAYER-2.3", "a count of -1", [-1, *good[1:-1], good[-1] + good[0] + 1]),
+        ("LAYER-2.4", "one entry more than pp", _split(layers, pp + 1)),
+        ("LAYER-2.4", "one entry fewer than pp", _split(layers, pp - 1)),
+    ]
+    found = []
+    for side in ("source", "target"):
+        for obligation, what, counts in defects:
+            if obligation == "LAYER-2.2" and min(counts) < 1:
+                continue
+            changed = copy.deepcopy(base)
+            for other in ("source", "target"):
+                changed[other] = {**changed[other], "layer_partition": None}
+            changed[side] = {"tp": changed[side]["tp"], "pp": pp, "layer_partition": counts}
+            found.append((obligation, f"{side} partition {counts} ({what})", changed))
+    return found
 
 
 def _split(layers: int, parts: int) -> list[int]:
@@ -167,7 +176,11 @@ def _refusal_check(
     method: str = "validate_topology",
     missing: Callable[[Adapter], str | None] | None = None,
     pins: tuple[Example, ...] | None = None,
+    variants: Callable[[Example], list[Variant]] | None = None,
 ) -> None:
+    """A check that ``method`` refuses each configuration, or (with ``variants``) every
+    variant of each valid configuration, each one step outside the spec's domain."""
+
     @check(
         clause,
         slug,
@@ -179,14 +192,13 @@ def _refusal_check(
         covers=covers,
     )
     def run(ctx: Context, config: Example) -> None:
-        try:
-            getattr(ctx.adapter, method)(copy.deepcopy(config))
-        except Exception:
-            return
-        expect(
-            False,
-            f"configuration {config} was accepted; it breaks {title} [{', '.join(covers)}]",
-        )
+        probes = variants(config) if variants else [(covers[0], title, config)]
+        for obligation, what, probe in probes:
+            expect_refused(
+                obligation,
+                f"configuration {probe} ({what})",
+                lambda probe=probe: getattr(ctx.adapter, method)(copy.deepcopy(probe)),
+            )
 
 
 def _needs_pipeline(adapter: Adapter) -> str | None:
@@ -228,8 +240,9 @@ _refusal_check(
     "refuses-empty-stage",
     "tp >= 1 and pp >= 1",
     ("STAGE-1.3",),
-    _empty_stage,
+    _valid,
     pins=(),
+    variants=_empty_stages,
 )
 _refusal_check(
     "LAYER-1",
@@ -244,7 +257,9 @@ _refusal_check(
     "refuses-bad-partition",
     "one positive count per PP rank, summing to n",
     ("LAYER-2.2", "LAYER-2.3", "LAYER-2.4"),
-    _bad_partition,
+    _valid,
+    pins=(),
+    variants=_bad_partitions,
     missing=lambda a: (
         None
         if max(a.domain.pp_sizes) > 1 and a.domain.explicit_partitions
@@ -273,61 +288,57 @@ def accepts_valid(ctx: Context, config: Example) -> None:
 # -- model facts -----------------------------------------------------------------------------
 
 
-@st.composite
-def _bad_model(draw: st.DrawFn, adapter: Adapter) -> Example:
-    """A valid configuration with one model fact out of range, of another type or kind."""
-    config = draw(_valid(adapter))
-    model = dict(config["model"])
-    field = draw(
-        st.sampled_from(["num_layers", "num_kv_heads", "head_dim", "attention", "scale_format"])
-    )
-    if field == "attention":
-        model["attention"] = draw(st.sampled_from(["gqa", "MHA", "sparse", "", "mqa"]))
-    elif field == "scale_format":
-        fp8 = model["dtype"] in FP8_DTYPES
-        wrong = ["per_tensor", "per_token", ""] + ([] if fp8 else ["per_layer"])
-        model["scale_format"] = draw(st.sampled_from(wrong))
-    else:
-        value = model[field]
-        model[field] = draw(st.sampled_from([0, -1, float(value), str(value), True]))
-    config["model"] = model
-    return config
+def _bad_models(config: Example) -> list[Variant]:
+    """The configuration with one model fact out of range, of another type or kind, for
+    every fact [MODEL-1]."""
+    model = config["model"]
+    found = []
+    for fact in ("num_layers", "num_kv_heads", "head_dim"):
+        value = model[fact]
+        for bad in (0, -1, float(value), str(value), True):
+            if bad is True and value == 1:
+                continue  # True == 1: the same number, though of the wrong type
+            found.append(
+                ("MODEL-1.1", f"{fact} {bad!r}", {**config, "model": {**model, fact: bad}})
+            )
+    for kind in ("gqa", "MHA", "sparse", "", "mqa"):
+        found.append(
+            ("MODEL-1.2", f"attention {kind!r}", {**config, "model": {**model, "attention": kind}})
+        )
+    fp8 = model["dtype"] in FP8_DTYPES
+    for scale_format in ("per_tensor", "per_token", "") + (() if fp8 else ("per_layer",)):
+        changed = {**config, "model": {**model, "scale_format": scale_format}}
+        found.append(("MODEL-1.3", f"scale_format {scale_format!r} for {model['dtype']}", changed))
+    return found
 
 
-@st.composite
-def _mismatched_models(draw: st.DrawFn, adapter: Adapter) -> Example:
-    """Two stages whose models differ in exactly one fact [MODEL-3]."""
-    config = draw(_valid(adapter))
+def _mismatched_models(config: Example) -> list[Variant]:
+    """The configuration with a receiver's model that differs in exactly one fact, for every
+    fact [MODEL-3]."""
     base = ModelShape.from_dict(config["model"])
-    fact = draw(st.sampled_from(["num_layers", "num_kv_heads", "head_dim", "attention", "dtype"]))
-    other = base.to_dict()
-    if fact == "num_layers":
-        step = draw(st.sampled_from([1, -1] if base.num_layers > 1 else [1]))
-        other["num_layers"] = base.num_layers + step
-    elif fact == "head_dim":
-        other["head_dim"] = base.head_dim + 1
-    elif fact == "num_kv_heads":
-        if base.attention == "mla":
-            fact, other["head_dim"] = "head_dim", base.head_dim * 2
-        else:
-            other["num_kv_heads"] = base.num_kv_heads * 2
-    elif fact == "attention":
-        # MHA with one head and MLA of that width hold the same numbers per token; they
-        # still differ in kind (K and V against one latent).
-        other = {
-            **other,
-            "num_kv_heads": 1,
-            "attention": "mha" if base.attention == "mla" else "mla",
-        }
-        config["model"] = {**config["model"], "num_kv_heads": 1}
-        config["source"] = {**config["source"], "tp": 1}
-        config["target"] = {**config["target"], "tp": 1}
-    else:
-        same_size = [d for d in DTYPES if d != base.dtype and DTYPES[d].itemsize == base.itemsize]
-        other["dtype"] = draw(st.sampled_from(same_size or [d for d in DTYPES if d != base.dtype]))
-        other["scale_format"] = None
-    other = ModelShape.from_dict(other).to_dict()  # fills the fp8 scale format
-    return {**config, "target_model": other, "differs_in": fact}
+    found = []
+
+    def differing(obligation: str, fact: str, config: Example, **other: object) -> None:
+        target = ModelShape.from_dict({**config["model"], **other}).to_dict()
+        found.append((obligation, f"{fact} alone", {**config, "target_model": target}))
+
+    differing("MODEL-3.1", "num_layers", config, num_layers=base.num_layers + 1)
+    if base.attention == "mha":
+        differing("MODEL-3.2", "num_kv_heads", config, num_kv_heads=base.num_kv_heads * 2)
+    differing("MODEL-3.3", "head_dim", config, head_dim=base.head_dim + 1)
+    # MHA with one head and MLA of that width hold as many numbers per token; they still
+    # differ in kind (K and V against one latent).
+    single = copy.deepcopy(config)
+    single["model"] = {**single["model"], "num_kv_heads": 1}
+    for side in ("source", "target"):
+        single[side] = {**single[side], "tp": 1}
+    differing(
+        "MODEL-3.4", "attention", single, attention="mla" if base.attention == "mha" else "mha"
+    )
+    same_size = [d for d in DTYPES if d != base.dtype and DTYPES[d].itemsize == base.itemsize]
+    other = (same_size or [d for d in DTYPES if d != base.dtype])[0]
+    differing("MODEL-3.5", "dtype", config, dtype=other, scale_format=None)
+    return found
 
 
 _refusal_check(
@@ -335,8 +346,9 @@ _refusal_check(
     "refuses-invalid-model",
     "positive integer sizes, a known attention kind, scale formats only for fp8",
     ("MODEL-1.1", "MODEL-1.2", "MODEL-1.3"),
-    _bad_model,
+    _valid,
     method="validate_model",
+    variants=_bad_models,
 )
 _refusal_check(
     "MODEL-2",
@@ -348,34 +360,16 @@ _refusal_check(
 )
 
 
-@check(
+_refusal_check(
     "MODEL-3",
     "refuses-mismatched-models",
     "stages must agree on every model fact",
-    needs=("models",),
-    strategy=_mismatched_models,
-    examples=_pins("MODEL-3"),
-    covers=tuple(f"MODEL-3.{i}" for i in range(1, 6)),
+    tuple(f"MODEL-3.{i}" for i in range(1, 6)),
+    _valid,
+    method="validate_model",
+    pins=(),
+    variants=_mismatched_models,
 )
-def refuses_mismatched_models(ctx: Context, config: Example) -> None:
-    fact = config.get("differs_in", "num_kv_heads")
-    obligation = {
-        "num_layers": "MODEL-3.1",
-        "num_kv_heads": "MODEL-3.2",
-        "head_dim": "MODEL-3.3",
-        "attention": "MODEL-3.4",
-        "dtype": "MODEL-3.5",
-    }[fact]
-    given = {k: v for k, v in config.items() if k != "differs_in"}
-    try:
-        ctx.adapter.validate_model(copy.deepcopy(given))
-    except Exception:
-        return
-    expect(
-        False,
-        f"stages whose models differ in {fact} alone were accepted: source {given['model']}, "
-        f"target {given['target_model']} [{obligation}]",
-    )
 
 
 _UNKNOWN_DTYPES = ("int8", "float64", "uint8", "float8_e4m3fnuz", "bool", "bf16", "half", "fp8")
@@ -386,8 +380,16 @@ _refusal_check(
     "refuses-unknown-dtype",
     "only the allowed dtypes",
     ("DTYPE-1.1",),
-    lambda adapter: st.sampled_from(_UNKNOWN_DTYPES).map(lambda d: _config(1, 1, _mha(dtype=d))),
+    _valid,
     method="validate_model",
+    variants=lambda config: [
+        (
+            "DTYPE-1.1",
+            f"dtype {d!r}",
+            {**config, "model": {**config["model"], "dtype": d, "scale_format": None}},
+        )
+        for d in _UNKNOWN_DTYPES
+    ],
 )
 
 

@@ -67,6 +67,7 @@ POLICY_PINS: tuple[Example, ...] = (
     _case(4, 8, 2, policy="balanced"),  # more receivers of a head than it has replicas
     _case(4, 2, 1, layers=3, pp_s=1, pp_t=3, policy="balanced"),  # receivers in PP stages
     _case(4, 4, 2, layers=4, pp_s=2, pp_t=2, policy="balanced"),
+    _case(4, 2, 1, layers=4, pp_s=2, pp_t=2, policy="balanced"),  # each source stage its own
 )
 
 
