@@ -4,8 +4,9 @@ from pathlib import Path
 
 from kvspec.cli import main
 from kvspec.conformance import load_adapter
+from kvspec.conformance.mutants.routing import ReplicasMergedTwice
+from kvspec.conformance.mutants.transfer import OffByOneHeadOffset
 from kvspec.conformance.vectors import check_vectors, export_vectors
-from tests.mutants import OffByOneHeadOffset, ReplicasMergedTwice
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +43,7 @@ def test_cli(tmp_path: Path, capsys) -> None:
                 "check",
                 str(ROOT / "vectors"),
                 "--impl",
-                "tests.mutants:OffByOneHeadOffset",
+                "kvspec.conformance.mutants.transfer:OffByOneHeadOffset",
             ]
         )
         == 1

@@ -15,6 +15,7 @@ from kvspec.conformance.adapter import (
     load_adapter,
     provided_capabilities,
 )
+from kvspec.conformance.domain import Domain
 from kvspec.conformance.plugin import (
     pytest_addoption,
     pytest_collection_modifyitems,
@@ -28,6 +29,7 @@ __all__ = [
     "CAPABILITIES",
     "Adapter",
     "AdapterError",
+    "Domain",
     "NotProvided",
     "Report",
     "get_check",

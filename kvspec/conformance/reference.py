@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from kvspec import __version__
@@ -17,13 +18,19 @@ from kvspec.oracle import oracle_kv, verify
 from kvspec.ownership import rank_ownership
 from kvspec.paged import PagedCache, gather_request, scatter_request
 from kvspec.payload import Payload, merge_payloads
-from kvspec.plan import POLICIES, TransferPlan
+from kvspec.plan import POLICIES, ReplicaRule, TransferPlan
 from kvspec.ports import port
 from kvspec.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, send
 from kvspec.slicing import apply_head_slice
 from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase
 from kvspec.wire import decode, encode
+
+
+@lru_cache(maxsize=256)
+def _plan(case: TransferCase, rule: ReplicaRule | None) -> TransferPlan:
+    """Plans are pure functions of the case (and rule): the suite asks for one many times."""
+    return case.plan(rule)
 
 
 class ReferenceAdapter(Adapter):
@@ -36,7 +43,7 @@ class ReferenceAdapter(Adapter):
 
     def plan(self, case: TransferCase) -> TransferPlan:
         """The spec's plan of ``case``, under a declared policy rule when it names one."""
-        return case.plan(self.policy_rules.get(case.policy))
+        return _plan(case, self.policy_rules.get(case.policy))
 
     def owned(self, layout: StageLayout, model: ModelShape, rank: int) -> tuple[range, range]:
         owner = rank_ownership(layout, model, rank)

@@ -274,6 +274,8 @@ UNKNOWN_POLICIES: tuple[str, ...] = ("random", "Lowest", "balance", "lowest ", "
 
 
 def _replicated_domain(adapter: Adapter) -> str | None:
+    if not adapter.policies:
+        return "the adapter names no policy (Adapter.policies)"
     if not adapter.domain.replicated_heads and "mla" not in adapter.domain.attention:
         return "the adapter's domain has no replicated heads, so no replica is ever chosen"
     return None

@@ -3,14 +3,13 @@
 Most are lenient decoders: they "repair" one kind of malformed message (normalise a
 version, drop an unknown key, fill a default, trust a length) and hand it to the
 spec's decoder, which is how a permissive parser behaves. None of them runs anything
-it receives: the one that falls back to unpickling allows no globals.
+it receives: the one that falls back on a Python-literal parser evaluates no code.
 """
 
 from __future__ import annotations
 
-import io
+import ast
 import json
-import pickle
 import zlib
 from collections.abc import Callable
 from dataclasses import replace
@@ -213,15 +212,10 @@ class DecoderIndexesBeforeChecking(ReferenceAdapter):
         return super().decode(frames)
 
 
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed")
-
-
 @mutant("WIRE-4.2")
-class PickleFallback(ReferenceAdapter):
-    """Falls back to unpickling a header that is no JSON (the remote-code-execution pattern
-    of the field; here without globals, so nothing can run)."""
+class PythonLiteralFallback(ReferenceAdapter):
+    """Falls back to ``ast.literal_eval`` for a header that is no JSON, so a header written
+    as a Python dict decodes (a parser that evaluates what it receives)."""
 
     def decode(self, frames):
         frames = list(frames)
@@ -229,7 +223,7 @@ class PickleFallback(ReferenceAdapter):
             json.loads(bytes(frames[0]))
         except (ValueError, TypeError):
             try:
-                header = _NoGlobals(io.BytesIO(bytes(frames[0]))).load()
+                header = ast.literal_eval(bytes(frames[0]).decode("utf-8"))
             except Exception:
                 return super().decode(frames)
             if isinstance(header, dict):
