@@ -5,15 +5,16 @@
 # Override the torch build with, e.g.:
 #   make test TORCH='torch==2.5.1' TORCH_INDEX=https://download.pytorch.org/whl/cu121
 #
-# Also: make test-gpu (everything on CUDA; fails without a GPU), make bench (the
-# benchmark table, --quick), make vectors (regenerate the golden vectors).
+# Also: make test-gpu (everything on CUDA; fails without a GPU), make stress (the sim
+# tests 20 times beside a CPU hog; RUNS=N), make bench (the benchmark table, --quick),
+# make vectors (regenerate the golden vectors).
 
 VENV ?= .venv
 TORCH ?=
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test test-gpu bench vectors clean
+.PHONY: setup run test test-gpu stress bench vectors clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
@@ -34,11 +35,14 @@ test-gpu: setup
 	  --src-layout flashinfer --dst-layout flash_attn_hnd --dst-block-size 32 --chunks 2 --quiet
 	$(PY) -m benchmarks --quick --only reshard
 
+stress: setup
+	PY=$(PY) tools/stress.sh
+
 bench: setup
 	$(PY) -m benchmarks --quick
 
 vectors: setup
-	$(VENV)/bin/kvspec vectors export vectors
+	$(VENV)/bin/kvspec vectors export kvspec/conformance/golden
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -69,7 +69,7 @@ def _throughput(quick: bool) -> list[Figure]:
             seq_len=(seq_len, seq_len),
             verify_after=True,
             checksum=checksum,
-            base_port=21000 + 100 * checksum,
+            ports="os",
             timeout=600,
         )
         report = run_simulation(config)
@@ -125,7 +125,7 @@ def _scale(quick: bool) -> list[Figure]:
         requests=4 if quick else 16,
         seq_len=(32, 256),
         ranks_per_process=8,
-        base_port=22000,
+        ports="os",
         timeout=600,
     )
     peak = [0]

@@ -165,10 +165,28 @@ def coverage(chunks: Iterable[Payload]) -> Coverage:
     if ids != sorted(ids):
         conflicts.append(f"chunk ids do not follow token order: {ids}")
     else:
-        absent = sorted(set(range(max(ids) + 1)) - set(ids))
-        if absent:
-            missing.append(f"chunk ids {absent}")
+        absent, count = _absent_ids(ids)
+        if count:
+            more = f" and {count - len(absent)} more" if count > len(absent) else ""
+            missing.append(f"chunk ids {absent}{more}")
     return Coverage(tuple(missing), tuple(conflicts))
+
+
+def _absent_ids(ids: list[int], shown: int = 10) -> tuple[list[int], int]:
+    """The first ``shown`` ids missing from ``0..max(ids)``, and how many are missing in all,
+    found from the gaps between the ids: never a container as large as an id."""
+    present = sorted(set(ids))
+    count = present[-1] + 1 - len(present)
+    absent: list[int] = []
+    expected = 0
+    for chunk_id in present:
+        while expected < chunk_id and len(absent) < shown:
+            absent.append(expected)
+            expected += 1
+        if len(absent) == shown:
+            break
+        expected = chunk_id + 1
+    return absent, count
 
 
 def reassemble(chunks: Iterable[Payload]) -> Payload:

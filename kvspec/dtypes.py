@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvspec._checks import show
 from kvspec.clause import Clause, must, refuses
 
 CLAUSES = (
@@ -76,7 +77,7 @@ def check_dtype(name: object) -> str:
     # The isinstance test first: an unhashable name (a list from untrusted JSON) must be
     # refused with this message, not a TypeError from the dict lookup.
     if not isinstance(name, str) or name not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {show(name)}")
     return name
 
 

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from kvspec._checks import require_int
+from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
 from kvspec.plan import TransferPlan
 from kvspec.stage import StageLayout
@@ -118,11 +118,11 @@ _LEGACY_HEAD = re.compile(r"omni_[0-9]+_to_[0-9]+_kv_cache(_|$)", re.DOTALL)
 def check_request_id(request_id: object) -> str:
     """Return ``request_id`` if it is a non-empty printable string [KEY-3]."""
     if not isinstance(request_id, str) or not request_id:
-        raise ValueError(f"request_id must be a non-empty string, got {request_id!r} [KEY-3]")
+        raise ValueError(f"request_id must be a non-empty string, got {show(request_id)} [KEY-3]")
     if not request_id.isprintable():
         raise ValueError(
             f"request_id must be printable (no control characters, line breaks or lone "
-            f"surrogates), got {request_id!r} [KEY-3]"
+            f"surrogates), got {show(request_id)} [KEY-3]"
         )
     return request_id
 
@@ -132,7 +132,7 @@ def _check_rank_aware_request_id(request_id: object) -> str:
     assert isinstance(request_id, str)
     if _LEGACY_HEAD.match(request_id):
         raise ValueError(
-            f"request_id {request_id!r} begins with a legacy key's head "
+            f"request_id {show(request_id)} begins with a legacy key's head "
             "(omni_<digits>_to_<digits>_kv_cache); its rank-aware key would read as a legacy "
             "key, so such ids are refused in rank-aware keys [KEY-3]"
         )
@@ -214,7 +214,7 @@ def parse_key(text: object) -> Key:
     ``parse_key(str(k)) == k`` for every key ``k`` of the domain.
     """
     if not isinstance(text, str):
-        raise ValueError(f"a key is a string, got {text!r} ({type(text).__name__}) [KEY-3]")
+        raise ValueError(f"a key is a string, got {show(text)} [KEY-3]")
     legacy = _LEGACY.fullmatch(text)
     if legacy:
         from_stage, to_stage, request_id = legacy.groups()
@@ -222,7 +222,7 @@ def parse_key(text: object) -> Key:
     rank_aware = _RANK_AWARE.fullmatch(text)
     if rank_aware is None:
         raise ValueError(
-            f"{text!r} is not a key: expected {{request_id}}_{{from_stage}}_{{chunk_id}}_"
+            f"{show(text)} is not a key: expected {{request_id}}_{{from_stage}}_{{chunk_id}}_"
             "{from_rank}_{to_rank} (four canonical decimal integers at the end) or "
             "omni_{from_stage}_to_{to_stage}_kv_cache_{request_id} [KEY-3]"
         )

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from kvspec._checks import require_int
+from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import FP8_DTYPES, bit_equal, check_dtype, dtype_name, torch_dtype
 from kvspec.keys import check_request_id
@@ -143,7 +143,7 @@ class Chunk:
         require_int("chunk_id", self.chunk_id, minimum=0)
         require_int("token_start", self.token_start, minimum=0)
         if not isinstance(self.final, bool):
-            raise ValueError(f"chunk final must be a bool, got {self.final!r} [CHUNK-1]")
+            raise ValueError(f"chunk final must be a bool, got {show(self.final)} [CHUNK-1]")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,12 +159,13 @@ def _require_keys(
     where: str, data: object, required: frozenset[str], optional: frozenset[str] = frozenset()
 ) -> None:
     if not isinstance(data, Mapping):
-        raise ValueError(f"{where} must be a dict, got {type(data).__name__} [PAYLOAD-1]")
+        raise ValueError(f"{where} must be a dict, got {show(data)} [PAYLOAD-1]")
     keys = set(data)
-    missing, unknown = sorted(required - keys), sorted(keys - required - optional, key=repr)
+    missing, unknown = sorted(required - keys), keys - required - optional
     if missing or unknown:
+        shown = ", ".join(sorted(show(k, 30) for k in list(unknown)[:8]))
         raise ValueError(
-            f"{where} has missing keys {missing} and unknown keys {unknown}; expected "
+            f"{where} has missing keys {missing} and unknown keys [{shown}]; expected "
             f"{sorted(required)} (optional {sorted(optional)}) [PAYLOAD-1]"
         )
 
@@ -301,10 +302,10 @@ class Payload:
             lists[name] = tuple(values)
         block_ids = data["block_ids"]
         if not isinstance(block_ids, list | tuple):
-            raise ValueError(f"block_ids must be a list, got {block_ids!r:.80} [PAYLOAD-1]")
+            raise ValueError(f"block_ids must be a list, got {show(block_ids)} [PAYLOAD-1]")
         marker = meta["tp_head_slice"]
         if not isinstance(marker, Mapping):
-            raise ValueError(f"metadata.tp_head_slice must be a dict, got {marker!r:.80} [SLICE-3]")
+            raise ValueError(f"metadata.tp_head_slice must be a dict, got {show(marker)} [SLICE-3]")
         chunk = Chunk.from_dict(meta["chunk"]) if "chunk" in meta else Chunk()
         return cls(
             request_id=data["request_id"],
@@ -356,17 +357,17 @@ def _validate(p: Payload) -> None:
     check_dtype(p.dtype)
     if not isinstance(p.block_ids, tuple):
         raise ValueError(
-            f"block_ids must be a list of integers, got {p.block_ids!r:.80} [PAYLOAD-1]"
+            f"block_ids must be a list of integers, got {show(p.block_ids)} [PAYLOAD-1]"
         )
     for i, block in enumerate(p.block_ids):
         require_int(f"block_ids[{i}]", block, minimum=0)
     if not isinstance(p.head_slice, HeadSlice):
-        raise ValueError(f"head_slice must be a HeadSlice, got {p.head_slice!r} [SLICE-3]")
+        raise ValueError(f"head_slice must be a HeadSlice, got {show(p.head_slice)} [SLICE-3]")
     if not isinstance(p.chunk, Chunk):
-        raise ValueError(f"chunk must be a Chunk, got {p.chunk!r} [CHUNK-1]")
+        raise ValueError(f"chunk must be a Chunk, got {show(p.chunk)} [CHUNK-1]")
     for name in CACHE_FIELDS:
         if not isinstance(getattr(p, name), tuple):
-            raise ValueError(f"{name} must be a list, got {getattr(p, name)!r:.80} [PAYLOAD-1]")
+            raise ValueError(f"{name} must be a list, got {show(getattr(p, name))} [PAYLOAD-1]")
     if len(p.key_cache) != len(p.value_cache) or not p.key_cache:
         raise ValueError(
             f"key_cache and value_cache need one entry per layer (at least one): got "
@@ -390,7 +391,7 @@ def _validate(p: Payload) -> None:
                 continue
             where = f"{name}[{layer}]"
             if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{where} must be a tensor or None, got {t!r:.80} [PAYLOAD-1]")
+                raise ValueError(f"{where} must be a tensor or None, got {show(t)} [PAYLOAD-1]")
             if t.dtype != want_dtype:
                 raise ValueError(
                     f"{where} has dtype {t.dtype}, metadata says {p.dtype} [PAYLOAD-1]"
@@ -431,7 +432,7 @@ def _validate_scales(p: Payload, device: torch.device | None) -> None:
         if not isinstance(scales, tuple) or len(scales) != len(cache):
             raise ValueError(
                 f"an {p.dtype} payload needs {name}: one entry per layer ({len(cache)}), got "
-                f"{scales!r:.80} [DTYPE-3]"
+                f"{show(scales)} [DTYPE-3]"
             )
         for layer, (s, c) in enumerate(zip(scales, cache, strict=True)):
             where = f"{name}[{layer}]"
@@ -445,7 +446,7 @@ def _validate_scales(p: Payload, device: torch.device | None) -> None:
                 continue
             if not isinstance(s, torch.Tensor) or s.dim() != 0 or s.dtype != SCALES_DTYPE:
                 shown = (
-                    f"{s.dtype} {list(s.shape)}" if isinstance(s, torch.Tensor) else f"{s!r:.80}"
+                    f"{s.dtype} {list(s.shape)}" if isinstance(s, torch.Tensor) else f"{show(s)}"
                 )
                 raise ValueError(f"{where} must be a 0-d float32 tensor, got {shown} [DTYPE-3]")
             if s.device != device:
@@ -578,7 +579,7 @@ def merge_to_request_kv(
     for src, payload in pairs:
         require_int("source rank", src, minimum=0)
         if not isinstance(payload, Payload):
-            raise ValueError(f"expected a Payload from source rank {src}, got {payload!r:.80}")
+            raise ValueError(f"expected a Payload from source rank {src}, got {show(payload)}")
     _check_agreement(dst, pairs)
     _check_layers(plan, dst, pairs)
     shipments = [shipment_from_payload(plan, src, dst, p) for src, p in pairs]

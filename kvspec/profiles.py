@@ -4,7 +4,12 @@
 - ``ci``: derandomized, no deadline, chosen automatically when ``CI`` is set.
 - ``thorough``: many more examples, for a slow, deep run.
 
-Choose one with ``KVSPEC_PROFILE=thorough`` (or pytest's ``--hypothesis-profile``).
+They are registered under namespaced names (``kvspec-dev``, ``kvspec-ci``,
+``kvspec-thorough``) so they never shadow a profile of the same short name that a
+user's own project registers. The conformance suite applies its profile to the
+checks it runs, through :func:`profile_settings`; it never loads a profile
+globally, so a user's own Hypothesis profile stays in force for the user's tests.
+Choose one with ``KVSPEC_PROFILE=thorough`` or ``kvspec conform --profile``.
 """
 
 from __future__ import annotations
@@ -14,12 +19,23 @@ import os
 from hypothesis import HealthCheck, settings
 
 PROFILES: tuple[str, ...] = ("dev", "ci", "thorough")
+"""The short names users type; :func:`registered_name` gives Hypothesis's name."""
 
 _SUPPRESSED = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
-settings.register_profile("dev", max_examples=50, deadline=None, suppress_health_check=_SUPPRESSED)
+
+def registered_name(name: str) -> str:
+    """``ci`` -> ``kvspec-ci``: the name the profile is registered under in Hypothesis."""
+    if name not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {name!r}")
+    return f"kvspec-{name}"
+
+
 settings.register_profile(
-    "ci",
+    registered_name("dev"), max_examples=50, deadline=None, suppress_health_check=_SUPPRESSED
+)
+settings.register_profile(
+    registered_name("ci"),
     max_examples=50,
     derandomize=True,
     deadline=None,
@@ -27,7 +43,10 @@ settings.register_profile(
     suppress_health_check=_SUPPRESSED,
 )
 settings.register_profile(
-    "thorough", max_examples=1000, deadline=None, suppress_health_check=_SUPPRESSED
+    registered_name("thorough"),
+    max_examples=1000,
+    deadline=None,
+    suppress_health_check=_SUPPRESSED,
 )
 
 
@@ -39,10 +58,20 @@ def default_profile() -> str:
     return chosen
 
 
+def profile_settings(name: str | None = None) -> settings:
+    """The settings of profile ``name`` (default: :func:`default_profile`), to apply to one
+    test without touching the globally loaded profile."""
+    return settings.get_profile(registered_name(name or default_profile()))
+
+
 def load_profile(name: str | None = None) -> str:
-    """Load profile ``name`` (default: :func:`default_profile`) and return its name."""
+    """Load profile ``name`` (default: :func:`default_profile`) globally; return its short
+    name. Only kvspec's own test suite does this; the conformance suite never does."""
     chosen = name or default_profile()
-    if chosen not in PROFILES:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {chosen!r}")
-    settings.load_profile(chosen)
+    settings.load_profile(registered_name(chosen))
     return chosen
+
+
+def current_profile_name() -> str:
+    """The globally loaded Hypothesis profile, by the name it was registered under."""
+    return settings.get_current_profile_name()

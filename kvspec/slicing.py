@@ -11,12 +11,13 @@ applied, so that it is applied exactly once [SLICE-3].
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, replace
 from typing import Any, Literal
 
 import torch
 
-from kvspec._checks import require_choice, require_int
+from kvspec._checks import require_choice, require_int, show
 from kvspec.clause import Clause, must, refuses
 
 CLAUSES = (
@@ -98,26 +99,29 @@ class HeadSlice:
                 f"{self.num_slices}), got {self.offset_in_shard} [SLICE-1]"
             )
         if not isinstance(self.applied, bool):
-            raise ValueError(f"applied must be a bool, got {self.applied!r}")
+            raise ValueError(f"applied must be a bool, got {show(self.applied)}")
         if self.applied:
             require_choice("side", self.side, SIDES)
         elif self.side is not None:
-            raise ValueError(f"an unapplied slice has side=None, got side={self.side!r}")
+            raise ValueError(f"an unapplied slice has side=None, got side={show(self.side)}")
 
     def to_dict(self) -> dict[str, Any]:
         """The compatible ``metadata['tp_head_slice']`` dict."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HeadSlice:
+    def from_dict(cls, data: Mapping[str, Any]) -> HeadSlice:
         """Parse a ``tp_head_slice`` dict; unknown or missing keys are refused."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"tp_head_slice must be a dict, got {show(data)} [SLICE-3]")
         expected = set(cls.__dataclass_fields__)
         required = [n for n, f in cls.__dataclass_fields__.items() if f.default is MISSING]
         keys = set(data)
         if keys - expected or not set(required) <= keys:
+            unknown = ", ".join(sorted(show(k, 30) for k in list(keys - expected)[:8]))
             raise ValueError(
                 f"tp_head_slice keys must be drawn from {sorted(expected)} and include "
-                f"{', '.join(required)}; got {sorted(keys)}, missing "
+                f"{', '.join(required)}; got unknown keys [{unknown}], missing "
                 f"{[n for n in required if n not in keys]} [SLICE-3]"
             )
         return cls(**data)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from kvspec._checks import require_int
+from kvspec._checks import INT64_MAX, require_int, show
 from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import DTYPES, FP8_DTYPES
 from kvspec.payload import CACHE_FIELDS, SCALE_FIELDS, TENSOR_FIELDS, Payload
@@ -226,11 +226,17 @@ def encode(
 # -- decode -----------------------------------------------------------------------------
 
 
-def decode(frames: Sequence[Any], *, limits: WireLimits = DEFAULT_LIMITS) -> Payload:
+def decode(
+    frames: Sequence[Any],
+    *,
+    limits: WireLimits = DEFAULT_LIMITS,
+    require_checksum: bool = False,
+) -> Payload:
     """The payload a list of frames carries, as views into them; refuses anything else [WIRE-4].
 
     ``frames`` is a list or tuple of bytes-like objects (``bytes``, ``bytearray``,
-    ``memoryview``, ``zmq.Frame``).
+    ``memoryview``, ``zmq.Frame``). A receiver that wants every message protected passes
+    ``require_checksum``: a message without ``crc32`` is then refused too [WIRE-6].
     """
     _require_little_endian()
     if not isinstance(frames, list | tuple):
@@ -247,6 +253,8 @@ def decode(frames: Sequence[Any], *, limits: WireLimits = DEFAULT_LIMITS) -> Pay
     meta = _check_header(header, len(views) - 1, limits)
     if _CHECKSUM_KEY in header:
         _check_checksums(header, views)
+    elif require_checksum:
+        raise WireError("the message carries no crc32, and this receiver requires it [WIRE-6]")
     num_layers = meta["num_layers"]
     fp8 = meta["dtype"] in FP8_DTYPES
     fields = TENSOR_FIELDS if fp8 else CACHE_FIELDS
@@ -300,7 +308,7 @@ def _as_bytes_view(index: int, frame: object) -> memoryview:
         return view.cast("B")
     except (TypeError, ValueError):
         raise WireError(
-            f"frame {index} (format {view.format!r:.20}, {view.ndim} dims) cannot be read as "
+            f"frame {index} (format {show(view.format)}, {view.ndim} dims) cannot be read as "
             "bytes [WIRE-1]"
         ) from None
 
@@ -359,24 +367,51 @@ def _parse_header(view: memoryview) -> dict[str, Any]:
     except ValueError as error:  # JSONDecodeError, or an integer too long to convert
         raise WireError(f"the header is not JSON: {str(error)[:200]} [WIRE-1]") from None
     if not isinstance(header, dict):
-        raise WireError(f"the header must be a JSON object, got {_show(header)} [WIRE-1]")
+        raise WireError(f"the header must be a JSON object, got {show(header)} [WIRE-1]")
+    _check_shape_of(header)
     return header
 
 
-def _show(value: object) -> str:
-    """A bounded description of an untrusted value: never a deep or long repr."""
-    if isinstance(value, dict):
-        return f"an object of {len(value)} key(s)"
-    if isinstance(value, list):
-        return f"a list of {len(value)} item(s)"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+MAX_DEPTH = 8
+"""A payload header nests 4 deep (header, metadata, tp_head_slice or chunk, a value);
+anything much deeper is not a header, and is refused before it is walked again."""
+
+
+def _check_shape_of(header: dict[str, Any]) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and integers beyond int64, walking the
+    parsed header without recursion [WIRE-4]."""
+    stack: list[tuple[Any, int]] = [(header, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > MAX_DEPTH:
+                raise WireError(f"the header nests deeper than {MAX_DEPTH} levels [WIRE-4]")
+            if isinstance(node, list) and _flat_in_range(node):
+                continue  # a long list of scalars (block ids) is checked in one C-level pass
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+        elif type(node) is int and not -INT64_MAX - 1 <= node <= INT64_MAX:
+            raise WireError(f"the header holds {show(node)}, beyond int64 [WIRE-4]")
+
+
+def _flat_in_range(values: list[Any]) -> bool:
+    """Whether ``values`` holds only integers within int64 (or only strings): decided by
+    ``min`` and ``max``, which refuse a mix of kinds and so reveal any nested container."""
+    if not values:
+        return True
+    try:
+        low, high = min(values), max(values)
+    except TypeError:
+        return False
+    if isinstance(low, str):
+        return True
+    return type(low) in (int, bool) and low >= -INT64_MAX - 1 and high <= INT64_MAX
 
 
 def _int(where: str, value: object, low: int, high: int | None = None) -> int:
     if type(value) is not int or value < low or (high is not None and value > high):
         bound = f"{low}..{high}" if high is not None else f">= {low}"
-        raise WireError(f"{where} must be an integer {bound}, got {_show(value)} [WIRE-3]")
+        raise WireError(f"{where} must be an integer {bound}, got {show(value)} [WIRE-3]")
     return value
 
 
@@ -384,11 +419,11 @@ def _check_header(header: dict[str, Any], tensor_frames: int, limits: WireLimits
     """Format, version, keys, num_layers and the tensor count, before anything is built."""
     if header.get("format") != FORMAT:
         raise WireError(
-            f"the header's format is {_show(header.get('format'))}, expected {FORMAT!r} [WIRE-1]"
+            f"the header's format is {show(header.get('format'))}, expected {FORMAT!r} [WIRE-1]"
         )
     if header.get("version") != VERSION or type(header.get("version")) is not int:
         raise WireError(
-            f"unsupported version {_show(header.get('version'))}; this decoder reads version "
+            f"unsupported version {show(header.get('version'))}; this decoder reads version "
             f"{VERSION} [WIRE-1]"
         )
     keys = set(header) - {_CHECKSUM_KEY}
@@ -400,13 +435,13 @@ def _check_header(header: dict[str, Any], tensor_frames: int, limits: WireLimits
         )
     meta = header["metadata"]
     if not isinstance(meta, dict):
-        raise WireError(f"metadata must be an object, got {_show(meta)} [WIRE-1]")
+        raise WireError(f"metadata must be an object, got {show(meta)} [WIRE-1]")
     _int("metadata.num_layers", meta.get("num_layers"), 1, limits.max_layers)
     if not isinstance(meta.get("dtype"), str):
-        raise WireError(f"metadata.dtype must be a string, got {_show(meta.get('dtype'))} [WIRE-3]")
+        raise WireError(f"metadata.dtype must be a string, got {show(meta.get('dtype'))} [WIRE-3]")
     tensors = header["tensors"]
     if not isinstance(tensors, list):
-        raise WireError(f"tensors must be a list, got {_show(tensors)} [WIRE-1]")
+        raise WireError(f"tensors must be a list, got {show(tensors)} [WIRE-1]")
     if len(tensors) != tensor_frames:
         raise WireError(
             f"the header lists {len(tensors)} tensors but {tensor_frames} tensor frames follow "
@@ -433,7 +468,7 @@ def _check_checksums(header: dict[str, Any], views: list[memoryview]) -> None:
     ):
         raise WireError(
             f"crc32 must be {{header, frames}} with one CRC per tensor frame ({len(views) - 1}), "
-            f"got {_show(sums)} [WIRE-6]"
+            f"got {show(sums)} [WIRE-6]"
         )
     _int("crc32.header", sums["header"], 0, 2**32 - 1)
     if zlib.crc32(_canonical(header)) != sums["header"]:
@@ -456,33 +491,31 @@ def _check_entry(
 ) -> tuple[str, int, str, tuple[int, ...]]:
     where = f"tensors[{index}]"
     if not isinstance(entry, dict) or set(entry) != _TENSOR_KEYS:
-        shown = sorted(k[:40] for k in entry) if isinstance(entry, dict) else _show(entry)
+        shown = sorted(k[:40] for k in entry) if isinstance(entry, dict) else show(entry)
         raise WireError(
             f"{where} must be an object with keys {sorted(_TENSOR_KEYS)}, got {shown} [WIRE-3]"
         )
     name = entry["field"]
     if name not in TENSOR_FIELDS:  # a tuple of str: safe for any JSON value
         raise WireError(
-            f"{where}.field must be one of {', '.join(TENSOR_FIELDS)}, got {_show(name)} [WIRE-3]"
+            f"{where}.field must be one of {', '.join(TENSOR_FIELDS)}, got {show(name)} [WIRE-3]"
         )
     if name not in fields:
         raise WireError(
-            f"{where} is a {name} in a {meta['dtype']!r:.40} payload; only fp8 payloads carry "
+            f"{where} is a {name} in a {show(meta['dtype'])} payload; only fp8 payloads carry "
             "scales [DTYPE-3]"
         )
     layer = _int(f"{where}.layer", entry["layer"], 0, num_layers - 1)
     dtype = entry["dtype"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise WireError(
-            f"{where}.dtype must be one of {', '.join(DTYPES)}, got {_show(dtype)} "
-            "[WIRE-3, DTYPE-1]"
+            f"{where}.dtype must be one of {', '.join(DTYPES)}, got {show(dtype)} [WIRE-3, DTYPE-1]"
         )
     shape = entry["shape"]
     rank = 0 if name in SCALE_FIELDS else 3
     if not isinstance(shape, list) or len(shape) != rank:
         raise WireError(
-            f"{where}.shape of {name} must be a list of {rank} integers, got {_show(shape)} "
-            "[WIRE-3]"
+            f"{where}.shape of {name} must be a list of {rank} integers, got {show(shape)} [WIRE-3]"
         )
     dims = tuple(_int(f"{where}.shape[{i}]", d, 0) for i, d in enumerate(shape))
     # Bound every dimension through the non-zero ones, so that even an empty tensor's

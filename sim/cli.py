@@ -19,36 +19,51 @@ faults (--faults NAME=VALUE,...): drop=P, dup=P, reorder=P, corrupt=P, garbage=P
 (probabilities per data message), delay=5ms, kill=ROLE:RANK@FRACTION and
 hang=ROLE:RANK@FRACTION (ROLE sender, receiver or stageN; join several with +).
 
+ports: --ports spec (default) binds every sender on the port of [PORT-1], from
+--base-port (auto: the first base whose ports are all free); --ports os lets the
+operating system pick each sender's port, which the sender reports to its receivers.
+
+security: every run draws a secret; ranks prove it in signed handshakes, and only
+proven peers are sent KV or heard on the control plane. Anything else is dropped and
+counted under "strangers". Binding beyond loopback (--host) prints what is exposed.
+
 exit status: 0 every request verified; 1 a request failed, a rank failed, or the run
-hit its deadline; 2 the configuration is refused (with the spec's reason); 130 Ctrl-C.
+hit its deadline; 2 the configuration is refused or the ranks could not start (with
+the reason); 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
+from kvspec import __version__
 from kvspec.cache_layout import LAYOUTS
+from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, quote, seconds_in
+from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.cli.plan import model_from_args
 from kvspec.dtypes import DTYPES
 from kvspec.plan import POLICIES
 from kvspec.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import SimConfig, parse_seq_len, parse_stage
+from sim.cluster import exposure, run_simulation, validate
+from sim.config import LIMITS, PORT_MODES, SimConfig, parse_seq_len, parse_stage
 from sim.endpoints import find_free_base
 from sim.faults import parse_faults
 from sim.progress import ProgressBar
 
+RANKS = int_in(1, LIMITS.ranks)
+PROG = "python -m sim run"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m sim",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"kvspec sim {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser(
         "run",
@@ -57,22 +72,39 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     stages = run.add_argument_group("stages")
-    stages.add_argument("--source-tp", type=int, default=4, metavar="S", help="sender TP (4)")
-    stages.add_argument("--target-tp", type=int, default=2, metavar="T", help="receiver TP (2)")
-    stages.add_argument("--source-pp", type=int, default=1, metavar="P", help="sender PP (1)")
-    stages.add_argument("--target-pp", type=int, default=1, metavar="Q", help="receiver PP (1)")
+    stages.add_argument("--source-tp", type=RANKS, default=4, metavar="S", help="sender TP (4)")
+    stages.add_argument("--target-tp", type=RANKS, default=2, metavar="T", help="receiver TP (2)")
+    stages.add_argument("--source-pp", type=RANKS, default=1, metavar="P", help="sender PP (1)")
+    stages.add_argument("--target-pp", type=RANKS, default=1, metavar="Q", help="receiver PP (1)")
     stages.add_argument(
         "--chain",
         metavar="TP4,TP2,TP1",
         help="a chain of stages instead of source/target, e.g. TP4,TP2,TP1 or PP2xTP2,TP4",
     )
-    stages.add_argument("--replicas", type=int, default=1, help="independent replica groups (1)")
+    stages.add_argument(
+        "--replicas",
+        type=int_in(1, LIMITS.replicas),
+        default=1,
+        help="independent replica groups (1)",
+    )
     model = run.add_argument_group("model")
-    model.add_argument("--kv-heads", type=int, default=None, metavar="H", help="KV heads (MHA/GQA)")
-    model.add_argument("--head-dim", type=int, default=64, metavar="D", help="head dim (64)")
-    model.add_argument("--layers", type=int, default=4, metavar="L", help="layers (4)")
+    model.add_argument(
+        "--kv-heads",
+        type=int_in(1, MAX_HEADS),
+        default=None,
+        metavar="H",
+        help="KV heads (MHA/GQA)",
+    )
+    model.add_argument(
+        "--head-dim", type=int_in(1, MAX_HEAD_DIM), default=64, metavar="D", help="head dim (64)"
+    )
+    model.add_argument(
+        "--layers", type=int_in(1, MAX_LAYERS), default=4, metavar="L", help="layers (4)"
+    )
     model.add_argument("--attention", choices=("mha", "mla"), default="mha", help="(mha)")
-    model.add_argument("--latent-dim", type=int, default=64, help="MLA latent width (64)")
+    model.add_argument(
+        "--latent-dim", type=int_in(1, MAX_HEAD_DIM), default=64, help="MLA latent width (64)"
+    )
     model.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="(bfloat16)")
     caches = run.add_argument_group("caches")
     caches.add_argument(
@@ -81,33 +113,56 @@ def build_parser() -> argparse.ArgumentParser:
     caches.add_argument(
         "--dst-layout", choices=tuple(LAYOUTS), default=None, help="(flash_attn; mla for MLA)"
     )
-    caches.add_argument("--src-block-size", type=int, default=16, metavar="B", help="(16)")
-    caches.add_argument("--dst-block-size", type=int, default=16, metavar="B", help="(16)")
+    caches.add_argument(
+        "--src-block-size", type=int_in(1, LIMITS.block_size), default=16, metavar="B", help="(16)"
+    )
+    caches.add_argument(
+        "--dst-block-size", type=int_in(1, LIMITS.block_size), default=16, metavar="B", help="(16)"
+    )
     work = run.add_argument_group("workload")
     work.add_argument(
-        "--requests", type=int, default=8, metavar="N", help="requests per replica (8)"
+        "--requests",
+        type=int_in(1, LIMITS.requests),
+        default=8,
+        metavar="N",
+        help="requests per replica (8)",
     )
     work.add_argument("--seq-len", default="16:128", metavar="MIN:MAX", help="tokens (16:128)")
-    work.add_argument("--chunks", type=int, default=1, metavar="K", help="chunks per request (1)")
+    work.add_argument(
+        "--chunks",
+        type=int_in(1, LIMITS.chunks),
+        default=1,
+        metavar="K",
+        help="chunks per request (1)",
+    )
     work.add_argument(
         "--slicing", choices=("sender", "receiver"), default="sender", help="(sender)"
     )
     work.add_argument(
         "--policy", choices=POLICIES, default="lowest", help="replica choice (lowest)"
     )
-    work.add_argument("--seed", type=int, default=0, help="oracle and workload seed (0)")
+    work.add_argument(
+        "--seed", type=int_in(0, (1 << 63) - 1), default=0, help="oracle and workload seed (0)"
+    )
     where = run.add_argument_group("where")
     where.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(cpu)")
     where.add_argument("--host", default="127.0.0.1", help="address senders bind (127.0.0.1)")
     where.add_argument(
+        "--ports",
+        choices=PORT_MODES,
+        default="spec",
+        help="spec: the ports of [PORT-1] from --base-port; os: any free port each (spec)",
+    )
+    where.add_argument(
         "--base-port",
         default="20000",
         metavar="N",
-        help="KV ports start here (20000); 'auto' finds a base whose ports are all free",
+        help="with --ports spec, KV ports start here (20000); 'auto' finds a base whose "
+        "ports are all free",
     )
     where.add_argument(
         "--ranks-per-process",
-        type=int,
+        type=int_in(1, LIMITS.ranks_per_process),
         default=1,
         metavar="N",
         help="host N ranks per process, each with its own sockets (1)",
@@ -125,21 +180,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="send without the wire format's CRC-32s (corruption is then caught by the oracle)",
     )
     run.add_argument(
+        "--require-checksum",
+        action="store_true",
+        help="receivers refuse any message without the wire format's CRC-32s [WIRE-6]",
+    )
+    run.add_argument(
         "--verify-after",
         action="store_true",
         help="verify once every request has arrived, so throughput excludes verification",
     )
     run.add_argument("--faults", default=None, metavar="SPEC", help="faults to inject (none)")
     run.add_argument(
-        "--timeout", type=float, default=120.0, metavar="SECONDS", help="run deadline (120)"
+        "--timeout",
+        type=seconds_in(0, LIMITS.timeout_s),
+        default=120.0,
+        metavar="SECONDS",
+        help="run deadline (120)",
     )
-    run.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    add_json_option(run, "the report")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    if args.chain:
+    if args.chain is not None:
         stages = tuple(parse_stage(s) for s in args.chain.split(","))
     else:
         stages = (
@@ -163,45 +227,65 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         policy=args.policy,
         device=args.device,
         host=args.host,
-        base_port=20000 if args.base_port == "auto" else _int("--base-port", args.base_port),
+        ports=args.ports,
+        base_port=20000 if args.base_port == "auto" else _port(args.base_port),
         faults=parse_faults(args.faults),
         seed=args.seed,
         timeout=args.timeout,
         ranks_per_process=args.ranks_per_process,
         transport=args.transport,
         checksum=args.checksum,
+        require_checksum=args.require_checksum,
         verify_after=args.verify_after,
     )
 
 
-def _int(name: str, text: str) -> int:
+def _port(text: str) -> int:
     try:
-        return int(text)
+        if len(text) > 6:
+            raise ValueError
+        value = int(text)
     except ValueError:
-        raise ValueError(f"{name} must be an integer or 'auto', got {text!r}") from None
+        raise ValueError(f"--base-port must be 1..65535 or 'auto', got {quote(text)}") from None
+    if not 1 <= value <= 65535:
+        raise ValueError(f"--base-port must be 1..65535 or 'auto', got {value}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        check_writable(args.json)
         config = config_from_args(args)
-        if args.base_port == "auto":
+        if args.base_port == "auto" and config.ports == "spec":
             config = replace(config, base_port=find_free_base(config))
+        validate(config)
     except ValueError as error:
-        print(f"sim: refused: {error}", file=sys.stderr)
+        print(f"{PROG}: refused: {error}", file=sys.stderr)
         return 2
+    exposed = exposure(config)
+    if exposed:
+        print(f"{PROG}: exposed: {exposed}", file=sys.stderr)
     bar = None if args.quiet else ProgressBar(config.requests * config.replicas)
     try:
         report = run_simulation(config, progress=bar.update if bar else None)
-    except ValueError as error:
-        print(f"sim: refused: {error}", file=sys.stderr)
-        return 2
-    if bar:
-        bar.close()
-    print(report.render())
+    finally:
+        if bar:
+            bar.close()
+    if args.json != STDOUT:
+        print(report.render())
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(report.to_dict(), out, indent=2)
+        write_json(args.json, report.to_dict())
     if report.interrupted:
         return 130
+    if report.setup_error:
+        return 2
     return 0 if report.ok else 1

@@ -1,27 +1,37 @@
 """Running a simulated cluster: start every rank, hold the ready barrier, watch, account, stop.
 
 The parent validates the whole run with the spec before anything starts (plans,
-layouts, ports), then starts the ranks — as OS processes (``multiprocess``), several
-ranks per process if asked, each rank still with its own sockets and port; or, for
-fast property tests, as threads over ``inproc://`` sockets — and talks to them over
-one ROUTER socket on loopback. It never trusts a rank to finish: a rank that dies is
-noticed and its peers are told; a run that outlives its deadline is ended with a
-stack dump of the ranks still running; Ctrl-C stops every rank. Nothing is left
-running and no port stays bound.
+layouts, ports, sizes, memory), then starts the ranks — as OS processes
+(``multiprocess``), several ranks per process if asked, each rank still with its own
+sockets and port; or, for fast property tests, as threads over ``inproc://`` sockets —
+and talks to them over one ROUTER socket on loopback. Only its own ranks are heard:
+each must open with a *hi* signed with the run's secret (:mod:`sim.auth`); anything
+else is dropped and counted as a stranger, never fatal.
+
+The run's phases: every sender binds and reports its endpoint; the parent hands the
+endpoints to the receivers; everyone handshakes and reports ready; *go*; results
+stream in; *finish* (each rank flushes, reads every stream to its end and reports its
+books, so every fault is counted where injected and where observed); *stop*. It never
+trusts a rank to finish: a rank that dies is noticed and its peers are told; a run
+that outlives its deadline is ended with a stack dump of the ranks still running;
+Ctrl-C stops every rank within a second. Nothing is left running, no port stays
+bound and no temporary file stays behind.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import ipaddress
 import os
+import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
 import time
 import traceback
-import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -35,10 +45,18 @@ from kvspec.cache_layout import get_layout, layouts_for
 from kvspec.keys import RankAwareKey, parse_key
 from kvspec.plan import plan_transfer
 from sim import messages
+from sim.accounting import Ledger
+from sim.auth import RunSecret
 from sim.config import SimConfig
 from sim.endpoints import RankId, all_ranks, check_ports
 from sim.rank import run_ranks
 from sim.report import SimReport, measured_edge_bytes, outcomes_from, planned_edge_bytes
+from sim.sizing import check_fits
+
+BOOKS_TIMEOUT_S = 10.0
+"""How long the parent waits for every rank's final books after *finish*."""
+STOP_TIMEOUT_S = 5.0
+"""How long ranks get to exit after *stop* before they are terminated."""
 
 Progress = Callable[[int, int, int, float], None]
 """progress(verified, failed, total, bytes_so_far)."""
@@ -71,7 +89,41 @@ def validate(config: SimConfig) -> None:
                 "--device cuda, but torch.cuda.is_available() is False on this machine"
             )
     if config.transport == "tcp":
-        check_ports(config)
+        check_host(config.host)
+        if config.ports == "spec":
+            check_ports(config)
+    check_fits(config)
+
+
+def check_host(host: str) -> None:
+    """Refuse a ``--host`` this machine cannot bind, naming why (a typo, not ours)."""
+    try:
+        infos = socket.getaddrinfo(host, 0, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        raise ValueError(f"--host {messages.short(host)}: cannot resolve it ({error})") from None
+    address = infos[0][4][0]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError as error:
+            raise ValueError(
+                f"--host {host} ({address}) is not an address of this machine: {error.strerror}"
+            ) from None
+
+
+def exposure(config: SimConfig) -> str | None:
+    """What a run bound beyond loopback exposes, or None for a loopback run."""
+    if config.transport != "tcp":
+        return None
+    address = socket.getaddrinfo(config.host, 0, socket.AF_INET)[0][4][0]
+    if ipaddress.ip_address(address).is_loopback:
+        return None
+    where = "ports the OS assigns" if config.ports == "os" else f"ports from {config.base_port}"
+    return (
+        f"senders listen on {config.host} ({address}), {where}: any host that can reach it can "
+        "connect. Ranks accept only peers that prove this run's secret (HMAC-signed "
+        "handshakes); the KV itself crosses unencrypted."
+    )
 
 
 @dataclass
@@ -99,59 +151,88 @@ class Cluster:
         self.config = config
         self.progress = progress
         self.context = zmq.Context.instance()
+        self.secret = RunSecret.new()
         self.ranks = all_ranks(config)
         self.by_tag = {r.tag: r for r in self.ranks}
+        self.routes: dict[bytes, str] = {}  # verified connection -> rank tag
+        self.route_of: dict[str, bytes] = {}
+        self.endpoints: dict[str, str] = {}
         self.ready: set[str] = set()
         self.active_senders: set[str] = set()
         self.timed_out = self.interrupted = False
         self.results: dict[RankId, dict[str, dict[str, Any]]] = defaultdict(dict)
         self.sender_stats: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
+        self.setup_error: str | None = None
         self.dead: dict[str, str] = {}
         self.pending: dict[str, dict[str, list[str]]] = {}
         self.rank_stats: dict[str, dict[str, int]] = {}
+        self.ledger = Ledger()
+        self.strangers: Counter[str] = Counter()
+        self.announced: dict[str, str] = {}  # rank -> the rank fault it announced
         self.hosts: list[Host] = []
+        self.stop_event = threading.Event()
+        self.control_endpoint: str | None = None
+        self.stack_dumps = ""
         self.expected_results = sum(
             config.requests * config.stages[s].world_size * config.replicas
             for s in range(1, len(config.stages))
         )
-        self.dump_dir = Path(tempfile.mkdtemp(prefix="kvspec-sim-"))
+        self.dump_dir: Path | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def run(self) -> SimReport:
+        """Validate, start, run and stop; a refused configuration raises ``ValueError``."""
         validate(self.config)
         started = time.time()
-        timed_out = interrupted = False
-        self.control = self.context.socket(zmq.ROUTER)
-        self.control.setsockopt(zmq.LINGER, 0)
-        if self.config.transport == "inproc":
-            endpoint = f"inproc://kvspec-control-{uuid.uuid4().hex}"
-            self.control.bind(endpoint)
-        else:
-            self.control.bind("tcp://127.0.0.1:*")
-            endpoint = self.control.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._open_control()
+        drain = False
         try:
-            self._start_hosts(endpoint)
-            self._barrier()
-            for tag in self.by_tag:
-                self._command(tag, {"cmd": "go"})
-            go = time.time()
-            timed_out = not self._watch(go + self.config.timeout)
-            if timed_out:
+            self._start_hosts()
+            self._await_setup("bound", self._on_bound_all)
+            self._broadcast({"cmd": "connect", "endpoints": self.endpoints})
+            self._await_setup("ready", None)
+            self._broadcast({"cmd": "go"})
+            self.timed_out = not self._watch(time.time() + self.config.timeout)
+            if self.timed_out:
                 self._collect_pending()
                 self.stack_dumps = self._dump_stacks()
+            drain = not self.timed_out
+            self._close_books(drain=drain)
         except KeyboardInterrupt:
-            interrupted = True
+            self.interrupted = True
         except _Abort:
             pass
         finally:
-            self._stop()
-        return self._report(time.time() - started, timed_out, interrupted)
+            try:
+                self._stop(fast=self.interrupted)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                self._stop(fast=True)
+            finally:
+                self.control.close(linger=0)
+                if self.dump_dir is not None:
+                    shutil.rmtree(self.dump_dir, ignore_errors=True)
+        return self._report(time.time() - started)
 
-    def _start_hosts(self, endpoint: str) -> None:
+    def _open_control(self) -> None:
+        self.control = self.context.socket(zmq.ROUTER)
+        self.control.setsockopt(zmq.LINGER, 0)
+        self.control.setsockopt(zmq.MAXMSGSIZE, messages.MAX_CONTROL)
+        self.control.setsockopt(zmq.RCVHWM, 100_000)
+        self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if self.config.transport == "inproc":
+            self.control.bind(f"inproc://kvspec-{self.secret.run_id}-control")
+        else:
+            self.control.bind("tcp://127.0.0.1:*")
+        self.control_endpoint = self.control.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _start_hosts(self) -> None:
         per = max(1, self.config.ranks_per_process)
         config_json = self.config.to_dict()
         in_process = self.config.transport == "inproc"
+        if not in_process:
+            self.dump_dir = Path(tempfile.mkdtemp(prefix="kvspec-sim-"))
         for i in range(0, len(self.ranks), per):
             host = Host(self.ranks[i : i + per])
             tags = [(r.replica, r.stage, r.rank) for r in host.tags]
@@ -159,35 +240,51 @@ class Cluster:
                 for tag in tags:
                     thread = threading.Thread(
                         target=run_ranks,
-                        args=(config_json, [tag], endpoint, True),
+                        args=(config_json, [tag], self.control_endpoint, self.secret.hex),
+                        kwargs={"stop_event": self.stop_event},
                         name=RankId(*tag).tag,
                         daemon=True,
                     )
                     host.threads.append(thread)
                     thread.start()
             else:
+                assert self.dump_dir is not None
                 host.dump_file = self.dump_dir / f"host-{i // per}.txt"
                 host.process = _context(self.config.device).Process(
                     target=_host_main,
-                    args=(config_json, tags, endpoint, str(host.dump_file), os.getpid()),
+                    args=(
+                        config_json,
+                        tags,
+                        self.control_endpoint,
+                        self.secret.hex,
+                        str(host.dump_file),
+                        os.getpid(),
+                    ),
                     name=f"kvspec-sim-host-{i // per}",
                     daemon=True,
                 )
                 host.process.start()
             self.hosts.append(host)
 
-    def _barrier(self) -> None:
-        """Every rank bound, connected and greeted by its receivers before any traffic."""
+    def _await_setup(self, event: str, done: Callable[[], None] | None) -> None:
+        """Wait until every rank has sent ``event`` (``bound``, then ``ready``)."""
+        have = self.endpoints if event == "bound" else self.ready
         deadline = time.time() + max(60.0, self.config.timeout)
-        while len(self.ready) < len(self.ranks):
+        while len(have) < len(self.ranks):
             if time.time() > deadline:
-                missing = sorted(set(self.by_tag) - self.ready)
-                self.errors.append(f"ranks never became ready: {', '.join(missing[:10])}")
+                missing = sorted(set(self.by_tag) - set(have))
+                self.setup_error = (
+                    f"ranks never reported {event!r} within {max(60.0, self.config.timeout):g} s: "
+                    + ", ".join(missing[:10])
+                )
                 raise _Abort
             self._poll(100)
-            if self.errors:
-                raise _Abort
             self._check_hosts(before_go=True)
+        if done is not None:
+            done()
+
+    def _on_bound_all(self) -> None:
+        self.endpoints = {tag: ep for tag, ep in self.endpoints.items() if ep is not None}
 
     def _watch(self, deadline: float) -> bool:
         """Process events until every result is in; False when the deadline passes."""
@@ -207,29 +304,51 @@ class Cluster:
             self._report_progress()
         return True
 
-    def _stop(self) -> None:
-        live = [t for t in self.by_tag if t not in self.dead]
-        for tag in live:
-            self._command(tag, {"cmd": "report"})
-        end = time.time() + 2
-        while time.time() < end and len(self.rank_stats) < len(live):
+    def _close_books(self, *, drain: bool) -> None:
+        """*finish*: every live rank flushes, (if ``drain``) reads each stream to its end,
+        and reports its final books; wait for them all, within a bound."""
+        live = [t for t in self.by_tag if t not in self.dead and self.announced.get(t) != "hang"]
+        self._broadcast({"cmd": "finish", "drain": drain}, only=live)
+        end = time.time() + BOOKS_TIMEOUT_S
+        while time.time() < end and not set(live) <= self.ledger.closed:
             self._poll(50)
-        for tag in self.by_tag:
-            if tag not in self.dead:
-                self._command(tag, {"cmd": "stop"})
-        end = time.time() + 5
-        for host in self.hosts:
-            if host.process is not None:
-                host.process.join(max(0.1, end - time.time()))
-                if host.process.is_alive():
-                    host.process.terminate()
-                    host.process.join(2)
-                if host.process.is_alive():
-                    host.process.kill()
-                    host.process.join(2)
-            for thread in host.threads:
-                thread.join(max(0.1, end - time.time()))
-        self.control.close(linger=0)
+            self._check_hosts(before_go=False)
+            live = [t for t in live if t not in self.dead]
+        missing = sorted(set(live) - self.ledger.closed)
+        if missing:
+            self.errors.append(
+                f"ranks did not report their books within {BOOKS_TIMEOUT_S:g} s of finish: "
+                + ", ".join(missing[:10])
+            )
+
+    def _stop(self, *, fast: bool) -> None:
+        """*stop*, then make sure: wait, terminate, kill. ``fast`` (Ctrl-C) does not wait."""
+        self._broadcast({"cmd": "stop"})
+        self.stop_event.set()
+        processes = [h.process for h in self.hosts if h.process is not None]
+        threads = [t for h in self.hosts for t in h.threads]
+        for host in self.hosts:  # a rank hung by a fault cannot hear stop: do not wait for it
+            if host.process is not None and any(
+                self.announced.get(w.tag) == "hang" for w in host.tags
+            ):
+                host.process.terminate()
+        end = time.time() + (0.0 if fast else STOP_TIMEOUT_S)  # Ctrl-C: terminate at once
+        while time.time() < end and any(p.is_alive() for p in processes):
+            time.sleep(0.01)
+        for signal_them in ("terminate", "kill"):
+            alive = [p for p in processes if p.is_alive()]
+            for process in alive:
+                getattr(process, signal_them)()
+            give_up = time.time() + 1.0
+            while time.time() < give_up and any(p.is_alive() for p in alive):
+                time.sleep(0.01)
+        for process in processes:
+            process.join(0.1)
+        for thread in threads:
+            thread.join(max(0.05, end - time.time()))
+        stuck = [t.name for t in threads if t.is_alive()]
+        if stuck:
+            self.errors.append(f"in-process ranks did not stop: {', '.join(stuck[:10])}")
 
     # -- events --------------------------------------------------------------------------
     def _poll(self, timeout_ms: int) -> None:
@@ -237,23 +356,45 @@ class Cluster:
             return
         while True:
             try:
-                identity, frame = self.control.recv_multipart(zmq.NOBLOCK)
+                frames = self.control.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            try:
-                event = messages.load(frame)
-            except messages.MessageError as error:
-                self.errors.append(f"unreadable control event from {identity!r}: {error}")
+            tag = self.routes.get(frames[0]) if len(frames) == 2 else None
+            if tag is None:
+                self._greet(frames)
                 continue
-            self._on_event(identity.decode(), event)
+            try:
+                event = messages.load(frames[1])
+            except messages.MessageError as error:  # a verified rank sent it: a bug of ours
+                self.errors.append(f"unreadable control event from {tag}: {error}")
+                continue
+            self._on_event(tag, event)
+
+    def _greet(self, frames: list[bytes]) -> None:
+        """A message from an unverified connection: a rank's signed hi, or a stranger."""
+        try:
+            hi = messages.load(frames[1], limit=4096) if len(frames) == 2 else {}
+        except messages.MessageError:
+            hi = {}
+        tag = hi.get("rank")
+        if (
+            hi.get("ev") == "hi"
+            and isinstance(tag, str)
+            and tag in self.by_tag
+            and tag not in self.route_of
+            and self.secret.verify(hi.get("mac"), "hi", tag)
+        ):
+            self.routes[frames[0]] = tag
+            self.route_of[tag] = frames[0]
+        else:
+            self.strangers["control messages"] += 1
 
     def _on_event(self, tag: str, event: dict[str, Any]) -> None:
-        who = self.by_tag.get(tag)
-        if who is None:
-            self.errors.append(f"control event from unknown rank {tag!r}")
-            return
+        who = self.by_tag[tag]
         kind = event.get("ev")
-        if kind == "ready":
+        if kind == "bound":
+            self.endpoints[tag] = event.get("endpoint")  # type: ignore[assignment]
+        elif kind == "ready":
             self.ready.add(tag)
             if event.get("sends"):
                 self.active_senders.add(tag)
@@ -261,16 +402,34 @@ class Cluster:
             self.results[who][event["request"]] = event
         elif kind == "sent":
             self.sender_stats[tag] = event
-        elif kind == "stats":
+        elif kind == "final":
             self.rank_stats[tag] = event.get("stats", {})
+            self.ledger.add(tag, event.get("book", {}))
+            self.strangers.update(event.get("strangers", {}))
         elif kind == "pending":
             self.pending[tag] = event.get("waiting", {})
+        elif kind == "fault":
+            self.announced[tag] = str(event.get("kind"))
+            self.ledger.injected[self.announced[tag]].append(tag)
+            self._command(tag, {"cmd": "ack"})
         elif kind == "error":
-            self.errors.append(f"{who.name} raised:\n{event.get('traceback', '')}")
+            text = f"{who.name} failed during {event.get('phase', 'the run')}: {event.get('error')}"
+            if event.get("phase") != "run" and self.setup_error is None:
+                self.setup_error = text
+            self.errors.append(f"{text}\n{event.get('traceback', '')}")
+            raise _Abort
 
     def _command(self, tag: str, command: dict[str, Any]) -> None:
+        route = self.route_of.get(tag)
+        if route is None:
+            return
         with suppress(zmq.ZMQError):  # a rank that is gone cannot be told anything
-            self.control.send_multipart([tag.encode(), messages.dump(command)], zmq.NOBLOCK)
+            self.control.send_multipart([route, messages.dump(command)], zmq.NOBLOCK)
+
+    def _broadcast(self, command: dict[str, Any], *, only: list[str] | None = None) -> None:
+        for tag in self.by_tag if only is None else only:
+            if tag not in self.dead:
+                self._command(tag, command)
 
     def _results_in(self) -> int:
         counted = sum(len(v) for v in self.results.values())
@@ -287,7 +446,11 @@ class Cluster:
             if host.process is None:  # in-process ranks: one thread each
                 for thread, who in zip(host.threads, host.tags, strict=True):
                     if not thread.is_alive() and who.tag not in self.dead:
-                        self.dead[who.tag] = "its thread ended (killed by a fault)"
+                        self.dead[who.tag] = (
+                            "its thread ended (killed by a fault)"
+                            if self.announced.get(who.tag) == "kill"
+                            else "its thread ended"
+                        )
                         newly.append(who.tag)
                 continue
             if host.alive():
@@ -297,27 +460,40 @@ class Cluster:
                 if who.tag not in self.dead:
                     how = (
                         "killed by a fault (SIGKILL)"
-                        if code == -signal.SIGKILL
+                        if code == -signal.SIGKILL and self.announced.get(who.tag) == "kill"
+                        else f"killed by signal {-code}"
+                        if code is not None and code < 0
                         else f"exit code {code}"
                     )
                     self.dead[who.tag] = f"its process died ({how})"
                     newly.append(who.tag)
         if not newly:
             return
+        for tag in newly:
+            if self.announced.get(tag) == "kill":
+                self.ledger.observed["kill"].append(tag)
         if before_go:
-            self.errors.append(f"ranks died before the run started: {', '.join(newly)}")
+            self._poll(0)  # an error event the rank sent before it died says why
+            if self.setup_error is None:
+                self.setup_error = f"ranks died during start-up: {', '.join(newly)}" + "".join(
+                    f" ({self.dead[t]})" for t in newly[:1]
+                )
             raise _Abort
         for tag in self.by_tag:
             if tag not in self.dead:
                 self._command(tag, {"cmd": "dead", "ranks": newly})
 
     def _collect_pending(self) -> None:
-        for tag, who in self.by_tag.items():
-            if who.stage > 0 and tag not in self.dead:
-                self._command(tag, {"cmd": "pending"})
+        """Ask every live receiver what it still waits for (at most 1 s for the answers)."""
+        asked = [
+            tag
+            for tag, who in self.by_tag.items()
+            if who.stage > 0 and tag not in self.dead and self.announced.get(tag) != "hang"
+        ]
+        self._broadcast({"cmd": "pending"}, only=asked)
         end = time.time() + 1.0
-        while time.time() < end:
-            self._poll(50)
+        while time.time() < end and not set(asked) <= set(self.pending):
+            self._poll(20)
 
     def _stuck(self, who: RankId) -> bool:
         """A rank that still owes work: results (a receiver) or its end-of-stream (a sender)."""
@@ -331,10 +507,13 @@ class Cluster:
         """The stacks of the ranks still owing work when the deadline passed."""
         out = []
         stuck = [h for h in self.hosts if any(self._stuck(w) for w in h.tags)]
+        signalled = False
         for host in stuck:
             if host.process is not None and host.process.is_alive() and host.dump_file:
                 os.kill(host.process.pid, signal.SIGUSR1)
-        time.sleep(0.5)
+                signalled = True
+        if signalled:
+            time.sleep(0.5)  # faulthandler writes the dump from a signal handler
         for host in stuck:
             names = ", ".join(w.tag for w in host.tags)
             if host.process is not None and host.dump_file and host.dump_file.exists():
@@ -392,10 +571,12 @@ class Cluster:
             return "the run was interrupted (Ctrl-C)"
         return "no result reported"
 
-    def _report(self, wall: float, timed_out: bool, interrupted: bool) -> SimReport:
-        self.timed_out, self.interrupted = timed_out, interrupted
+    def _report(self, wall: float) -> SimReport:
+        if self.timed_out:
+            for tag, kind in self.announced.items():
+                if kind == "hang" and tag not in self.ledger.closed:
+                    self.ledger.observed["hang"].append(tag)
         edges, start, end = measured_edge_bytes(self.results)
-        receiver_stats = defaultdict(int)
         report = SimReport(
             config=self.config,
             outcomes=outcomes_from(self.config, self.results, self._missing_reason),
@@ -406,15 +587,22 @@ class Cluster:
             transfer_s=max(0.0, end - start) if end else 0.0,
             processes=sum(h.process is not None for h in self.hosts),
             errors=self.errors,
+            setup_error=self.setup_error,
             dead=[f"{self.by_tag[t].name}: {why}" for t, why in sorted(self.dead.items())],
-            timed_out=timed_out,
-            interrupted=interrupted,
-            stack_dumps=getattr(self, "stack_dumps", ""),
+            timed_out=self.timed_out,
+            interrupted=self.interrupted,
+            stack_dumps=self.stack_dumps,
+            fault_keys={
+                "injected": dict(self.ledger.injected),
+                "observed": dict(self.ledger.observed),
+            },
+            books_closed=len(self.ledger.closed),
+            strangers=dict(self.strangers),
         )
         for stats in self.rank_stats.values():
-            for name in ("duplicates_ignored", "garbage_refused", "codec_refusals", "late_ignored"):
-                receiver_stats[name] += stats.get(name, 0)
-        report.receiver_stats.update(receiver_stats)
+            report.receiver_stats.update(
+                {k: v for k, v in stats.items() if k in ("late_ignored", "unexpected_keys")}
+            )
         return report
 
 
@@ -442,6 +630,7 @@ def _host_main(
     config_json: dict[str, Any],
     tags: list[tuple[int, int, int]],
     control: str,
+    secret: str,
     dump_file: str,
     parent: int,
 ) -> None:
@@ -456,7 +645,7 @@ def _host_main(
         os._exit(1)
 
     threading.Thread(target=orphan_watch, daemon=True).start()
-    run_ranks(config_json, tags, control, False)
+    run_ranks(config_json, tags, control, secret)
 
 
 def run_simulation(config: SimConfig, *, progress: Progress | None = None) -> SimReport:

@@ -8,9 +8,31 @@ from typing import Any
 
 from kvspec.model import ModelShape
 from kvspec.stage import StageLayout
-from sim.faults import FaultSpec, parse_faults
+from sim.faults import FaultSpec, check_rank_faults, parse_faults
 
-_LAYOUT = re.compile(r"^(?:PP(\d+)X)?TP(\d+)$")
+_LAYOUT = re.compile(r"^(?:PP(\d{1,5})X)?TP(\d{1,5})$")
+
+PORT_MODES: tuple[str, ...] = ("spec", "os")
+"""``spec``: every sender binds the port of [PORT-1] (the run's ports are proven distinct
+first, [PORT-3]); ``os``: the operating system assigns each sender a free port, which
+the sender reports to the parent and the parent hands to its receivers."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The largest run the sim accepts; beyond them a run is refused before it starts."""
+
+    ranks: int = 1024  # across every stage and replica group
+    requests: int = 100_000
+    seq_len: int = 1 << 20
+    chunks: int = 1024
+    replicas: int = 64
+    block_size: int = 1 << 16
+    timeout_s: float = 86_400.0
+    ranks_per_process: int = 1024
+
+
+LIMITS = Limits()
 
 
 def parse_stage(text: str) -> StageLayout:
@@ -24,12 +46,15 @@ def parse_stage(text: str) -> StageLayout:
 def parse_seq_len(text: str) -> tuple[int, int]:
     """``MIN:MAX`` or ``N`` -> (min, max), both >= 1."""
     low, _, high = text.partition(":")
+    shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
     try:
+        if max(len(low), len(high)) > 12:
+            raise ValueError
         bounds = (int(low), int(high or low))
     except ValueError:
-        raise ValueError(f"--seq-len {text!r}: expected MIN:MAX or N, e.g. 16:256") from None
-    if not 1 <= bounds[0] <= bounds[1]:
-        raise ValueError(f"--seq-len {text!r}: need 1 <= MIN <= MAX")
+        raise ValueError(f"--seq-len {shown}: expected MIN:MAX or N, e.g. 16:256") from None
+    if not 1 <= bounds[0] <= bounds[1] <= LIMITS.seq_len:
+        raise ValueError(f"--seq-len {shown}: need 1 <= MIN <= MAX <= {LIMITS.seq_len}")
     return bounds
 
 
@@ -51,6 +76,7 @@ class SimConfig:
     policy: str = "lowest"
     device: str = "cpu"
     host: str = "127.0.0.1"
+    ports: str = "spec"
     base_port: int = 20000
     faults: FaultSpec = field(default_factory=FaultSpec)
     seed: int = 0
@@ -58,15 +84,27 @@ class SimConfig:
     ranks_per_process: int = 1
     transport: str = "tcp"
     checksum: bool = True
+    require_checksum: bool = False
     verify_after: bool = False
 
     def __post_init__(self) -> None:
         if len(self.stages) < 2:
             raise ValueError("a run needs at least two stages (a sender and a receiver)")
-        if self.chunks < 1 or self.requests < 1 or self.replicas < 1:
+        for name, value, low, high in (
+            ("--requests", self.requests, 1, LIMITS.requests),
+            ("--chunks", self.chunks, 1, LIMITS.chunks),
+            ("--replicas", self.replicas, 1, LIMITS.replicas),
+            ("--src-block-size", self.src_block_size, 1, LIMITS.block_size),
+            ("--dst-block-size", self.dst_block_size, 1, LIMITS.block_size),
+            ("--ranks-per-process", self.ranks_per_process, 1, LIMITS.ranks_per_process),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+        ranks = sum(s.world_size for s in self.stages) * self.replicas
+        if ranks > LIMITS.ranks:
             raise ValueError(
-                f"--chunks, --requests and --replicas must be >= 1; got {self.chunks}, "
-                f"{self.requests}, {self.replicas}"
+                f"the run has {ranks} ranks (stages {', '.join(s.describe() for s in self.stages)}"
+                f" x {self.replicas} replica group(s)); the sim runs at most {LIMITS.ranks}"
             )
         if self.chunks > self.seq_len[0]:
             raise ValueError(
@@ -75,8 +113,18 @@ class SimConfig:
             )
         if self.transport not in ("tcp", "inproc"):
             raise ValueError(f"transport must be 'tcp' or 'inproc', got {self.transport!r}")
-        if self.timeout <= 0:
-            raise ValueError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        if self.ports not in PORT_MODES:
+            raise ValueError(f"--ports must be one of {', '.join(PORT_MODES)}, got {self.ports!r}")
+        if not 0 < self.timeout <= LIMITS.timeout_s:  # NaN fails this too
+            raise ValueError(
+                f"--timeout must be a number of seconds in (0, {LIMITS.timeout_s:g}], "
+                f"got {self.timeout}"
+            )
+        if self.require_checksum and not self.checksum:
+            raise ValueError(
+                "--require-checksum with --no-checksum: every message would be refused"
+            )
+        check_rank_faults(self.faults, tuple(s.world_size for s in self.stages))
 
     @property
     def last_stage(self) -> int:

@@ -1,8 +1,10 @@
 """Where each rank listens: the spec's ports, as ZMQ endpoints, checked for the whole run.
 
-Every KV port comes from :func:`kvspec.ports.port` and the run's deployment is
-checked with :func:`kvspec.ports.check_deployment` before any process starts, so a
-run whose ports would collide is refused with the spec's reasons [PORT-1..3].
+With ``--ports spec`` every KV port comes from :func:`kvspec.ports.port` and the run's
+deployment is checked with :func:`kvspec.ports.check_deployment` before any process
+starts, so a run whose ports would collide is refused with the spec's reasons
+[PORT-1..3]. With ``--ports os`` the operating system assigns them; either way each
+sender reports the endpoint it really bound, and receivers connect to that.
 """
 
 from __future__ import annotations
@@ -48,12 +50,15 @@ def check_ports(config: SimConfig) -> PortMap:
     return check_deployment(deployment(config))
 
 
-def kv_endpoint(config: SimConfig, who: RankId, *, bind: bool = False) -> str:
-    """The KV endpoint of sender ``who``: the port [PORT-1] on the run's host, or inproc."""
-    number = port("kv", config.base_port, who.stage, who.rank, who.replica)
+def bind_endpoint(config: SimConfig, who: RankId, run_id: str) -> str:
+    """Where sender ``who`` binds its KV socket: the port of [PORT-1] on the run's host
+    (``--ports spec``), any free port there (``--ports os``), or for in-process runs an
+    ``inproc://`` name unique to this run, so concurrent runs never share one."""
     if config.transport == "inproc":
-        return f"inproc://kvspec-kv-{number}"
-    return f"tcp://{config.host}:{number}"
+        return f"inproc://kvspec-{run_id}-kv-{who.tag}"
+    if config.ports == "os":
+        return f"tcp://{config.host}:*"
+    return f"tcp://{config.host}:{port('kv', config.base_port, who.stage, who.rank, who.replica)}"
 
 
 def kv_ports(config: SimConfig) -> list[int]:

@@ -5,9 +5,11 @@
 =============  ==========================================================================
 ``drop=P``     a data message is not sent (probability P per message)
 ``dup=P``      a data message is sent twice
-``reorder=P``  a data message is held back and sent after the sender's next one
-``delay=T``    every data message waits T first (``5ms``, ``0.2s``)
-``corrupt=P``  one byte of one frame of a data message is flipped
+``reorder=P``  a data message is held back and sent after the sender's next one to the
+               same receiver (at the end of the stream it goes out in order)
+``delay=T``    every data message waits T first (``5ms``, ``0.2s``; at most 10 s)
+``corrupt=P``  one bit of one payload frame of a data message is flipped (the envelope,
+               which names the key, is left intact so the receiver can account for it)
 ``garbage=P``  a frame of random bytes is sent to the receiver before a data message
 ``kill=R``     rank R dies abruptly part way: ``sender:1@0.5`` = sender rank 1 after half
                its messages; ``receiver:0@0.3``; in a chain ``stage1:2@0.5``. Several
@@ -17,7 +19,8 @@
 
 Every decision is drawn from a generator seeded by (seed, replica, stage, rank), so a
 run is reproducible. Faults touch data messages only; control messages (hello,
-end-of-stream) are reliable, as a real transport's connection state is.
+end-of-stream) are reliable, as a real transport's connection state is. Each fault is
+counted where it is injected and where it is observed (:mod:`sim.accounting`).
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ import re
 from dataclasses import dataclass, field
 
 PROBABILITIES = ("drop", "dup", "reorder", "corrupt", "garbage")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|us)$")
-_RANK = re.compile(r"^(sender|receiver|stage(\d+)):(\d+)@(\d+(?:\.\d+)?)$")
+MAX_DELAY_S = 10.0
+MAX_SPEC_CHARS = 4096
+_NUMBER = r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
+_DURATION = re.compile(rf"^({_NUMBER})(ms|s|us)$")
+_RANK = re.compile(rf"^(sender|receiver|stage(\d{{1,4}})):(\d{{1,6}})@({_NUMBER})$")
 
 
 @dataclass(frozen=True)
@@ -40,15 +46,23 @@ class RankFault:
     rank: int
     fraction: float
 
+    def stage(self, last_stage: int) -> int:
+        """The stage of the chain this fault's role names."""
+        if self.role == "sender":
+            return 0
+        if self.role == "receiver":
+            return last_stage
+        return int(self.role.removeprefix("stage"))
+
     def applies_to(self, stage: int, last_stage: int, rank: int, *, sending: bool) -> bool:
         """Whether this fault is for (stage, rank) in the given role of a chain."""
-        if self.rank != rank:
+        if self.rank != rank or self.stage(last_stage) != stage:
             return False
         if self.role == "sender":
-            return stage == 0 and sending
+            return sending
         if self.role == "receiver":
-            return stage == last_stage and not sending
-        return self.role == f"stage{stage}"
+            return not sending
+        return True
 
     def describe(self) -> str:
         return f"{self.kind}={self.role}:{self.rank}@{self.fraction:g}"
@@ -73,7 +87,7 @@ class FaultSpec:
     def describe(self) -> str:
         parts = [f"{name}={getattr(self, name):g}" for name in PROBABILITIES if getattr(self, name)]
         if self.delay_s:
-            parts.append(f"delay={self.delay_s * 1000:g}ms")
+            parts.append(f"delay={self.delay_s!r}s")  # repr: parses back to the same float
         parts += [r.describe() for r in self.ranks]
         return ",".join(parts) or "none"
 
@@ -82,32 +96,39 @@ def parse_faults(text: str | None) -> FaultSpec:
     """Parse ``--faults``; every malformed part is an error naming it and the syntax."""
     if not text or text == "none":
         return FaultSpec()
+    if len(text) > MAX_SPEC_CHARS:
+        raise ValueError(f"--faults is {len(text)} characters; at most {MAX_SPEC_CHARS}")
     values: dict[str, object] = {}
     ranks: list[RankFault] = []
     for part in text.split(","):
         name, sep, value = part.strip().partition("=")
         if not sep:
-            raise ValueError(f"fault {part!r} must be NAME=VALUE (see --help for the names)")
+            raise ValueError(f"fault {_quote(part)} must be NAME=VALUE (see --help for the names)")
         if name in PROBABILITIES:
             try:
                 probability = float(value)
             except ValueError:
-                raise ValueError(f"{name}={value!r}: expected a probability 0..1") from None
-            if not 0 <= probability <= 1:
+                raise ValueError(f"{name}={_quote(value)}: expected a probability 0..1") from None
+            if not 0 <= probability <= 1:  # NaN fails this too
                 raise ValueError(f"{name}={value}: a probability must be in 0..1")
             values[name] = probability
         elif name == "delay":
             match = _DURATION.match(value)
             if not match:
-                raise ValueError(f"delay={value!r}: expected a duration such as 5ms, 0.2s, 300us")
+                raise ValueError(
+                    f"delay={_quote(value)}: expected a duration such as 5ms, 0.2s, 300us"
+                )
             scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[match.group(2)]
-            values["delay_s"] = float(match.group(1)) * scale
+            delay = float(match.group(1)) * scale
+            if not delay <= MAX_DELAY_S:
+                raise ValueError(f"delay={value}: at most {MAX_DELAY_S:g}s per message")
+            values["delay_s"] = delay
         elif name in ("kill", "hang"):
             for item in value.split("+"):
                 match = _RANK.match(item)
                 if not match:
                     raise ValueError(
-                        f"{name}={item!r}: expected ROLE:RANK@FRACTION with ROLE sender, "
+                        f"{name}={_quote(item)}: expected ROLE:RANK@FRACTION with ROLE sender, "
                         "receiver or stageN, e.g. sender:1@0.5"
                     )
                 fraction = float(match.group(4))
@@ -116,8 +137,28 @@ def parse_faults(text: str | None) -> FaultSpec:
                 ranks.append(RankFault(name, match.group(1), int(match.group(3)), fraction))
         else:
             known = ", ".join([*PROBABILITIES, "delay", "kill", "hang"])
-            raise ValueError(f"unknown fault {name!r}; known: {known}")
+            raise ValueError(f"unknown fault {_quote(name)}; known: {known}")
     return FaultSpec(**values, ranks=tuple(ranks))  # type: ignore[arg-type]
+
+
+def _quote(text: str, limit: int = 40) -> str:
+    """``text`` quoted, cut to ``limit`` characters: an error names a bad value, not all of it."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} chars)"
+
+
+def check_rank_faults(spec: FaultSpec, world_sizes: tuple[int, ...]) -> None:
+    """Refuse a ``kill``/``hang`` naming a stage or rank the run does not have."""
+    last = len(world_sizes) - 1
+    for fault in spec.ranks:
+        stage = fault.stage(last)
+        if stage > last:
+            raise ValueError(
+                f"{fault.describe()}: the chain has stages 0..{last}, no stage {stage}"
+            )
+        if fault.rank >= world_sizes[stage]:
+            raise ValueError(
+                f"{fault.describe()}: stage {stage} has ranks 0..{world_sizes[stage] - 1}"
+            )
 
 
 class FaultInjector:
@@ -132,9 +173,11 @@ class FaultInjector:
         probability = getattr(self.spec, name)
         return probability > 0 and self.rng.random() < probability
 
-    def corrupt(self, frames: list[bytes | memoryview]) -> list[bytes | memoryview]:
-        """A copy of ``frames`` with one byte of one non-empty frame flipped."""
-        candidates = [i for i, f in enumerate(frames) if len(f)]
+    def corrupt(
+        self, frames: list[bytes | memoryview], *, first: int = 0
+    ) -> list[bytes | memoryview]:
+        """A copy of ``frames`` with one bit of one non-empty frame from ``first`` on flipped."""
+        candidates = [i for i, f in enumerate(frames) if i >= first and len(f)]
         if not candidates:
             return frames
         i = self.rng.choice(candidates)

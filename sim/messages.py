@@ -1,19 +1,28 @@
 """The sim's own small messages: JSON envelopes and control events, never pickle.
 
 A data message on a KV socket is ``[envelope, *payload frames]``: the envelope names
-the spec's key for the payload and when it was sent; the payload frames are the
-spec's wire format (:mod:`kvspec.wire`). Control messages between ranks and the
-parent are one JSON frame each. Parsing trusts nothing: a frame that is not the
-expected JSON object is refused with :class:`MessageError`.
+the spec's key for the payload, its place in the edge's order (``seq``) and when it
+was sent; the payload frames are the spec's wire format (:mod:`kvspec.wire`).
+Everything else is one JSON frame: control events and commands between ranks and the
+parent, and on a KV socket the receiver's *hello*, the sender's *welcome* and the
+sender's *end-of-stream* (see :mod:`sim.auth` for what is signed). Parsing trusts
+nothing: a frame that is not the expected JSON object, or is larger than its limit,
+is refused with :class:`MessageError`, whose text quotes at most a short prefix.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from typing import Any
 
 MAX_ENVELOPE = 4096
+MAX_HANDSHAKE = 4096
+"""A hello or welcome; a sender's KV socket accepts nothing larger (ZMQ_MAXMSGSIZE)."""
+MAX_CONTROL = 8 << 20
+"""A control event or command."""
+MAX_INT = (1 << 63) - 1
 
 
 class MessageError(ValueError):
@@ -24,31 +33,56 @@ def dump(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
 
 
-def load(frame: bytes | memoryview, *, limit: int = 1 << 20) -> dict[str, Any]:
-    """A JSON object from one frame, refusing anything else."""
-    data = bytes(frame)
-    if len(data) > limit:
-        raise MessageError(f"a {len(data)}-byte control frame exceeds the {limit}-byte limit")
+def _reject_constant(name: str) -> float:
+    raise MessageError(f"{name} is not a JSON number")
+
+
+def load(frame: bytes | memoryview, *, limit: int = MAX_CONTROL) -> dict[str, Any]:
+    """A JSON object from one frame, refusing anything else (NaN and Infinity included)."""
+    size = len(frame)
+    if size > limit:
+        raise MessageError(f"a {size}-byte frame exceeds the {limit}-byte limit")
     try:
-        message = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise MessageError(f"not a JSON message: {error}") from None
+        message = json.loads(bytes(frame), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise MessageError(f"not a JSON message: {str(error)[:80]}") from None
     if not isinstance(message, dict):
         raise MessageError(f"expected a JSON object, got {type(message).__name__}")
     return message
 
 
-def _envelope_crc(key: str, sent_at: float) -> int:
-    return zlib.crc32(f"{key}|{sent_at!r}".encode())
+def short(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages about untrusted values."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<a deeply nested {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
-def envelope(key: str, sent_at: float, *, checksum: bool = False) -> bytes:
+def _crc(*fields: object) -> int:
+    return zlib.crc32("|".join(map(repr, fields)).encode())
+
+
+def envelope(key: str, seq: int, sent_at: float, *, checksum: bool = False) -> bytes:
     """The envelope of a data message; with ``checksum``, a CRC-32 of its own fields, so
-    that a flipped bit in the key or the time is refused like one in the payload."""
-    message: dict[str, Any] = {"key": key, "t": sent_at}
+    that a flipped bit in the key, the order or the time is refused like one in the
+    payload."""
+    message: dict[str, Any] = {"key": key, "seq": seq, "t": sent_at}
     if checksum:
-        message["crc"] = _envelope_crc(key, sent_at)
+        message["crc"] = _crc(key, seq, sent_at)
     return dump(message)
+
+
+def read_envelope(frame: bytes | memoryview) -> dict[str, Any]:
+    """The envelope heading a data message: ``{"key": str, "seq": int, "t": number}``."""
+    message = load(frame, limit=MAX_ENVELOPE)
+    key, seq, sent_at = message.get("key"), message.get("seq"), message.get("t")
+    if not isinstance(key, str) or not _is_int(seq) or not _is_number(sent_at):
+        raise MessageError(f"an envelope needs a key, a seq and a time, got {short(message)}")
+    if "crc" in message and message["crc"] != _crc(key, seq, sent_at):
+        raise MessageError("the envelope does not match its CRC-32: it was damaged on the way")
+    return message
 
 
 def end_of_stream(keys: list[str], skipped: dict[str, str]) -> bytes:
@@ -57,23 +91,36 @@ def end_of_stream(keys: list[str], skipped: dict[str, str]) -> bytes:
     return dump({"end": keys, "skipped": skipped})
 
 
-def hello(rank: int) -> bytes:
-    return dump({"hello": rank})
+def hello(rank: int, nonce: str, mac: str) -> bytes:
+    return dump({"hello": rank, "nonce": nonce, "mac": mac})
 
 
-def read_envelope(frame: bytes | memoryview) -> dict[str, Any]:
-    """The envelope heading a data message: ``{"key": str, "t": number}``."""
-    message = load(frame, limit=MAX_ENVELOPE)
-    if not isinstance(message.get("key"), str) or not isinstance(message.get("t"), int | float):
-        raise MessageError(f"an envelope needs a string key and a number t, got {message}")
-    if "crc" in message and message["crc"] != _envelope_crc(message["key"], message["t"]):
-        raise MessageError("the envelope does not match its CRC-32: it was damaged on the way")
+def welcome(rank: int, mac: str) -> bytes:
+    return dump({"welcome": rank, "mac": mac})
+
+
+def read_handshake(frame: bytes | memoryview) -> dict[str, Any]:
+    """A hello (receiver -> sender) or a welcome (sender -> receiver), fields checked."""
+    message = load(frame, limit=MAX_HANDSHAKE)
+    if "hello" in message:
+        if not (
+            _is_int(message["hello"])
+            and isinstance(message.get("nonce"), str)
+            and len(message["nonce"]) <= 64
+            and isinstance(message.get("mac"), str)
+        ):
+            raise MessageError(f"a hello needs a rank, a nonce and a mac, got {short(message)}")
+    elif "welcome" in message:
+        if not (_is_int(message["welcome"]) and isinstance(message.get("mac"), str)):
+            raise MessageError(f"a welcome needs a rank and a mac, got {short(message)}")
+    else:
+        raise MessageError(f"not a handshake: fields {short(sorted(message)[:8])}")
     return message
 
 
-def read_single(frame: bytes | memoryview) -> dict[str, Any]:
-    """A one-frame message on a KV socket: a hello or an end-of-stream."""
-    message = load(frame, limit=1 << 24)
+def read_single(frame: bytes | memoryview, *, limit: int) -> dict[str, Any]:
+    """A one-frame message a receiver gets on a KV socket: a welcome or an end-of-stream."""
+    message = load(frame, limit=limit)
     if "end" in message:
         keys = message["end"]
         skipped = message.get("skipped", {})
@@ -83,6 +130,13 @@ def read_single(frame: bytes | memoryview) -> dict[str, Any]:
             isinstance(k, str) and isinstance(v, str) for k, v in skipped.items()
         ):
             raise MessageError("an end-of-stream's skipped keys map key -> reason, as strings")
-    elif not isinstance(message.get("hello"), int):
-        raise MessageError(f"unknown one-frame message with fields {sorted(message)}")
-    return message
+        return message
+    return read_handshake(frame)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -MAX_INT <= value <= MAX_INT
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(float(value))  # type: ignore[arg-type]

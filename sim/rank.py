@@ -6,12 +6,17 @@ stage receives; a rank in between does both (it forwards what it verified). Ever
 rule comes from :mod:`kvspec`: the plans, keys, ports, payloads, wire format, paged
 layouts and the oracle. This module only moves bytes and keeps the books.
 
-Sockets: a sender binds a ZMQ ROUTER on its KV port; each receiver connects one
-DEALER per plan source (identity = its stage-local rank) and says hello. Data
-messages are ``[envelope, *wire frames]`` sent zero-copy; the last message to each
-receiver is an end-of-stream listing every key meant for it, so a lost shard is
-reported as lost at once instead of by a timeout. Control events go to the parent
-over a DEALER (see :mod:`sim.cluster`).
+Start-up, in order: a rank connects to the parent and says a signed *hi*; builds
+and (stage 0) fills its cache; a sender binds a ZMQ ROUTER on its KV endpoint and
+reports where; once every sender has bound, the parent hands the endpoints to the
+receivers, which connect one DEALER per plan source and send a signed *hello*; the
+sender answers each verified hello with a signed *welcome* and from then on sends that
+receiver's KV to that connection only (:mod:`sim.auth`). Data messages are
+``[envelope, *wire frames]`` sent zero-copy; the last message to each receiver is an
+end-of-stream listing every key meant for it, so a lost shard is reported as lost at
+once instead of by a timeout. When the parent says *finish*, a rank flushes what it
+holds, reads to the end of every stream and reports its books (:mod:`sim.accounting`).
+Every socket accepts messages no larger than the run can produce (:mod:`sim.sizing`).
 """
 
 from __future__ import annotations
@@ -51,13 +56,20 @@ from kvspec.plan import TransferPlan, plan_transfer
 from kvspec.reshard import send
 from kvspec.wire import WireError, decode, encode
 from sim import messages
+from sim.accounting import FaultBook
+from sim.auth import RunSecret, new_nonce
 from sim.config import SimConfig
-from sim.endpoints import RankId, kv_endpoint
+from sim.endpoints import RankId, bind_endpoint
 from sim.faults import FaultInjector
+from sim.sizing import max_receiver_message
 from sim.workload import Request, Workload
 
 POLL_MS = 20
-HELLO_TIMEOUT_S = 30.0
+HELLO_TIMEOUT_S = 60.0
+ACK_TIMEOUT_S = 2.0
+KV_HWM = 64
+"""Messages a KV pipe holds each way before the sender waits: memory stays bounded."""
+MAX_REASON = 300
 
 
 def device_for(config: SimConfig, who: RankId) -> torch.device:
@@ -81,18 +93,30 @@ class Incoming:
 
 
 class Killed(Exception):
-    pass
+    """A simulated crash: the rank ends at once, with no goodbye."""
+
+
+class Stopped(Exception):
+    """The parent said stop before the run began (another rank failed, or Ctrl-C)."""
 
 
 class Rank:
     """The event loop of one rank; :meth:`run` returns when the parent says stop."""
 
     def __init__(
-        self, config: SimConfig, who: RankId, control: str, context: zmq.Context, in_process: bool
+        self,
+        config: SimConfig,
+        who: RankId,
+        control: str,
+        context: zmq.Context,
+        secret: RunSecret,
+        stop_event: threading.Event | None = None,
     ) -> None:
         self.config, self.who, self.context = config, who, context
         self.control_endpoint = control
-        self.in_process = in_process
+        self.secret = secret
+        self.stop_event = stop_event  # set by the parent of an in-process run at its end
+        self.in_process = stop_event is not None
         self.model = config.model
         self.workload = Workload(config, who.replica)
         self.requests = {r.request_id: r for r in self.workload.requests}
@@ -105,18 +129,28 @@ class Rank:
         self.sources = self.in_plan.sources_of(who.rank) if self.in_plan else ()
         self.faults = FaultInjector(config.faults, config.seed, who.replica, who.stage, who.rank)
         self.stats: Counter[str] = Counter()
-        self.fault_log: dict[str, list[str]] = defaultdict(list)
+        self.strangers: Counter[str] = Counter()
+        self.book = FaultBook()
         self.incoming: dict[str, Incoming] = {}
         self.unverified: list[Incoming] = []
         self.key_owner: dict[str, tuple[str, int, int]] = {}  # key -> (request, chunk, src)
         self.outbox: list[str] = []  # request ids ready to send
         self.sent_keys: dict[int, list[str]] = defaultdict(list)
         self.skipped: dict[int, dict[str, str]] = defaultdict(dict)
-        self.held: list[tuple[int, str, list[Any]]] = []  # reordered messages
-        self.stopping = False
+        self.next_seq: Counter[int] = Counter()  # per target: the envelope's seq
+        self.held: dict[int, list[tuple[str, list[Any]]]] = defaultdict(list)  # reordered
+        self.peers: dict[int, bytes] = {}  # target rank -> its verified connection
+        self.nonces: dict[int, str] = {}  # source rank -> the nonce of our hello
+        self.welcomed: set[int] = set()  # sources whose welcome verified
+        self.seen: set[str] = set()  # keys that arrived in any form
+        self.max_seq: dict[int, int] = {}  # per source: the highest seq seen
+        self.stopping = self.finishing = self.drain = self.final_sent = self.acked = False
         self.ended_sources: set[int] = set()
         self.dead_sources: set[int] = set()
         self.unfinished_senders = len(self.targets) > 0
+        self.router: zmq.Socket | None = None
+        self.monitor: zmq.Socket | None = None
+        self.dealers: dict[zmq.Socket, int] = {}
 
     # -- setup -----------------------------------------------------------------------
     def _plan(self, stage: int) -> TransferPlan:
@@ -155,39 +189,84 @@ class Rank:
             )
             scatter_request(kv, self.cache, self.tables[request.request_id])
 
-    def _open_sockets(self) -> None:
+    def _open_control(self) -> None:
+        """Connect to the parent and say who we are, signed with the run's secret."""
         self.control = self.context.socket(zmq.DEALER)
-        self.control.setsockopt(zmq.IDENTITY, self.who.tag.encode())
         self.control.setsockopt(zmq.LINGER, 2000)
+        self.control.setsockopt(zmq.MAXMSGSIZE, messages.MAX_CONTROL)
         self.control.connect(self.control_endpoint)
         self.poller = zmq.Poller()
         self.poller.register(self.control, zmq.POLLIN)
-        self.router = None
-        if self.targets:
-            self.router = self.context.socket(zmq.ROUTER)
-            self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self.router.setsockopt(zmq.LINGER, 0)
-            self.router.setsockopt(zmq.SNDHWM, 256)
-            endpoint = kv_endpoint(self.config, self.who, bind=True)
-            try:
-                self.router.bind(endpoint)
-            except zmq.ZMQError as error:
-                raise RuntimeError(
-                    f"{self.who.name} cannot bind its KV port {endpoint}: {error}; another "
-                    "program holds it — choose another --base-port (or --base-port auto)"
-                ) from None
-            self.poller.register(self.router, zmq.POLLIN)
-        self.dealers: dict[zmq.Socket, int] = {}
+        tag = self.who.tag
+        self.control.send(
+            messages.dump({"ev": "hi", "rank": tag, "mac": self.secret.sign("hi", tag)})
+        )
+
+    def _bind(self) -> None:
+        """A sender binds its KV socket and reports the endpoint it really got."""
+        if not self.targets:
+            self._event({"ev": "bound", "endpoint": None})
+            return
+        self.router = self.context.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.SNDHWM, KV_HWM)
+        self.router.setsockopt(zmq.RCVHWM, KV_HWM)
+        self.router.setsockopt(zmq.MAXMSGSIZE, messages.MAX_HANDSHAKE)  # only hellos come in
+        if self.config.transport == "tcp":
+            self.monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED)
+            self.poller.register(self.monitor, zmq.POLLIN)
+        endpoint = bind_endpoint(self.config, self.who, self.secret.run_id)
+        try:
+            self.router.bind(endpoint)
+        except zmq.ZMQError as error:
+            raise RuntimeError(
+                f"{self.who.name} cannot bind its KV endpoint {endpoint}: {error}"
+                + _bind_hint(error, self.config)
+            ) from None
+        self.poller.register(self.router, zmq.POLLIN)
+        self._event({"ev": "bound", "endpoint": self.router.getsockopt_string(zmq.LAST_ENDPOINT)})
+
+    def _connect(self, endpoints: dict[str, str]) -> None:
+        """Connect to every plan source at the endpoint it reported, and say a signed hello.
+
+        A connection is never re-made once lost (no reconnect), so a program that takes
+        a dead sender's port cannot become that sender for us.
+        """
+        limit = max_receiver_message(self.config)
         for src in self.sources:
-            sender = RankId(self.who.replica, self.who.stage - 1, src)
+            sender = self._peer(self.who.stage - 1, src)
             dealer = self.context.socket(zmq.DEALER)
-            dealer.setsockopt(zmq.IDENTITY, str(self.who.rank).encode())
             dealer.setsockopt(zmq.LINGER, 0)
-            dealer.setsockopt(zmq.RCVHWM, 0)
-            dealer.connect(kv_endpoint(self.config, sender))
-            dealer.send(messages.hello(self.who.rank))
+            dealer.setsockopt(zmq.RCVHWM, KV_HWM)
+            dealer.setsockopt(zmq.MAXMSGSIZE, limit)
+            dealer.setsockopt(zmq.RECONNECT_IVL, -1)
+            dealer.connect(endpoints[sender.tag])
+            nonce = self.nonces[src] = new_nonce()
+            mac = self.secret.sign("hello", sender.tag, self.who.tag, nonce)
+            dealer.send(messages.hello(self.who.rank, nonce, mac))
             self.dealers[dealer] = src
             self.poller.register(dealer, zmq.POLLIN)
+
+    def _edge_name(self, src: int, dst: int, stage: int) -> str:
+        return f"replica {self.who.replica} stage {stage}->{stage + 1} {src}->{dst}"
+
+    def _peer(self, stage: int, rank: int) -> RankId:
+        return RankId(self.who.replica, stage, rank)
+
+    def _handshake(self) -> None:
+        """Wait until every target's hello and every source's welcome has verified."""
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        while set(self.peers) != set(self.targets) or self.welcomed != set(self.sources):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.who.name}: after {HELLO_TIMEOUT_S:g} s, no verified hello from "
+                    f"receivers {sorted(set(self.targets) - set(self.peers))} and no verified "
+                    f"welcome from senders {sorted(set(self.sources) - self.welcomed)}"
+                )
+            self._pump(POLL_MS)
+            if self.stopping:
+                raise Stopped
 
     def _expect_keys(self) -> None:
         """The keys this receiver waits for: one per (request, chunk, plan source) [KEY-4]."""
@@ -211,57 +290,52 @@ class Rank:
 
     # -- the loop --------------------------------------------------------------------
     def run(self) -> None:
+        phase = "start-up"
         try:
+            self._open_control()
             self.cache, self.tables = self._make_cache()
             if self.who.stage == 0:
                 self._fill_from_oracle()
                 self.outbox = [r.request_id for r in self.workload.requests]
             if self.in_plan is not None:
                 self._expect_keys()
-            self._open_sockets()
-            self._await_hellos()
+            self._bind()
+            endpoints = self._await_command("connect")["endpoints"]
+            self._connect(endpoints)
+            self._handshake()
             self._event({"ev": "ready", "sends": bool(self.targets)})
-            self._await_go()
+            self._await_command("go")
+            phase = "run"
             self.started = time.time()
             while not self.stopping:
                 self._step()
-        except Killed:
-            return  # a simulated crash: no goodbye, sockets dropped
-        except Exception:
-            self._event({"ev": "error", "traceback": traceback.format_exc()})
+        except (Killed, Stopped):
+            return  # a simulated crash drops everything; a stop before the run has nothing to say
+        except Exception as error:
+            if getattr(self, "control", None) is None:
+                raise  # not even connected: the parent sees this rank die
+            self._event(
+                {
+                    "ev": "error",
+                    "phase": phase,
+                    "error": f"{type(error).__name__}: {error}"[:2000],
+                    "traceback": traceback.format_exc()[-8000:],
+                }
+            )
             self._await_stop()
         finally:
             self._close()
 
-    def _await_hellos(self) -> None:
-        """A sender is ready once every receiver of its plan has connected and said hello."""
-        if self.router is None:
-            return
-        missing = set(self.targets)
-        deadline = time.monotonic() + HELLO_TIMEOUT_S
-        while missing:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"{self.who.name}: receivers {sorted(missing)} never connected to "
-                    f"{kv_endpoint(self.config, self.who)}"
-                )
-            if self.router.poll(POLL_MS):
-                frames = self.router.recv_multipart()
-                if len(frames) == 2:
-                    try:
-                        message = messages.read_single(frames[1])
-                    except messages.MessageError:
-                        continue
-                    missing.discard(message.get("hello", -1))
-
-    def _await_go(self) -> None:
+    def _await_command(self, name: str) -> dict[str, Any]:
+        """Wait for the parent's command ``name``, handling any other command meanwhile."""
         while True:
-            command = messages.load(self.control.recv())
-            if command.get("cmd") == "go":
-                return
-            if command.get("cmd") == "stop":
-                self.stopping = True
-                return
+            if self.control.poll(POLL_MS * 5):
+                command = messages.load(self.control.recv())
+                if command.get("cmd") == name:
+                    return command
+                self._on_control(command)
+            if self.stopping:
+                raise Stopped
 
     def _await_stop(self) -> None:
         while not self.stopping:
@@ -269,26 +343,53 @@ class Rank:
                 self._on_control(messages.load(self.control.recv()))
 
     def _step(self) -> None:
-        self._read_incoming(0 if self.outbox else POLL_MS)
-        if self.outbox:
+        self._pump(0 if self.outbox and not self.finishing else POLL_MS)
+        if self.outbox and not self.finishing:
             self._send_request(self.outbox.pop(0))
-        elif self.unfinished_senders and self._nothing_left_to_forward():
+        elif self.unfinished_senders and (self.finishing or self._nothing_left_to_forward()):
             self._finish_sending()
+        if self.finishing and not self.final_sent and self._drained():
+            self._send_final()
+
+    def _drained(self) -> bool:
+        """Sending is done and, when draining, every source's stream has ended (or died)."""
+        if self.unfinished_senders:
+            return False
+        return not self.drain or set(self.sources) <= self.ended_sources | self.dead_sources
+
+    def _send_final(self) -> None:
+        """The rank's last word: its counters, its fault books and the strangers it met."""
+        self.final_sent = True
+        strangers = dict(self.strangers)
+        accepted = self.stats.get("connections_accepted", 0)
+        if accepted > len(self.peers):
+            strangers["kv connections"] = accepted - len(self.peers)
+        self._event(
+            {
+                "ev": "final",
+                "stats": dict(self.stats),
+                "book": self.book.to_dict(),
+                "strangers": strangers,
+            }
+        )
 
     # -- control ---------------------------------------------------------------------
     def _event(self, event: dict[str, Any]) -> None:
         self.control.send(messages.dump({**event, "rank": self.who.tag}))
 
     def _on_control(self, command: dict[str, Any]) -> None:
-        if command.get("cmd") == "stop":
+        name = command.get("cmd")
+        if name == "stop":
             self.stopping = True
-        elif command.get("cmd") == "dead":
+        elif name == "dead":
             for tag in command.get("ranks", []):
                 self._source_died(tag)
-        elif command.get("cmd") == "pending":
+        elif name == "pending":
             self._event({"ev": "pending", "waiting": self._waiting_summary()})
-        elif command.get("cmd") == "report":
-            self._event({"ev": "stats", "stats": dict(self.stats)})
+        elif name == "finish":
+            self.finishing, self.drain = True, bool(command.get("drain"))
+        elif name == "ack":
+            self.acked = True
 
     def _source_died(self, tag: str) -> None:
         for src in self.sources:
@@ -377,61 +478,99 @@ class Rank:
         return staged
 
     def _transmit(self, dst: int, key: str, payload: Payload) -> None:
-        """Send one data message, with the run's faults applied [sim.faults]."""
+        """Send one data message, with the run's faults applied and booked [sim.faults]."""
         self.sent_keys[dst].append(key)
         self._maybe_die(sending=True)
         wire = encode(payload, checksum=self.config.checksum)
-        head = messages.envelope(key, time.time(), checksum=self.config.checksum)
+        seq = self.next_seq[dst]
+        self.next_seq[dst] += 1
+        head = messages.envelope(key, seq, time.time(), checksum=self.config.checksum)
         frames: list[Any] = [head, *wire]
         if self.faults.hit("garbage"):
             self._put(dst, [self.faults.garbage()])
-            self.fault_log["garbage"].append(key)
+            self.book.inject("garbage", self._edge_name(self.who.rank, dst, self.who.stage))
         if self.faults.hit("drop"):
-            self.fault_log["drop"].append(key)
+            self.book.inject("drop", key)
             return
         if self.faults.hit("corrupt"):
-            frames = self.faults.corrupt(frames)
-            self.fault_log["corrupt"].append(key)
+            frames = self.faults.corrupt(frames, first=1)  # the envelope stays readable
+            self.book.inject("corrupt", key)
         if self.config.faults.delay_s:
             time.sleep(self.config.faults.delay_s)
         if self.faults.hit("reorder"):
-            self.held.append((dst, key, frames))
-            self.fault_log["reorder"].append(key)
+            self.held[dst].append((key, frames))  # booked once something overtakes it
             return
         self._put(dst, frames)
         if self.faults.hit("dup"):
             self._put(dst, frames)
-            self.fault_log["dup"].append(key)
-        for held in self.held:
-            self._put(held[0], held[2])
-        self.held.clear()
+            self.book.inject("dup", key)
+        self._release_held(dst, overtaken=True)
+
+    def _release_held(self, dst: int, *, overtaken: bool) -> None:
+        """Send the messages held back for ``dst``; a reorder happened if one overtook them."""
+        for key, frames in self.held.pop(dst, []):
+            self._put(dst, frames)
+            if overtaken:
+                self.book.inject("reorder", key)
 
     def _put(self, dst: int, frames: list[Any]) -> None:
-        """Queue frames for receiver ``dst`` without blocking the loop on a full pipe."""
+        """Queue frames for receiver ``dst``'s verified connection without blocking the loop."""
         assert self.router is not None
-        message = [str(dst).encode(), *frames]
+        message = [self.peers[dst], *frames]
         while True:
             try:
                 self.router.send_multipart(message, copy=False, flags=zmq.NOBLOCK)
                 self.stats["messages_sent"] += 1
                 return
             except zmq.Again:  # the pipe is full: read what arrives so none fills both ways
-                self._read_incoming(POLL_MS)
+                self._pump(POLL_MS)
+                if self.stopping:
+                    return
             except zmq.ZMQError as error:
                 if error.errno == zmq.EHOSTUNREACH:
                     self.stats["unreachable"] += 1
                     return
                 raise
 
-    def _read_incoming(self, timeout_ms: int) -> None:
-        """Handle whatever arrives within ``timeout_ms``: commands and data."""
+    def _pump(self, timeout_ms: int) -> None:
+        """Handle whatever arrives within ``timeout_ms``: commands, hellos and data."""
         for sock, _ in self.poller.poll(timeout_ms):
             if sock is self.control:
                 self._on_control(messages.load(sock.recv()))
             elif sock is self.router:
-                sock.recv_multipart()  # late hellos: nothing to do
+                self._on_router(sock.recv_multipart())
+            elif sock is self.monitor:
+                sock.recv_multipart()
+                self.stats["connections_accepted"] += 1
             else:
                 self._on_data(self.dealers[sock], sock.recv_multipart(copy=False))
+
+    def _on_router(self, frames: list[bytes]) -> None:
+        """What reaches a sender's KV socket: a receiver's signed hello, or a stranger."""
+        if len(frames) != 2:
+            self.strangers["kv messages"] += 1
+            return
+        peer, body = frames
+        try:
+            hello = messages.read_handshake(body)
+        except messages.MessageError:
+            self.strangers["kv messages"] += 1
+            return
+        dst = hello.get("hello")
+        if dst not in self.targets:
+            self.strangers["kv hellos refused"] += 1
+            return
+        receiver = self._peer(self.who.stage + 1, dst).tag
+        if not self.secret.verify(hello["mac"], "hello", self.who.tag, receiver, hello["nonce"]):
+            self.strangers["kv hellos refused"] += 1
+            return
+        if dst in self.peers:
+            if self.peers[dst] != peer:  # a replayed hello from another connection
+                self.strangers["kv identities already taken"] += 1
+            return
+        self.peers[dst] = peer
+        mac = self.secret.sign("welcome", self.who.tag, receiver, hello["nonce"])
+        self.router.send_multipart([peer, messages.welcome(self.who.rank, mac)])  # type: ignore[union-attr]
 
     def _nothing_left_to_forward(self) -> bool:
         if self.who.stage == 0:
@@ -439,13 +578,11 @@ class Rank:
         return all(state.done for state in self.incoming.values())
 
     def _finish_sending(self) -> None:
-        for held in self.held:
-            self._put(held[0], held[2])
-        self.held.clear()
         for dst in self.targets:
+            self._release_held(dst, overtaken=False)  # nothing overtook them: in order
             self._put(dst, [messages.end_of_stream(self.sent_keys[dst], self.skipped[dst])])
         self.unfinished_senders = False
-        self._event({"ev": "sent", "stats": dict(self.stats), "faults": dict(self.fault_log)})
+        self._event({"ev": "sent", "stats": dict(self.stats)})
 
     def _maybe_die(self, *, sending: bool) -> None:
         """Apply a ``kill``/``hang`` fault once this rank has done its fraction of work."""
@@ -457,12 +594,25 @@ class Rank:
             done = self._progress(sending)
             if done < fault.fraction:
                 continue
-            if fault.kind == "hang":
-                while True:  # unresponsive until the run's deadline kills it
+            self._announce(fault.kind)
+            if fault.kind == "hang":  # unresponsive until the run ends it
+                if self.stop_event is not None:
+                    self.stop_event.wait()
+                    raise Killed
+                while True:
                     time.sleep(1)
             if self.in_process:
                 raise Killed
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def _announce(self, kind: str) -> None:
+        """Tell the parent a rank fault strikes now, and wait until it has heard, so the
+        fault is booked even though the rank is about to die or fall silent."""
+        self._event({"ev": "fault", "kind": kind})
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        while not self.acked and time.monotonic() < deadline:
+            if self.control.poll(POLL_MS):
+                self._on_control(messages.load(self.control.recv()))
 
     def _progress(self, sending: bool) -> float:
         if sending:
@@ -473,36 +623,49 @@ class Rank:
 
     # -- receiving -------------------------------------------------------------------
     def _on_data(self, src: int, frames: list[zmq.Frame]) -> None:
+        """One message from source ``src``: its welcome, an end-of-stream, or KV."""
         received_at = time.time()
+        if src not in self.welcomed:
+            self._on_welcome(src, frames)
+            return
         if len(frames) == 1:
             try:
-                message = messages.read_single(frames[0].buffer)
-            except messages.MessageError as error:
-                self._refused(src, f"unreadable one-frame message: {error}")
+                message = messages.read_single(frames[0].buffer, limit=1 << 62)
+            except messages.MessageError:  # garbage has no key: it is booked by its edge
+                self.book.observe(
+                    "garbage", self._edge_name(src, self.who.rank, self.who.stage - 1)
+                )
                 return
             if "end" in message:
                 self._source_ended(src, message)
             return
         try:
             envelope = messages.read_envelope(frames[0].buffer)
-        except messages.MessageError as error:
-            self._refused(src, f"unreadable envelope: {error}")
+        except messages.MessageError:
+            self.stats["unreadable_envelopes"] += 1
             return
         key = envelope["key"]
         owner = self.key_owner.get(key)
         if owner is None or owner[2] != src:
-            self._refused(src, f"key {key!r} is not one this rank expects from source {src}")
+            self.stats["unexpected_keys"] += 1
             return
+        if key in self.seen:
+            self.book.observe("dup", key)
+            return
+        self.seen.add(key)
+        if envelope["seq"] < self.max_seq.get(src, -1):
+            self.book.observe("reorder", key)
+        else:
+            self.max_seq[src] = envelope["seq"]
         request_id, chunk_id, _ = owner
         state = self.incoming[request_id]
-        if key not in state.waiting:
-            self.stats["duplicates_ignored"] += 1
-            return
         state.waiting.discard(key)
         try:
-            payload = decode([f.buffer for f in frames[1:]])
+            payload = decode(
+                [f.buffer for f in frames[1:]], require_checksum=self.config.require_checksum
+            )
         except WireError as error:
-            self.stats["codec_refusals"] += 1  # counted even when the request already failed
+            self.book.observe("corrupt", key)  # counted even when the request already failed
             self._fail(state, f"shard {key} from source rank {src} refused by the codec: {error}")
             return
         if state.done:
@@ -511,8 +674,9 @@ class Rank:
         if payload.request_id != request_id or payload.chunk.chunk_id != chunk_id:
             self._fail(
                 state,
-                f"shard {key} from source rank {src} holds request {payload.request_id!r} chunk "
-                f"{payload.chunk.chunk_id}, not what its key names",
+                f"shard {key} from source rank {src} holds request "
+                f"{messages.short(payload.request_id)} chunk {payload.chunk.chunk_id}, not what "
+                "its key names",
             )
             return
         state.first_sent = min(state.first_sent, envelope["t"])
@@ -525,14 +689,30 @@ class Rank:
         if not state.waiting:
             self._complete(state, received_at)
 
-    def _refused(self, src: int, why: str) -> None:
-        self.stats["garbage_refused"] += 1
-        self.fault_log["refused"].append(f"from source {src}: {why}"[:200])
+    def _on_welcome(self, src: int, frames: list[zmq.Frame]) -> None:
+        """The first message from a source must be its signed welcome over our nonce."""
+        sender = self._peer(self.who.stage - 1, src).tag
+        try:
+            message = messages.read_handshake(frames[0].buffer) if len(frames) == 1 else {}
+        except messages.MessageError:
+            message = {}
+        if message.get("welcome") == src and self.secret.verify(
+            message.get("mac"), "welcome", sender, self.who.tag, self.nonces[src]
+        ):
+            self.welcomed.add(src)
+        else:
+            self.strangers["kv messages before the welcome"] += 1
 
     def _source_ended(self, src: int, message: dict[str, Any]) -> None:
         """End-of-stream: any key of ``src`` still missing will never come."""
+        if src in self.ended_sources:
+            return
         self.ended_sources.add(src)
         skipped = message.get("skipped", {})
+        for key in message["end"]:
+            owner = self.key_owner.get(key)
+            if owner is not None and owner[2] == src and key not in self.seen:
+                self.book.observe("drop", key)
         for state in self.incoming.values():
             if state.done:
                 continue
@@ -619,27 +799,49 @@ class Rank:
         rid = state.request.request_id
         self._event({"ev": "result", "request": rid, "ok": False, "reason": reason})
         if self.out_plan is not None:  # tell the next stage why it will not get this request
+            why = f"it failed at stage {self.who.stage}: {reason}"[:MAX_REASON]
             for chunk_id in range(len(state.request.chunks)):
                 for key, dst in self._send_keys(rid, chunk_id):
-                    self.skipped[dst][key] = f"it failed at stage {self.who.stage}: {reason}"
+                    self.skipped[dst][key] = why
         self._maybe_die(sending=False)
 
     def _close(self) -> None:
-        for sock in [getattr(self, "control", None), getattr(self, "router", None)]:
+        for sock in (self.monitor, self.router, *self.dealers):
             if sock is not None:
-                sock.close(linger=0 if sock is not getattr(self, "control", None) else 1000)
-        for dealer in getattr(self, "dealers", {}):
-            dealer.close(linger=0)
+                sock.close(linger=0)
+        if getattr(self, "control", None) is not None:
+            self.control.close(linger=1000)  # let the last events reach the parent
+
+
+def _bind_hint(error: zmq.ZMQError, config: SimConfig) -> str:
+    """What to do about a failed bind, by its cause."""
+    if error.errno == zmq.EADDRINUSE:
+        return (
+            "; another program holds that port: choose another --base-port, use "
+            "--base-port auto, or let the OS choose with --ports os"
+        )
+    if error.errno == zmq.EADDRNOTAVAIL:
+        return f"; --host {config.host} is not an address of this machine"
+    return ""
 
 
 def run_ranks(
-    config_json: dict[str, Any], tags: list[tuple[int, int, int]], control: str, in_process: bool
+    config_json: dict[str, Any],
+    tags: list[tuple[int, int, int]],
+    control: str,
+    secret: str,
+    stop_event: threading.Event | None = None,
 ) -> None:
-    """Host ``tags`` (replica, stage, rank) in this process, one thread each."""
+    """Host ``tags`` (replica, stage, rank) in this process, one thread each.
+
+    ``stop_event`` is given for an in-process run: the parent sets it when the run
+    ends, so that even a rank hung by a fault returns.
+    """
     config = SimConfig.from_dict(config_json)
     torch.set_num_threads(1)
     context = zmq.Context.instance()
-    ranks = [Rank(config, RankId(*tag), control, context, in_process) for tag in tags]
+    run_secret = RunSecret.from_hex(secret)
+    ranks = [Rank(config, RankId(*tag), control, context, run_secret, stop_event) for tag in tags]
     threads = [threading.Thread(target=r.run, name=r.who.tag, daemon=True) for r in ranks]
     for t in threads:
         t.start()

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvspec.cli.plan import human_bytes
 from kvspec.plan import plan_transfer
+from sim.accounting import MESSAGE_FAULTS, RANK_FAULTS
 from sim.config import SimConfig
 from sim.endpoints import RankId
 from sim.workload import Workload
@@ -41,10 +42,18 @@ class SimReport:
     transfer_s: float = 0.0
     processes: int = 0
     errors: list[str] = field(default_factory=list)
+    setup_error: str | None = None
+    """Why the run could not start (a rank failed to set up, bind or connect), if so."""
     dead: list[str] = field(default_factory=list)
     timed_out: bool = False
     interrupted: bool = False
     stack_dumps: str = ""
+    fault_keys: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    """``{"injected": {fault: [key or rank, ...]}, "observed": {...}}`` (sim.accounting)."""
+    books_closed: int = 0
+    """Ranks whose final books arrived."""
+    strangers: dict[str, int] = field(default_factory=dict)
+    """Messages and connections from outside the run, dropped, by where they arrived."""
 
     @property
     def verified(self) -> int:
@@ -77,20 +86,41 @@ class SimReport:
             return values[0]
         return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
-    def faulted_keys(self, name: str) -> set[str]:
-        """The keys of the data messages fault ``name`` struck (``drop``, ``corrupt``, ...)."""
+    def faulted_keys(self, name: str, side: str = "injected") -> set[str]:
+        """The keys of the data messages fault ``name`` struck (``drop``, ``corrupt``, ...),
+        as booked where it was injected (or, with ``side="observed"``, where observed)."""
+        return set(self.fault_keys.get(side, {}).get(name, []))
+
+    def fault_counts(self) -> dict[str, dict[str, int]]:
+        """fault -> {"injected": n, "observed": m}."""
+        kinds = sorted(
+            set(self.fault_keys.get("injected", {})) | set(self.fault_keys.get("observed", {}))
+        )
         return {
-            key
-            for stats in self.sender_stats.values()
-            for key in stats.get("faults", {}).get(name, [])
+            k: {
+                side: len(self.fault_keys.get(side, {}).get(k, []))
+                for side in ("injected", "observed")
+            }
+            for k in kinds
         }
 
     def faults_injected(self) -> dict[str, int]:
-        counts: Counter[str] = Counter()
-        for stats in self.sender_stats.values():
-            for name, keys in stats.get("faults", {}).items():
-                counts[name] += len(keys)
-        return dict(counts)
+        return {k: c["injected"] for k, c in self.fault_counts().items() if c["injected"]}
+
+    def unbalanced_faults(self) -> dict[str, dict[str, int]]:
+        """Countable faults whose injected and observed counts differ (sim.accounting).
+
+        Corruption counts only with checksums on: without them a flipped bit is observed
+        by the oracle, and only in requests that have not failed already.
+        """
+        countable = [*MESSAGE_FAULTS, *RANK_FAULTS]
+        if not self.config.checksum:
+            countable.remove("corrupt")
+        return {
+            k: c
+            for k, c in self.fault_counts().items()
+            if k in countable and c["injected"] != c["observed"]
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -123,9 +153,13 @@ class SimReport:
             "latency_seconds": {"p50": self.percentile(50), "p99": self.percentile(99)},
             "wall_seconds": self.wall_s,
             "processes": self.processes,
-            "faults_injected": self.faults_injected(),
+            "faults": self.fault_counts(),
+            "faults_unbalanced": self.unbalanced_faults(),
+            "books_closed": self.books_closed,
+            "strangers": self.strangers,
             "receivers": dict(self.receiver_stats),
             "dead_ranks": self.dead,
+            "setup_error": self.setup_error,
             "errors": self.errors,
             "timed_out": self.timed_out,
             "interrupted": self.interrupted,
@@ -138,7 +172,11 @@ class SimReport:
         where = (
             "threads in one process"
             if c.transport == "inproc"
-            else (f"{self.processes} process(es), ports from {c.base_port} on {c.host}")
+            else (
+                f"{self.processes} process(es), "
+                + (f"ports from {c.base_port}" if c.ports == "spec" else "OS-assigned ports")
+                + f" on {c.host}"
+            )
         )
         lines = [
             f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
@@ -192,18 +230,31 @@ class SimReport:
             f"latency:    {latency} (first shard sent to request verified, end to end)",
             f"wall time:  {self.wall_s:.2f} s, {self.processes} process(es)",
         ]
-        injected = self.faults_injected()
-        if injected or any(self.receiver_stats.values()):
+        counts = self.fault_counts()
+        if counts:
             lines.append(
-                "faults:     injected "
-                + (", ".join(f"{k} {v}" for k, v in sorted(injected.items())) or "none")
-                + "; receivers ignored "
-                + f"{self.receiver_stats.get('duplicates_ignored', 0)} duplicate(s), refused "
-                + f"{self.receiver_stats.get('garbage_refused', 0)} unreadable message(s) and "
-                + f"{self.receiver_stats.get('codec_refusals', 0)} payload(s) the codec rejected"
+                "faults:     "
+                + ", ".join(
+                    f"{k} {c['injected']} injected / {c['observed']} observed"
+                    for k, c in counts.items()
+                )
+            )
+            unbalanced = self.unbalanced_faults()
+            lines.append(
+                "            books balance: every fault counted where injected and where observed"
+                if not unbalanced
+                else f"            books DO NOT balance for {', '.join(unbalanced)}"
+            )
+        if self.strangers:
+            lines.append(
+                "strangers:  dropped "
+                + ", ".join(f"{n} {where}" for where, n in sorted(self.strangers.items()))
+                + " (not from this run's ranks)"
             )
         if self.dead:
             lines.append(f"dead ranks: {', '.join(self.dead)}")
+        if self.setup_error:
+            lines += ["", f"the run could not start: {self.setup_error}"]
         for error in self.errors:
             lines += ["", "error:", error.rstrip()]
         if self.timed_out:

@@ -19,7 +19,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
-    code, out, _ = run(capsys, "plan", *argv, "--json")
+    code, out, _ = run(capsys, "plan", *argv, "--json", "-")
     assert code == 0
     return json.loads(out)
 

@@ -13,17 +13,20 @@ from kvspec.conformance import Adapter, AdapterError, load_adapter
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.runner import FAILED, INCONCLUSIVE, NOT_PROVIDED, PASSED, run_suite
 from kvspec.conformance.skips import read_skips, resolve_skips
-from kvspec.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytester"]
+# Import every check module now: in-process pytester runs drop modules they imported,
+# and a check module imported again would register its checks twice.
+ALL_CHECKS = all_checks()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ci_profile():
-    load_profile("ci")
-    yield
-    load_profile()
+    """The suite's checks run under ``ci`` here, whatever profile the session uses."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KVSPEC_PROFILE", "ci")
+        yield
 
 
 def test_the_reference_passes_every_check(device: str) -> None:
@@ -179,8 +182,6 @@ def test_pytest_plugin(pytester: pytest.Pytester) -> None:
     pytester.syspathinsert(ROOT)
     skips = pytester.makefile(".txt", skips="PLAN-4/* chosen elsewhere\nZZZ-1/* stale\n")
     result = pytester.runpytest(
-        "-p",
-        "kvspec.conformance",
         "--kvspec-impl",
         "kvspec.conformance.mutants.routing:TargetsOmitLast",
         "--kvspec-clause",
@@ -207,3 +208,68 @@ def test_pytest_plugin(pytester: pytest.Pytester) -> None:
     plan_4 = [c for c in all_checks() if c.clause == "PLAN-4"]
     assert outcomes["failed"] == 1 and outcomes["skipped"] == len(plan_4)
     assert outcomes["passed"] >= 4
+
+
+def test_plugin_is_idle_without_an_implementation(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_mine():\n    assert True\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert "kvspec conformance" not in result.stdout.str()
+    result.assert_outcomes(passed=1)
+
+
+def test_plugin_items_have_file_node_ids_markers_and_honest_counts(
+    pytester: pytest.Pytester,
+) -> None:
+    plan_checks = [c.id for c in all_checks() if c.clause.startswith("PLAN-")]
+    result = pytester.runpytest(
+        "--kvspec-impl",
+        "reference",
+        "--kvspec-clause",
+        "PLAN",
+        "-k",
+        "PLAN-2",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    )
+    chosen = [c for c in plan_checks if c.startswith("PLAN-2/")]
+    result.stdout.fnmatch_lines(
+        [f"test_kvspec_conformance.py::test_check[[]{c}[]]" for c in chosen]
+        + [
+            f"{len(chosen)}/{len(plan_checks)} tests collected ({len(plan_checks) - len(chosen)}"
+            " deselected)*"
+        ]
+    )
+    marked = pytester.runpytest(
+        "--kvspec-impl", "reference", "-m", "kvspec_family", "--collect-only", "-q"
+    )
+    marked.stdout.fnmatch_lines([f"{len(all_checks())} tests collected*"])
+
+
+def test_plugin_leaves_the_users_hypothesis_profile_alone(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        "from hypothesis import settings\n"
+        "settings.register_profile('dev', max_examples=3)\n"
+        "settings.load_profile('dev')\n"
+    )
+    pytester.makepyfile(
+        "from hypothesis import settings\n"
+        "def test_users_profile_is_in_force():\n"
+        "    assert settings().max_examples == 3\n"
+        "    assert settings.get_current_profile_name() == 'dev'\n"
+    )
+    result = pytester.runpytest(
+        ".",
+        "--kvspec-impl",
+        "reference",
+        "--kvspec-clause",
+        "PLAN-4",
+        "--kvspec-profile",
+        "ci",
+        "-p",
+        "no:cacheprovider",
+    )
+    result.stdout.fnmatch_lines(["kvspec: profile ci, *"])
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] == 1 + len([c for c in all_checks() if c.clause == "PLAN-4"])

@@ -180,7 +180,7 @@ def test_cli_refuses_collisions_with_exit_2(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_cli_json_and_bad_specs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["ports", "--stage", "tp=2,dp=2", "--dp-stride", "4096", "--json"]) == 0
+    assert main(["ports", "--stage", "tp=2,dp=2", "--dp-stride", "4096", "--json", "-"]) == 0
     report = json.loads(capsys.readouterr()[0])
     assert report["ok"] and len(report["endpoints"]) == 10
     assert main(["ports", "--stage", "tp=2,color=red"]) == 2

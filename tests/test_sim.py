@@ -6,9 +6,9 @@ rank code; a smaller set runs as separate OS processes over TCP on loopback.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,25 +33,29 @@ from kvspec.strategies import transfer_cases
 from sim.cli import main as sim_main
 from sim.cluster import Cluster, run_simulation
 from sim.config import SimConfig
-from sim.endpoints import find_free_base
+from sim.endpoints import all_ranks, find_free_base
 from sim.faults import parse_faults
 from sim.report import SimReport
 
 ROOT = Path(__file__).resolve().parent.parent
-_next_base = itertools.count(21000, 768)
-
-
-def free_base(config: SimConfig) -> int:
-    """A base port whose KV ports are free now, so concurrent runs do not collide."""
-    return find_free_base(config, start=next(_next_base) % 10000 + 21000)
 
 
 def make(stages: tuple[StageLayout, ...], model: ModelShape, **overrides) -> SimConfig:
-    settings_ = {"requests": 3, "seq_len": (3, 24), "timeout": 60.0, **overrides}
-    config = SimConfig(stages=stages, model=model, **settings_)
-    if config.transport == "inproc" or "base_port" in overrides:
-        return config
-    return replace(config, base_port=free_base(config))
+    """A small run; over TCP the OS assigns every port, so concurrent runs never collide."""
+    settings_ = {"requests": 3, "seq_len": (3, 24), "timeout": 60.0, "ports": "os", **overrides}
+    return SimConfig(stages=stages, model=model, **settings_)
+
+
+def run_on_spec_ports(config: SimConfig, attempts: int = 5) -> SimReport:
+    """Run ``config`` on the spec's ports from a free base; another program may take a
+    port between the probe and the bind, so a refused bind is retried on another base."""
+    for _ in range(attempts):
+        start = 21000 + random.randrange(0, 40) * 256
+        spec = replace(config, ports="spec", base_port=find_free_base(config, start=start))
+        report = run_simulation(spec)
+        if not (report.setup_error and "cannot bind" in report.setup_error):
+            return report
+    raise AssertionError(f"no free base port in {attempts} attempts: {report.setup_error}")
 
 
 def assert_all_verified(report: SimReport) -> None:
@@ -170,29 +174,36 @@ def _failed(report: SimReport) -> dict[str, str]:
     return {o.request_id: o.reasons[0] for o in report.outcomes if not o.ok}
 
 
+def assert_books_balance(report: SimReport, *kinds: str) -> None:
+    """Every fault of ``kinds`` was injected at least once and observed exactly as often,
+    message by message (the same keys on both sides)."""
+    assert report.books_closed == len(all_ranks(report.config)) - len(report.dead)
+    assert not report.unbalanced_faults(), report.fault_counts()
+    for kind in kinds:
+        injected = sorted(report.fault_keys["injected"].get(kind, []))
+        assert injected, f"no {kind} fault was injected"
+        assert sorted(report.fault_keys["observed"].get(kind, [])) == injected
+
+
 def test_dropped_shards_fail_exactly_their_requests() -> None:
     report = _faulted("drop=0.1")
-    dropped = report.faulted_keys("drop")
-    assert dropped, "the fault was injected"
-    assert set(_failed(report)) == _requests_of(dropped)
+    assert_books_balance(report, "drop")
+    assert set(_failed(report)) == _requests_of(report.faulted_keys("drop"))
     assert all("never arrived intact" in why for why in _failed(report).values())
     assert report.verified + report.failed == 24
 
 
-def test_duplicates_are_ignored() -> None:
+def test_duplicates_and_reorders_are_seen_and_harmless() -> None:
     report = _faulted("dup=0.3,reorder=0.3,delay=1ms")
     assert_all_verified(report)
-    assert report.receiver_stats["duplicates_ignored"] == len(report.faulted_keys("dup")) > 0
+    assert_books_balance(report, "dup", "reorder")
 
 
 def test_corrupted_frames_are_refused_by_the_codec() -> None:
     report = _faulted("corrupt=0.15")
-    corrupted = report.faulted_keys("corrupt")
-    assert corrupted
-    assert set(_failed(report)) == _requests_of(corrupted)
-    refused = report.receiver_stats["codec_refusals"] + report.receiver_stats["garbage_refused"]
-    assert refused == len(corrupted)  # the envelope or a wire frame: refused either way
-    assert not any("differ from the oracle" in why for why in _failed(report).values())
+    assert_books_balance(report, "corrupt")
+    assert set(_failed(report)) == _requests_of(report.faulted_keys("corrupt"))
+    assert all("refused by the codec" in why for why in _failed(report).values())
 
 
 def test_without_checksums_corruption_is_caught_by_the_oracle() -> None:
@@ -205,12 +216,13 @@ def test_without_checksums_corruption_is_caught_by_the_oracle() -> None:
 def test_garbage_frames_are_refused_and_the_receivers_survive() -> None:
     report = _faulted("garbage=0.3")
     assert_all_verified(report)
-    assert report.receiver_stats["garbage_refused"] == len(report.faulted_keys("garbage")) > 0
+    assert_books_balance(report, "garbage")
 
 
 def test_a_killed_sender_is_detected_and_every_request_accounted() -> None:
     report = _faulted("kill=sender:1@0.5")
     assert any("stage 0 rank 1" in d and "SIGKILL" in d for d in report.dead)
+    assert report.fault_counts()["kill"] == {"injected": 1, "observed": 1}
     failed = _failed(report)
     assert failed and report.verified + report.failed == 24
     assert all("never arrived" in why for why in failed.values())
@@ -223,12 +235,103 @@ def test_a_hung_rank_ends_at_the_deadline_with_its_stack() -> None:
     report = _faulted("hang=sender:2@0.3", timeout=4.0)
     assert time.time() - started < 30
     assert report.timed_out and not report.ok
+    assert report.fault_counts()["hang"] == {"injected": 1, "observed": 1}
     assert "_maybe_die" in report.stack_dumps  # where the hung sender sleeps
     assert any(
         "waiting for shard(s)" in why and "(from source rank 2)" in why
         for why in _failed(report).values()
     )
     _no_children_left()
+
+
+FAULT_KINDS = {
+    "drop": "drop=0.2",
+    "dup": "dup=0.3",
+    "reorder": "reorder=0.4",
+    "corrupt": "corrupt=0.2",
+    "garbage": "garbage=0.3",
+    "kill": "kill=sender:1@0.5",
+    "hang": "hang=receiver:0@0.3",
+}
+
+
+@pytest.mark.parametrize("kind", list(FAULT_KINDS))
+def test_the_books_balance_for_fifty_seeds(kind: str) -> None:
+    """Each fault, alone, over 50 seeds: injected == observed, key by key [sim.accounting]."""
+    hang = kind == "hang"
+    for seed in range(50):
+        config = make(
+            (StageLayout(2), StageLayout(2)),
+            MHA,
+            requests=4,
+            seq_len=(3, 8),
+            transport="inproc",
+            faults=parse_faults(FAULT_KINDS[kind]),
+            seed=seed,
+            timeout=0.3 if hang else 30.0,
+        )
+        report = run_simulation(config)
+        assert not report.unbalanced_faults(), (seed, report.fault_counts())
+        counts = report.fault_counts().get(kind, {"injected": 0})
+        if kind in ("kill", "hang"):
+            assert counts["injected"] == 1, (seed, counts)
+        injected = sorted(report.fault_keys["injected"].get(kind, []))
+        assert sorted(report.fault_keys["observed"].get(kind, [])) == injected, seed
+        assert report.verified + report.failed == 4
+
+
+def test_strangers_neither_read_the_kv_nor_stop_the_run() -> None:
+    """A local stranger grabs receiver identities before the run, sprays the control
+    port with garbage and forged events, sends a forged hello and an oversized message to
+    a sender: every request still verifies, nothing reaches the stranger, and the report
+    counts the strangers [sim.auth]."""
+    config = make(
+        (StageLayout(2), StageLayout(2)), MHA, requests=30, faults=parse_faults("delay=5ms")
+    )
+    config = replace(config, ports="spec", base_port=find_free_base(config, start=30000))
+    context = zmq.Context.instance()
+    grabbers = []
+    for rank in range(2):  # connect early, with the identities of the real receivers
+        grab = context.socket(zmq.DEALER)
+        grab.setsockopt(zmq.LINGER, 0)
+        grab.setsockopt(zmq.IDENTITY, str(rank).encode())
+        grab.connect(f"tcp://127.0.0.1:{port('kv', config.base_port, 0, rank)}")
+        grab.send(json.dumps({"hello": rank, "nonce": "00", "mac": "forged"}).encode())
+        grabbers.append(grab)
+    cluster = Cluster(config)
+    result: list[SimReport] = []
+    runner = threading.Thread(target=lambda: result.append(cluster.run()))
+    runner.start()
+    deadline = time.time() + 30
+    while cluster.control_endpoint is None and time.time() < deadline:
+        time.sleep(0.01)
+    control = context.socket(zmq.DEALER)
+    control.setsockopt(zmq.LINGER, 0)
+    control.connect(cluster.control_endpoint)
+    forged = [
+        b"\x80\x04not json",
+        b'{"ev": "hi", "rank": "r0s0k0", "mac": "0000"}',
+        b'{"ev": "result", "request": "req-0-0000", "ok": false, "reason": "forged"}',
+        b'{"ev": "error", "traceback": "forged"}',
+    ]
+    for frame in forged:
+        control.send(frame)
+    big = context.socket(zmq.DEALER)
+    big.setsockopt(zmq.LINGER, 0)
+    big.connect(f"tcp://127.0.0.1:{port('kv', config.base_port, 0, 0)}")
+    big.send(b"x" * (64 << 20))
+    runner.join(120)
+    stolen = sum(g.poll(0) for g in grabbers)
+    for sock in (*grabbers, control, big):
+        sock.close()
+    report = result[0]
+    assert report.setup_error is None or "cannot bind" not in report.setup_error
+    assert_all_verified(report)
+    assert stolen == 0, "a stranger received something"
+    assert report.strangers.get("control messages", 0) == len(forged)
+    assert report.strangers.get("kv hellos refused", 0) >= 1
+    assert report.strangers.get("kv connections", 0) >= 3  # two grabbers and the big one
+    assert "strangers:" in report.render()
 
 
 def test_garbage_sent_to_a_live_sender_port_is_survived() -> None:
@@ -240,10 +343,13 @@ def test_garbage_sent_to_a_live_sender_port_is_survived() -> None:
     result: list[SimReport] = []
     runner = threading.Thread(target=lambda: result.append(cluster.run()))
     runner.start()
+    deadline = time.time() + 30
+    while not cluster.endpoints.get("r0s0k0") and time.time() < deadline:
+        time.sleep(0.01)
     context = zmq.Context.instance()
     stranger = context.socket(zmq.DEALER)
     stranger.setsockopt(zmq.LINGER, 0)
-    stranger.connect(f"tcp://127.0.0.1:{port('kv', config.base_port, 0, 0)}")
+    stranger.connect(cluster.endpoints["r0s0k0"])
     for junk in (b"", b"\x80\x04garbage", b'{"hello": 0}', b'{"key": 1}', os.urandom(100)):
         for _ in range(20):
             stranger.send_multipart([junk, junk])
@@ -251,16 +357,48 @@ def test_garbage_sent_to_a_live_sender_port_is_survived() -> None:
     runner.join(60)
     stranger.close()
     assert_all_verified(result[0])
+    assert result[0].strangers.get("kv messages", 0) > 0
 
 
-def test_ports_are_released_after_a_run() -> None:
+def test_the_spec_ports_are_used_and_released_after_a_run() -> None:
     config = make((StageLayout(2), StageLayout(2)), MHA)
-    assert_all_verified(run_simulation(config))
+    report = run_on_spec_ports(config)
+    assert_all_verified(report)
     for rank in range(2):
         with socket.socket() as probe:  # SO_REUSEADDR: only a live listener blocks the bind
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(("127.0.0.1", port("kv", config.base_port, 0, rank)))
+            probe.bind(("127.0.0.1", port("kv", report.config.base_port, 0, rank)))
             probe.listen()
+
+
+def test_a_port_taken_by_another_program_is_named_with_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = make((StageLayout(2), StageLayout(2)), MHA)
+    base = find_free_base(replace(config, ports="spec"), start=25000)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port("kv", base, 0, 1)))
+        holder.listen()
+        code = sim_main(
+            [
+                "run",
+                "--source-tp",
+                "2",
+                "--target-tp",
+                "2",
+                "--kv-heads",
+                "4",
+                "--base-port",
+                str(base),
+                "--quiet",
+                "--requests",
+                "2",
+            ]
+        )
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert "stage 0 rank 1 failed during start-up" in out
+    assert "cannot bind its KV endpoint" in out and "--ports os" in out
 
 
 def test_cli_runs_the_default_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -275,8 +413,8 @@ def test_cli_runs_the_default_example(tmp_path: Path, capsys: pytest.CaptureFixt
             "--kv-heads",
             "2",
             "--quiet",
-            "--base-port",
-            "auto",
+            "--ports",
+            "os",
             "--json",
             str(out),
         ]
@@ -287,6 +425,13 @@ def test_cli_runs_the_default_example(tmp_path: Path, capsys: pytest.CaptureFixt
     data = json.loads(out.read_text())
     assert data["ok"] and data["requests"] == {"total": 8, "verified": 8, "failed": 0}
     assert all(e["bytes"] == e["planned_bytes"] for e in data["edges"])
+
+
+def test_cli_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--kv-heads", "2", "--quiet", "--ports", "os", "--requests", "2"]
+    assert sim_main([*argv, "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["books_closed"] == 6
 
 
 @pytest.mark.parametrize(
@@ -304,51 +449,78 @@ def test_cli_refuses_with_the_reason(argv, reason, capsys: pytest.CaptureFixture
     assert reason in capsys.readouterr().err
 
 
-def test_ctrl_c_stops_every_rank() -> None:
-    base = free_base(make((StageLayout(4), StageLayout(2)), MHA))
-    proc = subprocess.Popen(
+def _sim(*argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sim", "run", "--quiet", "--ports", "os", *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # our SIGINT reaches only the run, as a terminal's would
+    )
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("phase", "argv", "wait_for"),
+    [
+        # long requests on many layers: the ranks are still filling their caches
+        ("cache fill", ["--requests", "400", "--layers", "8", "--seq-len", "256"], 2.0),
+        ("transfer", ["--requests", "500", "--faults", "delay=20ms"], 5.0),
+    ],
+)
+def test_ctrl_c_stops_every_rank_within_a_second(phase: str, argv, wait_for: float) -> None:
+    proc = _sim("--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", *argv)
+    deadline = time.time() + 60
+    while len(_children_of(proc.pid)) < 6 and time.time() < deadline:
+        time.sleep(0.05)  # every rank process has started
+    time.sleep(wait_for)
+    ranks = _children_of(proc.pid)
+    assert ranks and proc.poll() is None, f"the run ended before Ctrl-C in the {phase} phase"
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 130, out + err
+    assert elapsed < 1.0, f"{phase}: Ctrl-C took {elapsed:.2f} s"
+    assert not [p for p in ranks if Path(f"/proc/{p}").exists()], "no orphan rank process"
+
+
+def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    subprocess.run(
         [
             sys.executable,
             "-m",
             "sim",
             "run",
-            "--source-tp",
-            "4",
-            "--target-tp",
-            "2",
             "--kv-heads",
-            "4",
-            "--requests",
-            "500",
-            "--faults",
-            "delay=20ms",
+            "2",
             "--quiet",
-            "--base-port",
-            str(base),
+            "--ports",
+            "os",
+            "--requests",
+            "2",
         ],
         cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out
-    assert "interrupted (Ctrl-C)" in out
-    time.sleep(0.5)
-    marker = f"--base-port\0{base}".encode()
-    left = [
-        p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).find(marker) >= 0
-    ]
-    assert not left, "no orphan rank process"
-
-
-def _cmdline(proc_dir: Path) -> bytes:
-    try:
-        return (proc_dir / "cmdline").read_bytes()
-    except OSError:
-        return b""
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_runs_on_every_device(device: str) -> None:

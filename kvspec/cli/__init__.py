@@ -6,20 +6,23 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kvspec import __version__
 from kvspec.cli import clauses, conform, plan, ports, vectors
+from kvspec.cli.args import Parser
 
 SUBCOMMANDS = (plan, ports, conform, vectors, clauses)
 """Each module provides ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kvspec",
         description=(
             "The executable reference for moving a KV cache between inference stages whose "
             "parallel layouts differ. Every rule is a numbered clause; see `kvspec clauses`."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"kvspec {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in SUBCOMMANDS:
         sub = commands.add_parser(

@@ -40,7 +40,7 @@ from kvspec.conformance.runner import (
     select_checks,
 )
 from kvspec.conformance.skips import read_skips, resolve_skips
-from kvspec.profiles import PROFILES, load_profile
+from kvspec.profiles import PROFILES
 
 NAME = "conform"
 HELP = "check an implementation (through its adapter) against every clause"
@@ -176,12 +176,11 @@ def _replay(args: argparse.Namespace, adapter) -> int:
     checks = select_checks(args.patterns)
     if len(checks) != 1:
         raise ValueError(f"--replay needs exactly one check; {len(checks)} match {args.patterns}")
-    load_profile(args.profile)
     try:
         example = json.loads(args.replay)
     except ValueError as error:
         raise ValueError(f"--replay must be JSON: {error}") from None
-    result = run_check(checks[0], adapter, device=args.device, replay=example)
+    result = run_check(checks[0], adapter, device=args.device, replay=example, profile=args.profile)
     report = Report(args.impl, adapter, args.profile or "replay", args.device, [result])
     _emit(args.json, render(report), report.to_dict())
     return report.exit_code

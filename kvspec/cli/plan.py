@@ -8,7 +8,7 @@ examples:
   kvspec plan --source-tp 8 --target-tp 2 --kv-heads 4
   kvspec plan --source-tp 2 --source-pp 2 --target-tp 4 --kv-heads 8 --layers 61
   kvspec plan --source-tp 4 --target-tp 8 --attention mla --latent-dim 576
-  kvspec plan --source-tp 6 --target-tp 3 --kv-heads 12 --policy balanced --json
+  kvspec plan --source-tp 6 --target-tp 3 --kv-heads 12 --policy balanced --json -
 
 A configuration the spec refuses exits with status 2, says which rule it breaks and
 lists nearby configurations that are valid.
@@ -17,10 +17,17 @@ lists nearby configurations that are valid.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from kvspec.cli.args import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_PARALLEL,
+    int_in,
+)
+from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.dtypes import DTYPES
 from kvspec.model import ModelShape
 from kvspec.ownership import stage_ownership
@@ -33,13 +40,33 @@ HELP = "show which rank sends which heads and layers to which"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     stages = parser.add_argument_group("stages")
-    stages.add_argument("--source-tp", type=int, required=True, metavar="S", help="sender TP size")
     stages.add_argument(
-        "--target-tp", type=int, required=True, metavar="T", help="receiver TP size"
+        "--source-tp",
+        type=int_in(1, MAX_PARALLEL),
+        required=True,
+        metavar="S",
+        help="sender TP size",
     )
-    stages.add_argument("--source-pp", type=int, default=1, metavar="P", help="sender PP size (1)")
     stages.add_argument(
-        "--target-pp", type=int, default=1, metavar="Q", help="receiver PP size (1)"
+        "--target-tp",
+        type=int_in(1, MAX_PARALLEL),
+        required=True,
+        metavar="T",
+        help="receiver TP size",
+    )
+    stages.add_argument(
+        "--source-pp",
+        type=int_in(1, MAX_PARALLEL),
+        default=1,
+        metavar="P",
+        help="sender PP size (1)",
+    )
+    stages.add_argument(
+        "--target-pp",
+        type=int_in(1, MAX_PARALLEL),
+        default=1,
+        metavar="Q",
+        help="receiver PP size (1)",
     )
     stages.add_argument(
         "--source-partition", metavar="N,N,..", help="explicit layers per sender PP rank"
@@ -48,25 +75,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target-partition", metavar="N,N,..", help="explicit layers per receiver PP rank"
     )
     model = parser.add_argument_group("model")
-    model.add_argument("--kv-heads", type=int, metavar="H", help="total KV heads (MHA/GQA)")
-    model.add_argument("--layers", type=int, default=32, metavar="L", help="layers (32)")
-    model.add_argument("--head-dim", type=int, default=128, metavar="D", help="head dim (128)")
+    model.add_argument(
+        "--kv-heads", type=int_in(1, MAX_HEADS), metavar="H", help="total KV heads (MHA/GQA)"
+    )
+    model.add_argument(
+        "--layers", type=int_in(1, MAX_LAYERS), default=32, metavar="L", help="layers (32)"
+    )
+    model.add_argument(
+        "--head-dim", type=int_in(1, MAX_HEAD_DIM), default=128, metavar="D", help="head dim (128)"
+    )
     model.add_argument("--attention", choices=("mha", "mla"), default="mha", help="(mha)")
-    model.add_argument("--latent-dim", type=int, default=576, help="MLA latent width (576)")
+    model.add_argument(
+        "--latent-dim", type=int_in(1, MAX_HEAD_DIM), default=576, help="MLA latent width (576)"
+    )
     model.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="(bfloat16)")
     out = parser.add_argument_group("output")
     out.add_argument("--policy", choices=POLICIES, default="lowest", help="replica choice (lowest)")
     out.add_argument(
         "--seq-len",
-        type=int,
+        type=int_in(1, 1 << 24),
         default=1024,
         metavar="N",
         help="request tokens for byte counts (1024)",
     )
-    out.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_json_option(out, "the plan")
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        check_writable(args.json)
+    except ValueError as error:
+        print(f"kvspec plan: refused: {error}", file=sys.stderr)
+        return 2
     try:
         plan = plan_transfer(*_stages_and_model(args), policy=args.policy)
     except ValueError as error:
@@ -78,10 +118,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {hint}", file=sys.stderr)
         return 2
     report = plan_report(plan, args.seq_len)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
+    if args.json != STDOUT:
         print(render(plan, report))
+    if args.json:
+        write_json(args.json, report)
     return 0
 
 

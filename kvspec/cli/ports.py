@@ -8,7 +8,7 @@ orchestrator port, and the verdict proves them distinct or names each colliding 
 examples:
   kvspec ports --base 50000 --stage tp=2,replicas=2 --stage tp=1,replicas=2
   kvspec ports --stage tp=4,pp=2 --stage tp=2 --stage tp=1
-  kvspec ports --stage tp=8,dp=2 --dp-stride 4096 --json
+  kvspec ports --stage tp=8,dp=2 --dp-stride 4096 --json -
   kvspec ports --stage tp=8 --stage tp=8 --stage tp=8 --stage tp=8 --stage tp=8
 
 A stage SPEC is comma-separated key=value with keys tp, pp, replicas, dp and id
@@ -19,11 +19,12 @@ the collision-free domain prints its map, then exits with status 2 and every rea
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 from typing import Any
 
+from kvspec.cli.args import MAX_PARALLEL, MAX_PORT, int_in, quote
+from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.ports import (
     PURPOSES,
     DeployedStage,
@@ -48,43 +49,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="one stage, e.g. tp=2,pp=2,replicas=2 (repeat per stage, in stage-id order)",
     )
-    parser.add_argument("--base", type=int, default=50000, help="base port (50000)")
+    parser.add_argument("--base", type=int_in(1, MAX_PORT), default=50000, help="base port (50000)")
     scheme = parser.add_argument_group("scheme (defaults are the compatible ones)")
     defaults = PortScheme()
     for purpose in PURPOSES:
         scheme.add_argument(
             f"--{purpose}-offset",
-            type=int,
+            type=int_in(0, MAX_PORT),
             default=defaults.offset(purpose),
             metavar="N",
             help=f"offset of {purpose} ports ({defaults.offset(purpose)})",
         )
     scheme.add_argument(
         "--rank-stride",
-        type=int,
+        type=int_in(1, MAX_PORT),
         default=defaults.rank_stride,
         metavar="N",
         help=f"port step between ranks; stage ids must stay below it ({defaults.rank_stride})",
     )
     scheme.add_argument(
         "--replica-stride",
-        type=int,
+        type=int_in(1, MAX_PORT),
         default=defaults.replica_stride,
         metavar="N",
         help=f"port step between replicas ({defaults.replica_stride})",
     )
     scheme.add_argument(
         "--dp-stride",
-        type=int,
+        type=int_in(1, MAX_PORT),
         default=None,
         metavar="N",
         help="port step between data-parallel ranks (none: dp must be 1)",
     )
-    parser.add_argument("--json", action="store_true", help="print the port map as JSON")
+    add_json_option(parser, "the port map")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        check_writable(args.json)
         deployment = Deployment(args.base, tuple(_stage(i, s) for i, s in enumerate(args.stage)))
         scheme = PortScheme(
             kv_offset=args.kv_offset,
@@ -97,8 +99,18 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"kvspec ports: refused: {error}", file=sys.stderr)
         return 2
+    total = sum(s.layout.world_size * s.replicas * s.dp * len(PURPOSES) for s in deployment.stages)
+    if total > MAX_PORT:
+        print(
+            f"kvspec ports: refused: the deployment needs {total} ports; only 1..{MAX_PORT} exist",
+            file=sys.stderr,
+        )
+        return 2
     ports = port_map(deployment, scheme=scheme)
-    print(json.dumps(report(ports), indent=2) if args.json else render(ports))
+    if args.json != STDOUT:
+        print(render(ports))
+    if args.json:
+        write_json(args.json, report(ports))
     if not ports.ok:
         print(f"kvspec ports: refused: {ports.verdict()}", file=sys.stderr)
         return 2
@@ -107,20 +119,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _stage(position: int, spec: str) -> DeployedStage:
     values: dict[str, int] = {}
-    for part in spec.split(","):
+    for part in spec.split(",")[: len(_STAGE_KEYS) + 1]:
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or key not in _STAGE_KEYS or key in values:
             raise ValueError(
-                f"stage spec {spec!r}: expected comma-separated key=value with keys "
-                f"{', '.join(_STAGE_KEYS)}, each once; got {part!r}"
+                f"stage spec {quote(spec)}: expected comma-separated key=value with keys "
+                f"{', '.join(_STAGE_KEYS)}, each once; got {quote(part)}"
             )
+        high = MAX_PORT if key == "id" else MAX_PARALLEL
         try:
-            values[key] = int(value)
-        except ValueError:
-            raise ValueError(
-                f"stage spec {spec!r}: {key} must be an integer, got {value!r}"
-            ) from None
+            values[key] = int_in(0 if key == "id" else 1, high)(value.strip())
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"stage spec {quote(spec)}: {key} {error}") from None
     layout = StageLayout(values.get("tp", 1), values.get("pp", 1))
     return DeployedStage(
         values.get("id", position), layout, values.get("replicas", 1), values.get("dp", 1)

@@ -3,8 +3,9 @@
     from kvspec.conformance import Adapter, run_suite
 
 Subclass :class:`Adapter`, override the capabilities your implementation has, and
-run ``kvspec conform MODULE:ATTR`` or ``pytest -p kvspec.conformance --kvspec-impl
-MODULE:ATTR``. This module is also that pytest plugin.
+run ``kvspec conform MODULE:ATTR`` or ``pytest --kvspec-impl MODULE:ATTR`` (the pytest
+plugin, :mod:`kvspec.conformance.plugin`, is installed with kvspec and idle unless an
+implementation is named). Nothing here imports pytest.
 """
 
 from kvspec.conformance.adapter import (
@@ -16,13 +17,6 @@ from kvspec.conformance.adapter import (
     provided_capabilities,
 )
 from kvspec.conformance.domain import Domain
-from kvspec.conformance.plugin import (
-    pytest_addoption,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_report_header,
-    pytest_terminal_summary,
-)
 from kvspec.conformance.runner import Report, get_check, render, run_check, run_suite
 
 __all__ = [
@@ -35,11 +29,6 @@ __all__ = [
     "get_check",
     "load_adapter",
     "provided_capabilities",
-    "pytest_addoption",
-    "pytest_collection_modifyitems",
-    "pytest_configure",
-    "pytest_report_header",
-    "pytest_terminal_summary",
     "render",
     "run_check",
     "run_suite",

@@ -18,7 +18,7 @@ from typing import Any
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.mutants import Mutant, all_mutants, get_mutant
 from kvspec.conformance.runner import FAILED, checks_covering, run_check
-from kvspec.profiles import load_profile
+from kvspec.profiles import default_profile
 
 
 @dataclass
@@ -88,15 +88,16 @@ class MutationReport:
         }
 
 
-def run_mutant(mutant: Mutant, *, device: str = "cpu") -> MutantResult:
-    """The mutant through its obligations' checks, then the rest, until one fails."""
+def run_mutant(mutant: Mutant, *, device: str = "cpu", profile: str | None = None) -> MutantResult:
+    """The mutant through its obligations' checks, then the rest, until one fails, under
+    ``profile`` (default: :func:`~kvspec.profiles.default_profile`)."""
     started = time.perf_counter()
     result = MutantResult(mutant.name, mutant.obligations, mutant.bug)
     adapter = mutant.cls()
     own = checks_covering(mutant.obligations)
     rest = [c for c in all_checks() if c not in own]
     for check in [*own, *rest]:
-        outcome = run_check(check, adapter, device=device, shrink=False)
+        outcome = run_check(check, adapter, device=device, shrink=False, profile=profile)
         result.checks_run += 1
         if outcome.verdict == FAILED:
             result.killed_by, result.reason = check.id, outcome.reason
@@ -105,15 +106,14 @@ def run_mutant(mutant: Mutant, *, device: str = "cpu") -> MutantResult:
     return result
 
 
-def _worker_start(profile: str) -> None:
+def _worker_start() -> None:
     import torch
 
     torch.set_num_threads(1)
-    load_profile(profile)
 
 
-def _run_named(name: str, device: str) -> MutantResult:
-    return run_mutant(get_mutant(name), device=device)
+def _run_named(name: str, device: str, profile: str) -> MutantResult:
+    return run_mutant(get_mutant(name), device=device, profile=profile)
 
 
 def run_corpus(
@@ -129,13 +129,13 @@ def run_corpus(
     ``jobs`` > 1 runs mutants in that many worker processes (spawned, one torch thread
     each); the results come back in corpus order.
     """
-    chosen_profile = load_profile(profile)
+    chosen_profile = profile or default_profile()
     chosen = list(all_mutants() if mutants is None else mutants)
     report = MutationReport(chosen_profile, device)
     started = time.perf_counter()
     if jobs <= 1:
         for i, mutant in enumerate(chosen, 1):
-            report.results.append(run_mutant(mutant, device=device))
+            report.results.append(run_mutant(mutant, device=device, profile=chosen_profile))
             if progress:
                 progress(i, len(chosen), report.results[-1])
     else:
@@ -143,9 +143,8 @@ def run_corpus(
             max_workers=jobs,
             mp_context=get_context("spawn"),
             initializer=_worker_start,
-            initargs=(chosen_profile,),
         ) as pool:
-            futures = [pool.submit(_run_named, m.name, device) for m in chosen]
+            futures = [pool.submit(_run_named, m.name, device, chosen_profile) for m in chosen]
             for i, future in enumerate(futures, 1):
                 report.results.append(future.result())
                 if progress:

@@ -37,7 +37,7 @@ from kvspec.conformance.checks import (
     Violation,
     all_checks,
 )
-from kvspec.profiles import load_profile
+from kvspec.profiles import default_profile, profile_settings
 
 PASSED, FAILED, INCONCLUSIVE = "passed", "FAILED", "inconclusive"
 NOT_PROVIDED, SKIPPED = "not provided", "skipped"
@@ -174,8 +174,10 @@ def run_check(
     max_examples: int | None = None,
     replay: Example | None = None,
     shrink: bool = True,
+    profile: str | None = None,
 ) -> CheckResult:
-    """Run one check; ``replay`` runs exactly that example instead of generating.
+    """Run one check under ``profile`` (default: :func:`~kvspec.profiles.default_profile`),
+    applied to this check alone; ``replay`` runs exactly that example instead of generating.
 
     ``shrink=False`` reports the first failing example as found (faster, for counting
     kills rather than reading counterexamples).
@@ -205,13 +207,14 @@ def run_check(
             failures.append((example, error))
             raise
 
-    count = max_examples if max_examples is not None else settings().max_examples
+    base = profile_settings(profile)
+    count = max_examples if max_examples is not None else base.max_examples
     result.requested = max(1, round(count * check.weight))
     try:
         if replay is not None:
             body(replay)
         else:
-            _hypothesis_test(check, adapter, body, result.requested, shrink)()
+            _hypothesis_test(check, adapter, body, result.requested, shrink, profile)()
     except _Unprovided as error:
         result.verdict, result.reason = NOT_PROVIDED, str(error)
     except BaseException:
@@ -254,8 +257,9 @@ def _hypothesis_test(
     body: Callable[[Example], None],
     max_examples: int,
     shrink: bool,
+    profile: str | None,
 ) -> Callable[[], None]:
-    base = settings()  # the loaded profile
+    base = profile_settings(profile)  # applied here only; the global profile is untouched
     test = given(check.strategy(adapter))(body)
     for ex in reversed(check.examples):
         test = pinned(ex)(test)
@@ -295,7 +299,7 @@ def run_suite(
 ) -> Report:
     """Run every selected check (``checks``, or those matching ``patterns``); skipped
     checks (id -> reason) are reported, not run."""
-    chosen_profile = load_profile(profile)
+    chosen_profile = profile or default_profile()
     report = Report(impl or adapter.name, adapter, chosen_profile, device)
     started = time.perf_counter()
     selected = list(checks) if checks is not None else select_checks(patterns)
@@ -303,7 +307,7 @@ def run_suite(
         if skips and check.id in skips:
             result = CheckResult(check, SKIPPED, reason=skips[check.id])
         else:
-            result = run_check(check, adapter, device=device, shrink=shrink)
+            result = run_check(check, adapter, device=device, shrink=shrink, profile=chosen_profile)
         report.results.append(result)
         if progress:
             progress(i, len(selected), result)

@@ -56,6 +56,8 @@ FORMAT = "kvspec-golden-vectors"
 VERSION = 1
 TENSORS_FILE = "tensors.safetensors"
 MANIFEST_FILE = "manifest.json"
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+"""The golden vectors shipped inside the package: ``kvspec vectors check``'s default."""
 
 Case = dict[str, Any]
 Tensors = dict[str, torch.Tensor]
@@ -701,16 +703,51 @@ class VectorResult:
     detail: str = ""
 
 
+class VectorsError(ValueError):
+    """A directory that is not a readable vector set; the message names the file and why."""
+
+
+def load_vectors(directory: str | Path) -> tuple[dict[str, Any], Tensors]:
+    """The manifest and tensors of a vector set, refusing anything malformed with
+    :class:`VectorsError` (never a ``KeyError`` or a library's own exception)."""
+    root = Path(directory)
+    path = root / MANIFEST_FILE
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise VectorsError(f"{path}: cannot read a JSON manifest: {_short(error)}") from None
+    if not isinstance(manifest, dict):
+        raise VectorsError(f"{path}: the manifest must be a JSON object")
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise VectorsError(
+            f"{path} is not {FORMAT} version {VERSION}: "
+            f"format={_short(manifest.get('format'))}, version={_short(manifest.get('version'))}"
+        )
+    families, tensors_file = manifest.get("families"), manifest.get("tensors_file")
+    if not isinstance(families, dict) or not all(
+        isinstance(cases, list)
+        and all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in cases)
+        for cases in families.values()
+    ):
+        raise VectorsError(f"{path}: 'families' must map a family name to a list of cases with ids")
+    if not isinstance(tensors_file, str) or Path(tensors_file).name != tensors_file:
+        raise VectorsError(f"{path}: 'tensors_file' must name a file beside the manifest")
+    try:
+        tensors = load_file(root / tensors_file)
+    except Exception as error:  # safetensors raises its own types for damaged files
+        raise VectorsError(f"{root / tensors_file}: cannot read tensors: {_short(error)}") from None
+    return manifest, tensors
+
+
+def _short(value: object, limit: int = 120) -> str:
+    """``repr(value)``, cut to ``limit`` characters, so a huge bad value stays readable."""
+    text = repr(value) if not isinstance(value, BaseException) else f"{value}"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def check_vectors(directory: str | Path, adapter: Adapter) -> list[VectorResult]:
     """Replay every vector through ``adapter``; families it lacks are not applicable."""
-    root = Path(directory)
-    manifest = json.loads((root / MANIFEST_FILE).read_text())
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(
-            f"{root / MANIFEST_FILE} is not {FORMAT} version {VERSION}: "
-            f"format={manifest.get('format')!r}, version={manifest.get('version')!r}"
-        )
-    tensors = load_file(root / manifest["tensors_file"])
+    manifest, tensors = load_vectors(directory)
     provided = provided_capabilities(adapter)
     results = []
     for family in FAMILIES:

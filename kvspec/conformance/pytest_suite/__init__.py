@@ -1,0 +1,1 @@
+"""The conformance suite as a pytest test module (see :mod:`kvspec.conformance.plugin`)."""

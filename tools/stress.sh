@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# make stress: the simulated-cluster tests RUNS times in a row (20 by default) beside a
+# CPU hog (one busy process per core), each run a fresh pytest; any failure fails it.
+# The sim's tests must never flake on a busy machine: this is where we find out.
+set -uo pipefail
+PY=${PY:-.venv/bin/python}
+RUNS=${RUNS:-20}
+TESTS=${TESTS:-tests/test_sim.py}
+cores=$(nproc)
+hogs=()
+cleanup() { for pid in "${hogs[@]}"; do kill "$pid" 2>/dev/null; done; }
+trap cleanup EXIT INT TERM
+for _ in $(seq "$cores"); do
+  "$PY" -c 'while True: pass' &
+  hogs+=($!)
+done
+echo "stress: $RUNS runs of $TESTS beside $cores busy process(es)"
+failed=0
+for run in $(seq "$RUNS"); do
+  started=$(date +%s)
+  if CI=1 "$PY" -m pytest -q -p no:cacheprovider "$TESTS" >"/tmp/kvspec-stress-$$.log" 2>&1; then
+    echo "stress: run $run/$RUNS passed in $(( $(date +%s) - started )) s"
+  else
+    failed=$((failed + 1))
+    echo "stress: run $run/$RUNS FAILED in $(( $(date +%s) - started )) s:"
+    grep -E "^(FAILED|ERROR)|Error|assert" "/tmp/kvspec-stress-$$.log" | head -20
+  fi
+done
+rm -f "/tmp/kvspec-stress-$$.log"
+echo "stress: $((RUNS - failed)) of $RUNS runs passed"
+[ "$failed" -eq 0 ]
