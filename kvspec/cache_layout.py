@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvspec._checks import require_int
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import bits_view, dtype_name, torch_dtype
 
 CLAUSES = (
@@ -34,6 +34,17 @@ CLAUSES = (
         "named layout's rank, K/V axis of size 2, equal K and V shapes, dtypes and devices, "
         "an allowed dtype [DTYPE-1], or the heads, head_dim or block_size the caller states, "
         "is refused with its shape.",
+        obligations=(
+            must(
+                "each named layout reads K at index 0 and V at index 1 of its K/V axis or tuple, "
+                "and blocks, slots, heads and head_dim from its own axes"
+            ),
+            refuses("an unknown layout name"),
+            refuses(
+                "a cache without the named layout's rank, K/V axis of size 2, or equal K and V "
+                "shapes"
+            ),
+        ),
     ),
     Clause(
         "LAYOUT-2",
@@ -43,6 +54,13 @@ CLAUSES = (
         "is copied and writing through the view writes the cache. MLA reads as heads = 1, "
         "head_dim = latent [MODEL-2]; token_major reads as num_blocks = seq and "
         "block_size = 1, i.e. block i holds token i.",
+        obligations=(
+            must("reading a cache returns views of its storage: nothing is copied"),
+            must(
+                "token_major reads as one token per block (block_size 1), MLA as one head of the "
+                "latent's width"
+            ),
+        ),
     ),
     Clause(
         "LAYOUT-3",
@@ -55,6 +73,20 @@ CLAUSES = (
         "storage with the input. A conversion between layouts that carry different "
         "information (K/V to a latent), or to a block size that does not divide the slots, "
         "is refused: nothing is dropped or padded.",
+        obligations=(
+            must(
+                "conversion puts slot s of K and V (or the latent) at slot s of the target, "
+                "bit for bit"
+            ),
+            must(
+                "the converted cache shares no storage with the input, even when the layout is the "
+                "same"
+            ),
+            refuses(
+                "a conversion between layouts that carry different information (K and V to a "
+                "latent)"
+            ),
+        ),
     ),
     Clause(
         "LAYOUT-4",
@@ -67,6 +99,12 @@ CLAUSES = (
         "candidate with the num_blocks, block_size and heads it would read, and asks for "
         "the layout by name. When none fits it refuses, listing the layouts' shapes. It "
         "never guesses, and never reads strides.",
+        obligations=(
+            must("when exactly one layout fits, detection names it"),
+            refuses("a shape that fits several layouts (two blocks; heads equal to block_size)"),
+            must("each stated fact (heads, head_dim, block_size) narrows the candidates"),
+            refuses("a cache no layout fits, including one that contradicts a stated fact"),
+        ),
     ),
 )
 

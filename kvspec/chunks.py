@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvspec._checks import require_int
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import bit_equal
 from kvspec.paged import blocks_needed, blocks_of
 from kvspec.payload import CACHE_FIELDS, SCALE_FIELDS, Chunk, Payload
@@ -34,6 +34,13 @@ CLAUSES = (
         "token_start they have ids 0..n-1, the first starts at token 0, each starts where the "
         "previous stopped, and exactly the last is final. A chunk of no tokens may only be "
         "the only chunk.",
+        obligations=(
+            refuses(
+                "chunks that disagree on request_id, num_layers, dtype, block_size or tp_head_slice"
+            ),
+            refuses("chunks that disagree on present layers or head shape"),
+            refuses("chunks whose fp8 scales for one layer differ"),
+        ),
     ),
     Clause(
         "CHUNK-2",
@@ -43,6 +50,14 @@ CLAUSES = (
         "one. Otherwise reassembly is refused with every problem named: missing token ranges, "
         "missing chunk ids, no final chunk (not yet arrived); overlapping or repeated chunks, "
         "chunks past the final one, disagreeing chunks (never valid).",
+        obligations=(
+            must("a complete set reassembles, in any arrival order, to the unchunked payload"),
+            must("a block that two chunks share at a boundary is listed once in block_ids"),
+            refuses("a set missing a chunk at the start or in the middle"),
+            refuses("a set without its final chunk"),
+            refuses("a repeated or overlapping chunk"),
+            refuses("a chunk past the final one"),
+        ),
     ),
 )
 

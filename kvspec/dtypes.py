@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec._checks import show
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 
 CLAUSES = (
     Clause(
@@ -20,6 +20,12 @@ CLAUSES = (
         "Allowed cache dtypes",
         "A KV cache is float32, float16, bfloat16, float8_e4m3fn or float8_e5m2, named by "
         "these strings. Any other dtype is refused, with the allowed names listed.",
+        obligations=(
+            refuses(
+                "a dtype name outside float32, float16, bfloat16, float8_e4m3fn and float8_e5m2"
+            ),
+            must("each of the five allowed dtypes is accepted"),
+        ),
     ),
     Clause(
         "DTYPE-2",
@@ -27,6 +33,7 @@ CLAUSES = (
         "Two caches are equal when their shapes and dtypes are equal and their raw bits are "
         "equal element by element. NaN payloads and -0.0 must survive every path; no "
         "floating-point comparison is used.",
+        obligations=(must("NaN payloads and -0.0 arrive bit for bit on every path"),),
     ),
 )
 

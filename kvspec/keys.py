@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvspec._checks import require_int, show
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.plan import TransferPlan
 from kvspec.stage import StageLayout
 
@@ -50,6 +50,12 @@ CLAUSES = (
         "the integers are written in canonical decimal (no sign, no leading zero). The key "
         "does not name the receiving stage: it is unique among the transfers of one request "
         "out of one stage to one next stage.",
+        obligations=(
+            must(
+                "the rank-aware key is {request_id}_{from_stage}_{chunk_id}_{from_rank}_{to_rank}"
+            ),
+            must("its integers are canonical decimal: no sign, no leading zero"),
+        ),
     ),
     Clause(
         "KEY-2",
@@ -58,6 +64,13 @@ CLAUSES = (
         "chunked, the key is omni_{from_stage}_to_{to_stage}_kv_cache_{request_id}. It names "
         "no rank and no chunk, so every other transfer uses the rank-aware key (with pp > 1 "
         "a TP1 stage has several ranks that a legacy key could not tell apart).",
+        obligations=(
+            must("the legacy key is omni_{from_stage}_to_{to_stage}_kv_cache_{request_id}"),
+            must(
+                "only two single-rank stages (tp <= 1 and pp = 1) use the legacy key; a TP1 stage "
+                "with pp > 1 uses rank-aware keys"
+            ),
+        ),
     ),
     Clause(
         "KEY-3",
@@ -69,6 +82,15 @@ CLAUSES = (
         "kinds, and parse_key(key) returns the fields: a string matching the legacy pattern "
         "is a legacy key, any other is read as rank-aware from the right. Inputs outside "
         "the domain, and strings that are no key, are refused.",
+        obligations=(
+            refuses("an empty or non-printable request id"),
+            refuses(
+                "a stage, chunk or rank that is not an integer >= 0 (negative, bool, float, or a "
+                "string such as '0_5')"
+            ),
+            refuses("a rank-aware request id that begins with a legacy key's head"),
+            must("distinct inputs of the domain give distinct keys, long request ids included"),
+        ),
     ),
     Clause(
         "KEY-4",
@@ -77,6 +99,10 @@ CLAUSES = (
         "one key per edge s->t, both derived from the edge; so the keys s sends to t are "
         "exactly the keys t expects from s, for every valid plan (PP, replicated heads and "
         "MLA included), and all keys of one chunk of one request are distinct.",
+        obligations=(
+            must("the keys s sends t are exactly the keys t expects from s"),
+            must("all keys of one chunk of one request are distinct"),
+        ),
     ),
 )
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec._checks import require_int
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import FP8_DTYPES, bit_equal, raw_bits, torch_dtype
 from kvspec.model import ModelShape
 
@@ -28,6 +28,12 @@ CLAUSES = (
         "layer). KV of an fp8 model without scales, with scales of another shape or dtype, "
         "or KV of another dtype with scales, is refused; two senders' scales for the same "
         "layer must be bit-equal.",
+        obligations=(
+            must("an fp8 transfer delivers every layer's K and V scales bit for bit with the data"),
+            refuses("two senders' scales for one layer that differ, in K alone or in V alone"),
+            refuses("fp8 KV without scales"),
+            refuses("KV of a non-fp8 dtype that carries scales"),
+        ),
     ),
 )
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from kvspec._checks import require_choice, require_int
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import FP8_DTYPES, check_dtype, itemsize
 
 CLAUSES = (
@@ -23,6 +23,14 @@ CLAUSES = (
         "kind ('mha' covers MHA and GQA, by head count; or 'mla') and a cache dtype "
         "[DTYPE-1]. An fp8 dtype carries a scale format ('per_layer': one float32 scale for "
         "K and one for V per layer); other dtypes carry none.",
+        obligations=(
+            refuses("num_layers, num_kv_heads or head_dim below 1, or not an integer"),
+            refuses("an attention kind other than 'mha' or 'mla'"),
+            refuses(
+                "an fp8 dtype with a scale format other than 'per_layer', or another dtype with a "
+                "scale format"
+            ),
+        ),
     ),
     Clause(
         "MODEL-2",
@@ -30,6 +38,10 @@ CLAUSES = (
         "An MLA cache holds one latent vector of width latent_dim per token and layer, with "
         "no head axis and no separate V. It is described as num_kv_heads = 1 and "
         "head_dim = latent_dim; any other head count is refused.",
+        obligations=(
+            must("an MLA latent (one tensor per layer, no V, no head axis) moves intact"),
+            refuses("an MLA model with num_kv_heads other than 1"),
+        ),
     ),
     Clause(
         "MODEL-3",
@@ -38,6 +50,13 @@ CLAUSES = (
         "num_layers, num_kv_heads, head_dim, attention kind, cache dtype and fp8 scale "
         "format. The error lists every mismatch, not only the first. Block size and cache "
         "layout may differ: they are converted.",
+        obligations=(
+            refuses("stages that differ in num_layers alone"),
+            refuses("stages that differ in num_kv_heads alone"),
+            refuses("stages that differ in head_dim alone"),
+            refuses("stages that differ in attention kind alone"),
+            refuses("stages that differ in cache dtype alone (even of one itemsize)"),
+        ),
     ),
 )
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec._checks import require_int
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
 from kvspec.kv import SCALES_DTYPE, RequestKV, check_request_kv
 from kvspec.model import ModelShape
@@ -43,6 +43,12 @@ CLAUSES = (
         "global head, global token and dim, in that order; an MLA element absorbs the "
         "request value, layer, token and latent index (no kv, no head). Every coordinate is "
         "global and >= 0.",
+        obligations=(
+            must(
+                "every element is the coordinate hash of (seed, request, layer, kv, head, token, "
+                "dim), in that order (MLA: no kv, no head)"
+            ),
+        ),
     ),
     Clause(
         "ORACLE-2",
@@ -52,6 +58,9 @@ CLAUSES = (
         "element's bits are sign, exponent + B, mantissa. Every value is a finite normal "
         "number of magnitude in [1/16, 16), never zero, NaN or infinite, and its bits are "
         "the same on CPU and CUDA.",
+        obligations=(
+            must("a hash becomes the stated sign, exponent and mantissa bits of the dtype"),
+        ),
     ),
     Clause(
         "ORACLE-3",
@@ -60,6 +69,12 @@ CLAUSES = (
         "value with sign 0 built as in ORACLE-2 from mix(seed mod P) absorbing the value of "
         "the id 'kvspec/scales', the layer and kv: a positive finite number in [1/16, 16), "
         "the same for every request, as a cache's scales are [PAGED-5].",
+        obligations=(
+            must(
+                "fp8 scales are the stated positive hash of (seed, 'kvspec/scales', layer, kv), "
+                "the same for every request"
+            ),
+        ),
     ),
     Clause(
         "ORACLE-4",
@@ -68,6 +83,13 @@ CLAUSES = (
         "request's fill, bit for bit, so a sender fills and a receiver checks its own shard "
         "from its ranges alone [RESHARD-1]. A layer, head or token range outside the model "
         "is refused.",
+        obligations=(
+            must(
+                "a fill of any layers, heads and tokens equals that part of the whole request's "
+                "fill"
+            ),
+            refuses("a layer, head or token range outside the model"),
+        ),
     ),
     Clause(
         "ORACLE-5",
@@ -78,6 +100,11 @@ CLAUSES = (
         "layer, K/V, head, token and dim, expected and received bits. Any change of any bit "
         "of any element is reported. KV of another shape or dtype than the ranges imply is "
         "refused, not compared.",
+        obligations=(
+            must("the verifier counts every element whose bits differ, however small the change"),
+            must("the verifier compares the fp8 scales too"),
+            refuses("KV of another shape or dtype than the ranges imply"),
+        ),
     ),
 )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvspec._checks import require_int, require_rank
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.model import ModelShape
 from kvspec.stage import StageLayout
 
@@ -21,6 +21,10 @@ CLAUSES = (
         "Heads split over TP ranks",
         "With H total KV heads and tp ranks, H >= tp requires H % tp == 0; TP rank r owns "
         "the contiguous heads [r*H/tp, (r+1)*H/tp).",
+        obligations=(
+            must("with H >= tp, TP rank r owns the contiguous heads [r*H/tp, (r+1)*H/tp)"),
+            refuses("H >= tp with H % tp != 0"),
+        ),
     ),
     Clause(
         "HEAD-2",
@@ -28,6 +32,10 @@ CLAUSES = (
         "With H < tp, tp % H == 0 is required; TP rank r owns the single head r // (tp/H), "
         "so each head is replicated on tp/H consecutive ranks. Any (H, tp) that satisfies "
         "neither HEAD-1 nor HEAD-2 is refused with both numbers in the error.",
+        obligations=(
+            must("with H < tp, TP rank r owns the single head r // (tp/H)"),
+            refuses("H < tp with tp % H != 0"),
+        ),
     ),
     Clause(
         "HEAD-3",
@@ -35,6 +43,10 @@ CLAUSES = (
         "An MLA latent (one head, [MODEL-2]) is identical on every TP rank of a pipeline "
         "stage, i.e. HEAD-2 with H = 1; a receiver needs each layer of it from exactly one "
         "sender.",
+        obligations=(
+            must("every TP rank of a pipeline stage holds the whole MLA latent of its layers"),
+            must("a receiver takes each layer of the latent from exactly one sender"),
+        ),
     ),
     Clause(
         "LAYER-1",
@@ -43,12 +55,28 @@ CLAUSES = (
         "n // pp layers and the remainder n % pp is added one layer each to partitions -2, "
         "-3, ... (counting from the end); the last partition never gets an extra layer. "
         "Partitions are contiguous and in order.",
+        obligations=(
+            must(
+                "n // pp layers each, the remainder added one each to partitions -2, -3, ...; "
+                "contiguous and in order"
+            ),
+            refuses("fewer layers than pipeline ranks"),
+        ),
     ),
     Clause(
         "LAYER-2",
         "Explicit layer partition",
         "An explicit partition gives one positive layer count per PP rank; the counts must "
         "sum to num_layers. PP rank p owns the contiguous layers after those of ranks 0..p-1.",
+        obligations=(
+            must(
+                "PP rank p owns the contiguous layers after those of ranks 0..p-1 of the explicit "
+                "partition"
+            ),
+            refuses("an explicit partition whose counts do not sum to num_layers"),
+            refuses("an explicit partition with a count below 1"),
+            refuses("an explicit partition with another number of entries than pp"),
+        ),
     ),
 )
 

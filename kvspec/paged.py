@@ -33,7 +33,7 @@ from kvspec.cache_layout import (
     get_layout,
     kv_views,
 )
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import bit_equal, bits_view, dtype_name, torch_dtype
 from kvspec.kv import RequestKV, check_scales
 from kvspec.model import ModelShape
@@ -46,6 +46,10 @@ CLAUSES = (
         "[i_0, i_1, ...] keeps its token t (0-based, request-local) in block i_(t // b) at "
         "slot t % b, for K and V (or the latent) of every layer alike. Slots past seq_len in "
         "its last block are neither read nor written.",
+        obligations=(
+            must("token t is read from and written to block block_ids[t // b] at slot t % b"),
+            must("slots past seq_len in the last block are neither read nor written"),
+        ),
     ),
     Clause(
         "PAGED-2",
@@ -53,6 +57,12 @@ CLAUSES = (
         "Every block id is an integer in 0..num_blocks-1 — a negative id does not wrap — "
         "and no id appears twice. Otherwise the gather or scatter is refused, naming the "
         "offending ids and the valid range.",
+        obligations=(
+            refuses("a block id >= num_blocks"),
+            refuses("a negative block id (it does not wrap)"),
+            refuses("a block id listed twice"),
+            refuses("a block id that is not an integer"),
+        ),
     ),
     Clause(
         "PAGED-3",
@@ -62,6 +72,10 @@ CLAUSES = (
         "are refused, naming seq_len, b and the ids: tokens are never dropped and blocks "
         "never padded. A caller holding blocks reserved for later tokens passes the first "
         "ceil(seq_len / b) of them.",
+        obligations=(
+            refuses("fewer block ids than ceil(seq_len / b)"),
+            refuses("more block ids than ceil(seq_len / b)"),
+        ),
     ),
     Clause(
         "PAGED-4",
@@ -73,6 +87,14 @@ CLAUSES = (
         "the request's slots, and checks everything before it writes anything. Gathering "
         "what was scattered returns it bit for bit [DTYPE-2]. KV and a cache that disagree "
         "in shape or dtype are refused with both shapes.",
+        obligations=(
+            must("gathering gives the request's tokens of every layer, with the cache's scales"),
+            must(
+                "scattering into another layout and block size writes exactly the request's slots"
+            ),
+            must("a refused scatter writes nothing"),
+            refuses("KV that differs from the cache in layers, heads, head_dim or dtype"),
+        ),
     ),
     Clause(
         "PAGED-5",
@@ -81,6 +103,10 @@ CLAUSES = (
         "for V [DTYPE-3]. Scattering into it requires the KV's scales to be bit-equal to the "
         "cache's for every layer, since the same bits decode to other values under other "
         "scales; missing or differing scales are refused, naming the layer and both values.",
+        obligations=(
+            refuses("fp8 KV whose scales differ from the cache's, in one layer's K or V alone"),
+            refuses("fp8 KV without scales"),
+        ),
     ),
 )
 

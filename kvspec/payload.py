@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from kvspec._checks import require_int, show
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import FP8_DTYPES, bit_equal, check_dtype, dtype_name, torch_dtype
 from kvspec.keys import check_request_id
 from kvspec.kv import SCALES_DTYPE, RequestKV
@@ -66,6 +66,15 @@ CLAUSES = (
         "the dtype, seq_len and one shape, on one device; a layer has K and V (MHA/GQA) or "
         "only K (the MLA latent), the same for every present layer. Unknown or missing keys "
         "and anything else are refused, naming the value.",
+        obligations=(
+            refuses("a missing or unknown key in the payload's metadata, marker or chunk"),
+            refuses(
+                "a present tensor whose dtype, seq_len or shape disagrees with the metadata or the "
+                "other tensors"
+            ),
+            refuses("fp8 scales missing where the cache is present, or present where it is absent"),
+            refuses("block_size < 1, a negative block id, or an empty request id"),
+        ),
     ),
     Clause(
         "PAYLOAD-2",
@@ -74,6 +83,10 @@ CLAUSES = (
         "model's num_layers and dtype, K and V for MHA/GQA or the latent alone for MLA, and "
         "the edge's tp_head_slice marker; converting a shipment to a payload and back gives "
         "the same shipment.",
+        obligations=(
+            refuses("a payload whose num_layers, dtype or K/V count differ from the model's"),
+            refuses("a payload carrying a layer outside its edge's layers"),
+        ),
     ),
     Clause(
         "PAYLOAD-3",
@@ -84,6 +97,20 @@ CLAUSES = (
         "are then placed by RESHARD-3 in source-rank order, so arrival order does not matter. "
         "The result is the receiver's shard as a payload: its layers, marker num_slices 1 "
         "applied by the receiver, the lowest source rank's block_ids.",
+        obligations=(
+            must(
+                "merging in any arrival order gives the receiver's shard, placed in source-rank "
+                "order and marked num_slices 1, applied by the receiver"
+            ),
+            refuses("shards that disagree on request_id alone"),
+            refuses("shards that disagree on seq_len alone"),
+            refuses("shards that disagree on num_layers alone"),
+            refuses("shards that disagree on dtype alone"),
+            refuses("shards that disagree on block_size alone"),
+            refuses("shards that disagree on chunk alone"),
+            refuses("a layer present on one shard and missing on another that should carry it"),
+            must("the merged payload carries the lowest source rank's block_ids"),
+        ),
     ),
 )
 

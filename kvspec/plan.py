@@ -10,11 +10,12 @@ own them; when a head is replicated on several source ranks, the policy picks on
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvspec._checks import require_choice, require_int, require_rank
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.model import ModelShape
 from kvspec.ownership import RankOwnership, check_heads, head_replicas, stage_ownership
 from kvspec.stage import StageLayout
@@ -27,6 +28,13 @@ CLAUSES = (
         "t % s == 0 (PP sizes are free). Then every edge carries the sender's whole head "
         "shard or one of its equal slices [SLICE-1], which the tp_head_slice marker can "
         "state. Other pairs are refused with both sizes in the error.",
+        obligations=(
+            refuses("TP sizes s and t with s % t != 0 and t % s != 0"),
+            must(
+                "every pair of dividing TP sizes, with any PP sizes and a model valid for both, is "
+                "accepted"
+            ),
+        ),
     ),
     Clause(
         "PLAN-2",
@@ -34,12 +42,22 @@ CLAUSES = (
         "For every receiver rank, every (head, layer) it owns is carried by exactly one edge "
         "into it, and that edge's sender owns the (head, layer). No edge carries a head or "
         "layer its receiver does not own. There is at most one edge per (sender, receiver).",
+        obligations=(
+            must("every (head, layer) a receiver owns arrives on an edge into it"),
+            must("no (head, layer) arrives twice: replicas are never merged twice"),
+            must("every edge's sender owns the heads and layers the edge carries"),
+            must("a receiver lists each of its senders once"),
+        ),
     ),
     Clause(
         "PLAN-3",
         "Inverse consistency",
         "A receiver lists sender s among its sources if and only if s lists the receiver "
         "among its targets; both lists are in ascending rank order.",
+        obligations=(
+            must("a receiver lists sender s if and only if s lists the receiver"),
+            must("sources and targets are listed in ascending rank order"),
+        ),
     ),
     Clause(
         "PLAN-4",
@@ -49,6 +67,22 @@ CLAUSES = (
         "numbers the receivers that need the head from one source pipeline stage in "
         "ascending rank order and gives the k-th of them replica k mod (number of replicas). "
         "Every policy satisfies PLAN-2 and PLAN-3; an unknown policy name is refused.",
+        obligations=(
+            must("'lowest' takes a replicated head from the lowest TP rank holding it"),
+            must(
+                "'balanced' gives the k-th receiver of a head (ascending, per source pipeline "
+                "stage) replica k mod (number of replicas)"
+            ),
+            must(
+                "the choice is deterministic: one configuration gives the same senders on every "
+                "call, in any order of calls"
+            ),
+            refuses("a policy name that is not one of the implementation's policies"),
+            must(
+                "a declared (field) policy picks a rank holding the head, the same one every time, "
+                "and routing follows it"
+            ),
+        ),
     ),
     Clause(
         "PLAN-5",
@@ -56,11 +90,46 @@ CLAUSES = (
         "An edge of h heads and l layers moves h * l * seq_len * head_dim * itemsize * k "
         "bytes for a request of seq_len tokens, k = 2 for MHA/GQA (K and V) and 1 for MLA. "
         "Under receiver-side slicing it moves num_slices times that [SLICE-2].",
+        obligations=(
+            must(
+                "sender-side, an edge moves heads x layers x seq_len x head_dim x itemsize x "
+                "(2, or 1 for MLA) bytes"
+            ),
+            must("receiver-side, an edge moves num_slices times that"),
+        ),
     ),
 )
 
 POLICIES: tuple[str, ...] = ("lowest", "balanced")
 """The named replica-choice policies [PLAN-4]."""
+
+
+@dataclass(frozen=True)
+class ReplicaChoice:
+    """What a replica policy sees when it picks the sender of one head [PLAN-4].
+
+    ``replicas`` are the TP ranks of source pipeline stage ``source_pp_rank`` that hold
+    ``head``; ``consumer_index`` is the receiver's index (ascending rank order) among the
+    receivers that need the head from that stage; ``receiver_rank`` and
+    ``receiver_tp_rank`` name the receiver.
+    """
+
+    head: int
+    replicas: range
+    consumer_index: int
+    receiver_rank: int
+    receiver_tp_rank: int
+    source_pp_rank: int
+
+
+ReplicaRule = Callable[[ReplicaChoice], int]
+"""A replica policy as a function: the TP rank (one of ``replicas``) that sends the head."""
+
+SPEC_RULES: dict[str, ReplicaRule] = {
+    "lowest": lambda c: c.replicas[0],
+    "balanced": lambda c: c.replicas[c.consumer_index % len(c.replicas)],
+}
+"""The spec's named policies as rules [PLAN-4]."""
 
 
 @dataclass(frozen=True)
@@ -201,13 +270,23 @@ def plan_transfer(
     model: ModelShape,
     *,
     policy: str = "lowest",
+    rule: ReplicaRule | None = None,
 ) -> TransferPlan:
     """The transfer plan from ``source`` to ``target`` for ``model`` [PLAN-1..5].
+
+    ``policy`` names one of :data:`POLICIES`, or, with ``rule``, a policy of one's own:
+    the rule picks the sending TP rank of each replicated head and must return one of
+    the replicas it is shown [PLAN-4]. Every policy gives a plan that satisfies PLAN-2
+    and PLAN-3.
 
     Both stages must run the same model; check that first with
     :func:`kvspec.model.check_compatible` when each stage has its own description.
     """
-    require_choice("policy", policy, POLICIES)
+    if rule is None:
+        require_choice("policy", policy, POLICIES)
+        rule = SPEC_RULES[policy]
+    elif not isinstance(policy, str) or not policy:
+        raise ValueError(f"a policy given as a rule needs a name, got {policy!r} [PLAN-4]")
     check_plannable(source.tp, target.tp, model.num_kv_heads)
     senders = stage_ownership(source, model)
     receivers = stage_ownership(target, model)
@@ -225,8 +304,15 @@ def plan_transfer(
             chosen = {
                 _choose(
                     policy,
-                    head_replicas(model.num_kv_heads, source.tp, head),
-                    consumer_index[(pp_rank, head)][receiver.rank],
+                    rule,
+                    ReplicaChoice(
+                        head=head,
+                        replicas=head_replicas(model.num_kv_heads, source.tp, head),
+                        consumer_index=consumer_index[(pp_rank, head)][receiver.rank],
+                        receiver_rank=receiver.rank,
+                        receiver_tp_rank=receiver.tp_rank,
+                        source_pp_rank=pp_rank,
+                    ),
                 )
                 for head in receiver.heads
             }
@@ -238,11 +324,17 @@ def plan_transfer(
     return TransferPlan(source, target, model, policy, tuple(edges))
 
 
-def _choose(policy: str, replicas: range, consumer_index: int) -> int:
-    """The source TP rank that sends a head to its ``consumer_index``-th receiver [PLAN-4]."""
-    if policy == "lowest":
-        return replicas[0]
-    return replicas[consumer_index % len(replicas)]
+def _choose(policy: str, rule: ReplicaRule, choice: ReplicaChoice) -> int:
+    """The source TP rank that sends ``choice.head`` to its receiver; refused unless it is
+    one of the head's replicas [PLAN-4]."""
+    chosen = rule(choice)
+    if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen not in choice.replicas:
+        raise ValueError(
+            f"policy {policy!r} chose source TP rank {chosen!r} for head {choice.head} of "
+            f"target rank {choice.receiver_rank}, but only TP ranks "
+            f"{choice.replicas.start}..{choice.replicas.stop - 1} hold it [PLAN-4]"
+        )
+    return chosen
 
 
 def _consumer_index(

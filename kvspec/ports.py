@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from kvspec._checks import require_choice, require_int
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.stage import StageLayout
 
 CLAUSES = (
@@ -38,6 +38,7 @@ CLAUSES = (
         "the stage-local rank [STAGE-1]. Compatible defaults: offsets kv 100, forward 0, "
         "orchestrator 200; rank_stride 16; replica_stride 1024; no dp term. An orchestrator "
         "has one port per (dp_rank, replica, stage): its rank is 0.",
+        obligations=(must("the KV port is base + 100 + replica*1024 + rank*16 + stage"),),
     ),
     Clause(
         "PORT-2",
@@ -47,6 +48,13 @@ CLAUSES = (
         "replica*replica_stride + rank*rank_stride + stage < dp_stride with one; orchestrator "
         "rank 0; and only results in 1..65535. On this domain one purpose's ports are "
         "distinct. Anything else is refused with the value and its limit.",
+        obligations=(
+            refuses("a stage >= rank_stride"),
+            refuses("rank*rank_stride + stage >= replica_stride"),
+            refuses("a port outside 1..65535"),
+            refuses("a negative base, stage, rank or replica"),
+            refuses("a base, stage, rank or replica that is not an integer"),
+        ),
     ),
     Clause(
         "PORT-3",
@@ -55,6 +63,9 @@ CLAUSES = (
         "one endpoint per (purpose, dp_rank, replica, rank, stage), orchestrators at rank 0. "
         "It is accepted only when every endpoint lies in the domain of PORT-2 and no two "
         "endpoints share a port; otherwise every problem and every colliding pair is named.",
+        obligations=(
+            must("every KV endpoint of a deployment (stages, ranks, replicas) gets its own port"),
+        ),
     ),
 )
 

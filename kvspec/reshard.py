@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvspec._checks import require_choice
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import bit_equal
 from kvspec.kv import RequestKV, check_request_kv
 from kvspec.model import ModelShape
@@ -34,12 +34,20 @@ CLAUSES = (
         "num_kv_heads, head_dim] restricted to the layers and heads the rank owns "
         "[HEAD-1..3, LAYER-1..2], in global order, with the scales of those layers "
         "[DTYPE-3].",
+        obligations=(
+            must("a receiver's shard holds exactly the layers and heads it owns"),
+            must("an fp8 shard carries the scales of exactly its layers"),
+        ),
     ),
     Clause(
         "RESHARD-2",
         "Resharding reproduces the target's shards",
         "Executing a plan over the source shards of X, in either slicing mode, yields "
         "exactly the target shards of X, bit for bit [DTYPE-2].",
+        obligations=(
+            must("executing a plan in each slicing mode yields the target shards bit for bit"),
+            must("the assembled shard does not depend on the order the shipments arrive in"),
+        ),
     ),
     Clause(
         "RESHARD-3",
@@ -48,6 +56,17 @@ CLAUSES = (
         "plan sources and none from any other rank, each carrying the plan's edge to it, "
         "marked for it [SLICE-3], and of the shape the edge implies (seq_len equal across "
         "shipments). Nothing is dropped, padded or guessed.",
+        obligations=(
+            refuses("an assembly missing one of its plan's shipments"),
+            refuses("an extra shipment from a rank that is not one of the receiver's plan sources"),
+            refuses("a repeated shipment from one source"),
+            refuses("a shipment carrying another edge than the plan's edge into the receiver"),
+            refuses("shipments whose seq_len differ"),
+            refuses(
+                "a shipment of another shape than its edge implies (one head or one layer more or "
+                "less)"
+            ),
+        ),
     ),
 )
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 
 from kvspec._checks import require_choice, require_int, show
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 
 CLAUSES = (
     Clause(
@@ -27,6 +27,13 @@ CLAUSES = (
         "The heads on edge s->t are slice offset_in_shard of num_slices equal slices of "
         "sender s's head shard: heads [offset*n/num_slices, (offset+1)*n/num_slices) of its "
         "n heads, in the sender's head order. num_slices = 1 means the whole shard.",
+        obligations=(
+            must(
+                "sender-side, edge s->t carries slice offset_in_shard of num_slices equal slices "
+                "of the sender's heads, in order"
+            ),
+            must("an edge carries exactly its layers, not the sender's whole layer range"),
+        ),
     ),
     Clause(
         "SLICE-2",
@@ -34,6 +41,10 @@ CLAUSES = (
         "Under sender-side slicing the sender sends exactly the edge's slice; under "
         "receiver-side slicing it sends its whole head shard for the edge's layers and the "
         "receiver cuts the slice. Both give bit-identical receiver shards.",
+        obligations=(
+            must("receiver-side, the sender sends its whole head shard for the edge's layers"),
+            must("sender-side and receiver-side slicing give bit-identical receiver shards"),
+        ),
     ),
     Clause(
         "SLICE-3",
@@ -42,6 +53,17 @@ CLAUSES = (
         "to_tp, offset_in_shard, num_slices). A receiver applies an unapplied slice and marks "
         "it applied by the receiver; an applied slice is never cut again. A payload whose "
         "target_rank is another rank is refused.",
+        obligations=(
+            must(
+                "an unapplied slice is cut once, at its marker's offset, and marked applied by the "
+                "receiver"
+            ),
+            must(
+                "an applied slice, whether the sender or the receiver applied it, is never cut "
+                "again"
+            ),
+            refuses("a payload whose marker names another target rank, applied or not"),
+        ),
     ),
 )
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec._checks import require_int, require_rank
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 
 CLAUSES = (
     Clause(
@@ -20,6 +20,14 @@ CLAUSES = (
         "A stage has tp >= 1 tensor-parallel and pp >= 1 pipeline-parallel ranks. Its "
         "stage-local rank is pp_rank * tp + tp_rank, so the ranks are 0..tp*pp-1. A rank, "
         "tp_rank or pp_rank outside its range is refused.",
+        obligations=(
+            must(
+                "stage-local rank r holds what TP rank r % tp of PP rank r // tp holds (rank = "
+                "pp_rank * tp + tp_rank)"
+            ),
+            refuses("a rank outside 0..tp*pp-1 (one past the end, or negative)"),
+            refuses("a stage of tp < 1 or pp < 1"),
+        ),
     ),
 )
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from kvspec._checks import INT64_MAX, require_int, show
-from kvspec.clause import Clause
+from kvspec.clause import Clause, must, refuses
 from kvspec.dtypes import DTYPES, FP8_DTYPES
 from kvspec.payload import CACHE_FIELDS, SCALE_FIELDS, TENSOR_FIELDS, Payload
 
@@ -53,6 +53,14 @@ CLAUSES = (
         "request_id, block_ids, metadata (as in PAYLOAD-1) and tensors: one entry {field, "
         "layer, dtype, shape} per present tensor. Frame i holds the raw little-endian bytes of "
         "tensors[i-1] in C order. A decoder refuses any other format or version.",
+        obligations=(
+            must(
+                "the implementation's frames decode to the same payload with the spec's decoder, "
+                "and the spec's frames with the implementation's"
+            ),
+            refuses("a header of another format or version (1.0 and '1' included)"),
+            refuses("a header with a missing or unknown top-level key"),
+        ),
     ),
     Clause(
         "WIRE-2",
@@ -61,6 +69,10 @@ CLAUSES = (
         "total byte length against its limits, and num_layers before building per-layer "
         "lists; every size the header declares is checked against the frames before any "
         "tensor is made. Decoding allocates no tensor memory: tensors are views of the frames.",
+        obligations=(
+            refuses("a header declaring more layers than max_layers"),
+            refuses("a header longer than max_header_bytes"),
+        ),
     ),
     Clause(
         "WIRE-3",
@@ -69,6 +81,12 @@ CLAUSES = (
         "the allow-list [DTYPE-1] by name, and a shape of integers >= 0 ([seq, heads, dim] "
         "for caches, [] for scales) whose product times the dtype's itemsize equals the length "
         "of its frame; there is exactly one frame per entry.",
+        obligations=(
+            refuses("a frame whose length is not shape x itemsize (one byte short or long)"),
+            refuses("a dtype name outside the allow-list (aliases such as 'bf16' included)"),
+            refuses("a tensor entry with a layer >= num_layers, or a (field, layer) listed twice"),
+            refuses("a message with one frame more or less than its tensor entries"),
+        ),
     ),
     Clause(
         "WIRE-4",
@@ -77,6 +95,14 @@ CLAUSES = (
         "naming the problem, for every input: never another exception, never a hang, never "
         "an allocation beyond the limits. No pickle, eval or other code-loading is on the "
         "path; the header is strict JSON (no duplicate keys, NaN or floats).",
+        obligations=(
+            must("every malformed message is refused with a ValueError, never another exception"),
+            refuses(
+                "a header that is not JSON (pickle bytes included): nothing is unpickled or "
+                "evaluated"
+            ),
+            refuses("a header that is not strict JSON: a repeated key, NaN or Infinity, a float"),
+        ),
     ),
     Clause(
         "WIRE-5",
@@ -84,6 +110,12 @@ CLAUSES = (
         "Encoding frames contiguous CPU tensors as views of their memory; CUDA and "
         "non-contiguous tensors are copied to host once. Decoding returns views into the "
         "received frames. decode(encode(p)) equals p bit for bit [DTYPE-2].",
+        obligations=(
+            must(
+                "encoding a contiguous CPU payload frames its tensors' own memory, without a copy"
+            ),
+            must("decoded tensors are views of the received frames: no tensor memory is allocated"),
+        ),
     ),
     Clause(
         "WIRE-6",
@@ -93,6 +125,12 @@ CLAUSES = (
         "keys, no whitespace, ASCII), frames[i] the CRC-32 of tensor frame i+1. A decoder that "
         "finds crc32 checks every value before making any tensor and refuses a mismatch, so "
         "a flipped bit anywhere in the message is refused, not decoded.",
+        obligations=(
+            must(
+                "a message with correct CRC-32s of its canonical header and every frame is decoded"
+            ),
+            refuses("a message with crc32 whose header or any frame was damaged (one flipped bit)"),
+        ),
     ),
 )
 
