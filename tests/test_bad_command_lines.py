@@ -207,6 +207,8 @@ KVSPEC_LINES += [
     ["conform", "reference", "--clause", "NOPE-99"],
     ["conform", "reference", "--check", "PLAN-2/exact-cover", "--replay", "{not json"],
     ["conform"],
+    ["conform", "reference", "--json", "/nonexistent-dir/conform.json"],
+    ["conform", "reference", "--device", "tpu"],
     ["clauses", "--nonsense"],
     ["frobnicate"],
     [],

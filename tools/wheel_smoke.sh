@@ -8,6 +8,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 DEV_PY=${DEV_PY:-$repo/.venv/bin/python}
+DEV_PY=$(cd "$(dirname "$DEV_PY")" && pwd)/$(basename "$DEV_PY")  # we change directory below
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvspec-smoke-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 step() { printf 'wheel smoke: %s\n' "$*" >&2; }
@@ -41,7 +42,7 @@ fi
 "$bin/kvspec" plan --source-tp 8 --target-tp 2 --kv-heads 4 --json - >/dev/null
 "$py" -m sim --version
 step "kvspec conform reference --profile dev"
-"$bin/kvspec" conform reference --profile dev --quiet --report "$work/conform.json" >/dev/null
+"$bin/kvspec" conform reference --profile dev --quiet --json "$work/conform.json" >/dev/null
 step "kvspec vectors check --impl reference (the vectors installed with the wheel)"
 "$bin/kvspec" vectors check --impl reference >/dev/null
 "$bin/kvspec" vectors export "$work/vectors" >/dev/null

@@ -29,6 +29,7 @@ import json
 import sys
 from typing import Any
 
+from kvspec.cli.output import check_writable
 from kvspec.conformance.adapter import AdapterError, load_adapter
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.runner import (
@@ -112,6 +113,11 @@ def run(args: argparse.Namespace) -> int:
     if args.report and not args.json:
         print("kvspec conform: --report is deprecated; use --json PATH", file=sys.stderr)
         args.json = args.report
+    try:
+        check_writable(args.json)  # before a run of minutes, not after it
+    except ValueError as error:
+        print(f"kvspec conform: refused: {error}", file=sys.stderr)
+        return 2
     if args.mutants:
         if args.impl:
             print("kvspec conform: --mutants takes no IMPL", file=sys.stderr)
