@@ -6,8 +6,8 @@ import torch
 
 from examples import field_kv_utils as kv
 from kvspec.conformance import Adapter, Domain
-from kvspec.kv import RequestKV
-from kvspec.slicing import HeadSlice
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.slicing import HeadSlice
 
 
 def to_payload(request: RequestKV, marker: dict | None = None) -> dict:

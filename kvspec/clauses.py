@@ -13,22 +13,22 @@ from functools import cache
 from kvspec.clause import Clause, Obligation
 
 SPEC_MODULES: tuple[str, ...] = (
-    "kvspec.stage",
-    "kvspec.model",
-    "kvspec.dtypes",
-    "kvspec.kv",
-    "kvspec.ownership",
-    "kvspec.plan",
-    "kvspec.slicing",
-    "kvspec.reshard",
-    "kvspec.cache_layout",
-    "kvspec.paged",
-    "kvspec.oracle",
-    "kvspec.keys",
-    "kvspec.ports",
-    "kvspec.payload",
-    "kvspec.chunks",
-    "kvspec.wire",
+    "kvspec.topology.stage",
+    "kvspec.topology.model",
+    "kvspec.tensors.dtypes",
+    "kvspec.tensors.kv",
+    "kvspec.topology.ownership",
+    "kvspec.topology.plan",
+    "kvspec.tensors.slicing",
+    "kvspec.tensors.reshard",
+    "kvspec.memory.cache_layout",
+    "kvspec.memory.paged",
+    "kvspec.tensors.oracle",
+    "kvspec.naming.keys",
+    "kvspec.naming.ports",
+    "kvspec.transport.payload",
+    "kvspec.transport.chunks",
+    "kvspec.transport.wire",
 )
 """Modules that declare clauses, in the order their families appear in the table."""
 

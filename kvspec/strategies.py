@@ -15,15 +15,15 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import CacheShape, get_layout, layouts_for
-from kvspec.dtypes import DTYPES
-from kvspec.keys import LegacyKey, RankAwareKey
-from kvspec.model import ModelShape
-from kvspec.ownership import check_heads
-from kvspec.paged import blocks_needed
-from kvspec.plan import POLICIES, ReplicaRule, TransferPlan, check_tp_pair, plan_transfer
-from kvspec.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
-from kvspec.stage import StageLayout
+from kvspec.memory.cache_layout import CacheShape, get_layout, layouts_for
+from kvspec.memory.paged import blocks_needed
+from kvspec.naming.keys import LegacyKey, RankAwareKey
+from kvspec.naming.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import check_heads
+from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan, check_tp_pair, plan_transfer
+from kvspec.topology.stage import StageLayout
 
 TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 """TP sizes drawn by default: powers of two and the non-powers 3, 6, 12, 24."""
@@ -486,7 +486,13 @@ random_frames = st.lists(
     st.one_of(
         st.binary(max_size=64),
         st.sampled_from(
-            [b"{}", b"[]", b"null", b'{"format":"kvspec.payload","version":1}', b"\xff\xfe"]
+            [
+                b"{}",
+                b"[]",
+                b"null",
+                b'{"format":"kvspec.payload","version":1}',
+                b"\xff\xfe",
+            ]
         ),
     ),
     max_size=6,

@@ -40,13 +40,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvspec import __version__
-from kvspec.cache_layout import LAYOUTS
 from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, quote, seconds_in
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.cli.plan import model_from_args
-from kvspec.dtypes import DTYPES
-from kvspec.plan import POLICIES
-from kvspec.stage import StageLayout
+from kvspec.memory.cache_layout import LAYOUTS
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.plan import POLICIES
+from kvspec.topology.stage import StageLayout
 from sim.cluster import exposure, run_simulation, validate
 from sim.config import LIMITS, PORT_MODES, SimConfig, parse_seq_len, parse_stage
 from sim.endpoints import find_free_base

@@ -41,9 +41,9 @@ from typing import Any
 import multiprocess
 import zmq
 
-from kvspec.cache_layout import get_layout, layouts_for
-from kvspec.keys import RankAwareKey, parse_key
-from kvspec.plan import plan_transfer
+from kvspec.memory.cache_layout import get_layout, layouts_for
+from kvspec.naming.keys import RankAwareKey, parse_key
+from kvspec.topology.plan import plan_transfer
 from sim import messages
 from sim.accounting import Ledger
 from sim.auth import RunSecret

@@ -6,8 +6,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvspec.model import ModelShape
-from kvspec.stage import StageLayout
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 from sim.faults import FaultSpec, check_rank_faults, parse_faults
 
 _LAYOUT = re.compile(r"^(?:PP(\d{1,5})X)?TP(\d{1,5})$")

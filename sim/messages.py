@@ -2,7 +2,7 @@
 
 A data message on a KV socket is ``[envelope, *payload frames]``: the envelope names
 the spec's key for the payload, its place in the edge's order (``seq``) and when it
-was sent; the payload frames are the spec's wire format (:mod:`kvspec.wire`).
+was sent; the payload frames are the spec's wire format (:mod:`kvspec.transport.wire`).
 Everything else is one JSON frame: control events and commands between ranks and the
 parent, and on a KV socket the receiver's *hello*, the sender's *welcome* and the
 sender's *end-of-stream* (see :mod:`sim.auth` for what is signed). Parsing trusts

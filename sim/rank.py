@@ -33,28 +33,28 @@ from typing import Any
 import torch
 import zmq
 
-from kvspec.chunks import reassemble
-from kvspec.keys import recv_keys, send_keys
-from kvspec.kv import RequestKV
-from kvspec.oracle import oracle_kv, oracle_scales, verify
-from kvspec.ownership import rank_ownership
-from kvspec.paged import (
+from kvspec.memory.paged import (
     PagedCache,
     blocks_of,
     empty_model_cache,
     gather_request,
     scatter_request,
 )
-from kvspec.payload import (
+from kvspec.naming.keys import recv_keys, send_keys
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
+from kvspec.tensors.reshard import send
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import TransferPlan, plan_transfer
+from kvspec.transport.chunks import reassemble
+from kvspec.transport.payload import (
     Chunk,
     Payload,
     merge_payloads,
     merge_to_request_kv,
     payload_from_shipment,
 )
-from kvspec.plan import TransferPlan, plan_transfer
-from kvspec.reshard import send
-from kvspec.wire import WireError, decode, encode
+from kvspec.transport.wire import WireError, decode, encode
 from sim import messages
 from sim.accounting import FaultBook
 from sim.auth import RunSecret, new_nonce

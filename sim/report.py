@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.cli.plan import human_bytes
-from kvspec.plan import plan_transfer
+from kvspec.topology.plan import plan_transfer
 from sim.accounting import MESSAGE_FAULTS, RANK_FAULTS
 from sim.config import SimConfig
 from sim.endpoints import RankId

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from functools import cached_property
 
-from kvspec.paged import blocks_needed
+from kvspec.memory.paged import blocks_needed
 from sim.config import SimConfig
 
 

@@ -114,7 +114,7 @@ def test_cli_exit_codes_and_report(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "PLAN-3/inverse" in text and "FAILED" in text and "reproduce: kvspec conform" in text
     assert main(["conform", "no_such_module:adapter"]) == 2
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
-    assert main(["conform", "kvspec.plan:POLICIES"]) == 2
+    assert main(["conform", "kvspec.topology.plan:POLICIES"]) == 2
     assert "not an instance of kvspec.conformance.Adapter" in capsys.readouterr().err
 
 

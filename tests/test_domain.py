@@ -21,7 +21,7 @@ from kvspec.conformance.runner import (
     run_check,
     run_suite,
 )
-from kvspec.plan import ReplicaChoice
+from kvspec.topology.plan import ReplicaChoice
 
 NARROW = Domain(pp_sizes=(1,), dtypes=("float32", "float16", "bfloat16"))
 """A connector without pipeline parallelism or fp8 scales (like examples/field_adapter.py)."""

@@ -24,12 +24,12 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import get_layout, layouts_for
-from kvspec.keys import parse_key
-from kvspec.model import ModelShape
-from kvspec.ports import port
-from kvspec.stage import StageLayout
+from kvspec.memory.cache_layout import get_layout, layouts_for
+from kvspec.naming.keys import parse_key
+from kvspec.naming.ports import port
 from kvspec.strategies import transfer_cases
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 from sim.cli import main as sim_main
 from sim.cluster import Cluster, run_simulation
 from sim.config import SimConfig

@@ -4,9 +4,9 @@ Subclass :class:`Adapter` and override the methods your implementation can answe
 Each group of methods is a *capability*; a check needing a capability you did not
 provide is reported "not provided" — never failed, never counted as passed.
 
-Inputs are kvspec's own frozen dataclasses (:class:`~kvspec.stage.StageLayout`,
-:class:`~kvspec.model.ModelShape`, :class:`~kvspec.strategies.TransferCase`) and
-tensors (:class:`~kvspec.kv.RequestKV`, ``data`` ``[layers, kv, seq, heads, head_dim]``);
+Inputs are kvspec's own frozen dataclasses (:class:`~kvspec.topology.stage.StageLayout`,
+:class:`~kvspec.topology.model.ModelShape`, :class:`~kvspec.strategies.TransferCase`) and
+tensors (:class:`~kvspec.tensors.kv.RequestKV`, ``data`` ``[layers, kv, seq, heads, head_dim]``);
 an adapter translates them into its implementation's terms and back.
 
 What the implementation handles is data too: :attr:`Adapter.domain` (a
@@ -26,12 +26,12 @@ from types import MappingProxyType
 from typing import Any
 
 from kvspec.conformance.domain import EVERYTHING, Domain
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.plan import POLICIES, ReplicaRule
-from kvspec.reshard import SLICING_MODES, Shipment
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import SLICING_MODES, Shipment
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import POLICIES, ReplicaRule
+from kvspec.topology.stage import StageLayout
 
 
 class NotProvided(Exception):
@@ -86,7 +86,7 @@ class Adapter:
       (``lowest``, ``balanced``) or names of ``policy_rules``; generated cases use only
       these, and the policy checks run only if any.
     - ``policy_rules``: policies of its own, name -> rule (a function of a
-      :class:`~kvspec.plan.ReplicaChoice` returning the sending TP rank), checked against
+      :class:`~kvspec.topology.plan.ReplicaChoice` returning the sending TP rank), checked against
       PLAN-2, PLAN-3 and determinism, and routing against the rule [PLAN-4].
     - ``slicing_modes``: which of ``"sender"``/``"receiver"`` slicing its sender
       transform can do [SLICE-2].
@@ -206,7 +206,7 @@ class Adapter:
 
     # paged requests --------------------------------------------------------------
     def gather(self, cache: Any, block_ids: list[int], seq_len: int) -> RequestKV:
-        """A request from a :class:`~kvspec.paged.PagedCache` by block ids [PAGED-1..3]."""
+        """A request from a :class:`~kvspec.memory.paged.PagedCache` by block ids [PAGED-1..3]."""
         raise NotProvided
 
     def scatter(self, kv: RequestKV, cache: Any, block_ids: list[int]) -> None:
@@ -276,11 +276,13 @@ class Adapter:
         raise NotProvided
 
     def reassemble(self, chunks: Sequence[Any]) -> Any:
-        """One whole-request :class:`~kvspec.payload.Payload` from its chunks [CHUNK-2]."""
+        """One whole-request :class:`~kvspec.transport.payload.Payload` from its chunks
+        [CHUNK-2]."""
         raise NotProvided
 
     def encode(self, payload: Any) -> Sequence[Any]:
-        """The frames of a :class:`~kvspec.payload.Payload` in the spec's format [WIRE-1]."""
+        """The frames of a :class:`~kvspec.transport.payload.Payload` in the spec's format
+        [WIRE-1]."""
         raise NotProvided
 
     def decode(self, frames: Sequence[bytes]) -> Any:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import LAYOUTS, get_layout, layouts_for
-from kvspec.dtypes import DTYPES, FP8_DTYPES, check_dtype
-from kvspec.model import ATTENTION_KINDS, SCALE_FORMATS
+from kvspec.memory.cache_layout import LAYOUTS, get_layout, layouts_for
 from kvspec.strategies import TP_SIZES, TransferCase, dividing_pairs, transfer_cases
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, check_dtype
+from kvspec.topology.model import ATTENTION_KINDS, SCALE_FORMATS
 
 BLOCK_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5)
 """Block sizes drawn by default: small, so that few tokens fill several blocks."""

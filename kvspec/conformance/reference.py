@@ -7,24 +7,24 @@ from functools import lru_cache
 from typing import Any
 
 from kvspec import __version__
-from kvspec.cache_layout import convert, detect_layout, kv_views
-from kvspec.chunks import reassemble
 from kvspec.conformance.adapter import Adapter
 from kvspec.error_cases import OPERATIONS
-from kvspec.keys import legacy_key, rank_aware_key, recv_keys, send_keys
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv, verify
-from kvspec.ownership import rank_ownership
-from kvspec.paged import PagedCache, gather_request, scatter_request
-from kvspec.payload import Payload, merge_payloads
-from kvspec.plan import POLICIES, ReplicaRule, TransferPlan
-from kvspec.ports import port
-from kvspec.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, send
-from kvspec.slicing import apply_head_slice
-from kvspec.stage import StageLayout
+from kvspec.memory.cache_layout import convert, detect_layout, kv_views
+from kvspec.memory.paged import PagedCache, gather_request, scatter_request
+from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
+from kvspec.naming.ports import port
 from kvspec.strategies import TransferCase
-from kvspec.wire import decode, encode
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.oracle import oracle_kv, verify
+from kvspec.tensors.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, send
+from kvspec.tensors.slicing import apply_head_slice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.chunks import reassemble
+from kvspec.transport.payload import Payload, merge_payloads
+from kvspec.transport.wire import decode, encode
 
 
 @lru_cache(maxsize=256)

@@ -24,7 +24,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kvspec import __version__
-from kvspec.cache_layout import (
+from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.checks.transfer import difference
+from kvspec.error_cases import ERROR_CASES
+from kvspec.memory.cache_layout import (
     LAYOUTS,
     CacheShape,
     detect_layout,
@@ -33,24 +36,21 @@ from kvspec.cache_layout import (
     kv_views,
     layouts_for,
 )
-from kvspec.conformance.adapter import Adapter, provided_capabilities
-from kvspec.conformance.checks.transfer import difference
-from kvspec.dtypes import FP8_DTYPES, bits_view
-from kvspec.error_cases import ERROR_CASES
-from kvspec.keys import legacy_key, rank_aware_key
-from kvspec.kv import RequestKV, random_request_kv
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv, oracle_scales
-from kvspec.ownership import stage_ownership
-from kvspec.paged import PagedCache, empty_model_cache, gather_request, scatter_request
-from kvspec.payload import payload_from_shipment
-from kvspec.plan import check_plannable
-from kvspec.ports import port
-from kvspec.reshard import Shipment, send, shard
-from kvspec.slicing import HeadSlice
-from kvspec.stage import StageLayout
+from kvspec.memory.paged import PagedCache, empty_model_cache, gather_request, scatter_request
+from kvspec.naming.keys import legacy_key, rank_aware_key
+from kvspec.naming.ports import port
 from kvspec.strategies import TP_SIZES, TransferCase
-from kvspec.wire import encode
+from kvspec.tensors.dtypes import FP8_DTYPES, bits_view
+from kvspec.tensors.kv import RequestKV, random_request_kv
+from kvspec.tensors.oracle import oracle_kv, oracle_scales
+from kvspec.tensors.reshard import Shipment, send, shard
+from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import stage_ownership
+from kvspec.topology.plan import check_plannable
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.payload import payload_from_shipment
+from kvspec.transport.wire import encode
 
 FORMAT = "kvspec-golden-vectors"
 VERSION = 1

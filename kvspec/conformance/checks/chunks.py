@@ -15,7 +15,6 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from kvspec.chunks import reassemble, split_chunks
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import (
     Context,
@@ -28,8 +27,9 @@ from kvspec.conformance.checks import (
 from kvspec.conformance.checks.payloads import BLOCK_SIZE, inbox
 from kvspec.conformance.checks.routing import case_examples
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup
-from kvspec.dtypes import FP8_DTYPES
-from kvspec.payload import Chunk, Payload, payload_equal
+from kvspec.tensors.dtypes import FP8_DTYPES
+from kvspec.transport.chunks import reassemble, split_chunks
+from kvspec.transport.payload import Chunk, Payload, payload_equal
 
 
 def chunk_examples(adapter: Adapter) -> st.SearchStrategy[Example]:

@@ -10,15 +10,6 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import (
-    LAYOUTS,
-    CacheShape,
-    convert,
-    detect_layout,
-    empty_cache,
-    get_layout,
-    kv_views,
-)
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import (
     Context,
@@ -30,8 +21,17 @@ from kvspec.conformance.checks import (
     fail,
     vacuous,
 )
-from kvspec.dtypes import bits_view
+from kvspec.memory.cache_layout import (
+    LAYOUTS,
+    CacheShape,
+    convert,
+    detect_layout,
+    empty_cache,
+    get_layout,
+    kv_views,
+)
 from kvspec.strategies import cache_shapes
+from kvspec.tensors.dtypes import bits_view
 
 
 def _random_cache(example: Example, device: str):

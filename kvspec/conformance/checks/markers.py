@@ -19,7 +19,7 @@ from kvspec.conformance.checks.transfer import (
     difference,
     tensor_examples,
 )
-from kvspec.reshard import Shipment
+from kvspec.tensors.reshard import Shipment
 
 
 def _apply(ctx: Context, setup: Setup, dst: int, shipment: Shipment, label: str) -> Shipment:

@@ -27,11 +27,11 @@ from kvspec.conformance.checks.routing import (
     policy_in_domain,
     spec_plan,
 )
-from kvspec.keys import legacy_key, rank_aware_key, recv_keys, send_keys
-from kvspec.model import ModelShape
-from kvspec.ports import port
-from kvspec.stage import StageLayout
+from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
+from kvspec.naming.ports import port
 from kvspec.strategies import TransferCase, request_ids
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 
 _FIELDS = ("from_stage", "chunk_id", "from_rank", "to_rank")
 

@@ -22,11 +22,11 @@ from kvspec.conformance.checks import (
     fail,
 )
 from kvspec.conformance.checks.transfer import no_fp8
-from kvspec.dtypes import FP8_DTYPES, bits_view
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv, oracle_scales, verify
 from kvspec.strategies import models
+from kvspec.tensors.dtypes import FP8_DTYPES, bits_view
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
+from kvspec.topology.model import ModelShape
 
 
 @st.composite

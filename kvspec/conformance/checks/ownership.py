@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, expect
-from kvspec.model import ModelShape
-from kvspec.ownership import rank_ownership
-from kvspec.stage import StageLayout
 from kvspec.strategies import TP_SIZES, head_counts_for
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.stage import StageLayout
 
 
 def _tp_sizes(adapter: Adapter) -> list[int]:

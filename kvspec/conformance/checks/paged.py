@@ -13,7 +13,6 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import get_layout, kv_views
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import (
     Context,
@@ -26,13 +25,14 @@ from kvspec.conformance.checks import (
     vacuous,
 )
 from kvspec.conformance.checks.transfer import no_fp8
-from kvspec.dtypes import DTYPES, FP8_DTYPES, bits_view
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv, oracle_scales
-from kvspec.paged import PagedCache, blocks_needed, empty_model_cache, gather_request
-from kvspec.paged import scatter_request as spec_scatter
+from kvspec.memory.cache_layout import get_layout, kv_views
+from kvspec.memory.paged import PagedCache, blocks_needed, empty_model_cache, gather_request
+from kvspec.memory.paged import scatter_request as spec_scatter
 from kvspec.strategies import models
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, bits_view
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.oracle import oracle_kv, oracle_scales
+from kvspec.topology.model import ModelShape
 
 
 @st.composite

@@ -24,9 +24,9 @@ from kvspec.conformance.checks import (
     fail,
 )
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
-from kvspec.dtypes import DTYPES
-from kvspec.paged import blocks_needed
-from kvspec.payload import (
+from kvspec.memory.paged import blocks_needed
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.transport.payload import (
     Chunk,
     Payload,
     merge_payloads,

@@ -32,10 +32,10 @@ from kvspec.conformance.checks import (
     within_domain,
 )
 from kvspec.conformance.checks.routing import case_examples
-from kvspec.dtypes import DTYPES, FP8_DTYPES
 from kvspec.error_cases import ERROR_CASES, OPERATIONS
-from kvspec.model import ModelShape
 from kvspec.strategies import TransferCase
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
+from kvspec.topology.model import ModelShape
 
 
 def _pins(clause: str) -> tuple[Example, ...]:

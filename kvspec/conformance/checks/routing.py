@@ -20,11 +20,11 @@ from kvspec.conformance.checks import (
     fail,
     within_domain,
 )
-from kvspec.model import ModelShape
-from kvspec.ownership import rank_ownership
-from kvspec.plan import POLICIES, TransferPlan, edge_between
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import POLICIES, TransferPlan, edge_between
+from kvspec.topology.stage import StageLayout
 
 
 def case_examples(adapter: Adapter, **kwargs) -> st.SearchStrategy[Example]:

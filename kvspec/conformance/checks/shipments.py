@@ -27,11 +27,11 @@ from kvspec.conformance.checks.transfer import (
     no_fp8,
     tensor_examples,
 )
-from kvspec.dtypes import FP8_DTYPES
-from kvspec.kv import RequestKV
-from kvspec.ownership import rank_ownership
-from kvspec.plan import edge_between
-from kvspec.reshard import Shipment
+from kvspec.tensors.dtypes import FP8_DTYPES
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import Shipment
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import edge_between
 
 Variant = tuple[str, str, list[Shipment]]
 """(obligation, what was changed, the shipments)."""

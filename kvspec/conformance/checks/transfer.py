@@ -22,15 +22,15 @@ from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
 from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples, policy_in_domain
 from kvspec.conformance.checks.routing import spec_plan as _spec_plan
-from kvspec.dtypes import FP8_DTYPES, raw_bits
-from kvspec.kv import RequestKV, random_request_kv
-from kvspec.model import ModelShape
-from kvspec.ownership import rank_ownership
-from kvspec.plan import Edge, TransferPlan, edge_between
-from kvspec.reshard import Shipment, send, shard
-from kvspec.slicing import HeadSlice
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase
+from kvspec.tensors.dtypes import FP8_DTYPES, raw_bits
+from kvspec.tensors.kv import RequestKV, random_request_kv
+from kvspec.tensors.reshard import Shipment, send, shard
+from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import Edge, TransferPlan, edge_between
+from kvspec.topology.stage import StageLayout
 
 TENSOR_WEIGHT = 0.5
 

@@ -32,9 +32,9 @@ from kvspec.conformance.checks import (
 )
 from kvspec.conformance.checks.payloads import inbox
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
-from kvspec.dtypes import DTYPES
-from kvspec.payload import Payload, payload_equal
-from kvspec.wire import DEFAULT_LIMITS, WireError, decode, encode
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.transport.payload import Payload, payload_equal
+from kvspec.transport.wire import DEFAULT_LIMITS, WireError, decode, encode
 
 WEIGHT = 0.5
 
@@ -113,7 +113,7 @@ def _other_headers(frames: list[bytes]) -> list[Probe]:
     each alone [WIRE-1]."""
     header = _header(frames)
     found: list[Probe] = []
-    for value in ("kvspec.payload.v2", "kvspec", "", None):
+    for value in ("kvspec.transport.payload.v2", "kvspec", "", None):
         found.append(
             ("WIRE-1.2", f"format {value!r}", _with_header(frames, {**header, "format": value}))
         )

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import torch
 
-from kvspec.chunks import reassemble
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.payload import CACHE_FIELDS, SCALE_FIELDS, Chunk, Payload
+from kvspec.transport.chunks import reassemble
+from kvspec.transport.payload import CACHE_FIELDS, SCALE_FIELDS, Chunk, Payload
 
 
 def _by_token(chunks) -> list[Payload]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from kvspec.cache_layout import LAYOUTS, convert, detect_layout, get_layout, kv_views
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.memory.cache_layout import LAYOUTS, convert, detect_layout, get_layout, kv_views
 
 
 @mutant("LAYOUT-1.1")

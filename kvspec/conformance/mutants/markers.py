@@ -6,9 +6,9 @@ from dataclasses import replace
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.kv import RequestKV
-from kvspec.reshard import HEAD_AXIS, Shipment
-from kvspec.slicing import slice_heads
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import HEAD_AXIS, Shipment
+from kvspec.tensors.slicing import slice_heads
 
 
 def _cut(shipment: Shipment) -> Shipment:

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.dtypes import DTYPES
+from kvspec.tensors.dtypes import DTYPES
 
 Config = dict[str, Any]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.keys import legacy_key, rank_aware_key
+from kvspec.naming.keys import legacy_key, rank_aware_key
 
 
 @mutant("KEY-1.1")

@@ -12,10 +12,10 @@ import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.oracle import absorb, mix, oracle_scales, request_value, verify
+from kvspec.tensors.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.oracle import absorb, mix, oracle_scales, request_value, verify
+from kvspec.topology.model import ModelShape
 
 
 def _axis(r: range, dim: int, device) -> torch.Tensor:

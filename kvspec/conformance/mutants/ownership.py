@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.model import ModelShape
-from kvspec.stage import StageLayout
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 
 
 @mutant("STAGE-1.1")

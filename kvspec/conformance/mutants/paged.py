@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from kvspec.cache_layout import kv_views
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.dtypes import bits_view, torch_dtype
-from kvspec.kv import RequestKV
-from kvspec.paged import PagedCache, blocks_needed, check_block_ids
+from kvspec.memory.cache_layout import kv_views
+from kvspec.memory.paged import PagedCache, blocks_needed, check_block_ids
+from kvspec.tensors.dtypes import bits_view, torch_dtype
+from kvspec.tensors.kv import RequestKV
 
 
 def _write_block_by_block(kv: RequestKV, cache: PagedCache, block_ids: list) -> None:

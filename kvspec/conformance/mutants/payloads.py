@@ -13,8 +13,8 @@ import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.dtypes import torch_dtype
-from kvspec.payload import CACHE_FIELDS, SCALE_FIELDS, TENSOR_FIELDS, Payload
+from kvspec.tensors.dtypes import torch_dtype
+from kvspec.transport.payload import CACHE_FIELDS, SCALE_FIELDS, TENSOR_FIELDS, Payload
 
 Received = list[tuple[int, Payload]]
 

@@ -8,9 +8,9 @@ from types import MappingProxyType
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.ownership import head_replicas, layer_ranges, rank_ownership
-from kvspec.plan import POLICIES, ReplicaChoice, edge_between
 from kvspec.strategies import TransferCase
+from kvspec.topology.ownership import head_replicas, layer_ranges, rank_ownership
+from kvspec.topology.plan import POLICIES, ReplicaChoice, edge_between
 
 
 def _overlapping(case: TransferCase, dst: int) -> list[int]:

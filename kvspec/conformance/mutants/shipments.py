@@ -13,9 +13,9 @@ import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.dtypes import FP8_DTYPES
-from kvspec.kv import RequestKV
-from kvspec.reshard import Shipment, receive
+from kvspec.tensors.dtypes import FP8_DTYPES
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import Shipment, receive
 
 
 @mutant("RESHARD-3.1")

@@ -10,11 +10,11 @@ import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.kv import RequestKV
-from kvspec.ownership import rank_ownership
-from kvspec.reshard import HEAD_AXIS, Shipment
-from kvspec.slicing import slice_heads
 from kvspec.strategies import TransferCase
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import HEAD_AXIS, Shipment
+from kvspec.tensors.slicing import slice_heads
+from kvspec.topology.ownership import rank_ownership
 
 
 def _assemble(

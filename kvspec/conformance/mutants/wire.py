@@ -19,9 +19,9 @@ import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.dtypes import DTYPES
-from kvspec.payload import Payload
-from kvspec.wire import WireLimits, decode, encode
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.transport.payload import Payload
+from kvspec.transport.wire import WireLimits, decode, encode
 
 Header = dict[str, Any]
 

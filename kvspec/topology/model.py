@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import FP8_DTYPES, check_dtype, itemsize
+from kvspec.tensors.dtypes import FP8_DTYPES, check_dtype, itemsize
 
 CLAUSES = (
     Clause(

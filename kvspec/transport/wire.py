@@ -42,8 +42,8 @@ import torch
 
 from kvspec._checks import INT64_MAX, require_int, show
 from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import DTYPES, FP8_DTYPES
-from kvspec.payload import CACHE_FIELDS, SCALE_FIELDS, TENSOR_FIELDS, Payload
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
+from kvspec.transport.payload import CACHE_FIELDS, SCALE_FIELDS, TENSOR_FIELDS, Payload
 
 CLAUSES = (
     Clause(

@@ -22,9 +22,9 @@ import torch
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
-from kvspec.kv import SCALES_DTYPE, RequestKV, check_request_kv
-from kvspec.model import ModelShape
+from kvspec.tensors.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
+from kvspec.tensors.kv import SCALES_DTYPE, RequestKV, check_request_kv
+from kvspec.topology.model import ModelShape
 
 PRIME = 2_147_483_647
 """2**31 - 1: every hash state is below it, so a product of two fits in int64 [ORACLE-1]."""

@@ -2,7 +2,7 @@
 
 A stage runs the model on ``tp`` tensor-parallel ranks in each of ``pp`` pipeline
 stages [STAGE-1]. Which heads and layers each rank owns is in
-:mod:`kvspec.ownership`; this module only fixes the ranks themselves.
+:mod:`kvspec.topology.ownership`; this module only fixes the ranks themselves.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class StageLayout:
     ``layer_partition``, when given, is the number of layers each pipeline stage
     holds (one entry per PP rank, first to last); otherwise the default rule of
     [LAYER-1] applies. It is checked against a model's layer count by
-    :func:`kvspec.ownership.layer_ranges`.
+    :func:`kvspec.topology.ownership.layer_ranges`.
     """
 
     tp: int = 1

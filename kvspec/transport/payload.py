@@ -1,6 +1,6 @@
 """The payload: one edge's KV for one request (or one chunk of it), in the compatible dict form.
 
-A :class:`Payload` is the form of a :class:`~kvspec.reshard.Shipment` that crosses
+A :class:`Payload` is the form of a :class:`~kvspec.tensors.reshard.Shipment` that crosses
 process boundaries [PAYLOAD-2]. Its dict form is the one connectors in the field
 exchange [PAYLOAD-1]::
 
@@ -31,7 +31,7 @@ token range of the request the payload holds [CHUNK-1]; without it the payload i
 the whole request.
 
 Merging several senders' payloads into one receiver shard first checks that they
-agree, then hands them to :func:`kvspec.reshard.receive` as shipments, so placement
+agree, then hands them to :func:`kvspec.tensors.reshard.receive` as shipments, so placement
 has one implementation [PAYLOAD-3].
 """
 
@@ -45,13 +45,13 @@ import torch
 
 from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import FP8_DTYPES, bit_equal, check_dtype, dtype_name, torch_dtype
-from kvspec.keys import check_request_id
-from kvspec.kv import SCALES_DTYPE, RequestKV
-from kvspec.ownership import rank_ownership
-from kvspec.plan import TransferPlan
-from kvspec.reshard import Shipment, receive
-from kvspec.slicing import HeadSlice, apply_head_slice
+from kvspec.naming.keys import check_request_id
+from kvspec.tensors.dtypes import FP8_DTYPES, bit_equal, check_dtype, dtype_name, torch_dtype
+from kvspec.tensors.kv import SCALES_DTYPE, RequestKV
+from kvspec.tensors.reshard import Shipment, receive
+from kvspec.tensors.slicing import HeadSlice, apply_head_slice
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import TransferPlan
 
 CLAUSES = (
     Clause(

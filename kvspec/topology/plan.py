@@ -16,9 +16,9 @@ from typing import Any
 
 from kvspec._checks import require_choice, require_int, require_rank
 from kvspec.clause import Clause, must, refuses
-from kvspec.model import ModelShape
-from kvspec.ownership import RankOwnership, check_heads, head_replicas, stage_ownership
-from kvspec.stage import StageLayout
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import RankOwnership, check_heads, head_replicas, stage_ownership
+from kvspec.topology.stage import StageLayout
 
 CLAUSES = (
     Clause(
@@ -280,7 +280,7 @@ def plan_transfer(
     and PLAN-3.
 
     Both stages must run the same model; check that first with
-    :func:`kvspec.model.check_compatible` when each stage has its own description.
+    :func:`kvspec.topology.model.check_compatible` when each stage has its own description.
     """
     if rule is None:
         require_choice("policy", policy, POLICIES)

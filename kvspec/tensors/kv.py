@@ -16,8 +16,8 @@ import torch
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import FP8_DTYPES, bit_equal, raw_bits, torch_dtype
-from kvspec.model import ModelShape
+from kvspec.tensors.dtypes import FP8_DTYPES, bit_equal, raw_bits, torch_dtype
+from kvspec.topology.model import ModelShape
 
 CLAUSES = (
     Clause(

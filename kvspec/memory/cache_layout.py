@@ -17,7 +17,7 @@ import torch
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import bits_view, dtype_name, torch_dtype
+from kvspec.tensors.dtypes import bits_view, dtype_name, torch_dtype
 
 CLAUSES = (
     Clause(

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from kvspec._checks import require_int, require_rank
 from kvspec.clause import Clause, must, refuses
-from kvspec.model import ModelShape
-from kvspec.stage import StageLayout
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 
 CLAUSES = (
     Clause(

@@ -1,7 +1,7 @@
 """Chunked delivery: a request's KV on one edge, sent as several token ranges.
 
 Chunked prefill and streaming send a request's KV in pieces. Each piece is a
-:class:`~kvspec.payload.Payload` whose :class:`~kvspec.payload.Chunk` says which
+:class:`~kvspec.transport.payload.Payload` whose :class:`~kvspec.transport.payload.Chunk` says which
 tokens it holds [CHUNK-1]; its key names its chunk id [KEY-1]. The receiver
 reassembles them by token position, never by arrival order, and says exactly what
 is missing or wrong when it cannot [CHUNK-2].
@@ -20,9 +20,9 @@ import torch
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import bit_equal
-from kvspec.paged import blocks_needed, blocks_of
-from kvspec.payload import CACHE_FIELDS, SCALE_FIELDS, Chunk, Payload
+from kvspec.memory.paged import blocks_needed, blocks_of
+from kvspec.tensors.dtypes import bit_equal
+from kvspec.transport.payload import CACHE_FIELDS, SCALE_FIELDS, Chunk, Payload
 
 CLAUSES = (
     Clause(

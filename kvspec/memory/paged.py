@@ -3,7 +3,7 @@
 A rank keeps its layers' KV in a :class:`PagedCache`: one layer cache per layer, all in
 one named layout [LAYOUT-1], plus the fp8 scales of those layers [DTYPE-3, PAGED-5]. A
 request occupies the blocks its block ids name, in order [PAGED-1]. Gathering reads it
-into the token-major request form, a :class:`~kvspec.kv.RequestKV`; scattering writes a
+into the token-major request form, a :class:`~kvspec.tensors.kv.RequestKV`; scattering writes a
 RequestKV into a cache whose layout and block size may differ, with that cache's own
 block ids [PAGED-4]. Ids out of range, repeated, or not exactly as many as the request
 needs are refused, never dropped, wrapped or padded [PAGED-2, PAGED-3].
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kvspec._checks import require_int
-from kvspec.cache_layout import (
+from kvspec.clause import Clause, must, refuses
+from kvspec.memory.cache_layout import (
     CacheLayout,
     CacheShape,
     LayerCache,
@@ -33,10 +34,9 @@ from kvspec.cache_layout import (
     get_layout,
     kv_views,
 )
-from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import bit_equal, bits_view, dtype_name, torch_dtype
-from kvspec.kv import RequestKV, check_scales
-from kvspec.model import ModelShape
+from kvspec.tensors.dtypes import bit_equal, bits_view, dtype_name, torch_dtype
+from kvspec.tensors.kv import RequestKV, check_scales
+from kvspec.topology.model import ModelShape
 
 CLAUSES = (
     Clause(

@@ -1,6 +1,6 @@
 """Executing a plan on tensors: shard a request's KV, send along edges, receive, compare.
 
-The whole model's KV for one request is a :class:`~kvspec.kv.RequestKV`; a rank's
+The whole model's KV for one request is a :class:`~kvspec.tensors.kv.RequestKV`; a rank's
 shard is the same restricted to the layers and heads it owns [RESHARD-1]. Senders
 turn their shard into one :class:`Shipment` per edge, receivers assemble their shard
 from the shipments they receive; the result equals sharding the whole KV for the
@@ -18,13 +18,13 @@ import torch
 
 from kvspec._checks import require_choice
 from kvspec.clause import Clause, must, refuses
-from kvspec.dtypes import bit_equal
-from kvspec.kv import RequestKV, check_request_kv
-from kvspec.model import ModelShape
-from kvspec.ownership import rank_ownership, stage_ownership
-from kvspec.plan import Edge, TransferPlan
-from kvspec.slicing import HeadSlice, apply_head_slice, slice_heads
-from kvspec.stage import StageLayout
+from kvspec.tensors.dtypes import bit_equal
+from kvspec.tensors.kv import RequestKV, check_request_kv
+from kvspec.tensors.slicing import HeadSlice, apply_head_slice, slice_heads
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership, stage_ownership
+from kvspec.topology.plan import Edge, TransferPlan
+from kvspec.topology.stage import StageLayout
 
 CLAUSES = (
     Clause(

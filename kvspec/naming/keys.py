@@ -38,8 +38,8 @@ from typing import Literal
 
 from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
-from kvspec.plan import TransferPlan
-from kvspec.stage import StageLayout
+from kvspec.topology.plan import TransferPlan
+from kvspec.topology.stage import StageLayout
 
 CLAUSES = (
     Clause(

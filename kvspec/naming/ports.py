@@ -27,7 +27,7 @@ from itertools import combinations
 
 from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.stage import StageLayout
+from kvspec.topology.stage import StageLayout
 
 CLAUSES = (
     Clause(
