@@ -29,6 +29,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.transport.payload",
     "kvspec.transport.chunks",
     "kvspec.transport.wire",
+    "kvspec.lifecycle.machine",
 )
 """Modules that declare clauses, in the order their families appear in the table."""
 

@@ -58,6 +58,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "payload": ("merge",),
     "chunks": ("reassemble",),
     "wire": ("encode", "decode"),
+    "lifecycle": ("lifecycle",),
 }
 """Capability name -> the adapter methods it consists of."""
 
@@ -287,6 +288,16 @@ class Adapter:
 
     def decode(self, frames: Sequence[bytes]) -> Any:
         """The payload of a list of frames; refuse anything malformed [WIRE-4]."""
+        raise NotProvided
+
+    # lifecycle -----------------------------------------------------------------------
+    def lifecycle(self, num_blocks: int) -> Any:
+        """A fresh instance of the implementation's transfer and block-pool state machine
+        for a pool of ``num_blocks`` blocks [LIFE-1..7]: an object with ``apply(event)``,
+        which raises to refuse an event the rules forbid (and then changes nothing), and
+        ``snapshot()``, which returns ``{"blocks": {id: state}, "handles": {id: state},
+        "requests": {id: state}}`` in the vocabulary of :mod:`kvspec.lifecycle.machine`.
+        """
         raise NotProvided
 
 

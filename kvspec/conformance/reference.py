@@ -9,6 +9,7 @@ from typing import Any
 from kvspec import __version__
 from kvspec.conformance.adapter import Adapter
 from kvspec.error_cases import OPERATIONS
+from kvspec.lifecycle.machine import Lifecycle
 from kvspec.memory.cache_layout import convert, detect_layout, kv_views
 from kvspec.memory.paged import PagedCache, gather_request, scatter_request
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
@@ -129,3 +130,6 @@ class ReferenceAdapter(Adapter):
 
     def decode(self, frames: Sequence[bytes]) -> Payload:
         return decode(frames)
+
+    def lifecycle(self, num_blocks: int) -> Lifecycle:
+        return Lifecycle(num_blocks)

@@ -40,6 +40,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.payloads",
     "kvspec.conformance.checks.chunks",
     "kvspec.conformance.checks.wire",
+    "kvspec.conformance.checks.lifecycle",
 )
 
 

@@ -34,6 +34,7 @@ MUTANT_MODULES: tuple[str, ...] = (
     "kvspec.conformance.mutants.payloads",
     "kvspec.conformance.mutants.chunks",
     "kvspec.conformance.mutants.wire",
+    "kvspec.conformance.mutants.lifecycle",
 )
 
 
