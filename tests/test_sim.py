@@ -252,6 +252,10 @@ FAULT_KINDS = {
     "garbage": "garbage=0.3",
     "kill": "kill=sender:1@0.5",
     "hang": "hang=receiver:0@0.3",
+    "late": "late=0.3",
+    "abort": "abort=0.3",
+    "fail-nth": "fail-nth=sender:1@2",
+    "restart": "restart=sender:1@0.5",
 }
 
 
@@ -273,8 +277,9 @@ def test_the_books_balance_for_fifty_seeds(kind: str) -> None:
         report = run_simulation(config)
         assert not report.unbalanced_faults(), (seed, report.fault_counts())
         counts = report.fault_counts().get(kind, {"injected": 0})
-        if kind in ("kill", "hang"):
+        if kind in ("kill", "hang", "fail-nth", "restart"):
             assert counts["injected"] == 1, (seed, counts)
+        assert not report.violations and not report.corrupted, seed  # the rules held
         injected = sorted(report.fault_keys["injected"].get(kind, []))
         assert sorted(report.fault_keys["observed"].get(kind, [])) == injected, seed
         assert report.verified + report.failed == 4
