@@ -7,14 +7,16 @@
 #
 # Also: make test-gpu (everything on CUDA; fails without a GPU), make stress (the sim
 # tests 20 times beside a CPU hog; RUNS=N), make bench (the benchmark table, --quick),
-# make vectors (regenerate the golden vectors).
+# make vectors (regenerate the golden vectors), make field (real engines through the
+# suite: builds .venv-field, rewrites docs/field-report.md; see field/run.sh;
+# CONFORM_JSON=--json once the conform CLI renames its report option).
 
 VENV ?= .venv
 TORCH ?=
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test test-gpu stress bench vectors clean
+.PHONY: setup run test test-gpu stress bench vectors field clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
@@ -43,6 +45,10 @@ bench: setup
 
 vectors: setup
 	$(VENV)/bin/kvspec vectors export kvspec/conformance/golden
+
+CONFORM_JSON ?= --report
+field:
+	CONFORM_JSON=$(CONFORM_JSON) field/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
