@@ -54,7 +54,7 @@ EOF
   done
 done
 
-minutes=$(( ($(date +%s) - started + 59) / 60 ))
+minutes=$(( ($(date +%s) - started + 30) / 60 ))
 echo "{\"minutes\": $minutes}" > "$OUT/run.json"
 "$VENV/bin/kvspec" field-report --reports "$OUT" --triage field/triage.json \
   --out docs/field-report.md
