@@ -1,22 +1,23 @@
 # The two commands of the README:
 #   make run    the main job on a fresh machine: a simulated cluster moves and verifies KV
-#   make test   the whole test suite (ruff, pytest, the notebooks)
+#   make test   the whole test suite (ruff, pytest, the notebooks, the wheel smoke test)
 # Both create or refresh the virtual environment first (tools/bootstrap.sh).
 # Override the torch build with, e.g.:
 #   make test TORCH='torch==2.5.1' TORCH_INDEX=https://download.pytorch.org/whl/cu121
 #
-# Also: make test-gpu (everything on CUDA; fails without a GPU), make stress (the sim
-# tests 20 times beside a CPU hog; RUNS=N), make bench (the benchmark table, --quick),
-# make vectors (regenerate the golden vectors), make field (real engines through the
-# suite: builds .venv-field, rewrites docs/field-report.md; see field/run.sh;
-# CONFORM_JSON=--json once the conform CLI renames its report option).
+# Also: make smoke (build the wheel, install it in a fresh venv, use it), make test-gpu
+# (everything on CUDA; fails without a GPU), make stress (the sim tests 20 times beside
+# a CPU hog; RUNS=N), make bench (the benchmark table, --quick), make vectors
+# (regenerate the golden vectors), make notebooks (execute and render the notebooks),
+# make field (real engines through the suite: builds .venv-field, rewrites
+# docs/field-report.md; see field/run.sh).
 
 VENV ?= .venv
 TORCH ?=
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test test-gpu stress bench vectors field clean
+.PHONY: setup run test smoke test-gpu stress bench vectors notebooks field clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
@@ -26,7 +27,12 @@ run: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest
+	DEV_PY=$(PY) tools/wheel_smoke.sh
+
+smoke: setup
+	DEV_PY=$(PY) tools/wheel_smoke.sh
 
 test-gpu: setup
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
@@ -43,10 +49,13 @@ stress: setup
 bench: setup
 	$(PY) -m benchmarks --quick
 
+notebooks: setup
+	$(PY) tools/render_notebooks.py
+
 vectors: setup
 	$(VENV)/bin/kvspec vectors export kvspec/conformance/golden
 
-CONFORM_JSON ?= --report
+CONFORM_JSON ?= --json
 field:
 	CONFORM_JSON=$(CONFORM_JSON) field/run.sh
 

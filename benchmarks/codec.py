@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 
 from benchmarks.figure import Figure, best_seconds, memcpy_seconds, speed_figure
-from kvspec.kv import random_request_kv
-from kvspec.model import ModelShape
-from kvspec.payload import Payload, payload_from_shipment
-from kvspec.plan import plan_transfer
-from kvspec.reshard import send, shard
-from kvspec.stage import StageLayout
-from kvspec.wire import decode, encode
+from kvspec.tensors.kv import random_request_kv
+from kvspec.tensors.reshard import send, shard
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.payload import Payload, payload_from_shipment
+from kvspec.transport.wire import decode, encode
 
 MODEL = ModelShape(num_layers=8, num_kv_heads=8, head_dim=128)
 """32 KiB of K and V per token in bfloat16: 2048 tokens are 64 MiB."""

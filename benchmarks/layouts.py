@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from benchmarks.figure import Figure, best_seconds, memcpy_seconds, speed_figure
-from kvspec.cache_layout import CacheShape, convert, empty_cache
-from kvspec.paged import empty_paged_cache, gather_request, scatter_request
+from kvspec.memory.cache_layout import CacheShape, convert, empty_cache
+from kvspec.memory.paged import empty_paged_cache, gather_request, scatter_request
 
 CONVERSIONS = (
     ("flash_attn", "flashinfer", None),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from benchmarks.figure import Figure, best_seconds, memcpy_seconds, speed_figure
-from kvspec.kv import random_request_kv
-from kvspec.model import ModelShape
-from kvspec.plan import plan_transfer
-from kvspec.reshard import reshard, shard
-from kvspec.stage import StageLayout
+from kvspec.tensors.kv import random_request_kv
+from kvspec.tensors.reshard import reshard, shard
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
 
 
 def run(quick: bool) -> list[Figure]:

@@ -18,8 +18,8 @@ import multiprocess
 import zmq
 
 from benchmarks.figure import Figure
-from kvspec.model import ModelShape
-from kvspec.stage import StageLayout
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 from sim.cluster import run_simulation
 from sim.config import SimConfig
 

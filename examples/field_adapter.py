@@ -1,10 +1,13 @@
 """A kvspec adapter for examples/field_kv_utils.py, a module shaped like the field's API."""
 
+from dataclasses import replace
+
 import torch
 
 from examples import field_kv_utils as kv
-from kvspec.conformance import Adapter
-from kvspec.kv import RequestKV
+from kvspec.conformance import Adapter, Domain
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.slicing import HeadSlice
 
 
 def to_payload(request: RequestKV, marker: dict | None = None) -> dict:
@@ -26,9 +29,8 @@ def from_payload(payload: dict) -> RequestKV:
 class FieldAdapter(Adapter):
     name = "field_kv_utils"
     slicing_modes = ("sender", "receiver")
-
-    def supports(self, case):
-        return case.source.pp == case.target.pp == 1  # the API has no pipeline parallelism
+    # The API has no pipeline parallelism and carries no fp8 scales.
+    domain = Domain(pp_sizes=(1,), dtypes=("float32", "float16", "bfloat16"))
 
     def topology(self, case, rank):
         return kv.KVTPTopology(case.source.tp, case.target.tp, rank)
@@ -50,6 +52,12 @@ class FieldAdapter(Adapter):
                 payload["layer_blocks"] = blocks
             out[dst] = from_payload(payload)
         return out
+
+    def apply_marker(self, case, dst, shipment):
+        payload = to_payload(shipment.kv, shipment.marker.to_dict())
+        sliced = kv.slice_received_rank_shard(payload, self.topology(case, dst))
+        marker = {**shipment.marker.to_dict(), **sliced["metadata"]["tp_head_slice"]}
+        return replace(shipment, kv=from_payload(sliced), marker=HeadSlice(**marker))
 
     def receiver_combine(self, case, dst, shipments):
         topo = self.topology(case, dst)
@@ -80,7 +88,7 @@ class FieldAdapter(Adapter):
     def kv_port(self, base, stage, rank, replica):
         return kv.kv_zmq_port(base, stage, rank)  # the formula has no replica term
 
-    def validate(self, config):
+    def validate_topology(self, config):  # TP sizes only: no model facts are compared
         if config["source"].get("pp", 1) != 1 or config["target"].get("pp", 1) != 1:
             raise ValueError("no pipeline parallelism in this API")
         rank = config.get("rank", {}).get("rank", 0)

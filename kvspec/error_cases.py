@@ -16,22 +16,22 @@ from typing import Any
 
 import torch
 
-from kvspec.cache_layout import LayerCache, cache_shape, convert, detect_layout
-from kvspec.chunks import reassemble
-from kvspec.dtypes import torch_dtype
-from kvspec.keys import legacy_key, parse_key, rank_aware_key
-from kvspec.kv import RequestKV, random_request_kv
-from kvspec.model import ModelShape, check_compatible
-from kvspec.oracle import oracle_kv, oracle_scales, verify
-from kvspec.ownership import layer_ranges, owned_heads
-from kvspec.paged import PagedCache, empty_model_cache, gather_request, scatter_request
-from kvspec.payload import Chunk, Payload, merge_payloads, payload_from_shipment
-from kvspec.plan import plan_transfer
-from kvspec.ports import DeployedStage, Deployment, PortScheme, check_deployment, port
-from kvspec.reshard import send, shard
-from kvspec.slicing import HeadSlice
-from kvspec.stage import StageLayout
-from kvspec.wire import WireLimits, decode
+from kvspec.memory.cache_layout import LayerCache, cache_shape, convert, detect_layout
+from kvspec.memory.paged import PagedCache, empty_model_cache, gather_request, scatter_request
+from kvspec.naming.keys import legacy_key, parse_key, rank_aware_key
+from kvspec.naming.ports import DeployedStage, Deployment, PortScheme, check_deployment, port
+from kvspec.tensors.dtypes import torch_dtype
+from kvspec.tensors.kv import RequestKV, random_request_kv
+from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
+from kvspec.tensors.reshard import send, shard
+from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.model import ModelShape, check_compatible
+from kvspec.topology.ownership import layer_ranges, owned_heads
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.chunks import reassemble
+from kvspec.transport.payload import Chunk, Payload, merge_payloads, payload_from_shipment
+from kvspec.transport.wire import WireLimits, decode
 
 
 def _stage(args: dict[str, Any]) -> StageLayout:

@@ -15,15 +15,15 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import CacheShape, get_layout, layouts_for
-from kvspec.dtypes import DTYPES
-from kvspec.keys import LegacyKey, RankAwareKey
-from kvspec.model import ModelShape
-from kvspec.ownership import check_heads
-from kvspec.paged import blocks_needed
-from kvspec.plan import POLICIES, TransferPlan, check_tp_pair, plan_transfer
-from kvspec.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
-from kvspec.stage import StageLayout
+from kvspec.memory.cache_layout import CacheShape, get_layout, layouts_for
+from kvspec.memory.paged import blocks_needed
+from kvspec.naming.keys import LegacyKey, RankAwareKey
+from kvspec.naming.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import check_heads
+from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan, check_tp_pair, plan_transfer
+from kvspec.topology.stage import StageLayout
 
 TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 """TP sizes drawn by default: powers of two and the non-powers 3, 6, 12, 24."""
@@ -69,8 +69,9 @@ class TransferCase:
             data.get("policy", "lowest"),
         )
 
-    def plan(self) -> TransferPlan:
-        return plan_transfer(self.source, self.target, self.model, policy=self.policy)
+    def plan(self, rule: ReplicaRule | None = None) -> TransferPlan:
+        """The spec's plan; ``rule`` implements a policy that is not the spec's [PLAN-4]."""
+        return plan_transfer(self.source, self.target, self.model, policy=self.policy, rule=rule)
 
     def describe(self) -> str:
         return (
@@ -79,19 +80,44 @@ class TransferCase:
         )
 
 
+def dividing_pairs(sizes: tuple[int, ...] = TP_SIZES) -> list[tuple[int, int]]:
+    """Every (source TP, target TP) pair of ``sizes`` that divide one another [PLAN-1]."""
+    return [(s, t) for s in sizes for t in sizes if _valid(check_tp_pair, s, t)]
+
+
 @st.composite
-def tp_pairs(draw: st.DrawFn, *, sizes: tuple[int, ...] = TP_SIZES) -> tuple[int, int]:
-    """A (source TP, target TP) pair that divide one another [PLAN-1]."""
+def tp_pairs(
+    draw: st.DrawFn,
+    *,
+    sizes: tuple[int, ...] = TP_SIZES,
+    pairs: tuple[tuple[int, int], ...] | None = None,
+) -> tuple[int, int]:
+    """A (source TP, target TP) pair that divide one another [PLAN-1], from ``pairs`` if
+    given (each must divide)."""
+    if pairs is not None:
+        return draw(st.sampled_from(sorted(pairs)))
     source = draw(st.sampled_from(sizes))
     target = draw(st.sampled_from([t for t in sizes if _valid(check_tp_pair, source, t)]))
     return source, target
 
 
 @st.composite
-def stage_layouts(draw: st.DrawFn, *, tp: int, num_layers: int, max_pp: int = 3) -> StageLayout:
-    """A stage at TP ``tp`` with 1..max_pp pipeline ranks, default or explicit partition."""
-    pp = draw(st.integers(1, min(max_pp, num_layers)))
-    if pp == 1 or draw(st.booleans()):
+def stage_layouts(
+    draw: st.DrawFn,
+    *,
+    tp: int,
+    num_layers: int,
+    max_pp: int = 3,
+    pp_sizes: tuple[int, ...] | None = None,
+    explicit: bool = True,
+) -> StageLayout:
+    """A stage at TP ``tp`` with 1..max_pp pipeline ranks (or one of ``pp_sizes`` that fit
+    ``num_layers``), default or (when ``explicit``) explicit partition."""
+    if pp_sizes is None:
+        pp = draw(st.integers(1, min(max_pp, num_layers)))
+    else:
+        pp = draw(st.sampled_from([p for p in pp_sizes if p <= num_layers] or [1]))
+    if pp == 1 or not explicit or draw(st.booleans()):
         return StageLayout(tp=tp, pp=pp)
     cuts = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=pp - 1, max_size=pp - 1)))
     bounds = [0, *cuts, num_layers]
@@ -110,15 +136,21 @@ def models(
     dtypes: tuple[str, ...] = tuple(DTYPES),
     attention: tuple[str, ...] = ("mha", "mla"),
     max_heads: int = 48,
+    min_layers: int = 1,
+    replicated_heads: bool = True,
 ) -> ModelShape:
-    """A model whose head count is valid for every TP in ``tps`` (MLA always is)."""
+    """A model whose head count is valid for every TP in ``tps`` (MLA always is);
+    without ``replicated_heads`` the head count is at least every TP [HEAD-1]."""
     kind = draw(st.sampled_from(attention))
-    num_layers = draw(st.integers(1, max_layers))
+    num_layers = draw(st.integers(min_layers, max(min_layers, max_layers)))
     head_dim = draw(st.integers(1, max_head_dim))
     dtype = draw(st.sampled_from(dtypes))
     if kind == "mla":
         return ModelShape.mla(num_layers, head_dim, dtype=dtype)
-    heads = draw(st.sampled_from(head_counts_for(tps, max_heads=max_heads)))
+    counts = head_counts_for(tps, max_heads=max_heads)
+    if not replicated_heads:
+        counts = [h for h in counts if h >= max(tps)] or [max(tps)]
+    heads = draw(st.sampled_from(counts))
     return ModelShape(num_layers, heads, head_dim, dtype=dtype)
 
 
@@ -133,9 +165,17 @@ def transfer_cases(
     dtypes: tuple[str, ...] = tuple(DTYPES),
     attention: tuple[str, ...] = ("mha", "mla"),
     policies: tuple[str, ...] = POLICIES,
+    pairs: tuple[tuple[int, int], ...] | None = None,
+    pp_sizes: tuple[int, ...] | None = None,
+    replicated_heads: bool = True,
+    explicit_partitions: bool = True,
 ) -> TransferCase:
-    """A valid transfer: TP pair, a model valid for both, PP layouts on both sides."""
-    source_tp, target_tp = draw(tp_pairs(sizes=sizes))
+    """A valid transfer: TP pair, a model valid for both, PP layouts on both sides.
+
+    ``pairs``, ``pp_sizes``, ``replicated_heads`` and ``explicit_partitions`` narrow the
+    draw to an implementation's declared domain; the defaults draw everything.
+    """
+    source_tp, target_tp = draw(tp_pairs(sizes=sizes, pairs=pairs))
     model = draw(
         models(
             tps=(source_tp, target_tp),
@@ -143,10 +183,18 @@ def transfer_cases(
             max_head_dim=max_head_dim,
             dtypes=dtypes,
             attention=attention,
+            replicated_heads=replicated_heads,
+            min_layers=min(pp_sizes) if pp_sizes else 1,
         )
     )
-    source = draw(stage_layouts(tp=source_tp, num_layers=model.num_layers, max_pp=max_pp))
-    target = draw(stage_layouts(tp=target_tp, num_layers=model.num_layers, max_pp=max_pp))
+    layouts = {
+        "num_layers": model.num_layers,
+        "max_pp": max_pp,
+        "pp_sizes": pp_sizes,
+        "explicit": explicit_partitions,
+    }
+    source = draw(stage_layouts(tp=source_tp, **layouts))
+    target = draw(stage_layouts(tp=target_tp, **layouts))
     return TransferCase(source, target, model, draw(st.sampled_from(policies)))
 
 
@@ -438,7 +486,13 @@ random_frames = st.lists(
     st.one_of(
         st.binary(max_size=64),
         st.sampled_from(
-            [b"{}", b"[]", b"null", b'{"format":"kvspec.payload","version":1}', b"\xff\xfe"]
+            [
+                b"{}",
+                b"[]",
+                b"null",
+                b'{"format":"kvspec.payload","version":1}',
+                b"\xff\xfe",
+            ]
         ),
     ),
     max_size=6,

@@ -13,6 +13,13 @@ reorder      the message is overtaken by the next     a message's ``seq`` is bel
              one on the same edge                     seen on its edge
 corrupt      a bit of a payload frame flips           the codec refuses the payload
 garbage      a frame of random bytes goes first       a one-frame message that is not valid
+late         a copy lands after the sender's next     a key arriving again, below the edge's
+             message on the edge                      highest ``seq``
+abort        a receiver asks a sender to stop a       the sender receives the request
+             request (for any failure, ``abort=P``
+             included)
+fail-nth     the sender's N-th send fails             the sender's notice that it failed
+restart      the sender announces its new epoch       the receiver sees the announcement
 ===========  ======================================  =======================================
 
 Rank faults (``kill``, ``hang``) are announced by the rank to the parent just before
@@ -29,7 +36,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-MESSAGE_FAULTS: tuple[str, ...] = ("drop", "dup", "reorder", "corrupt", "garbage")
+MESSAGE_FAULTS: tuple[str, ...] = (
+    "drop",
+    "dup",
+    "reorder",
+    "corrupt",
+    "garbage",
+    "late",
+    "abort",
+    "fail-nth",
+    "restart",
+)
 RANK_FAULTS: tuple[str, ...] = ("kill", "hang")
 
 
@@ -52,20 +69,34 @@ class FaultBook:
 
 @dataclass
 class Ledger:
-    """The run's books: every rank's :class:`FaultBook`, summed, and the parent's own
-    observations of rank faults."""
+    """The run's books: every rank's latest :class:`FaultBook`, summed, and the parent's
+    own observations of rank faults."""
 
-    injected: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    observed: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    books: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each rank's latest books (a rank reports again when asked: the last word wins)."""
+    own: FaultBook = field(default_factory=FaultBook)
+    """What the parent itself saw: rank faults announced and observed."""
     closed: set[str] = field(default_factory=set)
     """Ranks whose final books arrived."""
 
     def add(self, rank: str, book: dict[str, Any]) -> None:
-        for kind, items in book.get("injected", {}).items():
-            self.injected[kind].extend(items)
-        for kind, items in book.get("observed", {}).items():
-            self.observed[kind].extend(items)
+        self.books[rank] = book
         self.closed.add(rank)
+
+    def _sum(self, side: str) -> dict[str, list[str]]:
+        total: dict[str, list[str]] = defaultdict(list)
+        for book in [*self.books.values(), self.own.to_dict()]:
+            for kind, items in book.get(side, {}).items():
+                total[kind].extend(items)
+        return total
+
+    @property
+    def injected(self) -> dict[str, list[str]]:
+        return self._sum("injected")
+
+    @property
+    def observed(self) -> dict[str, list[str]]:
+        return self._sum("observed")
 
     def counts(self) -> dict[str, dict[str, int]]:
         """fault -> {"injected": n, "observed": m}, for every fault either side saw."""

@@ -15,9 +15,13 @@ examples:
   python -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 \\
       --faults drop=0.05,dup=0.05,reorder=0.1,delay=1ms,corrupt=0.02,kill=sender:1@0.5
 
-faults (--faults NAME=VALUE,...): drop=P, dup=P, reorder=P, corrupt=P, garbage=P
-(probabilities per data message), delay=5ms, kill=ROLE:RANK@FRACTION and
-hang=ROLE:RANK@FRACTION (ROLE sender, receiver or stageN; join several with +).
+faults (--faults NAME=VALUE,...): drop=P, dup=P, reorder=P, corrupt=P, garbage=P,
+late=P (probabilities per data message), abort=P (per request, at the receiver),
+delay=5ms, kill=ROLE:RANK@FRACTION, hang=ROLE:RANK@FRACTION,
+restart=ROLE:RANK@FRACTION, fail-nth=ROLE:RANK@N (ROLE sender, receiver or stageN;
+join several with +). Receivers allocate blocks from a pool as requests arrive and
+free them after --hold more requests; a block goes back only when every transfer that
+could write it has quiesced [LIFE-3]; --unsafe-reuse breaks that on purpose.
 
 ports: --ports spec (default) binds every sender on the port of [PORT-1], from
 --base-port (auto: the first base whose ports are all free); --ports os lets the
@@ -40,13 +44,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvspec import __version__
-from kvspec.cache_layout import LAYOUTS
 from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, quote, seconds_in
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.cli.plan import model_from_args
-from kvspec.dtypes import DTYPES
-from kvspec.plan import POLICIES
-from kvspec.stage import StageLayout
+from kvspec.memory.cache_layout import LAYOUTS
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.plan import POLICIES
+from kvspec.topology.stage import StageLayout
 from sim.cluster import exposure, run_simulation, validate
 from sim.config import LIMITS, PORT_MODES, SimConfig, parse_seq_len, parse_stage
 from sim.endpoints import find_free_base
@@ -180,6 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="send without the wire format's CRC-32s (corruption is then caught by the oracle)",
     )
     run.add_argument(
+        "--hold",
+        type=int_in(0, LIMITS.requests),
+        default=2,
+        metavar="N",
+        help="a receiver keeps a verified request's blocks while N more arrive, then frees "
+        "them for reuse (2)",
+    )
+    run.add_argument(
+        "--unsafe-reuse",
+        action="store_true",
+        help="break the quiescence rule on purpose [LIFE-3, LIFE-4]: blocks of aborted or "
+        "restarted transfers go back at once and late writes land; the oracle shows the "
+        "corruption and the trace checker the broken rule",
+    )
+    run.add_argument(
         "--require-checksum",
         action="store_true",
         help="receivers refuse any message without the wire format's CRC-32s [WIRE-6]",
@@ -236,6 +255,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         transport=args.transport,
         checksum=args.checksum,
         require_checksum=args.require_checksum,
+        hold=args.hold,
+        unsafe_reuse=args.unsafe_reuse,
         verify_after=args.verify_after,
     )
 

@@ -41,11 +41,11 @@ from typing import Any
 import multiprocess
 import zmq
 
-from kvspec.cache_layout import get_layout, layouts_for
-from kvspec.keys import RankAwareKey, parse_key
-from kvspec.plan import plan_transfer
+from kvspec.memory.cache_layout import get_layout, layouts_for
+from kvspec.naming.keys import RankAwareKey, parse_key
+from kvspec.topology.plan import plan_transfer
 from sim import messages
-from sim.accounting import Ledger
+from sim.accounting import RANK_FAULTS, Ledger
 from sim.auth import RunSecret
 from sim.config import SimConfig
 from sim.endpoints import RankId, all_ranks, check_ports
@@ -169,6 +169,7 @@ class Cluster:
         self.rank_stats: dict[str, dict[str, int]] = {}
         self.ledger = Ledger()
         self.strangers: Counter[str] = Counter()
+        self.lifecycle: dict[str, dict[str, Any]] = {}  # rank -> its final lifecycle report
         self.announced: dict[str, str] = {}  # rank -> the rank fault it announced
         self.hosts: list[Host] = []
         self.stop_event = threading.Event()
@@ -306,9 +307,17 @@ class Cluster:
 
     def _close_books(self, *, drain: bool) -> None:
         """*finish*: every live rank flushes, (if ``drain``) reads each stream to its end,
-        and reports its final books; wait for them all, within a bound."""
+        and reports its final books; then a last call for books, so that what a sender
+        observed while its receivers drained (an abort, say) is in them too."""
         live = [t for t in self.by_tag if t not in self.dead and self.announced.get(t) != "hang"]
         self._broadcast({"cmd": "finish", "drain": drain}, only=live)
+        self._await_books(live)
+        self.ledger.closed.clear()
+        live = [t for t in live if t not in self.dead]
+        self._broadcast({"cmd": "books"}, only=live)
+        self._await_books(live)
+
+    def _await_books(self, live: list[str]) -> None:
         end = time.time() + BOOKS_TIMEOUT_S
         while time.time() < end and not set(live) <= self.ledger.closed:
             self._poll(50)
@@ -406,11 +415,13 @@ class Cluster:
             self.rank_stats[tag] = event.get("stats", {})
             self.ledger.add(tag, event.get("book", {}))
             self.strangers.update(event.get("strangers", {}))
+            self.lifecycle[tag] = event.get("lifecycle", {})
         elif kind == "pending":
             self.pending[tag] = event.get("waiting", {})
         elif kind == "fault":
             self.announced[tag] = str(event.get("kind"))
-            self.ledger.injected[self.announced[tag]].append(tag)
+            if self.announced[tag] in RANK_FAULTS:  # a restart is booked edge by edge
+                self.ledger.own.inject(self.announced[tag], tag)
             self._command(tag, {"cmd": "ack"})
         elif kind == "error":
             text = f"{who.name} failed during {event.get('phase', 'the run')}: {event.get('error')}"
@@ -471,7 +482,7 @@ class Cluster:
             return
         for tag in newly:
             if self.announced.get(tag) == "kill":
-                self.ledger.observed["kill"].append(tag)
+                self.ledger.own.observe("kill", tag)
         if before_go:
             self._poll(0)  # an error event the rank sent before it died says why
             if self.setup_error is None:
@@ -575,7 +586,7 @@ class Cluster:
         if self.timed_out:
             for tag, kind in self.announced.items():
                 if kind == "hang" and tag not in self.ledger.closed:
-                    self.ledger.observed["hang"].append(tag)
+                    self.ledger.own.observe("hang", tag)
         edges, start, end = measured_edge_bytes(self.results)
         report = SimReport(
             config=self.config,
@@ -598,12 +609,41 @@ class Cluster:
             },
             books_closed=len(self.ledger.closed),
             strangers=dict(self.strangers),
+            lifecycle=_lifecycle_summary(self.lifecycle, self.by_tag),
         )
         for stats in self.rank_stats.values():
             report.receiver_stats.update(
                 {k: v for k, v in stats.items() if k in ("late_ignored", "unexpected_keys")}
             )
         return report
+
+
+def _lifecycle_summary(
+    by_rank: dict[str, dict[str, Any]], ranks: dict[str, RankId]
+) -> dict[str, Any]:
+    """Every rank's lifecycle report in one: corruption found in held blocks, trace
+    violations, traces checked, blocks poisoned, stale writes that landed."""
+    summary: dict[str, Any] = {
+        "corrupted": [],
+        "violations": [],
+        "traces": 0,
+        "events": 0,
+        "poisoned": 0,
+        "clobbers": 0,
+        "reused": 0,
+    }
+    for tag, report in sorted(by_rank.items()):
+        name = ranks[tag].name
+        summary["corrupted"] += [{"rank": name, **c} for c in report.get("corrupted", [])]
+        for trace in report.get("traces", []):
+            summary["traces"] += 1
+            summary["events"] += trace.get("events", 0)
+            if not trace.get("ok", True):
+                summary["violations"].append({"rank": name, **trace})
+        summary["poisoned"] += report.get("poisoned", 0)
+        summary["clobbers"] += report.get("clobbers", 0)
+        summary["reused"] += report.get("reused", 0)
+    return summary
 
 
 class _Abort(Exception):

@@ -6,8 +6,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvspec.model import ModelShape
-from kvspec.stage import StageLayout
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 from sim.faults import FaultSpec, check_rank_faults, parse_faults
 
 _LAYOUT = re.compile(r"^(?:PP(\d{1,5})X)?TP(\d{1,5})$")
@@ -85,6 +85,8 @@ class SimConfig:
     transport: str = "tcp"
     checksum: bool = True
     require_checksum: bool = False
+    hold: int = 2
+    unsafe_reuse: bool = False
     verify_after: bool = False
 
     def __post_init__(self) -> None:
@@ -97,6 +99,7 @@ class SimConfig:
             ("--src-block-size", self.src_block_size, 1, LIMITS.block_size),
             ("--dst-block-size", self.dst_block_size, 1, LIMITS.block_size),
             ("--ranks-per-process", self.ranks_per_process, 1, LIMITS.ranks_per_process),
+            ("--hold", self.hold, 0, LIMITS.requests),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"{name} must be an integer in {low}..{high}, got {value!r}")

@@ -1,7 +1,7 @@
 """Where each rank listens: the spec's ports, as ZMQ endpoints, checked for the whole run.
 
-With ``--ports spec`` every KV port comes from :func:`kvspec.ports.port` and the run's
-deployment is checked with :func:`kvspec.ports.check_deployment` before any process
+With ``--ports spec`` every KV port comes from :func:`kvspec.naming.ports.port` and the run's
+deployment is checked with :func:`kvspec.naming.ports.check_deployment` before any process
 starts, so a run whose ports would collide is refused with the spec's reasons
 [PORT-1..3]. With ``--ports os`` the operating system assigns them; either way each
 sender reports the endpoint it really bound, and receivers connect to that.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, replace
 
-from kvspec.ports import DeployedStage, Deployment, PortMap, check_deployment, port
+from kvspec.naming.ports import DeployedStage, Deployment, PortMap, check_deployment, port
 from sim.config import SimConfig
 
 

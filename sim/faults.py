@@ -15,6 +15,14 @@
                its messages; ``receiver:0@0.3``; in a chain ``stage1:2@0.5``. Several
                with ``+``: ``kill=sender:1@0.5+receiver:0@0.8``
 ``hang=R``     rank R stops responding (same syntax): the run's deadline must end it
+``abort=P``    a receiver aborts a request part way (probability P per request); it keeps
+               the request's blocks until each sender acknowledges [LIFE-4]
+``late=P``     a copy of a data message is held back and lands after the sender's next
+               message on that edge: a write after its transfer completed or was
+               aborted [LIFE-4]
+``restart=R``  rank R restarts part way (``sender:1@0.5``): a new epoch, the old epoch's
+               held writes still landing after it [LIFE-6]
+``fail-nth=R`` the N-th send of rank R fails at the sender (``sender:1@5``) [LIFE-1]
 =============  ==========================================================================
 
 Every decision is drawn from a generator seeded by (seed, replica, stage, rank), so a
@@ -29,7 +37,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
-PROBABILITIES = ("drop", "dup", "reorder", "corrupt", "garbage")
+PROBABILITIES = ("drop", "dup", "reorder", "corrupt", "garbage", "late", "abort")
+RANK_KINDS = ("kill", "hang", "restart", "fail-nth")
 MAX_DELAY_S = 10.0
 MAX_SPEC_CHARS = 4096
 _NUMBER = r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
@@ -44,7 +53,7 @@ class RankFault:
     kind: str
     role: str  # "sender", "receiver" or "stageN"
     rank: int
-    fraction: float
+    fraction: float  # for fail-nth: N, the send that fails (1 = the first)
 
     def stage(self, last_stage: int) -> int:
         """The stage of the chain this fault's role names."""
@@ -65,7 +74,12 @@ class RankFault:
         return True
 
     def describe(self) -> str:
-        return f"{self.kind}={self.role}:{self.rank}@{self.fraction:g}"
+        return f"{self.kind}={self.role}:{self.rank}@{self.fraction!r}"
+
+    @property
+    def nth(self) -> int:
+        """For ``fail-nth``: which send fails (1 = the first)."""
+        return int(self.fraction)
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,8 @@ class FaultSpec:
     reorder: float = 0.0
     corrupt: float = 0.0
     garbage: float = 0.0
+    late: float = 0.0
+    abort: float = 0.0
     delay_s: float = 0.0
     ranks: tuple[RankFault, ...] = field(default=())
 
@@ -123,7 +139,7 @@ def parse_faults(text: str | None) -> FaultSpec:
             if not delay <= MAX_DELAY_S:
                 raise ValueError(f"delay={value}: at most {MAX_DELAY_S:g}s per message")
             values["delay_s"] = delay
-        elif name in ("kill", "hang"):
+        elif name in RANK_KINDS:
             for item in value.split("+"):
                 match = _RANK.match(item)
                 if not match:
@@ -132,11 +148,16 @@ def parse_faults(text: str | None) -> FaultSpec:
                         "receiver or stageN, e.g. sender:1@0.5"
                     )
                 fraction = float(match.group(4))
-                if not 0 <= fraction <= 1:
+                if name == "fail-nth":
+                    if fraction != int(fraction) or not 1 <= fraction <= 1e9:
+                        raise ValueError(
+                            f"{name}={item}: after @ comes N, the send that fails (1, 2, ...)"
+                        )
+                elif not 0 <= fraction <= 1:
                     raise ValueError(f"{name}={item}: the fraction must be in 0..1")
                 ranks.append(RankFault(name, match.group(1), int(match.group(3)), fraction))
         else:
-            known = ", ".join([*PROBABILITIES, "delay", "kill", "hang"])
+            known = ", ".join([*PROBABILITIES, "delay", *RANK_KINDS])
             raise ValueError(f"unknown fault {_quote(name)}; known: {known}")
     return FaultSpec(**values, ranks=tuple(ranks))  # type: ignore[arg-type]
 
@@ -166,12 +187,21 @@ class FaultInjector:
 
     def __init__(self, spec: FaultSpec, seed: int, replica: int, stage: int, rank: int) -> None:
         self.spec = spec
-        self.rng = random.Random(f"{seed}:{replica}:{stage}:{rank}")
+        self.rng_seed = f"{seed}:{replica}:{stage}:{rank}"
+        self.rng = random.Random(self.rng_seed)
 
     def hit(self, name: str) -> bool:
         """Whether the fault ``name`` strikes the next data message."""
         probability = getattr(self.spec, name)
         return probability > 0 and self.rng.random() < probability
+
+    def abort_point(self, request: str, shards: int) -> int | None:
+        """After how many of its ``shards`` a receiver aborts ``request`` (``abort=P``),
+        or None; drawn per request, so timing never changes the decision."""
+        if not self.spec.abort:
+            return None
+        rng = random.Random(f"{self.rng_seed}:abort:{request}")
+        return rng.randrange(max(1, shards)) if rng.random() < self.spec.abort else None
 
     def corrupt(
         self, frames: list[bytes | memoryview], *, first: int = 0

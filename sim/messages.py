@@ -2,7 +2,7 @@
 
 A data message on a KV socket is ``[envelope, *payload frames]``: the envelope names
 the spec's key for the payload, its place in the edge's order (``seq``) and when it
-was sent; the payload frames are the spec's wire format (:mod:`kvspec.wire`).
+was sent; the payload frames are the spec's wire format (:mod:`kvspec.transport.wire`).
 Everything else is one JSON frame: control events and commands between ranks and the
 parent, and on a KV socket the receiver's *hello*, the sender's *welcome* and the
 sender's *end-of-stream* (see :mod:`sim.auth` for what is signed). Parsing trusts
@@ -64,13 +64,15 @@ def _crc(*fields: object) -> int:
     return zlib.crc32("|".join(map(repr, fields)).encode())
 
 
-def envelope(key: str, seq: int, sent_at: float, *, checksum: bool = False) -> bytes:
-    """The envelope of a data message; with ``checksum``, a CRC-32 of its own fields, so
-    that a flipped bit in the key, the order or the time is refused like one in the
-    payload."""
-    message: dict[str, Any] = {"key": key, "seq": seq, "t": sent_at}
+def envelope(
+    key: str, seq: int, sent_at: float, *, epoch: int = 0, checksum: bool = False
+) -> bytes:
+    """The envelope of a data message: its key, its place in the edge's order, its
+    sender's epoch [LIFE-6] and when it was sent; with ``checksum``, a CRC-32 of its own
+    fields, so that a flipped bit there is refused like one in the payload."""
+    message: dict[str, Any] = {"key": key, "seq": seq, "epoch": epoch, "t": sent_at}
     if checksum:
-        message["crc"] = _crc(key, seq, sent_at)
+        message["crc"] = _crc(key, seq, epoch, sent_at)
     return dump(message)
 
 
@@ -78,9 +80,12 @@ def read_envelope(frame: bytes | memoryview) -> dict[str, Any]:
     """The envelope heading a data message: ``{"key": str, "seq": int, "t": number}``."""
     message = load(frame, limit=MAX_ENVELOPE)
     key, seq, sent_at = message.get("key"), message.get("seq"), message.get("t")
-    if not isinstance(key, str) or not _is_int(seq) or not _is_number(sent_at):
-        raise MessageError(f"an envelope needs a key, a seq and a time, got {short(message)}")
-    if "crc" in message and message["crc"] != _crc(key, seq, sent_at):
+    epoch = message.get("epoch")
+    if not (isinstance(key, str) and _is_int(seq) and _is_int(epoch) and _is_number(sent_at)):
+        raise MessageError(
+            f"an envelope needs a key, a seq, an epoch and a time, got {short(message)}"
+        )
+    if "crc" in message and message["crc"] != _crc(key, seq, epoch, sent_at):
         raise MessageError("the envelope does not match its CRC-32: it was damaged on the way")
     return message
 
@@ -118,9 +123,40 @@ def read_handshake(frame: bytes | memoryview) -> dict[str, Any]:
     return message
 
 
+NOTICES: dict[str, type] = {"ack": str, "failed": str, "restart": int, "quiesced": int}
+"""One-frame notices a sender sends a receiver [LIFE]: ``ack`` (request: nothing more
+will be sent for it), ``failed`` (key: that send failed and wrote nothing), ``restart``
+(epoch: the sender came back in this epoch), ``quiesced`` (epoch: nothing of that
+epoch or older will land any more)."""
+
+
+def notice(kind: str, value: str | int) -> bytes:
+    return dump({kind: value})
+
+
+def abort(request: str) -> bytes:
+    """A receiver's request to a sender: stop sending ``request`` and acknowledge."""
+    return dump({"abort": request})
+
+
+def read_abort(frame: bytes | memoryview) -> str:
+    message = load(frame, limit=MAX_HANDSHAKE)
+    if set(message) != {"abort"} or not isinstance(message["abort"], str):
+        raise MessageError(f"not an abort: {short(message)}")
+    return message["abort"]
+
+
 def read_single(frame: bytes | memoryview, *, limit: int) -> dict[str, Any]:
-    """A one-frame message a receiver gets on a KV socket: a welcome or an end-of-stream."""
+    """A one-frame message a receiver gets on a KV socket: a welcome, an end-of-stream or
+    a notice (:data:`NOTICES`)."""
     message = load(frame, limit=limit)
+    for kind, wanted in NOTICES.items():
+        if kind in message:
+            value = message[kind]
+            ok = _is_int(value) and value >= 0 if wanted is int else isinstance(value, str)
+            if len(message) != 1 or not ok:
+                raise MessageError(f"a {kind} notice needs one {wanted.__name__}")
+            return message
     if "end" in message:
         keys = message["end"]
         skipped = message.get("skipped", {})

@@ -26,47 +26,55 @@ import signal
 import threading
 import time
 import traceback
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import zmq
 
-from kvspec.chunks import reassemble
-from kvspec.keys import recv_keys, send_keys
-from kvspec.kv import RequestKV
-from kvspec.oracle import oracle_kv, oracle_scales, verify
-from kvspec.ownership import rank_ownership
-from kvspec.paged import (
+from kvspec.lifecycle.machine import Lifecycle, LifecycleError, LifecycleRefusal
+from kvspec.lifecycle.trace import TraceVerdict, check_trace
+from kvspec.memory.cache_layout import kv_views
+from kvspec.memory.paged import (
     PagedCache,
+    blocks_needed,
     blocks_of,
     empty_model_cache,
     gather_request,
     scatter_request,
 )
-from kvspec.payload import (
+from kvspec.naming.keys import parse_key, recv_keys, send_keys
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
+from kvspec.tensors.reshard import send
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import TransferPlan, plan_transfer
+from kvspec.transport.chunks import reassemble
+from kvspec.transport.payload import (
     Chunk,
     Payload,
     merge_payloads,
     merge_to_request_kv,
     payload_from_shipment,
 )
-from kvspec.plan import TransferPlan, plan_transfer
-from kvspec.reshard import send
-from kvspec.wire import WireError, decode, encode
+from kvspec.transport.wire import WireError, decode, encode
 from sim import messages
 from sim.accounting import FaultBook
 from sim.auth import RunSecret, new_nonce
 from sim.config import SimConfig
 from sim.endpoints import RankId, bind_endpoint
 from sim.faults import FaultInjector
+from sim.pool import BlockPool
 from sim.sizing import max_receiver_message
 from sim.workload import Request, Workload
 
 POLL_MS = 20
 HELLO_TIMEOUT_S = 60.0
 ACK_TIMEOUT_S = 2.0
+LATE_SPAN = 8
+"""``late=P``: a late copy lands after 1..LATE_SPAN more messages on its edge."""
 KV_HWM = 64
 """Messages a KV pipe holds each way before the sender waits: memory stays bounded."""
 MAX_REASON = 300
@@ -90,6 +98,21 @@ class Incoming:
     edge_bytes: Counter[int] = field(default_factory=Counter)
     received_at: float | None = None
     done: bool = False
+    keys: dict[str, int] = field(default_factory=dict)  # every key of it -> its source
+    arrived: int = 0
+    abort_after: int | None = None  # abort=P: abort once this many shards arrived
+
+
+@dataclass
+class LateCopy:
+    """``late=P``: a copy of a sent message, held until ``span`` more messages went out."""
+
+    key: str
+    frames: list[Any]
+    seq: int
+    span: int
+    after: int = 0
+    """Messages of a higher ``seq`` sent since: with one, it lands late."""
 
 
 class Killed(Exception):
@@ -138,7 +161,7 @@ class Rank:
         self.sent_keys: dict[int, list[str]] = defaultdict(list)
         self.skipped: dict[int, dict[str, str]] = defaultdict(dict)
         self.next_seq: Counter[int] = Counter()  # per target: the envelope's seq
-        self.held: dict[int, list[tuple[str, list[Any]]]] = defaultdict(list)  # reordered
+        self.held: dict[int, list[tuple[str, list[Any], int]]] = defaultdict(list)  # reordered
         self.peers: dict[int, bytes] = {}  # target rank -> its verified connection
         self.nonces: dict[int, str] = {}  # source rank -> the nonce of our hello
         self.welcomed: set[int] = set()  # sources whose welcome verified
@@ -151,6 +174,23 @@ class Rank:
         self.router: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
         self.dealers: dict[zmq.Socket, int] = {}
+        # lifecycle [LIFE]: the receiver's block pool, the sender's promises and epoch
+        self.pool: BlockPool | None = None
+        self.holding: deque[str] = deque()  # delivered requests still held, oldest first
+        self.awaiting_ack: set[tuple[str, int]] = set()  # (request, source) aborts pending
+        self.sends = Lifecycle(0)  # a sender's side of the rules: no send after an ack
+        self.send_trace: list[dict[str, Any]] = []
+        self.epoch = 0
+        self.aborted_out: set[tuple[str, int]] = set()  # (request, target) told to stop
+        self.late: dict[int, list[LateCopy]] = defaultdict(list)
+        self.top_seq: dict[int, int] = {}  # per target: the highest seq put on the wire
+        self.transmits = 0
+        self.restarted_from: set[int] = set()
+        faults = config.faults
+        self.recheck = config.unsafe_reuse or bool(
+            faults.late or faults.abort or any(f.kind == "restart" for f in faults.ranks)
+        )  # a held request is verified again before its blocks go back
+        self.corrupted: list[dict[str, Any]] = []
 
     # -- setup -----------------------------------------------------------------------
     def _plan(self, stage: int) -> TransferPlan:
@@ -160,6 +200,10 @@ class Rank:
     def _make_cache(self) -> tuple[PagedCache, dict[str, list[int]]]:
         layout, block_size = self.config.layout_of(self.who.stage)
         num_blocks, tables = self.workload.block_table(self.who.stage, self.who.rank)
+        if self.who.stage > 0:  # a receiver allocates from its pool as requests arrive
+            order = self.workload.block_order(self.who.stage, self.who.rank)
+            self.pool = BlockPool(order, unsafe=self.config.unsafe_reuse)
+            tables = self.pool.tables
         scales = oracle_scales(
             self.model, layers=self.owner.layers, seed=self.config.seed, device=self.device
         )
@@ -286,7 +330,12 @@ class Rank:
                 ):
                     waiting.add(key)
                     self.key_owner[key] = (request.request_id, chunk_id, src)
-            self.incoming[request.request_id] = Incoming(request, waiting)
+            self.incoming[request.request_id] = Incoming(
+                request,
+                waiting,
+                keys={k: self.key_owner[k][2] for k in waiting},
+                abort_after=self.faults.abort_point(request.request_id, len(waiting)),
+            )
 
     # -- the loop --------------------------------------------------------------------
     def run(self) -> None:
@@ -352,15 +401,25 @@ class Rank:
             self._send_final()
 
     def _drained(self) -> bool:
-        """Sending is done and, when draining, every source's stream has ended (or died)."""
+        """Sending is done and, when draining, every source's stream has ended (or died)
+        and every abort it was asked to acknowledge has been [LIFE-4]."""
         if self.unfinished_senders:
             return False
-        return not self.drain or set(self.sources) <= self.ended_sources | self.dead_sources
+        if not self.drain:
+            return True
+        gone = self.ended_sources | self.dead_sources
+        waiting = {src for _, src in self.awaiting_ack} - self.dead_sources
+        return set(self.sources) <= gone and not waiting
 
     def _send_final(self) -> None:
-        """The rank's last word: its counters, its fault books and the strangers it met."""
+        """The rank's last word: its counters, its fault books, the strangers it met, and
+        the lifecycle: every held request verified again, every trace checked [LIFE]
+        (once: a last call for books repeats it)."""
+        if not self.final_sent:
+            self.lifecycle_report = self._lifecycle_report()
         self.final_sent = True
         strangers = dict(self.strangers)
+        lifecycle = self.lifecycle_report
         accepted = self.stats.get("connections_accepted", 0)
         if accepted > len(self.peers):
             strangers["kv connections"] = accepted - len(self.peers)
@@ -370,8 +429,39 @@ class Rank:
                 "stats": dict(self.stats),
                 "book": self.book.to_dict(),
                 "strangers": strangers,
+                "lifecycle": lifecycle,
             }
         )
+
+    def _lifecycle_report(self) -> dict[str, Any]:
+        """Re-verify every request still held (a late write into a reused block shows
+        here), poison what never quiesced, and check this rank's traces [LIFE-1..7]."""
+        report: dict[str, Any] = {"corrupted": [], "traces": []}
+        if self.send_trace:
+            verdict = check_trace(self.send_trace, num_blocks=0)
+            report["traces"].append(self._trace_summary("sends", verdict, len(self.send_trace)))
+        if self.pool is None:
+            return report
+        if not self.drain:
+            report["poisoned"] = self.pool.poison_unquiesced()
+        for request_id in list(self.holding):
+            self._recheck(request_id)
+        report["corrupted"] = self.corrupted
+        verdict = self.pool.verdict()
+        report["traces"].append(self._trace_summary("blocks", verdict, len(self.pool.trace)))
+        report["clobbers"] = len(self.pool.clobbers)
+        report["reused"] = self.pool.reused
+        report["held"] = len(self.holding)
+        return report
+
+    def _trace_summary(self, name: str, verdict: TraceVerdict, events: int) -> dict[str, Any]:
+        return {
+            "trace": name,
+            "events": events,
+            "ok": verdict.ok,
+            "obligation": verdict.obligation,
+            "violation": "" if verdict.ok else verdict.describe()[:600],
+        }
 
     # -- control ---------------------------------------------------------------------
     def _event(self, event: dict[str, Any]) -> None:
@@ -388,6 +478,8 @@ class Rank:
             self._event({"ev": "pending", "waiting": self._waiting_summary()})
         elif name == "finish":
             self.finishing, self.drain = True, bool(command.get("drain"))
+        elif name == "books" and self.final_sent:
+            self._send_final()  # the last call: what was observed since is in it
         elif name == "ack":
             self.acked = True
 
@@ -479,12 +571,23 @@ class Rank:
 
     def _transmit(self, dst: int, key: str, payload: Payload) -> None:
         """Send one data message, with the run's faults applied and booked [sim.faults]."""
+        request = self.key_request(key)
+        if (request, dst) in self.aborted_out:
+            self.skipped[dst][key] = "its receiver aborted the request"
+            return
         self.sent_keys[dst].append(key)
         self._maybe_die(sending=True)
+        self.transmits += 1
+        if self._fault_strikes("fail-nth", self.transmits):
+            self.book.inject("fail-nth", key)
+            self._put(dst, [messages.notice("failed", key)])
+            return
         wire = encode(payload, checksum=self.config.checksum)
         seq = self.next_seq[dst]
         self.next_seq[dst] += 1
-        head = messages.envelope(key, seq, time.time(), checksum=self.config.checksum)
+        head = messages.envelope(
+            key, seq, time.time(), epoch=self.epoch, checksum=self.config.checksum
+        )
         frames: list[Any] = [head, *wire]
         if self.faults.hit("garbage"):
             self._put(dst, [self.faults.garbage()])
@@ -498,18 +601,94 @@ class Rank:
         if self.config.faults.delay_s:
             time.sleep(self.config.faults.delay_s)
         if self.faults.hit("reorder"):
-            self.held[dst].append((key, frames))  # booked once something overtakes it
+            self.held[dst].append((key, frames, seq))  # booked once something overtakes it
             return
-        self._put(dst, frames)
+        self._send(dst, key, frames, seq)
         if self.faults.hit("dup"):
             self._put(dst, frames)
             self.book.inject("dup", key)
         self._release_held(dst, overtaken=True)
+        self._maybe_restart()
+
+    def key_request(self, key: str) -> str:
+        """The request a key of this rank's sends names [KEY-1]."""
+        return parse_key(key).request_id
+
+    def _send(self, dst: int, key: str, frames: list[Any], seq: int) -> None:
+        """Put a data message on the wire, recorded as a send [LIFE-4]; ``late=P`` keeps a
+        copy back, to land after the next message on this edge."""
+        self._record_send({"ev": "send", "request": self.key_request(key)})
+        self._put(dst, frames)
+        top = self.top_seq[dst] = max(self.top_seq.get(dst, -1), seq)
+        waiting = []
+        for copy in self.late.pop(dst, []):
+            copy.after += seq > copy.seq  # only a later message overtakes it
+            if copy.after < copy.span:
+                waiting.append(copy)
+            else:
+                self._put(dst, copy.frames)
+                self.book.inject("late", copy.key)
+        if waiting:
+            self.late[dst] = waiting
+        if self.faults.hit("late"):  # it lands after 1..LATE_SPAN more messages on the edge
+            span = self.faults.rng.randint(1, LATE_SPAN)
+            overtaken = int(top > seq)  # its original was itself overtaken (reordered)
+            self.late[dst].append(LateCopy(key, frames, seq, span, overtaken))
+
+    def _flush_late(self, dst: int, request: str | None = None) -> None:
+        """Send now the late copies held for ``dst`` (of ``request`` only, if given): a copy
+        that something overtook lands late; one that nothing overtook is a plain dup."""
+        keep = []
+        for copy in self.late.pop(dst, []):
+            if request is not None and self.key_request(copy.key) != request:
+                keep.append(copy)
+                continue
+            self._put(dst, copy.frames)
+            self.book.inject("late" if copy.after else "dup", copy.key)
+        if keep:
+            self.late[dst] = keep
+
+    def _record_send(self, event: dict[str, Any]) -> None:
+        with suppress(LifecycleRefusal, LifecycleError):  # the trace checker names it
+            self.sends.apply(event)
+        if len(self.send_trace) < 200_000:
+            self.send_trace.append(event)
+
+    def _fault_strikes(self, kind: str, count: int) -> bool:
+        return any(
+            f.kind == kind
+            and f.applies_to(self.who.stage, self.config.last_stage, self.who.rank, sending=True)
+            and f.nth == count
+            for f in self.config.faults.ranks
+        )
+
+    def _maybe_restart(self) -> None:
+        """``restart=R``: past its fraction of the work the sender comes back in a new
+        epoch; what its old incarnation still held lands after the announcement, then it
+        declares the old epoch quiet [LIFE-6]."""
+        for fault in self.config.faults.ranks:
+            if (
+                fault.kind != "restart"
+                or self.epoch > 0
+                or not fault.applies_to(
+                    self.who.stage, self.config.last_stage, self.who.rank, sending=True
+                )
+                or self._progress(True) < fault.fraction
+            ):
+                continue
+            self._announce("restart")
+            self.epoch += 1
+            for dst in self.targets:
+                self._put(dst, [messages.notice("restart", self.epoch)])
+                self.book.inject("restart", self._edge_name(self.who.rank, dst, self.who.stage))
+            for dst in self.targets:  # the old epoch's leftovers, landing after the restart
+                self._flush_late(dst)
+                self._put(dst, [messages.notice("quiesced", self.epoch - 1)])
 
     def _release_held(self, dst: int, *, overtaken: bool) -> None:
         """Send the messages held back for ``dst``; a reorder happened if one overtook them."""
-        for key, frames in self.held.pop(dst, []):
-            self._put(dst, frames)
+        for key, frames, seq in self.held.pop(dst, []):
+            self._send(dst, key, frames, seq)
             if overtaken:
                 self.book.inject("reorder", key)
 
@@ -551,6 +730,10 @@ class Rank:
             self.strangers["kv messages"] += 1
             return
         peer, body = frames
+        verified = {route: dst for dst, route in self.peers.items()}
+        if peer in verified:
+            self._on_abort(verified[peer], body)
+            return
         try:
             hello = messages.read_handshake(body)
         except messages.MessageError:
@@ -572,6 +755,26 @@ class Rank:
         mac = self.secret.sign("welcome", self.who.tag, receiver, hello["nonce"])
         self.router.send_multipart([peer, messages.welcome(self.who.rank, mac)])  # type: ignore[union-attr]
 
+    def _on_abort(self, dst: int, body: bytes) -> None:
+        """Receiver ``dst`` aborted a request: send nothing more of it, flush what was
+        still held for it, then acknowledge — after which nothing of it is sent [LIFE-4]."""
+        try:
+            request = messages.read_abort(body)
+        except messages.MessageError:
+            return  # a repeated hello, say
+        self.book.observe("abort", f"{request} {self.who.rank}->{dst}")
+        self.aborted_out.add((request, dst))
+        held = self.held.pop(dst, [])
+        keep_held = [entry for entry in held if self.key_request(entry[0]) != request]
+        for key, frames, seq in held:
+            if self.key_request(key) == request:
+                self._send(dst, key, frames, seq)  # nothing overtook it: in order
+        if keep_held:
+            self.held[dst] = keep_held
+        self._flush_late(dst, request)
+        self._record_send({"ev": "abort_ack", "request": request})
+        self._put(dst, [messages.notice("ack", request)])
+
     def _nothing_left_to_forward(self) -> bool:
         if self.who.stage == 0:
             return True
@@ -580,6 +783,7 @@ class Rank:
     def _finish_sending(self) -> None:
         for dst in self.targets:
             self._release_held(dst, overtaken=False)  # nothing overtook them: in order
+            self._flush_late(dst)
             self._put(dst, [messages.end_of_stream(self.sent_keys[dst], self.skipped[dst])])
         self.unfinished_senders = False
         self._event({"ev": "sent", "stats": dict(self.stats)})
@@ -587,7 +791,7 @@ class Rank:
     def _maybe_die(self, *, sending: bool) -> None:
         """Apply a ``kill``/``hang`` fault once this rank has done its fraction of work."""
         for fault in self.config.faults.ranks:
-            if not fault.applies_to(
+            if fault.kind not in ("kill", "hang") or not fault.applies_to(
                 self.who.stage, self.config.last_stage, self.who.rank, sending=sending
             ):
                 continue
@@ -623,7 +827,7 @@ class Rank:
 
     # -- receiving -------------------------------------------------------------------
     def _on_data(self, src: int, frames: list[zmq.Frame]) -> None:
-        """One message from source ``src``: its welcome, an end-of-stream, or KV."""
+        """One message from source ``src``: its welcome, a notice, an end-of-stream, or KV."""
         received_at = time.time()
         if src not in self.welcomed:
             self._on_welcome(src, frames)
@@ -638,6 +842,8 @@ class Rank:
                 return
             if "end" in message:
                 self._source_ended(src, message)
+            else:
+                self._on_notice(src, message)
             return
         try:
             envelope = messages.read_envelope(frames[0].buffer)
@@ -649,24 +855,43 @@ class Rank:
         if owner is None or owner[2] != src:
             self.stats["unexpected_keys"] += 1
             return
-        if key in self.seen:
-            self.book.observe("dup", key)
+        request_id, chunk_id, _ = owner
+        state = self.incoming[request_id]
+        if key in self.seen:  # a second copy: right after the first (dup) or later (late)
+            late = envelope["seq"] < self.max_seq.get(src, -1)
+            self.book.observe("late" if late else "dup", key)
+            self._stale_write(key, envelope["epoch"], frames)
             return
         self.seen.add(key)
         if envelope["seq"] < self.max_seq.get(src, -1):
             self.book.observe("reorder", key)
         else:
             self.max_seq[src] = envelope["seq"]
-        request_id, chunk_id, _ = owner
-        state = self.incoming[request_id]
         state.waiting.discard(key)
+        if self.pool is not None and request_id not in self.pool.tables and not state.done:
+            needed = blocks_needed(state.request.seq_len, self.config.layout_of(self.who.stage)[1])
+            self.pool.admit(request_id, needed, state.keys)
+        landed = True
+        if self.pool is not None and request_id in self.pool.tables:
+            outcome = self.pool.write(key, envelope["epoch"])
+            landed = outcome == "landed"
+            if outcome == "stale":
+                self._clobber(key, frames)
         try:
             payload = decode(
                 [f.buffer for f in frames[1:]], require_checksum=self.config.require_checksum
             )
         except WireError as error:
             self.book.observe("corrupt", key)  # counted even when the request already failed
+            if self.pool is not None and request_id in self.pool.tables:
+                self.pool.fail(key)
+                self.pool.quiesce(key)  # it arrived whole: nothing more will land from it
             self._fail(state, f"shard {key} from source rank {src} refused by the codec: {error}")
+            return
+        if self.pool is not None and request_id in self.pool.tables:
+            self.pool.complete(key)
+        if not landed:
+            self.stats["writes_refused"] += 1  # a closed handle or a stale epoch
             return
         if state.done:
             self.stats["late_ignored"] += 1  # its request already failed for another reason
@@ -686,8 +911,83 @@ class Rank:
             if t is not None
         )
         state.chunks[chunk_id].append((src, payload))
+        state.arrived += 1
+        if state.abort_after is not None and state.arrived > state.abort_after and state.waiting:
+            self._fail(state, f"aborted by the receiver after {state.arrived} shard(s) (abort)")
+            return
         if not state.waiting:
             self._complete(state, received_at)
+
+    def _stale_write(self, key: str, epoch: int, frames: list[zmq.Frame]) -> None:
+        """A copy of a shard whose transfer already ended. The rules refuse it [LIFE-4];
+        with ``--unsafe-reuse`` it lands where its handle pointed."""
+        if self.pool is None or key not in self.pool.handles:
+            return
+        if self.pool.write(key, epoch) == "stale":
+            self._clobber(key, frames)
+        else:
+            self.stats["writes_refused"] += 1
+
+    def _clobber(self, key: str, frames: list[zmq.Frame]) -> None:
+        """Land a closed handle's data at the blocks it was posted with, as an RDMA write
+        to a stale address would: whoever owns those blocks now gets its bytes."""
+        assert self.pool is not None
+        try:
+            payload = decode([f.buffer for f in frames[1:]])
+        except WireError:
+            return
+        values = next(t for t in payload.key_cache if t is not None).reshape(-1)
+        handle = self.pool.handles[key]
+        reused = [b for b in handle.blocks if self.pool.owner.get(b) not in (None, handle.request)]
+        for layer in self.cache.layers:
+            for view in kv_views(layer, self.cache.layout):
+                for block in reused:
+                    target = view[block]
+                    repeats = -(-target.numel() // max(1, values.numel()))
+                    source = values.repeat(repeats)[: target.numel()].reshape(target.shape)
+                    target.copy_(source.to(target.dtype))
+
+    def _on_notice(self, src: int, message: dict[str, Any]) -> None:
+        """A sender's notice [LIFE]: an abort acknowledged, a send failed, a restart."""
+        pool = self.pool
+        if pool is None:
+            return
+        if "ack" in message:
+            request = message["ack"]
+            self.awaiting_ack.discard((request, src))
+            for key, h in pool.handles.items():
+                if h.request == request and h.source == src:
+                    pool.quiesce(key)
+        elif "failed" in message:
+            key = message["failed"]
+            owner = self.key_owner.get(key)
+            if owner is None or owner[2] != src:
+                return
+            self.book.observe("fail-nth", key)
+            state = self.incoming[owner[0]]
+            state.waiting.discard(key)
+            self.seen.add(key)
+            if owner[0] not in pool.tables and not state.done:
+                size = self.config.layout_of(self.who.stage)[1]
+                pool.admit(owner[0], blocks_needed(state.request.seq_len, size), state.keys)
+            pool.fail(key)
+            pool.quiesce(key)  # the sender says the failed send wrote nothing
+            self._fail(state, f"the send of shard {key} failed at source rank {src}")
+        elif "restart" in message:
+            epoch = message["restart"]
+            self.book.observe("restart", self._edge_name(src, self.who.rank, self.who.stage - 1))
+            self.restarted_from.add(src)
+            for key in pool.restart(src, epoch):
+                state = self.incoming[pool.handles[key].request]
+                self._fail(
+                    state,
+                    f"source rank {src} restarted in epoch {epoch}; shard {key} of its old "
+                    "epoch will never complete",
+                )
+        elif "quiesced" in message:
+            for key, h in pool.handles.items():
+                if h.source == src and h.epoch <= message["quiesced"]:
+                    pool.quiesce(key)
 
     def _on_welcome(self, src: int, frames: list[zmq.Frame]) -> None:
         """The first message from a source must be its signed welcome over our nonce."""
@@ -774,9 +1074,10 @@ class Rank:
             seed=self.config.seed,
         )
         if not verdict.ok:
-            self._fail(state, verdict.message)
+            self._fail(state, self._with_clobbers(verdict.message, request.request_id))
             return
         state.done = True
+        self._hold(request.request_id)
         self._event(
             {
                 "ev": "result",
@@ -792,11 +1093,81 @@ class Rank:
             self.outbox.append(request.request_id)
         self._maybe_die(sending=False)
 
+    def _hold(self, request_id: str) -> None:
+        """A verified request's KV is handed on and held while ``--hold`` more arrive; then
+        its blocks go back to the pool [LIFE-7, LIFE-3]. A rank that forwards, or verifies
+        at the end, holds everything."""
+        if self.pool is None:
+            return
+        self.pool.deliver(request_id)
+        if self.out_plan is not None or self.config.verify_after:
+            return
+        self.holding.append(request_id)
+        while len(self.holding) > self.config.hold:
+            oldest = self.holding.popleft()
+            if self.recheck:  # was it still intact while it was in use?
+                self._recheck(oldest)
+            self.pool.release(oldest)
+
+    def _recheck(self, request_id: str) -> None:
+        """Verify a held request again; a late write into its reused blocks shows here."""
+        state = self.incoming[request_id]
+        stored = gather_request(self.cache, self.tables[request_id], state.request.seq_len)
+        verdict = verify(
+            stored,
+            self.model,
+            request_id,
+            tokens=state.request.seq_len,
+            layers=self.owner.layers,
+            heads=self.owner.heads,
+            seed=self.config.seed,
+        )
+        if not verdict.ok:
+            self.corrupted.append(
+                {
+                    "request": request_id,
+                    "elements": verdict.mismatches,
+                    "why": self._with_clobbers(verdict.message, request_id)[:600],
+                }
+            )
+
+    def _abort(self, request_id: str) -> None:
+        """Abort ``request_id`` in the pool, ask each source with a transfer still open to
+        stop and acknowledge, and hand the blocks back (they are freed as each transfer
+        quiesces) [LIFE-4]."""
+        if self.pool is None or request_id not in self.pool.tables:
+            return
+        for key in self.pool.abort(request_id):
+            src = self.pool.handles[key].source
+            if src in self.dead_sources or (request_id, src) in self.awaiting_ack:
+                continue
+            self.awaiting_ack.add((request_id, src))
+            self.book.inject("abort", f"{request_id} {src}->{self.who.rank}")
+            dealer = next(d for d, s in self.dealers.items() if s == src)
+            with suppress(zmq.ZMQError):
+                dealer.send(messages.abort(request_id), zmq.NOBLOCK)
+        self.pool.release(request_id)
+
+    def _with_clobbers(self, message: str, request_id: str) -> str:
+        """Name the stale writes that hit ``request_id``'s blocks (``--unsafe-reuse``)."""
+        if self.pool is None:
+            return message
+        hits = [c for c in self.pool.clobbers if request_id in c.into.values()]
+        if not hits:
+            return message
+        c = hits[0]
+        blocks = [b for b, owner in c.into.items() if owner == request_id]
+        return (
+            f"{message}; block(s) {blocks} were overwritten by a late write of shard {c.key} "
+            f"of request {c.of_request} after they were reused (--unsafe-reuse) [LIFE-3]"
+        )
+
     def _fail(self, state: Incoming, reason: str) -> None:
         if state.done:
             return
         state.done = True
         rid = state.request.request_id
+        self._abort(rid)
         self._event({"ev": "result", "request": rid, "ok": False, "reason": reason})
         if self.out_plan is not None:  # tell the next stage why it will not get this request
             why = f"it failed at stage {self.who.stage}: {reason}"[:MAX_REASON]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.cli.plan import human_bytes
-from kvspec.plan import plan_transfer
+from kvspec.topology.plan import plan_transfer
 from sim.accounting import MESSAGE_FAULTS, RANK_FAULTS
 from sim.config import SimConfig
 from sim.endpoints import RankId
@@ -54,6 +54,8 @@ class SimReport:
     """Ranks whose final books arrived."""
     strangers: dict[str, int] = field(default_factory=dict)
     """Messages and connections from outside the run, dropped, by where they arrived."""
+    lifecycle: dict[str, Any] = field(default_factory=dict)
+    """Corruption found in held blocks, trace violations, traces checked [LIFE]."""
 
     @property
     def verified(self) -> int:
@@ -64,8 +66,25 @@ class SimReport:
         return sum(not o.ok for o in self.outcomes)
 
     @property
+    def corrupted(self) -> list[dict[str, Any]]:
+        """Requests found corrupted when their held blocks were verified again at the end."""
+        return list(self.lifecycle.get("corrupted", []))
+
+    @property
+    def violations(self) -> list[dict[str, Any]]:
+        """Ranks whose lifecycle trace broke a rule, with the first violation."""
+        return list(self.lifecycle.get("violations", []))
+
+    @property
     def ok(self) -> bool:
-        return self.failed == 0 and not self.errors and not self.interrupted and not self.timed_out
+        return (
+            self.failed == 0
+            and not self.errors
+            and not self.interrupted
+            and not self.timed_out
+            and not self.corrupted
+            and not self.violations
+        )
 
     @property
     def bytes_moved(self) -> int:
@@ -157,6 +176,7 @@ class SimReport:
             "faults_unbalanced": self.unbalanced_faults(),
             "books_closed": self.books_closed,
             "strangers": self.strangers,
+            "lifecycle": self.lifecycle,
             "receivers": dict(self.receiver_stats),
             "dead_ranks": self.dead,
             "setup_error": self.setup_error,
@@ -245,6 +265,24 @@ class SimReport:
                 if not unbalanced
                 else f"            books DO NOT balance for {', '.join(unbalanced)}"
             )
+        life = self.lifecycle
+        if life.get("traces"):
+            lines.append(
+                f"lifecycle:  {life['traces']} trace(s), {life['events']} events checked "
+                f"against LIFE-1..7: "
+                + (
+                    "every rule kept"
+                    if not self.violations
+                    else f"{len(self.violations)} broke a rule"
+                )
+                + f"; {life.get('reused', 0)} block(s) reused"
+                + f"; {len(self.corrupted)} held request(s) corrupted"
+                + (f"; {life['poisoned']} block(s) poisoned" if life.get("poisoned") else "")
+            )
+            for v in self.violations[:5]:
+                lines.append(f"  {v['rank']} ({v['trace']}): {v['violation']}")
+            for hit in self.corrupted[:5]:
+                lines.append(f"  {hit['rank']} {hit['request']}: {hit['why']}")
         if self.strangers:
             lines.append(
                 "strangers:  dropped "

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from kvspec.ownership import rank_ownership
-from kvspec.paged import blocks_needed
+from kvspec.memory.paged import blocks_needed
+from kvspec.topology.ownership import rank_ownership
 from sim.config import SimConfig
 
 PROCESS_OVERHEAD = 80 << 20

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from functools import cached_property
 
-from kvspec.paged import blocks_needed
+from kvspec.memory.paged import blocks_needed
 from sim.config import SimConfig
 
 
@@ -49,23 +49,29 @@ class Workload:
             )
         return tuple(out)
 
-    def block_table(self, stage: int, rank: int) -> tuple[int, dict[str, list[int]]]:
-        """(number of blocks, block ids per request) of one rank's cache.
-
-        Blocks are handed out in a shuffled order, so block ids and token order never
-        coincide by accident; a few spare blocks belong to no request.
-        """
+    def block_order(self, stage: int, rank: int) -> list[int]:
+        """Every block id of one rank's cache, shuffled: the order blocks are handed out,
+        so block ids and token order never coincide by accident; a few spare blocks
+        belong to no request."""
         _, block_size = self.config.layout_of(stage)
-        need = [blocks_needed(r.seq_len, block_size) for r in self.requests]
-        total = sum(need) + 2
+        total = sum(blocks_needed(r.seq_len, block_size) for r in self.requests) + 2
         rng = random.Random(f"{self.config.seed}:{self.replica}:{stage}:{rank}:blocks")
-        free = list(range(total))
-        rng.shuffle(free)
+        order = list(range(total))
+        rng.shuffle(order)
+        return order
+
+    def block_table(self, stage: int, rank: int) -> tuple[int, dict[str, list[int]]]:
+        """(number of blocks, block ids per request) of a rank that holds every request
+        from the start (stage 0); receivers allocate from :meth:`block_order` as requests
+        arrive (:mod:`sim.pool`)."""
+        _, block_size = self.config.layout_of(stage)
+        order = self.block_order(stage, rank)
         tables, start = {}, 0
-        for request, n in zip(self.requests, need, strict=True):
-            tables[request.request_id] = free[start : start + n]
+        for request in self.requests:
+            n = blocks_needed(request.seq_len, block_size)
+            tables[request.request_id] = order[start : start + n]
             start += n
-        return total, tables
+        return len(order), tables
 
 
 def split_tokens(seq_len: int, chunks: int) -> tuple[range, ...]:

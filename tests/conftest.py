@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from kvspec.profiles import load_profile
+from kvspec.profiles import current_profile_name, load_profile
 
 CUDA_REQUIRED = os.environ.get("KVSPEC_REQUIRE_CUDA") == "1"
 
@@ -24,12 +24,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from hypothesis import settings
-
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return [
         f"kvspec: torch {torch.__version__}, cuda device: {cuda}, "
-        f"hypothesis profile: {settings._current_profile}"
+        f"hypothesis profile: {current_profile_name()}"
     ]
 
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import (
+from kvspec.memory.cache_layout import (
     LAYOUTS,
     CacheShape,
     LayerCache,
@@ -17,8 +17,8 @@ from kvspec.cache_layout import (
     empty_cache,
     kv_views,
 )
-from kvspec.dtypes import DTYPES, bit_equal, raw_bits, torch_dtype
 from kvspec.strategies import cache_shapes
+from kvspec.tensors.dtypes import DTYPES, bit_equal, raw_bits, torch_dtype
 
 MHA = ("flash_attn", "flash_attn_hnd", "flashinfer", "flashinfer_hnd", "kv_tuple", "token_major")
 MLA = ("mla", "token_major")

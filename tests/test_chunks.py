@@ -7,14 +7,20 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.chunks import coverage, reassemble, split_chunks
-from kvspec.kv import random_request_kv
-from kvspec.model import ModelShape
-from kvspec.payload import Chunk, Payload, merge_payloads, payload_equal, payload_from_shipment
-from kvspec.reshard import send, shard
-from kvspec.slicing import HeadSlice
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase, chunk_sizes, transfer_cases
+from kvspec.tensors.kv import random_request_kv
+from kvspec.tensors.reshard import send, shard
+from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.chunks import coverage, reassemble, split_chunks
+from kvspec.transport.payload import (
+    Chunk,
+    Payload,
+    merge_payloads,
+    payload_equal,
+    payload_from_shipment,
+)
 
 BLOCK = 2
 FP8 = TransferCase(StageLayout(2), StageLayout(4), ModelShape(2, 4, 2, dtype="float8_e4m3fn"))

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from kvspec.cli import main
-from kvspec.model import ModelShape
-from kvspec.plan import plan_transfer
-from kvspec.stage import StageLayout
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

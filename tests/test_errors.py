@@ -6,7 +6,7 @@ import pytest
 
 from kvspec.clauses import all_clauses
 from kvspec.error_cases import ERROR_CASES, OPERATIONS, ErrorCase
-from kvspec.wire import WireError
+from kvspec.transport.wire import WireError
 
 
 @pytest.mark.parametrize("case", ERROR_CASES, ids=lambda c: c.id)

@@ -15,13 +15,13 @@ import torch
 from kvspec.adapters import _engine, sglang, vllm_nixl, vllm_omni
 from kvspec.conformance import AdapterError, load_adapter
 from kvspec.conformance.adapter import BUILTIN
-from kvspec.kv import RequestKV, random_request_kv
-from kvspec.model import ModelShape
-from kvspec.payload import payload_equal, payload_from_shipment
-from kvspec.reshard import send, shard
-from kvspec.slicing import HeadSlice
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase
+from kvspec.tensors.kv import RequestKV, random_request_kv
+from kvspec.tensors.reshard import send, shard
+from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.payload import payload_equal, payload_from_shipment
 
 FIELD = ("vllm-omni", "vllm-nixl", "sglang")
 
@@ -153,25 +153,52 @@ def test_omni_none_marks_the_single_sender_rank_zero() -> None:
     assert vllm_omni.recv_sources([("k", None), ("j", 3)]) == [("k", 0), ("j", 3)]
 
 
-def test_omni_domain_has_no_pp_and_no_fp8_scales() -> None:
-    assert vllm_omni.in_domain(case(4, 2, 2))  # replication: inside, nothing refuses it
-    assert vllm_omni.in_domain(case(4, 2, 0))  # MLA too
-    assert not vllm_omni.in_domain(case(4, 2, 8, dtype="float8_e4m3fn"))
+def test_omni_domain_has_no_pp_no_fp8_scales_and_reads_three_layouts() -> None:
+    assert vllm_omni.DOMAIN.holds(case(4, 2, 2))  # replication: inside, nothing refuses it
+    assert vllm_omni.DOMAIN.holds(case(4, 2, 0))  # MLA too
+    assert not vllm_omni.DOMAIN.holds(case(4, 2, 8, dtype="float8_e4m3fn"))
     pp = TransferCase(StageLayout(1, 2), StageLayout(1), ModelShape(2, 2, 2))
-    assert not vllm_omni.in_domain(pp)
+    assert not vllm_omni.DOMAIN.holds(pp)
+    assert vllm_omni.DOMAIN.layouts == ("flash_attn", "flashinfer", "kv_tuple")
+
+
+def test_omni_shipments_translate_with_their_marker() -> None:
+    tc = case(2, 4, 8)
+    shipment = send(
+        tc.plan(),
+        0,
+        shard(random_request_kv(tc.model, 2), tc.source, tc.model)[0],
+        slicing="receiver",
+    )[1]
+    data = vllm_omni.shipment_payload(shipment)
+    assert data["metadata"]["tp_head_slice"] == shipment.marker.to_dict()
+    data["metadata"]["tp_head_slice"] = {
+        **shipment.marker.to_dict(),
+        "applied": True,
+        "side": "receiver",
+        "source_rank": 0,  # vLLM-Omni's extra key is dropped
+    }
+    back = vllm_omni.shipment_of(shipment, data)
+    assert back.marker.applied and back.marker.side == "receiver"
+    assert back.edge == shipment.edge
+    assert torch.equal(back.kv.data.view(torch.int16), shipment.kv.data.view(torch.int16))
+    del data["metadata"]["tp_head_slice"]
+    assert vllm_omni.shipment_of(shipment, data).marker == shipment.marker
 
 
 # -- vLLM NIXL ----------------------------------------------------------------------------
 
 
 def test_nixl_domain_leaves_out_what_vllm_refuses() -> None:
-    assert vllm_nixl.in_domain(case(2, 8, 2))  # decode replicates: supported
-    assert vllm_nixl.in_domain(case(8, 2, 8))  # fan-in without replication
-    assert not vllm_nixl.in_domain(case(8, 2, 4))  # prefill replicates on fan-in: asserted
-    assert vllm_nixl.in_domain(case(8, 2, 0))  # MLA reads once
-    assert not vllm_nixl.in_domain(case(2, 2, 2, dtype="float8_e5m2"))
-    decode_pp = TransferCase(StageLayout(1), StageLayout(1, 2), ModelShape(2, 2, 2))
-    assert not vllm_nixl.in_domain(decode_pp)
+    def inside(tc: TransferCase) -> bool:
+        return vllm_nixl.DOMAIN.holds(tc) and not vllm_nixl.refuses_replicated_fan_in(tc)
+
+    assert inside(case(2, 8, 2))  # decode replicates: supported
+    assert inside(case(8, 2, 8))  # fan-in without replication
+    assert not inside(case(8, 2, 4))  # prefill replicates on fan-in: asserted
+    assert inside(case(8, 2, 0))  # MLA reads once
+    assert not inside(case(2, 2, 2, dtype="float8_e5m2"))
+    assert not inside(TransferCase(StageLayout(1), StageLayout(1, 2), ModelShape(2, 2, 2)))
 
 
 def test_nixl_local_heads_is_max_one_heads_over_tp() -> None:
@@ -218,9 +245,10 @@ def test_sglang_domain_follows_its_pp_assert_and_leaves_out_fp8() -> None:
     both = TransferCase(StageLayout(2, 2), StageLayout(2, 2), ModelShape(4, 2, 2))
     decode_one = TransferCase(StageLayout(2, 2), StageLayout(2), ModelShape(4, 2, 2))
     other = TransferCase(StageLayout(2, 2), StageLayout(2, 3), ModelShape(6, 2, 2))
-    assert sglang.in_domain(both) and sglang.in_domain(decode_one)
-    assert not sglang.in_domain(other)
-    assert not sglang.in_domain(case(2, 2, 2, dtype="float8_e4m3fn"))
+    assert sglang.pp_pair_supported(both) and sglang.pp_pair_supported(decode_one)
+    assert not sglang.pp_pair_supported(other)
+    assert sglang.DOMAIN.holds(both)
+    assert not sglang.DOMAIN.holds(case(2, 2, 2, dtype="float8_e4m3fn"))
 
 
 def test_sglang_decode_manager_has_the_attributes_the_rank_mapping_reads() -> None:
@@ -239,6 +267,11 @@ def test_sglang_real_senders_are_stage_local_and_one_for_mla() -> None:
     assert sglang.real_senders(info, mla=True, source_tp=4) == [2, 6]
 
 
+def test_sglang_takes_an_explicit_partition_as_its_environment_variable() -> None:
+    assert sglang.partition_setting([1, 3]) == "1,3"
+    assert sglang.partition_setting(None) is None
+
+
 def test_sglang_slices_heads_only_for_unequal_tp_without_mla() -> None:
     assert sglang.sends_head_slices(case(4, 2, 8))
     assert not sglang.sends_head_slices(case(2, 2, 8))
@@ -248,9 +281,19 @@ def test_sglang_slices_heads_only_for_unequal_tp_without_mla() -> None:
 def test_sglang_layer_pointers_list_k_then_v() -> None:
     layout = StageLayout(1, 2, (1, 3))
     assert sglang.layer_ids(layout, 4, 1) == [1, 2, 3]
-    pointers = sglang.layer_pointers([1, 2])
-    assert pointers == [1, 2, sglang.V_OFFSET + 1, sglang.V_OFFSET + 2]
-    assert sglang.paired_layers(([1, 2], [9], [5, 6, 7], [], 2)) == [(1, 5), (2, 6)]
+    v = sglang.V_OFFSET
+    assert sglang.layer_pointers([1, 2]) == [1, 2, v + 1, v + 2]
+    assert sglang.layer_pointers([1, 2], kv=1) == [1, 2]
+    assert sglang.pointer_target(v + 3) == (1, 3) and sglang.pointer_target(3) == (0, 3)
+
+
+def test_sglang_writes_pair_lists_as_far_as_both_reach() -> None:
+    v = sglang.V_OFFSET
+    writes = sglang.paired_writes([[1, 2], [v + 1, v + 2]], [[5, v + 5], [v + 6]])
+    # K of layer 2 lands in V of layer 5: the pairing decides, the adapter only reads it.
+    assert writes == [((0, 1), (0, 5)), ((0, 2), (1, 5)), ((1, 1), (1, 6))]
+    with pytest.raises(ValueError):
+        sglang.paired_writes([[1]], [[1], [2]])
 
 
 # -- the adapters themselves, where an engine is importable here ---------------------------

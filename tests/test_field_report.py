@@ -67,18 +67,21 @@ def test_verdicts_read_as_the_matrix_shows_them() -> None:
     assert fr.cell(results["KEY-3/injective"]) == "**FAILED**"
     assert fr.cell(results["DTYPE-3/fp8-scales"]) == "outside domain"
     assert fr.cell(results["LAYOUT-3/convert"]) == "not provided"
-    assert fr.cell(REPORTS["beta"]["results"][0]) == "inconclusive"
+    assert fr.cell(REPORTS["beta"]["results"][0]) == "inconclusive (2)"
+    assert fr.effective({"effective_examples": 7, "examples_tried": 9}) == 7
     assert fr.cell(None) == "—"
 
 
 def test_the_report_has_the_matrix_the_triage_and_one_generated_line() -> None:
     text = fr.render(REPORTS, TRIAGE, repros={"field/repro/alpha/keys.py": 1}, today=TODAY)
     assert "| check | alpha | beta |" in text
-    assert "| PLAN-2/exact-cover | passed (15) | inconclusive |" in text
+    assert "| PLAN-2/exact-cover | passed (15) | inconclusive (2) |" in text
     assert "- **alpha** (alpha 1.0): 1 passed, 1 FAILED, 1 not provided, 1 outside domain" in text
     assert "real defect [alpha-keys](#alpha-keys-keys-collide): keys collide" in text
     assert "`field/repro/alpha/keys.py` (exits 1 on the pinned version)" in text
     assert "### scope: too wide" in text
+    assert "Not provided by any engine (1 checks): `LAYOUT-3/convert`." in text
+    assert "| LAYOUT-3/convert |" not in text
     lines = [line for line in text.splitlines() if line.startswith(fr.GENERATED)]
     assert lines == ["Generated: 2026-12-01"]
     later = fr.render(REPORTS, TRIAGE, repros={"field/repro/alpha/keys.py": 1}, today=TODAY)

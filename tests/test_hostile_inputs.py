@@ -24,17 +24,17 @@ from typing import Any
 
 import pytest
 
-from kvspec.chunks import reassemble
 from kvspec.conformance.vectors import GOLDEN_DIR, VectorsError, load_vectors
-from kvspec.keys import legacy_key, parse_key, rank_aware_key
-from kvspec.kv import random_request_kv
-from kvspec.model import ModelShape
-from kvspec.payload import Chunk, Payload, payload_from_shipment
-from kvspec.plan import plan_transfer
-from kvspec.reshard import send, shard
-from kvspec.slicing import HeadSlice
-from kvspec.stage import StageLayout
-from kvspec.wire import WireError, decode, encode
+from kvspec.naming.keys import legacy_key, parse_key, rank_aware_key
+from kvspec.tensors.kv import random_request_kv
+from kvspec.tensors.reshard import send, shard
+from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.chunks import reassemble
+from kvspec.transport.payload import Chunk, Payload, payload_from_shipment
+from kvspec.transport.wire import WireError, decode, encode
 from sim import messages
 
 SEED = int(os.environ.get("KVSPEC_FUZZ_SEED", "0"))

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.keys import (
+from kvspec.naming.keys import (
     LegacyKey,
     RankAwareKey,
     key_kind,
@@ -14,9 +14,9 @@ from kvspec.keys import (
     recv_keys,
     send_keys,
 )
-from kvspec.model import ModelShape
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase, keys, request_ids, transfer_cases
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 
 TP1_PP2_SENDER = TransferCase(StageLayout(1, 2), StageLayout(1), ModelShape(4, 2, 2))
 """Two TP1 ranks feed one receiver: the field's TP <= 1 rule would give both one legacy key."""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvspec.model import ModelShape, check_compatible, model_mismatches
+from kvspec.topology.model import ModelShape, check_compatible, model_mismatches
 
 
 def test_mla_is_one_latent_without_v() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -169,3 +170,14 @@ def test_strip_tool_strips_and_checks(tmp_path: Path) -> None:
     assert cell["metadata"] == {"tags": ["keep"]}, "run-dependent metadata goes, tags stay"
     assert stripped["metadata"]["language_info"] == {"name": "python"}
     assert subprocess.run([*tool, "--check", str(path)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_has_a_rendered_copy(path: Path) -> None:
+    """make notebooks renders each notebook, executed, to docs/notebooks/ for readers."""
+    rendered = ROOT / "docs" / "notebooks" / f"{path.stem}.md"
+    assert rendered.exists(), f"run: make notebooks (no {rendered.relative_to(ROOT)})"
+    text = rendered.read_text()
+    assert f"from notebooks/{path.name}" in text and "kvspec from " in text
+    for figure in re.findall(r"\]\(([^)]+\.png)\)", text):
+        assert (rendered.parent / figure).exists(), f"{rendered.name} links a missing {figure}"

@@ -8,14 +8,14 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.dtypes import DTYPES, FLOAT_FORMATS, bit_equal, raw_bits
-from kvspec.kv import RequestKV, kv_equal
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv, oracle_scales, request_value, verify
-from kvspec.ownership import rank_ownership
-from kvspec.reshard import shard
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase, models, transfer_cases
+from kvspec.tensors.dtypes import DTYPES, FLOAT_FORMATS, bit_equal, raw_bits
+from kvspec.tensors.kv import RequestKV, kv_equal
+from kvspec.tensors.oracle import oracle_kv, oracle_scales, request_value, verify
+from kvspec.tensors.reshard import shard
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.stage import StageLayout
 
 P = 2**31 - 1
 

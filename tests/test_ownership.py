@@ -4,16 +4,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvspec.model import ModelShape
-from kvspec.ownership import (
+from kvspec.strategies import TP_SIZES, head_counts_for, stage_layouts
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import (
     default_layer_partition,
     head_replicas,
     layer_ranges,
     owned_heads,
     rank_ownership,
 )
-from kvspec.stage import StageLayout
-from kvspec.strategies import TP_SIZES, head_counts_for, stage_layouts
+from kvspec.topology.stage import StageLayout
 
 
 @st.composite

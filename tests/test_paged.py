@@ -7,13 +7,13 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import kv_views
-from kvspec.dtypes import DTYPES, bits_view, raw_bits
-from kvspec.kv import RequestKV, kv_equal
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv, oracle_scales
-from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
+from kvspec.memory.cache_layout import kv_views
+from kvspec.memory.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
 from kvspec.strategies import PagedSide, models, paged_sides
+from kvspec.tensors.dtypes import DTYPES, bits_view, raw_bits
+from kvspec.tensors.kv import RequestKV, kv_equal
+from kvspec.tensors.oracle import oracle_kv, oracle_scales
+from kvspec.topology.model import ModelShape
 
 
 def paged_cache(
@@ -249,7 +249,7 @@ def test_every_dtype_moves_as_bits(device: str, dtype: str) -> None:
 )
 def test_blocks_of_a_token_range(block_size: int, seq_len: int, data: st.DataObject) -> None:
     """PAGED-1: exactly the blocks holding the tokens, in table order."""
-    from kvspec.paged import blocks_needed, blocks_of
+    from kvspec.memory.paged import blocks_needed, blocks_of
 
     table = data.draw(st.permutations(range(blocks_needed(seq_len, block_size))))
     start = data.draw(st.integers(0, seq_len - 1))

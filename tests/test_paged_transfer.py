@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv, oracle_scales, verify
-from kvspec.ownership import rank_ownership
-from kvspec.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
-from kvspec.reshard import reshard
-from kvspec.stage import StageLayout
+from kvspec.memory.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
 from kvspec.strategies import PagedSide, TransferCase, paged_sides, transfer_cases
+from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
+from kvspec.tensors.reshard import reshard
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.stage import StageLayout
 
 
 @dataclass(frozen=True)

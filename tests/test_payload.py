@@ -7,10 +7,13 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.kv import kv_equal, random_request_kv
-from kvspec.model import ModelShape
-from kvspec.ownership import rank_ownership
-from kvspec.payload import (
+from kvspec.strategies import TransferCase, transfer_cases
+from kvspec.tensors.kv import kv_equal, random_request_kv
+from kvspec.tensors.reshard import send, shard
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.payload import (
     Chunk,
     Payload,
     merge_payloads,
@@ -19,9 +22,6 @@ from kvspec.payload import (
     shipment_from_payload,
     slice_payload,
 )
-from kvspec.reshard import send, shard
-from kvspec.stage import StageLayout
-from kvspec.strategies import TransferCase, transfer_cases
 
 FP8_REPLICATED = TransferCase(
     StageLayout(4), StageLayout(8, 2), ModelShape(4, 2, 3, dtype="float8_e5m2"), "balanced"

@@ -5,11 +5,11 @@ from collections import Counter
 import pytest
 from hypothesis import example, given
 
-from kvspec.model import ModelShape
-from kvspec.ownership import head_replicas, rank_ownership
-from kvspec.plan import plan_transfer
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase, transfer_cases
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import head_replicas, rank_ownership
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
 
 GQA_REPLICAS_MERGED_TWICE = TransferCase(StageLayout(4), StageLayout(2), ModelShape(2, 2, 2))
 """TP4 -> TP2 with 2 heads: two senders hold each head; a receiver must take it once."""

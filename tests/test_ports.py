@@ -8,7 +8,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from kvspec.cli import main
-from kvspec.ports import (
+from kvspec.naming.ports import (
     COMPATIBLE,
     PURPOSES,
     DeployedStage,
@@ -19,8 +19,8 @@ from kvspec.ports import (
     port_map,
     raw_port,
 )
-from kvspec.stage import StageLayout
 from kvspec.strategies import deployments, port_schemes
+from kvspec.topology.stage import StageLayout
 
 TWO_REPLICAS = Deployment(
     50000, (DeployedStage(0, StageLayout(2), replicas=2), DeployedStage(1, replicas=2))

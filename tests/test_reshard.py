@@ -7,13 +7,13 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.kv import RequestKV, kv_equal, random_request_kv
-from kvspec.model import ModelShape
-from kvspec.plan import plan_transfer
-from kvspec.reshard import HEAD_AXIS, receive, reshard, send, shard
-from kvspec.slicing import apply_head_slice
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase, transfer_cases
+from kvspec.tensors.kv import RequestKV, kv_equal, random_request_kv
+from kvspec.tensors.reshard import HEAD_AXIS, receive, reshard, send, shard
+from kvspec.tensors.slicing import apply_head_slice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
 
 NON_POWER_OF_TWO = TransferCase(StageLayout(6), StageLayout(3), ModelShape(3, 12, 2))
 REPLICATED_BOTH_SIDES = TransferCase(

@@ -24,12 +24,12 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import get_layout, layouts_for
-from kvspec.keys import parse_key
-from kvspec.model import ModelShape
-from kvspec.ports import port
-from kvspec.stage import StageLayout
+from kvspec.memory.cache_layout import get_layout, layouts_for
+from kvspec.naming.keys import parse_key
+from kvspec.naming.ports import port
 from kvspec.strategies import transfer_cases
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 from sim.cli import main as sim_main
 from sim.cluster import Cluster, run_simulation
 from sim.config import SimConfig
@@ -252,6 +252,10 @@ FAULT_KINDS = {
     "garbage": "garbage=0.3",
     "kill": "kill=sender:1@0.5",
     "hang": "hang=receiver:0@0.3",
+    "late": "late=0.3",
+    "abort": "abort=0.3",
+    "fail-nth": "fail-nth=sender:1@2",
+    "restart": "restart=sender:1@0.5",
 }
 
 
@@ -273,8 +277,9 @@ def test_the_books_balance_for_fifty_seeds(kind: str) -> None:
         report = run_simulation(config)
         assert not report.unbalanced_faults(), (seed, report.fault_counts())
         counts = report.fault_counts().get(kind, {"injected": 0})
-        if kind in ("kill", "hang"):
+        if kind in ("kill", "hang", "fail-nth", "restart"):
             assert counts["injected"] == 1, (seed, counts)
+        assert not report.violations and not report.corrupted, seed  # the rules held
         injected = sorted(report.fault_keys["injected"].get(kind, []))
         assert sorted(report.fault_keys["observed"].get(kind, [])) == injected, seed
         assert report.verified + report.failed == 4
@@ -534,3 +539,20 @@ def test_runs_on_every_device(device: str) -> None:
         slicing="receiver",
     )
     assert_all_verified(run_simulation(config))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "delay=1000ms",
+        "delay=0.001s",
+        "delay=10s",
+        "delay=7us",
+        "drop=0.1,delay=1e-3s",
+        "kill=sender:1@0.5+receiver:0@0.25,hang=stage1:2@1",
+    ],
+)
+def test_a_fault_spec_round_trips_through_its_description(spec: str) -> None:
+    """Ranks get the spec as its description: it must parse back to the same faults."""
+    parsed = parse_faults(spec)
+    assert parse_faults(parsed.describe()) == parsed

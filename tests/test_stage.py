@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvspec.stage import StageLayout
+from kvspec.topology.stage import StageLayout
 
 
 @given(tp=st.integers(1, 16), pp=st.integers(1, 8), data=st.data())

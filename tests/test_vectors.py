@@ -8,6 +8,8 @@ import pytest
 
 from kvspec.cli import main
 from kvspec.conformance import load_adapter
+from kvspec.conformance.mutants.routing import ReplicasMergedTwice
+from kvspec.conformance.mutants.transfer import OffByOneHeadOffset
 from kvspec.conformance.vectors import (
     GOLDEN_DIR,
     MANIFEST_FILE,
@@ -16,7 +18,6 @@ from kvspec.conformance.vectors import (
     export_vectors,
     load_vectors,
 )
-from tests.mutants import OffByOneHeadOffset, ReplicasMergedTwice
 
 
 def test_export_is_byte_identical_and_matches_the_shipped_vectors(tmp_path: Path) -> None:
@@ -40,7 +41,12 @@ def test_mutants_fail_the_vectors() -> None:
 
 def test_cli_checks_the_installed_vectors_by_default(tmp_path: Path, capsys) -> None:
     assert main(["vectors", "check", "--impl", "reference"]) == 0
-    assert main(["vectors", "check", "--impl", "tests.mutants:OffByOneHeadOffset"]) == 1
+    assert (
+        main(
+            ["vectors", "check", "--impl", "kvspec.conformance.mutants.transfer:OffByOneHeadOffset"]
+        )
+        == 1
+    )
     assert main(["vectors", "check", str(tmp_path), "--impl", "reference"]) == 2
     assert "manifest.json" in capsys.readouterr().err
 

@@ -11,13 +11,13 @@ import zmq
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.kv import random_request_kv
-from kvspec.model import ModelShape
-from kvspec.payload import Payload, payload_equal, payload_from_shipment
-from kvspec.reshard import send, shard
-from kvspec.stage import StageLayout
 from kvspec.strategies import TransferCase, transfer_cases
-from kvspec.wire import FORMAT, VERSION, WireError, WireLimits, decode, encode
+from kvspec.tensors.kv import random_request_kv
+from kvspec.tensors.reshard import send, shard
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.payload import Payload, payload_equal, payload_from_shipment
+from kvspec.transport.wire import FORMAT, VERSION, WireError, WireLimits, decode, encode
 
 ROOT = Path(__file__).resolve().parent.parent
 FP8_MLA = TransferCase(StageLayout(2), StageLayout(4), ModelShape.mla(3, 4, dtype="float8_e5m2"))

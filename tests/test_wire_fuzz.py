@@ -12,14 +12,14 @@ import tracemalloc
 import torch
 from hypothesis import HealthCheck, example, given, settings
 
-from kvspec.kv import random_request_kv
-from kvspec.model import ModelShape
-from kvspec.payload import Payload, payload_equal, payload_from_shipment
-from kvspec.plan import plan_transfer
-from kvspec.reshard import send, shard
-from kvspec.stage import StageLayout
 from kvspec.strategies import mutated_frames, random_frames
-from kvspec.wire import WireError, WireLimits, decode, encode
+from kvspec.tensors.kv import random_request_kv
+from kvspec.tensors.reshard import send, shard
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.payload import Payload, payload_equal, payload_from_shipment
+from kvspec.transport.wire import WireError, WireLimits, decode, encode
 
 LIMITS = WireLimits(max_header_bytes=4096, max_frames=16, max_total_bytes=1 << 16, max_layers=8)
 ALLOCATION_BUDGET = 1 << 20

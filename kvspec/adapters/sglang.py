@@ -24,8 +24,10 @@ The functions above the adapter class are pure translation and need no engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from types import SimpleNamespace
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import MethodType, SimpleNamespace
 from typing import Any
 
 import torch
@@ -37,14 +39,21 @@ from kvspec.adapters._engine import (
     stand_in_if_unusable,
 )
 from kvspec.conformance.adapter import Adapter
-from kvspec.dtypes import FP8_DTYPES
-from kvspec.kv import RequestKV
-from kvspec.ownership import layer_ranges
-from kvspec.reshard import Shipment
-from kvspec.stage import StageLayout
+from kvspec.conformance.domain import Domain
 from kvspec.strategies import TransferCase
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import Shipment
+from kvspec.topology.ownership import layer_ranges
+from kvspec.topology.stage import StageLayout
 
 NAME = "sglang"
+PARTITION_VARIABLE = "SGLANG_PP_LAYER_PARTITION"
+"""How SGLang takes an explicit PP layer partition (sglang/srt/distributed/utils.py
+``get_pp_indices``, which also refuses one of the wrong length or sum). kvspec's
+partitions are given to it this way; SGLang's *default* rule differs from kvspec's
+[LAYER-1] (its extra layers go to the last stages), so the adapter describes every stage
+by kvspec's partition, as a deployment setting the variable would."""
 INSTALL = "sglang 0.5.23 (field/requirements/sglang.txt)"
 V_OFFSET = 1 << 20
 """Layer ids stand for buffer addresses in ``get_mha_kv_ptrs_with_pp``: K of layer l is
@@ -54,15 +63,22 @@ V_OFFSET = 1 << 20
 # -- translation: kvspec <-> SGLang (pure) -------------------------------------------------
 
 
-def in_domain(case: TransferCase) -> bool:
-    """SGLang's domain: what it refuses on purpose is outside.
+DOMAIN = Domain(dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES))
+"""SGLang's domain as data [PLAN-1]: fp8 is out, because kvspec's fp8 KV carries per-layer
+scales [DTYPE-3] and SGLang transfers KV pages only (scales are per-server config;
+sgl-project/sglang#20705)."""
 
-    - decode PP other than 1 or the prefill's PP: ``assert self.pp_size == info.pp_size
-      or self.pp_size == 1`` in ``_resolve_rank_mapping``;
-    - fp8: kvspec's fp8 KV carries per-layer scales [DTYPE-3]; SGLang transfers KV pages
-      only (scales are per-server config; #20705).
-    """
-    return case.target.pp in (1, case.source.pp) and case.model.dtype not in FP8_DTYPES
+
+def pp_pair_supported(case: TransferCase) -> bool:
+    """Decode PP equal to 1 or to the prefill's: ``assert self.pp_size == info.pp_size or
+    self.pp_size == 1`` in ``_resolve_rank_mapping`` (what :data:`DOMAIN` cannot say)."""
+    return case.target.pp in (1, case.source.pp)
+
+
+def partition_setting(partition: Sequence[int] | None) -> str | None:
+    """An explicit layer partition as SGLang takes it, the ``SGLANG_PP_LAYER_PARTITION``
+    value (``"1,3"``); None keeps its default rule [LAYER-2]."""
+    return None if partition is None else ",".join(str(n) for n in partition)
 
 
 def decode_manager(case: TransferCase, dst: int) -> SimpleNamespace:
@@ -122,17 +138,31 @@ def layer_ids(layout: StageLayout, num_layers: int, pp_rank: int) -> list[int]:
     return list(layer_ranges(layout, num_layers)[pp_rank])
 
 
-def layer_pointers(layers: Sequence[int]) -> list[int]:
-    """Stand-in buffer addresses, ``[K of each layer..., V of each layer...]`` as SGLang
-    lists its per-layer K and V buffers."""
-    return [*layers, *(V_OFFSET + layer for layer in layers)]
+def layer_pointers(layers: Sequence[int], *, kv: int = 2) -> list[int]:
+    """Stand-in buffer addresses as SGLang lists a stage's buffers: ``[K of each layer...,
+    V of each layer...]`` for MHA, one latent per layer for MLA (``kv=1``)."""
+    pointers = list(layers)
+    if kv == 2:
+        pointers += [V_OFFSET + layer for layer in layers]
+    return pointers
 
 
-def paired_layers(pairs: tuple[list[int], list[int], list[int], list[int], int]) -> list:
-    """``(prefill layer, decode layer)`` from ``get_mha_kv_ptrs_with_pp``'s K pointer
-    lists, as far as both reach."""
-    src_k, _, dst_k, _, _ = pairs
-    return list(zip(src_k, dst_k, strict=False))
+def pointer_target(pointer: int) -> tuple[int, int]:
+    """``(0 for K or 1 for V, layer)`` of a stand-in address."""
+    return (1, pointer - V_OFFSET) if pointer >= V_OFFSET else (0, pointer)
+
+
+def paired_writes(
+    src_pointers: Sequence[Sequence[int]], dst_pointers: Sequence[Sequence[int]]
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """``((K/V, prefill layer), (K/V, decode layer))`` for every write SGLang pairs up:
+    list i of ``src_pointers`` is written, element by element, to list i of
+    ``dst_pointers`` as far as both reach (its transfer loops zip them)."""
+    return [
+        (pointer_target(s), pointer_target(d))
+        for srcs, dsts in zip(src_pointers, dst_pointers, strict=True)
+        for s, d in zip(srcs, dsts, strict=False)
+    ]
 
 
 # -- the adapter ---------------------------------------------------------------------------
@@ -142,6 +172,7 @@ class SglangAdapter(Adapter):
     """SGLang's disaggregation mapping (``sglang``) through kvspec; see the module docstring."""
 
     name = NAME
+    domain = DOMAIN
     policies = ()  # every prefill rank of a window sends, replicas included [PLAN-4]
     slicing_modes = ("sender",)  # the prefill side always cuts
 
@@ -153,12 +184,13 @@ class SglangAdapter(Adapter):
         self.staging = import_engine(
             "sglang.srt.disaggregation.common.staging_buffer", adapter=NAME, install=INSTALL
         )
+        self.utils = import_engine("sglang.srt.distributed.utils", adapter=NAME, install=INSTALL)
         import sglang
 
         self.version = f"sglang {sglang.__version__}"
 
     def supports(self, case: TransferCase) -> bool:
-        return in_domain(case)
+        return pp_pair_supported(case)
 
     def _rank_mapping(self, case: TransferCase, dst: int) -> Any:
         info = self.conn.PrefillServerInfo(**prefill_info_fields(case))
@@ -226,27 +258,38 @@ class SglangAdapter(Adapter):
             kv = s.kv if s.marker.applied else self._cut(case, src, dst, s.kv)
             _, count, dst_head = self._heads(case, src, dst)
             count = count or kv.data.shape[3]
-            for src_layer, dst_layer in self._layer_pairs(case, src, dst_layers):
+            for (src_kv, src_layer), (dst_kv, dst_layer) in self._writes(case, src, dst_layers):
                 if src_layer not in s.edge.layers:
                     continue  # not in this shipment (kvspec ships only shared layers)
-                row = kv.data[s.edge.layers.index(src_layer)]
-                out[dst_layers.index(dst_layer), :, :, dst_head : dst_head + count] = row
+                row = kv.data[s.edge.layers.index(src_layer), src_kv]
+                out[dst_layers.index(dst_layer), dst_kv, :, dst_head : dst_head + count] = row
         return RequestKV(out)
 
-    def _layer_pairs(
-        self, case: TransferCase, src: int, dst_layers: list[int]
-    ) -> list[tuple[int, int]]:
-        src_layers = layer_ids(
-            case.source, case.model.num_layers, stage_coords(src, case.source.tp)[0]
-        )
+    def _writes(self, case: TransferCase, src: int, dst_layers: list[int]) -> list:
+        """Where each prefill layer buffer of ``src``'s stage is written on the decode side:
+        ``get_mha_kv_ptrs_with_pp`` (MHA) or ``get_mla_kv_ptrs_with_pp`` (MLA), called with
+        layer ids in place of addresses."""
+        pp_rank = stage_coords(src, case.source.tp)[0]
+        src_layers = layer_ids(case.source, case.model.num_layers, pp_rank)
         manager = SimpleNamespace(kv_args=SimpleNamespace(prefill_start_layer=src_layers[0]))
-        pairs = self.conn.CommonKVManager.get_mha_kv_ptrs_with_pp(
-            manager, layer_pointers(src_layers), layer_pointers(dst_layers)
+        # The MLA pairing calls one more method of its own; bind the engine's.
+        manager._mla_kv_entry_span_with_pp = MethodType(
+            self.conn.CommonKVManager._mla_kv_entry_span_with_pp, manager
         )
-        return paired_layers(pairs)
+        kv = case.model.kv_tensors
+        src_ptrs, dst_ptrs = layer_pointers(src_layers, kv=kv), layer_pointers(dst_layers, kv=kv)
+        if kv == 1:
+            srcs, dsts, _ = self.conn.CommonKVManager.get_mla_kv_ptrs_with_pp(
+                manager, src_ptrs, dst_ptrs
+            )
+            return paired_writes([srcs], [dsts])
+        src_k, src_v, dst_k, dst_v, _ = self.conn.CommonKVManager.get_mha_kv_ptrs_with_pp(
+            manager, src_ptrs, dst_ptrs
+        )
+        return paired_writes([src_k, src_v], [dst_k, dst_v])
 
-    # rejection [PLAN-1] ----------------------------------------------------------------------
-    def validate(self, config: dict[str, Any]) -> None:
+    # topology refusals [PLAN-1, LAYER-1, LAYER-2]; model checks need its bootstrap server --
+    def validate_topology(self, config: dict[str, Any]) -> None:
         case = SimpleNamespace(
             source=SimpleNamespace(**{"pp": 1, **config["source"]}),
             target=SimpleNamespace(**{"pp": 1, **config["target"]}),
@@ -256,3 +299,26 @@ class SglangAdapter(Adapter):
         dst = rank.get("rank", 0) if rank.get("side") == "target" else 0
         info = self.conn.PrefillServerInfo(**prefill_info_fields(case))  # type: ignore[arg-type]
         self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)  # type: ignore[arg-type]
+        for side in ("source", "target"):
+            layout = config[side]
+            pp, partition = layout.get("pp", 1), layout.get("layer_partition")
+            with _environment(PARTITION_VARIABLE, partition_setting(partition)):
+                for pp_rank in range(pp):
+                    self.utils.get_pp_indices(config["model"]["num_layers"], pp_rank, pp)
+
+
+@contextmanager
+def _environment(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name]`` set to ``value`` (unset for None) for the block's duration."""
+    old = os.environ.get(name)
+    try:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

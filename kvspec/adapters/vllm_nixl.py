@@ -32,11 +32,12 @@ import torch
 
 from kvspec.adapters._engine import import_engine, invert_sources
 from kvspec.conformance.adapter import Adapter
-from kvspec.dtypes import FP8_DTYPES
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.reshard import Shipment
+from kvspec.conformance.domain import Domain
 from kvspec.strategies import TransferCase
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import Shipment
+from kvspec.topology.model import ModelShape
 
 NAME = "vllm-nixl"
 INSTALL = "vllm 0.33.0 (field/requirements/vllm-nixl.txt)"
@@ -55,28 +56,30 @@ in a wider dtype and names the fp8 cache separately (vllm/config/cache.py CacheD
 # -- translation: kvspec <-> vLLM (pure) ---------------------------------------------------
 
 
-def in_domain(case: TransferCase) -> bool:
-    """vLLM NIXL's pull domain: what the engine refuses on purpose is outside.
+DOMAIN = Domain(
+    pp_sizes=(1,),
+    explicit_partitions=False,
+    dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES),
+)
+"""vLLM NIXL's pull domain as data [PLAN-1]; what the engine refuses on purpose is out:
 
-    - decode (target) PP > 1: ``NotImplementedError`` in ``base_worker.py`` (consumer PP);
-      prefill PP > 1 goes through the push connector, which this adapter does not cover
-      (``tp_mapping`` has no layer axis);
-    - prefill TP > decode TP with the prefill's heads replicated (TP > KV heads), non-MLA:
-      ``assert not (tp_ratio < 0 and is_kv_replicated)`` in
-      ``base_worker._validate_remote_agent_handshake``;
-    - fp8: dynamic scales are not transferred (docs/features/nixl_connector_compatibility.md:
-      "dynamic per-block scales ❌"); kvspec's fp8 KV always carries scales [DTYPE-3].
-    """
+- decode (target) PP > 1: ``NotImplementedError`` in ``base_worker.py`` (consumer PP);
+  prefill PP > 1 goes through the push connector, which this adapter does not cover
+  (``tp_mapping`` has no layer axis);
+- fp8: dynamic scales are not transferred (docs/features/nixl_connector_compatibility.md:
+  "dynamic per-block scales ❌"); kvspec's fp8 KV always carries scales [DTYPE-3].
+"""
+
+
+def refuses_replicated_fan_in(case: TransferCase) -> bool:
+    """Prefill TP > decode TP with the prefill's heads replicated (TP > KV heads), non-MLA:
+    ``assert not (tp_ratio < 0 and is_kv_replicated)`` in
+    ``base_worker._validate_remote_agent_handshake`` (what :data:`DOMAIN` cannot say)."""
     model = case.model
-    replicated_fan_in = (
+    return (
         model.attention != "mla"
         and case.source.tp > case.target.tp
         and case.source.tp > model.num_kv_heads
-    )
-    return (
-        case.source.pp == case.target.pp == 1
-        and not replicated_fan_in
-        and model.dtype not in FP8_DTYPES
     )
 
 
@@ -171,7 +174,10 @@ class VllmNixlAdapter(Adapter):
     """vLLM's NIXL pull mapping (``vllm``) through kvspec; see the module docstring."""
 
     name = NAME
-    policies = ()  # reads prefill rank dst*P//D (or a window): no spec policy [PLAN-4]
+    domain = DOMAIN
+    # Reads prefill rank dst*P//D, or a window: no spec policy, and ReplicaChoice carries
+    # no TP sizes to state it as a policy rule [PLAN-4].
+    policies = ()
     slicing_modes = ("sender",)  # a read fetches exactly its slice
 
     def __init__(self) -> None:
@@ -194,7 +200,7 @@ class VllmNixlAdapter(Adapter):
         self.version = f"vllm {vllm.__version__}"
 
     def supports(self, case: TransferCase) -> bool:
-        return in_domain(case)
+        return not refuses_replicated_fan_in(case)
 
     def _topology(self, tp: int, rank: int, model: Mapping[str, Any]) -> Any:
         return self.utils.TransferTopology(
@@ -257,28 +263,27 @@ class VllmNixlAdapter(Adapter):
             heads=local_heads(case.model, case.target.tp),
         )
 
-    # rejection [PLAN-1, MODEL-3, DTYPE-1] --------------------------------------------------
-    def validate(self, config: dict[str, Any]) -> None:
+    # refusals: topology [PLAN-1] and model facts [MODEL-3, DTYPE-1] -----------------------
+    def validate_topology(self, config: dict[str, Any]) -> None:
         if config["target"].get("pp", 1) != 1:
             raise NotImplementedError(
                 "vLLM NIXL: decode-side pipeline_parallel_size > 1 is not supported "
                 "(base_worker.py)"
             )
-        model = config["model"]
-        target_model = config.get("target_model", model)
-        ours = self._hash(target_model)
-        theirs = self._hash(model)
-        if ours != theirs:
-            raise RuntimeError(
-                "vLLM NIXL handshake: compatibility hashes differ (enforce_handshake_compat)"
-            )
         rank = config.get("rank", {})
         dst = rank.get("rank", 0) if rank.get("side") == "target" else 0
-        topology = self._topology(config["target"]["tp"], dst, target_model)
+        topology = self._topology(config["target"]["tp"], dst, config["model"])
         topology.tp_ratio(config["source"]["tp"])
         self.tp_mapping.compute_tp_mapping(
             topology, config["source"]["tp"], (self.specs.FullAttentionSpec,)
         )
+
+    def validate_model(self, config: dict[str, Any]) -> None:
+        model = config["model"]
+        if self._hash(config.get("target_model", model)) != self._hash(model):
+            raise RuntimeError(
+                "vLLM NIXL handshake: compatibility hashes differ (enforce_handshake_compat)"
+            )
 
     def _hash(self, model: Mapping[str, Any]) -> str:
         return self.metadata.compute_nixl_compatibility_hash(

@@ -15,19 +15,20 @@ The functions above the adapter class translate between kvspec's objects and vLL
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from kvspec.adapters._engine import import_engine
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import OutsideDomain
-from kvspec.dtypes import FP8_DTYPES, dtype_name
-from kvspec.kv import RequestKV
-from kvspec.payload import CACHE_FIELDS, Payload
-from kvspec.reshard import Shipment
-from kvspec.slicing import HeadSlice
+from kvspec.conformance.domain import Domain
 from kvspec.strategies import TransferCase
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, dtype_name
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import Shipment
+from kvspec.tensors.slicing import HeadSlice
+from kvspec.transport.payload import CACHE_FIELDS, Payload
 
 NAME = "vllm-omni"
 INSTALL = "vllm-omni 0.30.0 and vllm 0.30.0 (field/requirements/vllm-omni.txt)"
@@ -35,6 +36,17 @@ FROM_STAGE, TO_STAGE, REQUEST = "0", "1", "req-1"
 READ_LAYOUTS = ("flash_attn", "flashinfer", "kv_tuple")
 """The layouts ``normalize_layer_kv``'s docstring names (its packed layout has no kvspec
 name yet, issue 13); reading another named layout is outside its domain."""
+
+DOMAIN = Domain(
+    pp_sizes=(1,),
+    explicit_partitions=False,
+    dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES),
+    layouts=READ_LAYOUTS,
+)
+"""vLLM-Omni's domain [PLAN-1]: ``KVTPTopology`` has TP sizes and a rank only, so there is
+no pipeline parallelism; its payload (``KVCacheTransferData``) has no field for fp8 scales;
+``normalize_layer_kv`` reads the layouts of :data:`READ_LAYOUTS`. Replicated heads and MLA
+are inside: the same API is used for them, and nothing refuses them."""
 
 
 # -- translation: kvspec <-> vLLM-Omni (pure) ----------------------------------------------
@@ -165,14 +177,26 @@ def recv_sources(pairs: Sequence[tuple[str, int | None]]) -> list[tuple[str, int
     return [(key, 0 if src is None else src) for key, src in pairs]
 
 
-def in_domain(case: TransferCase) -> bool:
-    """vLLM-Omni's declared domain: no pipeline parallelism, no fp8 scales.
+def shipment_payload(shipment: Shipment) -> dict[str, Any]:
+    """One shipment as the payload dict ``slice_received_rank_shard`` takes."""
+    return transfer_fields(shipment.kv, marker=shipment.marker)
 
-    ``KVTPTopology`` has TP sizes and a rank only, so PP cannot be stated; its payload
-    (``KVCacheTransferData``) has no field for fp8 scales. Replicated heads and MLA are
-    inside: the same API is used for them, and nothing refuses them.
+
+def shipment_of(shipment: Shipment, data: Mapping[str, Any]) -> Shipment:
+    """``shipment`` with the KV and the marker of vLLM-Omni's returned payload dict.
+
+    vLLM-Omni's marker keys are kvspec's plus, on a sender's marker, ``source_rank``
+    (dropped); a payload without a marker keeps the shipment's.
     """
-    return case.source.pp == case.target.pp == 1 and case.model.dtype not in FP8_DTYPES
+    meta = data.get("metadata") or {}
+    marker = meta.get("tp_head_slice")
+    if isinstance(marker, Mapping):
+        fields = HeadSlice.__dataclass_fields__
+        marker = HeadSlice.from_dict({k: v for k, v in marker.items() if k in fields})
+    else:
+        marker = shipment.marker
+    kv = request_kv_of(data["layer_blocks"], num_layers=shipment.kv.data.shape[0])
+    return replace(shipment, marker=marker, kv=kv)
 
 
 # -- the adapter ---------------------------------------------------------------------------
@@ -204,6 +228,7 @@ class VllmOmniAdapter(Adapter):
     """vLLM-Omni (``vllm_omni``) through kvspec; see the module docstring."""
 
     name = NAME
+    domain = DOMAIN
     policies = ()  # rank ratios, no replica choice: neither 'lowest' nor 'balanced' [PLAN-4]
     slicing_modes = ("sender", "receiver")
 
@@ -225,9 +250,6 @@ class VllmOmniAdapter(Adapter):
         import vllm_omni
 
         self.version = f"vllm-omni {vllm_omni.__version__}"
-
-    def supports(self, case: TransferCase) -> bool:
-        return in_domain(case)
 
     def _topology(self, case: TransferCase, rank: int) -> Any:
         return self.kv.KVTPTopology(case.source.tp, case.target.tp, rank)
@@ -325,8 +347,15 @@ class VllmOmniAdapter(Adapter):
             stored[self._key(case, src, dst)] = data.to_bytes()
         return payload_of(self._receive(case, dst, stored), head_slice=merged_marker(case, dst))
 
-    # rejection [PLAN-1, STAGE-1] -----------------------------------------------------------
-    def validate(self, config: dict[str, Any]) -> None:
+    # the slice marker [SLICE-3] ----------------------------------------------------------
+    def apply_marker(self, case: TransferCase, dst: int, shipment: Shipment) -> Shipment:
+        sliced = self.kv.slice_received_rank_shard(
+            shipment_payload(shipment), self._topology(case, dst)
+        )
+        return shipment_of(shipment, sliced)
+
+    # topology refusals [PLAN-1, STAGE-1]; it has no model facts to validate ------------
+    def validate_topology(self, config: dict[str, Any]) -> None:
         rank = config.get("rank", {}).get("rank", 0)
         topo = self.kv.KVTPTopology(config["source"]["tp"], config["target"]["tp"], rank)
         self.kv.validate_kv_tp_topology(topo)
@@ -335,8 +364,6 @@ class VllmOmniAdapter(Adapter):
 
     # layouts [LAYOUT-1, LAYOUT-2, LAYOUT-4] ------------------------------------------------
     def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
-        if layout not in READ_LAYOUTS:
-            raise OutsideDomain
         pair = self.kv.normalize_layer_kv(cache)
         if pair is None:
             raise ValueError(f"vLLM-Omni could not read a {layout} cache (returned None)")

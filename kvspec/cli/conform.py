@@ -2,18 +2,24 @@
 
 IMPL is a built-in adapter name (`reference`) or MODULE:ATTR naming an adapter
 object or a zero-argument factory (the current directory is importable). Each check
-runs as a Hypothesis property; a failure prints the shrunk counterexample and a
-command that replays it.
+runs as a Hypothesis property over examples drawn inside the adapter's declared
+domain; a failure prints the shrunk counterexample and a command that replays it. A
+check that passed on too few examples inside the domain is "inconclusive".
+
+`--mutants` runs the project's corpus of one-bug implementations (the reference with
+one realistic bug each) through the suite instead, and prints how many it kills.
 
 examples:
   kvspec conform reference
-  kvspec conform my_adapter:adapter --profile ci --report conform.json
-  kvspec conform my_adapter:adapter --clause PLAN --clause SLICE-3
+  kvspec conform my_adapter:adapter --profile ci --json conform.json
+  kvspec conform my_adapter:adapter --clause PLAN --clause SLICE-3 --clause PAYLOAD-3.4
   kvspec conform my_adapter:adapter --check PLAN-2/exact-cover --replay '{...}'
   kvspec conform --list
+  kvspec conform --mutants --profile ci
 
-exit status: 0 nothing failed, 1 a check failed, 2 the adapter could not be loaded
-or is malformed (or the arguments are wrong).
+exit status: 0 nothing failed, 1 a check failed (with --mutants: a mutant survived),
+2 the adapter could not be loaded or is malformed (or the arguments are wrong),
+3 nothing failed but a check was inconclusive.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
+from kvspec.cli.output import check_writable
 from kvspec.conformance.adapter import AdapterError, load_adapter
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.runner import (
@@ -38,6 +46,8 @@ from kvspec.profiles import PROFILES
 NAME = "conform"
 HELP = "check an implementation (through its adapter) against every clause"
 
+DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("impl", nargs="?", help="`reference` or MODULE:ATTR")
@@ -49,30 +59,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PATTERN",
-        help="run only checks matching: a family (PLAN), a clause (PLAN-2), a check id or glob",
+        help="run only checks matching: a family (PLAN), a clause (PLAN-2), an obligation "
+        "(PLAN-2.3), a check id or glob",
     )
-    parser.add_argument("--device", default="cpu", help="tensor device: cpu or cuda (cpu)")
-    parser.add_argument("--report", metavar="PATH", help="write the JSON report here")
+    parser.add_argument("--device", default="cpu", help="tensor device: cpu, cuda or cuda:N (cpu)")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write the JSON report here; '-' writes it to stdout (the table goes to stderr)",
+    )
+    parser.add_argument("--report", dest="report", metavar="PATH", help=argparse.SUPPRESS)
     parser.add_argument("--skips", metavar="PATH", help="the implementation's skips file")
     parser.add_argument("--replay", metavar="JSON", help="run one example (with one --check)")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
+    parser.add_argument(
+        "--mutants",
+        action="store_true",
+        help="run the project's mutant corpus through the suite and print the kill rate",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="with --mutants: worker processes (1)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``device`` cannot run the suite, or None: checked before anything runs."""
+    kind, _, index = device.partition(":")
+    if kind not in DEVICE_TYPES or (index and not index.isdigit()) or (index and kind == "cpu"):
+        return f"--device must be cpu, cuda or cuda:N; got {device!r}"
+    if kind == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"--device {device} but no CUDA device is available"
+        if index and int(index) >= torch.cuda.device_count():
+            return (
+                f"--device {device} but only {torch.cuda.device_count()} CUDA device(s) are "
+                "available"
+            )
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
         for check in all_checks():
-            print(f"{check.id:<40} needs {'+'.join(check.needs):<18} {check.title}")
+            print(f"{check.id:<44} needs {'+'.join(check.needs):<22} {check.title}")
         return 0
+    problem = device_problem(args.device)
+    if problem:
+        print(f"kvspec conform: {problem}", file=sys.stderr)
+        return 2
+    if args.report and not args.json:
+        print("kvspec conform: --report is deprecated; use --json PATH", file=sys.stderr)
+        args.json = args.report
+    try:
+        check_writable(args.json)  # before a run of minutes, not after it
+    except ValueError as error:
+        print(f"kvspec conform: refused: {error}", file=sys.stderr)
+        return 2
+    if args.mutants:
+        if args.impl:
+            print("kvspec conform: --mutants takes no IMPL", file=sys.stderr)
+            return 2
+        return _mutants(args)
     if not args.impl:
         print("kvspec conform: give IMPL (`reference` or MODULE:ATTR); see --help", file=sys.stderr)
         return 2
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("kvspec conform: --device cuda but no CUDA device is available", file=sys.stderr)
-            return 2
     try:
         adapter = load_adapter(args.impl)
     except AdapterError as error:
@@ -102,16 +155,24 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"kvspec conform: {error}", file=sys.stderr)
         return 2
-    print(render(report))
-    if args.report:
-        with open(args.report, "w") as out:
-            json.dump(report.to_dict(), out, indent=2)
-    return 1 if report.failed else 0
+    _emit(args.json, render(report), report.to_dict())
+    return report.exit_code
+
+
+def _emit(json_path: str | None, text: str, data: dict[str, Any]) -> None:
+    """The table on stdout (stderr when the JSON goes to stdout) and the JSON report."""
+    print(text, file=sys.stderr if json_path == "-" else sys.stdout)
+    if json_path == "-":
+        json.dump(data, sys.stdout, indent=2)
+        print()
+    elif json_path:
+        with open(json_path, "w") as out:
+            json.dump(data, out, indent=2)
 
 
 def _progress(i: int, total: int, result: CheckResult) -> None:
     print(
-        f"[{i:>3}/{total}] {result.check.id:<40} {result.verdict:<12} {result.seconds:6.2f} s",
+        f"[{i:>3}/{total}] {result.check.id:<44} {result.verdict:<12} {result.seconds:6.2f} s",
         file=sys.stderr,
         flush=True,
     )
@@ -121,7 +182,35 @@ def _replay(args: argparse.Namespace, adapter) -> int:
     checks = select_checks(args.patterns)
     if len(checks) != 1:
         raise ValueError(f"--replay needs exactly one check; {len(checks)} match {args.patterns}")
-    result = run_check(checks[0], adapter, device=args.device, replay=json.loads(args.replay))
+    try:
+        example = json.loads(args.replay)
+    except ValueError as error:
+        raise ValueError(f"--replay must be JSON: {error}") from None
+    result = run_check(checks[0], adapter, device=args.device, replay=example, profile=args.profile)
     report = Report(args.impl, adapter, args.profile or "replay", args.device, [result])
-    print(render(report))
-    return 1 if report.failed else 0
+    _emit(args.json, render(report), report.to_dict())
+    return report.exit_code
+
+
+def _mutants(args: argparse.Namespace) -> int:
+    from kvspec.conformance.mutation import render_mutation, run_corpus
+
+    def progress(i: int, total: int, result) -> None:
+        verdict = f"killed by {result.killed_by}" if result.killed else "SURVIVED"
+        print(
+            f"[{i:>3}/{total}] {result.name:<36} {verdict} ({result.seconds:.2f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    if args.jobs < 1:
+        print("kvspec conform: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    report = run_corpus(
+        profile=args.profile,
+        device=args.device,
+        jobs=args.jobs,
+        progress=None if args.quiet else progress,
+    )
+    _emit(args.json, render_mutation(report), report.to_dict())
+    return 0 if not report.survivors else 1

@@ -83,7 +83,8 @@ def classify(result: Mapping[str, Any]) -> str:
     """The matrix verdict of one check result.
 
     ``not provided`` with every tried example outside the adapter's declared domain is
-    *outside domain*; an ``inconclusive`` verdict (too few effective examples) is kept.
+    *outside domain*; an ``inconclusive`` verdict (a pass on too few effective examples)
+    is kept.
     """
     verdict = result["verdict"]
     tried = result.get("examples_tried", 0)
@@ -96,7 +97,10 @@ def classify(result: Mapping[str, Any]) -> str:
 
 
 def effective(result: Mapping[str, Any]) -> int:
-    """Examples that were inside the adapter's domain and really checked."""
+    """Examples that were inside the adapter's domain and really checked (the report's
+    ``effective_examples``; older reports: tried minus outside the domain)."""
+    if "effective_examples" in result:
+        return result["effective_examples"]
     return result.get("examples_tried", 0) - result.get("outside_declared_domain", 0)
 
 
@@ -109,6 +113,8 @@ def cell(result: Mapping[str, Any] | None) -> str:
         return f"passed ({effective(result)})"
     if verdict == FAILED:
         return "**FAILED**"
+    if verdict == INCONCLUSIVE:
+        return f"inconclusive ({effective(result)})"
     return verdict
 
 
@@ -240,8 +246,20 @@ def render(
     for engine, report in reports.items():
         for r in report["results"]:
             by_check.setdefault(r["check"], {})[engine] = r
+    nowhere = []
     for check, results in by_check.items():
-        out.append(f"| {check} | " + " | ".join(cell(results.get(e)) for e in engines) + " |")
+        cells = [cell(results.get(e)) for e in engines]
+        if all(c in (NOT_PROVIDED, "—") for c in cells):
+            nowhere.append(check)
+            continue
+        out.append(f"| {check} | " + " | ".join(cells) + " |")
+    if nowhere:
+        out += [
+            "",
+            f"Not provided by any engine ({len(nowhere)} checks): "
+            + ", ".join(f"`{c}`" for c in nowhere)
+            + ".",
+        ]
     out += ["", "## Failures and their triage", ""]
     for engine, report in reports.items():
         failed = [r for r in report["results"] if r["verdict"] == FAILED]

@@ -28,11 +28,11 @@ from kvspec.cli.args import (
     int_in,
 )
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.dtypes import DTYPES
-from kvspec.model import ModelShape
-from kvspec.ownership import stage_ownership
-from kvspec.plan import POLICIES, TransferPlan, check_plannable, plan_transfer
-from kvspec.stage import StageLayout
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import stage_ownership
+from kvspec.topology.plan import POLICIES, TransferPlan, check_plannable, plan_transfer
+from kvspec.topology.stage import StageLayout
 
 NAME = "plan"
 HELP = "show which rank sends which heads and layers to which"

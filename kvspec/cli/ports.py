@@ -25,7 +25,7 @@ from typing import Any
 
 from kvspec.cli.args import MAX_PARALLEL, MAX_PORT, int_in, quote
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.ports import (
+from kvspec.naming.ports import (
     PURPOSES,
     DeployedStage,
     Deployment,
@@ -33,7 +33,7 @@ from kvspec.ports import (
     PortScheme,
     port_map,
 )
-from kvspec.stage import StageLayout
+from kvspec.topology.stage import StageLayout
 
 NAME = "ports"
 HELP = "show the ports of a deployment and prove they are distinct"

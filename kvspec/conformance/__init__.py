@@ -16,12 +16,14 @@ from kvspec.conformance.adapter import (
     load_adapter,
     provided_capabilities,
 )
+from kvspec.conformance.domain import Domain
 from kvspec.conformance.runner import Report, get_check, render, run_check, run_suite
 
 __all__ = [
     "CAPABILITIES",
     "Adapter",
     "AdapterError",
+    "Domain",
     "NotProvided",
     "Report",
     "get_check",

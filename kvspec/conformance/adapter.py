@@ -4,10 +4,15 @@ Subclass :class:`Adapter` and override the methods your implementation can answe
 Each group of methods is a *capability*; a check needing a capability you did not
 provide is reported "not provided" — never failed, never counted as passed.
 
-Inputs are kvspec's own frozen dataclasses (:class:`~kvspec.stage.StageLayout`,
-:class:`~kvspec.model.ModelShape`, :class:`~kvspec.strategies.TransferCase`) and
-tensors (:class:`~kvspec.kv.RequestKV`, ``data`` ``[layers, kv, seq, heads, head_dim]``);
+Inputs are kvspec's own frozen dataclasses (:class:`~kvspec.topology.stage.StageLayout`,
+:class:`~kvspec.topology.model.ModelShape`, :class:`~kvspec.strategies.TransferCase`) and
+tensors (:class:`~kvspec.tensors.kv.RequestKV`, ``data`` ``[layers, kv, seq, heads, head_dim]``);
 an adapter translates them into its implementation's terms and back.
+
+What the implementation handles is data too: :attr:`Adapter.domain` (a
+:class:`~kvspec.conformance.domain.Domain`), :attr:`Adapter.policies` (and
+:attr:`Adapter.policy_rules` for policies of its own) and :attr:`Adapter.slicing_modes`.
+The checks draw their examples inside that domain.
 """
 
 from __future__ import annotations
@@ -15,16 +20,18 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.plan import POLICIES
-from kvspec.reshard import SLICING_MODES, Shipment
-from kvspec.stage import StageLayout
+from kvspec.conformance.domain import EVERYTHING, Domain
 from kvspec.strategies import TransferCase
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.reshard import SLICING_MODES, Shipment
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import POLICIES, ReplicaRule
+from kvspec.topology.stage import StageLayout
 
 
 class NotProvided(Exception):
@@ -36,20 +43,36 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "routing": ("sources", "targets"),
     "sender": ("sender_transform",),
     "receiver": ("receiver_combine",),
-    "rejection": ("validate",),
+    "marker": ("apply_marker",),
+    "topology": ("validate_topology",),
+    "models": ("validate_model",),
     "layouts": ("read_layer",),
     "conversion": ("convert_layout",),
     "detection": ("detect_layout",),
     "paged": ("gather", "scatter"),
     "oracle": ("oracle_fill",),
+    "verifier": ("oracle_verify",),
     "keys": ("rank_aware_key", "legacy_key"),
     "edge-keys": ("send_keys", "recv_keys"),
     "ports": ("kv_port",),
     "payload": ("merge",),
     "chunks": ("reassemble",),
     "wire": ("encode", "decode"),
+    "lifecycle": ("lifecycle",),
 }
 """Capability name -> the adapter methods it consists of."""
+
+DECLARED: dict[str, str] = {
+    "fp8-scales": "an fp8 dtype in Adapter.domain (its caches travel with their scales)",
+}
+"""Capabilities an adapter has by what its domain declares, not by a method [DTYPE-3]."""
+
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "validate_topology": ("validate",),
+    "validate_model": ("validate",),
+}
+"""Methods an older adapter may provide under another name: ``validate`` refused both
+invalid topologies and invalid models before the two were separate capabilities."""
 
 
 class Adapter:
@@ -58,22 +81,31 @@ class Adapter:
     Attributes an adapter may set:
 
     - ``name``, ``version``: shown in reports.
-    - ``policies``: the replica-choice policies [PLAN-4] it implements by the spec's
-      names; generated cases use only these, and the policy check runs only if any.
+    - ``domain``: what the implementation handles (:class:`Domain`); every check draws
+      its examples inside it.
+    - ``policies``: the replica-choice policies [PLAN-4] it implements: the spec's names
+      (``lowest``, ``balanced``) or names of ``policy_rules``; generated cases use only
+      these, and the policy checks run only if any.
+    - ``policy_rules``: policies of its own, name -> rule (a function of a
+      :class:`~kvspec.topology.plan.ReplicaChoice` returning the sending TP rank), checked against
+      PLAN-2, PLAN-3 and determinism, and routing against the rule [PLAN-4].
     - ``slicing_modes``: which of ``"sender"``/``"receiver"`` slicing its sender
       transform can do [SLICE-2].
     """
 
     name: str = "unnamed"
     version: str = ""
+    domain: Domain = EVERYTHING
     policies: tuple[str, ...] = ()
+    policy_rules: Mapping[str, ReplicaRule] = MappingProxyType({})
     slicing_modes: tuple[str, ...] = ("sender",)
 
     def supports(self, case: TransferCase) -> bool:
-        """Whether ``case`` is inside the implementation's declared domain.
+        """Whether ``case`` is inside the implementation's domain, beyond :attr:`domain`.
 
-        Cases outside it are counted and reported, not checked. Declare a narrower
-        domain only for configurations the implementation refuses on purpose.
+        The checks already draw inside :attr:`domain`; this is a final filter for what
+        the data cannot say. Cases it turns away are counted, not checked, and a check
+        left with too few examples is reported inconclusive.
         """
         return True
 
@@ -109,19 +141,47 @@ class Adapter:
         """Receiver ``dst``'s shard from the shipments it got, in arrival order [RESHARD-3].
 
         Each shipment carries its sender (``shipment.edge.src``), its ``tp_head_slice``
-        marker and its KV. Refuse (raise) what cannot be combined.
+        marker and its KV; the slice is applied (by the sender, or by
+        :meth:`apply_marker` when the adapter has it). Refuse (raise) what cannot be
+        combined.
+        """
+        raise NotProvided
+
+    # the slice marker ---------------------------------------------------------------
+    def apply_marker(self, case: TransferCase, dst: int, shipment: Shipment) -> Shipment:
+        """Receiver ``dst``'s slice step for one shipment [SLICE-3].
+
+        Cut an unapplied slice once and mark it applied by the receiver; return an
+        applied one unchanged; refuse (raise) one marked for another rank. Adapters
+        whose receiver applies slices inside :meth:`receiver_combine` may leave this out.
         """
         raise NotProvided
 
     # rejection ------------------------------------------------------------------
-    def validate(self, config: dict[str, Any]) -> None:
-        """Raise if the implementation refuses this transfer configuration.
+    def validate_topology(self, config: dict[str, Any]) -> None:
+        """Raise if the implementation refuses this transfer topology [STAGE-1, HEAD-1,
+        HEAD-2, LAYER-1, LAYER-2, PLAN-1].
 
         ``config`` is plain data: ``source`` and ``target`` (``tp``, ``pp``,
-        ``layer_partition``), ``model`` (ModelShape fields), optionally
-        ``target_model`` (the receiver's model facts) and ``rank``
-        (``{"side": "source" | "target", "rank": int}``).
+        ``layer_partition``), ``model`` (ModelShape fields), optionally ``policy`` and
+        ``rank`` (``{"side": "source" | "target", "rank": int}``).
         """
+        if _overrides(type(self), "validate"):
+            return self.validate(config)
+        raise NotProvided
+
+    def validate_model(self, config: dict[str, Any]) -> None:
+        """Raise if the implementation refuses these model facts [MODEL-1..3, DTYPE-1].
+
+        ``config`` is as for :meth:`validate_topology`, optionally with ``target_model``
+        (the receiver's model facts).
+        """
+        if _overrides(type(self), "validate"):
+            return self.validate(config)
+        raise NotProvided
+
+    def validate(self, config: dict[str, Any]) -> None:
+        """Deprecated: one method for :meth:`validate_topology` and :meth:`validate_model`."""
         raise NotProvided
 
     # cache layouts ---------------------------------------------------------------
@@ -147,7 +207,7 @@ class Adapter:
 
     # paged requests --------------------------------------------------------------
     def gather(self, cache: Any, block_ids: list[int], seq_len: int) -> RequestKV:
-        """A request from a :class:`~kvspec.paged.PagedCache` by block ids [PAGED-1..3]."""
+        """A request from a :class:`~kvspec.memory.paged.PagedCache` by block ids [PAGED-1..3]."""
         raise NotProvided
 
     def scatter(self, kv: RequestKV, cache: Any, block_ids: list[int]) -> None:
@@ -166,6 +226,21 @@ class Adapter:
         seed: int,
     ) -> RequestKV:
         """The coordinate-hash values of a region of one request [ORACLE-1..4]."""
+        raise NotProvided
+
+    def oracle_verify(
+        self,
+        kv: RequestKV,
+        model: ModelShape,
+        request_id: str,
+        *,
+        tokens: range,
+        layers: range,
+        heads: range,
+        seed: int,
+    ) -> int:
+        """How many elements and fp8 scales of ``kv`` differ from the oracle's [ORACLE-5];
+        raise for KV of another shape or dtype than the ranges imply."""
         raise NotProvided
 
     # keys and ports -------------------------------------------------------------------
@@ -202,26 +277,50 @@ class Adapter:
         raise NotProvided
 
     def reassemble(self, chunks: Sequence[Any]) -> Any:
-        """One whole-request :class:`~kvspec.payload.Payload` from its chunks [CHUNK-2]."""
+        """One whole-request :class:`~kvspec.transport.payload.Payload` from its chunks
+        [CHUNK-2]."""
         raise NotProvided
 
     def encode(self, payload: Any) -> Sequence[Any]:
-        """The frames of a :class:`~kvspec.payload.Payload` in the spec's format [WIRE-1]."""
+        """The frames of a :class:`~kvspec.transport.payload.Payload` in the spec's format
+        [WIRE-1]."""
         raise NotProvided
 
     def decode(self, frames: Sequence[bytes]) -> Any:
         """The payload of a list of frames; refuse anything malformed [WIRE-4]."""
         raise NotProvided
 
+    # lifecycle -----------------------------------------------------------------------
+    def lifecycle(self, num_blocks: int) -> Any:
+        """A fresh instance of the implementation's transfer and block-pool state machine
+        for a pool of ``num_blocks`` blocks [LIFE-1..7]: an object with ``apply(event)``,
+        which raises to refuse an event the rules forbid (and then changes nothing), and
+        ``snapshot()``, which returns ``{"blocks": {id: state}, "handles": {id: state},
+        "requests": {id: state}}`` in the vocabulary of :mod:`kvspec.lifecycle.machine`.
+        """
+        raise NotProvided
 
-def provided_capabilities(adapter: Adapter) -> set[str]:
-    """Capabilities whose every method the adapter overrides."""
+
+def _overrides(cls: type, method: str) -> bool:
+    return getattr(cls, method) is not getattr(Adapter, method)
+
+
+def method_capabilities(adapter: Adapter) -> set[str]:
+    """Capabilities whose every method the adapter overrides (or an alias of it)."""
     cls = type(adapter)
     return {
         name
         for name, methods in CAPABILITIES.items()
-        if all(getattr(cls, m) is not getattr(Adapter, m) for m in methods)
+        if all(any(_overrides(cls, m) for m in (n, *_ALIASES.get(n, ()))) for n in methods)
     }
+
+
+def provided_capabilities(adapter: Adapter) -> set[str]:
+    """Capabilities by method, plus those its domain declares (:data:`DECLARED`)."""
+    found = method_capabilities(adapter)
+    if adapter.domain.fp8:
+        found.add("fp8-scales")
+    return found
 
 
 class AdapterError(Exception):
@@ -279,10 +378,22 @@ def check_adapter(obj: object, *, where: str) -> None:
             f"{where} gave {type(obj).__name__}, not an instance of "
             "kvspec.conformance.Adapter (subclass it and override the capabilities you have)"
         )
-    unknown_policies = set(obj.policies) - set(POLICIES)
+    if not isinstance(obj.domain, Domain):
+        raise AdapterError(
+            f"{where}: domain must be a kvspec.conformance.Domain, got {type(obj.domain).__name__}"
+        )
+    rules = dict(obj.policy_rules)
+    shadowing = sorted(set(rules) & set(POLICIES))
+    if shadowing or not all(isinstance(n, str) and n and callable(r) for n, r in rules.items()):
+        raise AdapterError(
+            f"{where}: policy_rules must map new names (not {POLICIES}) to functions of a "
+            f"ReplicaChoice; got {rules!r:.200}"
+        )
+    unknown_policies = set(obj.policies) - set(POLICIES) - set(rules)
     if unknown_policies:
         raise AdapterError(
-            f"{where}: policies {sorted(unknown_policies)} are not spec policies {POLICIES}"
+            f"{where}: policies {sorted(unknown_policies)} are neither spec policies "
+            f"{POLICIES} nor declared in policy_rules"
         )
     unknown_modes = set(obj.slicing_modes) - set(SLICING_MODES)
     if unknown_modes or not obj.slicing_modes:
@@ -290,7 +401,7 @@ def check_adapter(obj: object, *, where: str) -> None:
             f"{where}: slicing_modes must be a non-empty subset of {SLICING_MODES}, got "
             f"{obj.slicing_modes!r}"
         )
-    if not provided_capabilities(obj):
+    if not method_capabilities(obj):
         raise AdapterError(
             f"{where} overrides no capability; override at least one of "
             + ", ".join(f"{c} ({', '.join(m)})" for c, m in CAPABILITIES.items())

@@ -3,26 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from kvspec import __version__
-from kvspec.cache_layout import convert, detect_layout, kv_views
-from kvspec.chunks import reassemble
 from kvspec.conformance.adapter import Adapter
 from kvspec.error_cases import OPERATIONS
-from kvspec.keys import legacy_key, rank_aware_key, recv_keys, send_keys
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv
-from kvspec.ownership import rank_ownership
-from kvspec.paged import PagedCache, gather_request, scatter_request
-from kvspec.payload import Payload, merge_payloads
-from kvspec.plan import POLICIES
-from kvspec.ports import port
-from kvspec.reshard import SLICING_MODES, Shipment, receive, send
-from kvspec.stage import StageLayout
+from kvspec.lifecycle.machine import Lifecycle
+from kvspec.memory.cache_layout import convert, detect_layout, kv_views
+from kvspec.memory.paged import PagedCache, gather_request, scatter_request
+from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
+from kvspec.naming.ports import port
 from kvspec.strategies import TransferCase
-from kvspec.wire import decode, encode
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.oracle import oracle_kv, verify
+from kvspec.tensors.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, send
+from kvspec.tensors.slicing import apply_head_slice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.chunks import reassemble
+from kvspec.transport.payload import Payload, merge_payloads
+from kvspec.transport.wire import decode, encode
+
+
+@lru_cache(maxsize=256)
+def _plan(case: TransferCase, rule: ReplicaRule | None) -> TransferPlan:
+    """Plans are pure functions of the case (and rule): the suite asks for one many times."""
+    return case.plan(rule)
 
 
 class ReferenceAdapter(Adapter):
@@ -33,27 +42,40 @@ class ReferenceAdapter(Adapter):
     policies = POLICIES
     slicing_modes = SLICING_MODES
 
+    def plan(self, case: TransferCase) -> TransferPlan:
+        """The spec's plan of ``case``, under a declared policy rule when it names one."""
+        return _plan(case, self.policy_rules.get(case.policy))
+
     def owned(self, layout: StageLayout, model: ModelShape, rank: int) -> tuple[range, range]:
         owner = rank_ownership(layout, model, rank)
         return owner.heads, owner.layers
 
     def sources(self, case: TransferCase, dst: int) -> Sequence[int]:
-        return case.plan().sources_of(dst)
+        return self.plan(case).sources_of(dst)
 
     def targets(self, case: TransferCase, src: int) -> Sequence[int]:
-        return case.plan().targets_of(src)
+        return self.plan(case).targets_of(src)
 
     def sender_transform(
         self, case: TransferCase, src: int, shard: RequestKV, slicing: str
     ) -> dict[int, RequestKV]:
-        return {s.edge.dst: s.kv for s in send(case.plan(), src, shard, slicing=slicing)}
+        return {s.edge.dst: s.kv for s in send(self.plan(case), src, shard, slicing=slicing)}
 
     def receiver_combine(
         self, case: TransferCase, dst: int, shipments: Sequence[Shipment]
     ) -> RequestKV:
-        return receive(case.plan(), dst, shipments)
+        return receive(self.plan(case), dst, shipments)
 
-    def validate(self, config: dict[str, Any]) -> None:
+    def apply_marker(self, case: TransferCase, dst: int, shipment: Shipment) -> Shipment:
+        data, marker = apply_head_slice(
+            shipment.kv.data, shipment.marker, my_rank=dst, head_axis=HEAD_AXIS
+        )
+        return Shipment(shipment.edge, marker, RequestKV(data, shipment.kv.scales))
+
+    def validate_topology(self, config: dict[str, Any]) -> None:
+        OPERATIONS["transfer"](config)
+
+    def validate_model(self, config: dict[str, Any]) -> None:
         OPERATIONS["transfer"](config)
 
     def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
@@ -74,6 +96,12 @@ class ReferenceAdapter(Adapter):
     def oracle_fill(self, model: ModelShape, request_id: str, **region: Any) -> RequestKV:
         return oracle_kv(model, request_id, **region)
 
+    def oracle_verify(
+        self, kv: RequestKV, model: ModelShape, request_id: str, **region: Any
+    ) -> int:
+        verdict = verify(kv, model, request_id, **region)
+        return verdict.mismatches + verdict.scale_mismatches
+
     def rank_aware_key(self, *args: Any, **kwargs: Any) -> str:
         return rank_aware_key(*args, **kwargs)
 
@@ -81,10 +109,10 @@ class ReferenceAdapter(Adapter):
         return legacy_key(*args, **kwargs)
 
     def send_keys(self, case: TransferCase, request_id: str, src: int, **stages: int):
-        return send_keys(case.plan(), request_id, src, **stages)
+        return send_keys(self.plan(case), request_id, src, **stages)
 
     def recv_keys(self, case: TransferCase, request_id: str, dst: int, **stages: int):
-        return recv_keys(case.plan(), request_id, dst, **stages)
+        return recv_keys(self.plan(case), request_id, dst, **stages)
 
     def kv_port(self, base: int, stage: int, rank: int, replica: int) -> int:
         return port("kv", base, stage, rank, replica)
@@ -92,7 +120,7 @@ class ReferenceAdapter(Adapter):
     def merge(
         self, case: TransferCase, dst: int, received: Sequence[tuple[int, Payload]]
     ) -> Payload:
-        return merge_payloads(case.plan(), dst, received)
+        return merge_payloads(self.plan(case), dst, received)
 
     def reassemble(self, chunks: Sequence[Payload]) -> Payload:
         return reassemble(chunks)
@@ -102,3 +130,6 @@ class ReferenceAdapter(Adapter):
 
     def decode(self, frames: Sequence[bytes]) -> Payload:
         return decode(frames)
+
+    def lifecycle(self, num_blocks: int) -> Lifecycle:
+        return Lifecycle(num_blocks)

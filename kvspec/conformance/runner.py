@@ -3,12 +3,20 @@
 Each check runs as a Hypothesis property under the chosen profile; the pinned
 examples run first. On failure the shrunk counterexample (plain data) is kept with
 the violation message and a command that replays exactly that example.
+
+Every result counts its *effective* examples: those inside the adapter's domain
+(:meth:`~kvspec.conformance.adapter.Adapter.supports`) that gave the check something to
+test. A check that passed on fewer than :data:`MIN_EFFECTIVE_EXAMPLES` of them (or
+fewer than the profile asks for, when that is smaller) is **inconclusive**, not
+passed — unless Hypothesis ran out of distinct examples first, in which case the
+whole domain was covered.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import shlex
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -20,32 +28,57 @@ from hypothesis import example as pinned
 
 from kvspec.clauses import get_clause
 from kvspec.conformance.adapter import Adapter, NotProvided, provided_capabilities
-from kvspec.conformance.checks import Check, Context, Example, OutsideDomain, Violation, all_checks
+from kvspec.conformance.checks import (
+    Check,
+    Context,
+    Example,
+    OutsideDomain,
+    Vacuous,
+    Violation,
+    all_checks,
+)
 from kvspec.profiles import default_profile, profile_settings
 
-PASSED, FAILED, NOT_PROVIDED, SKIPPED = "passed", "FAILED", "not provided", "skipped"
+PASSED, FAILED, INCONCLUSIVE = "passed", "FAILED", "inconclusive"
+NOT_PROVIDED, SKIPPED = "not provided", "skipped"
+VERDICTS: tuple[str, ...] = (PASSED, FAILED, INCONCLUSIVE, NOT_PROVIDED, SKIPPED)
+
+MIN_EFFECTIVE_EXAMPLES = 20
+"""Below this many effective examples a passing check is inconclusive (or below the
+number the profile asks for, when that is smaller)."""
 
 
 @dataclass
 class CheckResult:
-    """The verdict of one check: passed, FAILED, not provided or skipped."""
+    """The verdict of one check: passed, FAILED, inconclusive, not provided or skipped."""
 
     check: Check
     verdict: str
     tried: int = 0
     outside_domain: int = 0
+    vacuous: int = 0
+    requested: int = 0
     reason: str = ""
     counterexample: Example | None = None
     seconds: float = 0.0
+
+    @property
+    def effective(self) -> int:
+        """Examples inside the adapter's domain that gave the check something to test."""
+        return self.tried - self.outside_domain - self.vacuous
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "check": self.check.id,
             "clause": self.check.clause,
+            "obligations": list(self.check.covers),
             "title": self.check.title,
             "verdict": self.verdict,
             "examples_tried": self.tried,
+            "effective_examples": self.effective,
+            "examples_requested": self.requested,
             "outside_declared_domain": self.outside_domain,
+            "vacuous_examples": self.vacuous,
             "reason": self.reason,
             "counterexample": self.counterexample,
             "seconds": round(self.seconds, 3),
@@ -70,15 +103,25 @@ class Report:
     def failed(self) -> bool:
         return self.count(FAILED) > 0
 
+    @property
+    def inconclusive(self) -> bool:
+        return self.count(INCONCLUSIVE) > 0
+
+    @property
+    def exit_code(self) -> int:
+        """0 nothing failed or under-sampled, 1 a check failed, 3 a check was inconclusive."""
+        return 1 if self.failed else 3 if self.inconclusive else 0
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "impl": self.impl,
             "adapter": {"name": self.adapter.name, "version": self.adapter.version},
             "capabilities": sorted(provided_capabilities(self.adapter)),
+            "domain": self.adapter.domain.describe(),
             "profile": self.profile,
             "device": self.device,
             "seconds": round(self.seconds, 2),
-            "summary": {v: self.count(v) for v in (PASSED, FAILED, NOT_PROVIDED, SKIPPED)},
+            "summary": {v: self.count(v) for v in VERDICTS},
             "results": [r.to_dict() for r in self.results],
         }
 
@@ -94,7 +137,8 @@ def get_check(check_id: str) -> Check:
 def select_checks(patterns: Sequence[str] = ()) -> list[Check]:
     """Checks whose id (``CLAUSE/slug``) matches any glob in ``patterns`` (all if none).
 
-    A bare clause id or family prefix matches too: ``PLAN-2``, ``PLAN``, ``PLAN-*``.
+    A bare clause id or family prefix matches too: ``PLAN-2``, ``PLAN``, ``PLAN-*``; so
+    does an obligation id (``PAYLOAD-3.4``): the checks that cover it.
     """
     checks = all_checks()
     if not patterns:
@@ -105,6 +149,12 @@ def select_checks(patterns: Sequence[str] = ()) -> list[Check]:
     return chosen
 
 
+def checks_covering(obligations: Sequence[str]) -> list[Check]:
+    """The checks that exercise any of ``obligations``, in table order."""
+    wanted = set(obligations)
+    return [c for c in all_checks() if wanted & set(c.covers)]
+
+
 def _matches(check: Check, pattern: str) -> bool:
     pattern = pattern.upper() if "/" not in pattern else pattern
     return (
@@ -112,6 +162,7 @@ def _matches(check: Check, pattern: str) -> bool:
         or check.clause == pattern
         or check.clause.split("-")[0] == pattern
         or fnmatch.fnmatchcase(check.clause, pattern)
+        or pattern in check.covers
     )
 
 
@@ -122,10 +173,15 @@ def run_check(
     device: str = "cpu",
     max_examples: int | None = None,
     replay: Example | None = None,
+    shrink: bool = True,
     profile: str | None = None,
 ) -> CheckResult:
     """Run one check under ``profile`` (default: :func:`~kvspec.profiles.default_profile`),
-    applied to this check alone; ``replay`` runs exactly that example instead of generating."""
+    applied to this check alone; ``replay`` runs exactly that example instead of generating.
+
+    ``shrink=False`` reports the first failing example as found (faster, for counting
+    kills rather than reading counterexamples).
+    """
     started = time.perf_counter()
     result = CheckResult(check, PASSED)
     missing = sorted(set(check.needs) - provided_capabilities(adapter))
@@ -143,17 +199,22 @@ def run_check(
             check.run(ctx, example)
         except OutsideDomain:
             result.outside_domain += 1
+        except Vacuous:
+            result.vacuous += 1
         except NotProvided as error:
             raise _Unprovided(str(error) or "the adapter raised NotProvided") from error
         except BaseException as error:
             failures.append((example, error))
             raise
 
+    base = profile_settings(profile)
+    count = max_examples if max_examples is not None else base.max_examples
+    result.requested = max(1, round(count * check.weight))
     try:
         if replay is not None:
             body(replay)
         else:
-            _hypothesis_test(check, adapter, body, max_examples, profile)()
+            _hypothesis_test(check, adapter, body, result.requested, shrink, profile)()
     except _Unprovided as error:
         result.verdict, result.reason = NOT_PROVIDED, str(error)
     except BaseException:
@@ -161,11 +222,29 @@ def run_check(
         example, error = failures[-1]  # Hypothesis replays the shrunk example last
         result.counterexample = example
         result.reason = describe_failure(error)
-    if result.verdict == PASSED and result.tried and result.outside_domain == result.tried:
-        result.verdict = NOT_PROVIDED
-        result.reason = "every example was outside the adapter's declared domain (supports())"
+    if result.verdict == PASSED and replay is None:
+        _judge_sample(result)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _judge_sample(result: CheckResult) -> None:
+    """Turn a pass on too few effective examples into not provided or inconclusive."""
+    if result.tried and result.outside_domain == result.tried:
+        result.verdict = NOT_PROVIDED
+        result.reason = "every example was outside the adapter's declared domain (supports())"
+        return
+    generated = result.tried - len(result.check.examples)
+    exhausted = generated < result.requested  # Hypothesis ran out of distinct examples
+    floor = min(MIN_EFFECTIVE_EXAMPLES, result.requested)
+    if result.effective < floor and not exhausted:
+        result.verdict = INCONCLUSIVE
+        result.reason = (
+            f"passed on only {result.effective} effective example(s) of {result.tried} "
+            f"({result.outside_domain} outside the adapter's domain by supports(), "
+            f"{result.vacuous} with nothing to test); at least {floor} are needed: declare "
+            "the domain as data (Adapter.domain) so examples are drawn inside it"
+        )
 
 
 class _Unprovided(Exception):
@@ -176,21 +255,22 @@ def _hypothesis_test(
     check: Check,
     adapter: Adapter,
     body: Callable[[Example], None],
-    max_examples: int | None,
+    max_examples: int,
+    shrink: bool,
     profile: str | None,
 ) -> Callable[[], None]:
     base = profile_settings(profile)  # applied here only; the global profile is untouched
-    count = max_examples if max_examples is not None else base.max_examples
     test = given(check.strategy(adapter))(body)
     for ex in reversed(check.examples):
         test = pinned(ex)(test)
+    phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
     return settings(
         base,
-        max_examples=max(1, round(count * check.weight)),
+        max_examples=max_examples,
         database=None,
         report_multiple_bugs=False,
         deadline=None,
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+        phases=phases,
         suppress_health_check=list(HealthCheck),
     )(test)
 
@@ -210,31 +290,51 @@ def run_suite(
     impl: str = "",
     profile: str | None = None,
     patterns: Sequence[str] = (),
+    checks: Sequence[Check] | None = None,
     device: str = "cpu",
     skips: dict[str, str] | None = None,
     progress: Callable[[int, int, CheckResult], None] | None = None,
+    stop_at_first_failure: bool = False,
+    shrink: bool = True,
 ) -> Report:
-    """Run every selected check; skipped checks (id -> reason) are reported, not run."""
+    """Run every selected check (``checks``, or those matching ``patterns``); skipped
+    checks (id -> reason) are reported, not run."""
     chosen_profile = profile or default_profile()
     report = Report(impl or adapter.name, adapter, chosen_profile, device)
     started = time.perf_counter()
-    checks = select_checks(patterns)
-    for i, check in enumerate(checks, 1):
+    selected = list(checks) if checks is not None else select_checks(patterns)
+    for i, check in enumerate(selected, 1):
         if skips and check.id in skips:
             result = CheckResult(check, SKIPPED, reason=skips[check.id])
         else:
-            result = run_check(check, adapter, device=device, profile=chosen_profile)
+            result = run_check(check, adapter, device=device, shrink=shrink, profile=chosen_profile)
         report.results.append(result)
         if progress:
-            progress(i, len(checks), result)
+            progress(i, len(selected), result)
+        if stop_at_first_failure and result.verdict == FAILED:
+            break
     report.seconds = time.perf_counter() - started
     return report
 
 
 def reproduction(impl: str, result: CheckResult) -> str:
-    """A command that replays the counterexample of a failed result."""
+    """A shell command that replays the counterexample of a failed result."""
     example = json.dumps(result.counterexample, separators=(",", ":"))
-    return f"kvspec conform {impl} --check {result.check.id} --replay '{example}'"
+    return (
+        f"kvspec conform {shlex.quote(impl)} --check {result.check.id} "
+        f"--replay {shlex.quote(example)}"
+    )
+
+
+def python_reproduction(impl: str, result: CheckResult) -> str:
+    """The same replay as one line of Python, imports included (the example travels as a
+    JSON string literal, so any example is valid Python)."""
+    example = json.dumps(result.counterexample, separators=(",", ":"))
+    return (
+        "import json; from kvspec.conformance import get_check, load_adapter, run_check; "
+        f"run_check(get_check({result.check.id!r}), load_adapter({impl!r}), "
+        f"replay=json.loads({example!r}))"
+    )
 
 
 def _adapter_label(adapter: Adapter) -> str:
@@ -242,17 +342,22 @@ def _adapter_label(adapter: Adapter) -> str:
 
 
 def render(report: Report) -> str:
-    """The per-check table, then each failure with its counterexample and reproduction."""
+    """The per-check table, then each failure with its counterexample and reproduction.
+
+    The examples column is the effective count: examples inside the adapter's domain
+    that gave the check something to test.
+    """
     lines = [
         f"kvspec conform: {report.impl} ({_adapter_label(report.adapter)}), "
         f"profile {report.profile}, device {report.device}",
         f"capabilities: {', '.join(sorted(provided_capabilities(report.adapter))) or 'none'}",
+        f"domain: {report.adapter.domain.describe()}",
         "",
-        f"{'check':<38} {'verdict':<13} {'examples':>8}  rule",
+        f"{'check':<42} {'verdict':<13} {'examples':>8}  rule",
     ]
     for r in report.results:
-        tried = str(r.tried) if r.verdict in (PASSED, FAILED) else ""
-        lines.append(f"{r.check.id:<38} {r.verdict:<13} {tried:>8}  {r.check.title}")
+        shown = str(r.effective) if r.verdict in (PASSED, FAILED, INCONCLUSIVE) else ""
+        lines.append(f"{r.check.id:<42} {r.verdict:<13} {shown:>8}  {r.check.title}")
     failures = [r for r in report.results if r.verdict == FAILED]
     if failures:
         lines += ["", "failures:"]
@@ -260,14 +365,17 @@ def render(report: Report) -> str:
         clause = get_clause(r.check.clause)
         lines += [
             "",
-            f"{r.check.id}: {clause.title}",
+            f"{r.check.id}: {clause.title} (obligations {', '.join(r.check.covers)})",
             f"  rule: {clause.text}",
             f"  counterexample: {json.dumps(r.counterexample)}",
             f"  what happened: {r.reason}",
             f"  reproduce: {reproduction(report.impl, r)}",
-            f"  or in Python: run_check(get_check({r.check.id!r}), adapter, "
-            f"replay={json.dumps(r.counterexample)})",
+            f"  or in Python: {python_reproduction(report.impl, r)}",
         ]
+    unsure = [r for r in report.results if r.verdict == INCONCLUSIVE]
+    if unsure:
+        lines += ["", "inconclusive:"]
+        lines += [f"  {r.check.id}: {r.reason}" for r in unsure]
     others = [r for r in report.results if r.verdict in (NOT_PROVIDED, SKIPPED) and r.reason]
     if others:
         lines += ["", "not run:"]
@@ -275,7 +383,7 @@ def render(report: Report) -> str:
     lines += [
         "",
         f"{report.count(PASSED)} passed, {report.count(FAILED)} failed, "
-        f"{report.count(NOT_PROVIDED)} not provided, {report.count(SKIPPED)} skipped "
-        f"in {report.seconds:.1f} s",
+        f"{report.count(INCONCLUSIVE)} inconclusive, {report.count(NOT_PROVIDED)} not provided, "
+        f"{report.count(SKIPPED)} skipped in {report.seconds:.1f} s",
     ]
     return "\n".join(lines)

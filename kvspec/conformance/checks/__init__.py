@@ -1,10 +1,12 @@
 """The conformance checks: one or more properties per clause, each over generated examples.
 
-A :class:`Check` names the clause it verifies, the adapter capabilities it needs, a
-Hypothesis strategy of plain-data (JSON-able) examples, pinned examples for known
-bug classes, and a ``run`` that raises :class:`Violation` with a readable message
-when the implementation breaks the rule. Examples are plain data so a shrunk
-counterexample can be printed and replayed as is.
+A :class:`Check` names the clause it verifies, the obligations of the clauses it
+exercises (``covers``: ``PAYLOAD-3.2`` ...), the adapter capabilities it needs, a
+Hypothesis strategy of plain-data (JSON-able) examples drawn inside the adapter's
+domain, pinned examples for known bug classes, and a ``run`` that raises
+:class:`Violation` with a readable message naming the obligation when the
+implementation breaks it. Examples are plain data so a shrunk counterexample can be
+printed and replayed as is.
 
 Check modules register themselves with :func:`check`; :func:`all_checks` imports
 them all.
@@ -29,10 +31,16 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.routing",
     "kvspec.conformance.checks.rejection",
     "kvspec.conformance.checks.transfer",
+    "kvspec.conformance.checks.shipments",
+    "kvspec.conformance.checks.markers",
     "kvspec.conformance.checks.layouts",
     "kvspec.conformance.checks.paged",
+    "kvspec.conformance.checks.oracle",
     "kvspec.conformance.checks.naming",
     "kvspec.conformance.checks.payloads",
+    "kvspec.conformance.checks.chunks",
+    "kvspec.conformance.checks.wire",
+    "kvspec.conformance.checks.lifecycle",
 )
 
 
@@ -42,6 +50,11 @@ class Violation(AssertionError):
 
 class OutsideDomain(Exception):
     """The example lies outside the adapter's declared domain (:meth:`Adapter.supports`)."""
+
+
+class Vacuous(Exception):
+    """The example gave the check nothing to test (say, one shard has nothing to disagree
+    with); it is not counted as an effective example."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,8 @@ class Check:
     """Fraction of the profile's ``max_examples`` this check draws (tensor checks use less)."""
     missing: Callable[[Adapter], str | None] | None = None
     """Says why the check does not apply to an adapter (beyond capabilities), or None."""
+    covers: tuple[str, ...] = ()
+    """The obligations (``PAYLOAD-3.2``, ...) the check exercises."""
 
     @property
     def id(self) -> str:
@@ -88,13 +103,19 @@ def check(
     examples: tuple[Example, ...] = (),
     weight: float = 1.0,
     missing: Callable[[Adapter], str | None] | None = None,
+    covers: tuple[str, ...],
 ) -> Callable[[Callable[[Context, Example], None]], Callable[[Context, Example], None]]:
-    """Register the decorated ``run(ctx, example)`` as the check ``clause/slug``."""
+    """Register the decorated ``run(ctx, example)`` as the check ``clause/slug``, which
+    exercises the obligations ``covers``."""
 
     def register(run: Callable[[Context, Example], None]) -> Callable[[Context, Example], None]:
         if not _SLUG.match(slug):
             raise ValueError(f"check slug must be lower-case words joined by '-', got {slug!r}")
-        made = Check(clause, slug, title, needs, strategy, run, examples, weight, missing)
+        if not covers:
+            raise ValueError(f"check {clause}/{slug} must name the obligations it covers")
+        made = Check(
+            clause, slug, title, needs, strategy, run, examples, weight, missing, tuple(covers)
+        )
         if made.id in _REGISTRY:
             raise RuntimeError(f"check {made.id} is registered twice")
         _REGISTRY[made.id] = made
@@ -109,10 +130,18 @@ def all_checks() -> list[Check]:
 
     for name in CHECK_MODULES:
         importlib.import_module(name)
+    from kvspec.clauses import all_obligations
+
     order = {cid: i for i, cid in enumerate(all_clauses())}
     unknown = sorted(c.id for c in _REGISTRY.values() if c.clause not in order)
     if unknown:
         raise RuntimeError(f"checks name clauses that do not exist: {unknown}")
+    obligations = all_obligations()
+    strays = sorted(
+        f"{c.id}: {o}" for c in _REGISTRY.values() for o in c.covers if o not in obligations
+    )
+    if strays:
+        raise RuntimeError(f"checks cover obligations that do not exist: {strays}")
     return sorted(_REGISTRY.values(), key=lambda c: (order[c.clause], c.slug))
 
 
@@ -127,7 +156,38 @@ def fail(message: str) -> NoReturn:
     raise Violation(message)
 
 
+def refused(call: Callable[[], object]) -> bool:
+    """Whether ``call()`` raises: any exception counts as a refusal (the suite judges that
+    something was refused, not the wording)."""
+    try:
+        call()
+    except Exception:
+        return True
+    return False
+
+
+def expect_refused(obligation: str, what: str, call: Callable[[], object]) -> None:
+    """Raise :class:`Violation` unless ``call()`` refuses ``what`` [``obligation``]."""
+    try:
+        got = call()
+    except Exception:
+        return
+    shown = "" if got is None else f" (it returned {_brief(got)})"
+    raise Violation(f"{what} was accepted{shown}; it must be refused [{obligation}]")
+
+
+def _brief(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def vacuous() -> NoReturn:
+    """End the example: it gave the check nothing to test (see :class:`Vacuous`)."""
+    raise Vacuous
+
+
 def within_domain(ctx: Context, case: Any) -> None:
-    """Raise :class:`OutsideDomain` when the adapter declares ``case`` unsupported."""
-    if not ctx.adapter.supports(case):
+    """Raise :class:`OutsideDomain` when ``case`` lies outside the adapter's declared domain
+    (a pinned example may) or its :meth:`~kvspec.conformance.adapter.Adapter.supports`."""
+    if not ctx.adapter.domain.holds(case) or not ctx.adapter.supports(case):
         raise OutsideDomain

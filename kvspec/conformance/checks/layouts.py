@@ -1,7 +1,8 @@
 """Checks of reading, converting and detecting cache layouts [LAYOUT-1..4].
 
 Caches are filled with random bits, so a misread element is told apart from the
-right one; comparisons are bit-exact [DTYPE-2].
+right one; comparisons are bit-exact [DTYPE-2]. Layouts, dtypes and block sizes are
+drawn from the adapter's domain.
 """
 
 from __future__ import annotations
@@ -9,7 +10,18 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from kvspec.cache_layout import (
+from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.checks import (
+    Context,
+    Example,
+    OutsideDomain,
+    check,
+    expect,
+    expect_refused,
+    fail,
+    vacuous,
+)
+from kvspec.memory.cache_layout import (
     LAYOUTS,
     CacheShape,
     convert,
@@ -18,10 +30,8 @@ from kvspec.cache_layout import (
     get_layout,
     kv_views,
 )
-from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect, fail
-from kvspec.dtypes import DTYPES, bits_view
 from kvspec.strategies import cache_shapes
+from kvspec.tensors.dtypes import bits_view
 
 
 def _random_cache(example: Example, device: str):
@@ -39,17 +49,21 @@ def _random_cache(example: Example, device: str):
 
 
 @st.composite
-def _cache_examples(draw: st.DrawFn, *, min_blocks: int = 0) -> Example:
-    layout = draw(st.sampled_from(list(LAYOUTS)))
+def _cache_examples(draw: st.DrawFn, adapter: Adapter, *, min_blocks: int = 0) -> Example:
+    domain = adapter.domain
+    layout = draw(st.sampled_from(domain.layouts))
     spec = get_layout(layout)
-    kv = spec.kv_tensors or draw(st.sampled_from([1, 2]))
+    kinds = [k for k in (2, 1) if "mha" in domain.attention or k == 1]
+    kinds = [k for k in kinds if "mla" in domain.attention or k == 2] or [2]
+    kv = spec.kv_tensors or draw(st.sampled_from(kinds))
     shape = draw(cache_shapes(kv=kv, min_blocks=min_blocks))
-    if not spec.paged:
-        shape = CacheShape(kv, shape.num_blocks, 1, shape.heads, shape.head_dim)
+    block_sizes = [b for b in domain.block_sizes if b <= 4] or [min(domain.block_sizes)]
+    block_size = draw(st.sampled_from(block_sizes)) if spec.paged else 1
+    shape = CacheShape(kv, shape.num_blocks, block_size, shape.heads, shape.head_dim)
     return {
         "layout": layout,
         "shape": _shape_dict(shape),
-        "dtype": draw(st.sampled_from(list(DTYPES))),
+        "dtype": draw(st.sampled_from(domain.model_dtypes())),
         "seed": draw(st.integers(0, 2**16)),
     }
 
@@ -64,8 +78,11 @@ def _shape_dict(shape: CacheShape) -> dict[str, int]:
     }
 
 
-def _examples(adapter: Adapter) -> st.SearchStrategy[Example]:
-    return _cache_examples()
+def _in_domain(ctx: Context, example: Example) -> None:
+    """A pinned example in a layout or dtype the adapter's domain does not hold is outside."""
+    domain = ctx.adapter.domain
+    if example["layout"] not in domain.layouts or example["dtype"] not in domain.model_dtypes():
+        raise OutsideDomain
 
 
 def _describe(example: Example) -> str:
@@ -85,8 +102,21 @@ LAYOUT_PINS = (
     _pin("flash_attn", 2, 2, 4, 2, 3),  # exactly 2 blocks: reads like flashinfer by shape
     _pin("flashinfer", 2, 2, 4, 2, 3),
     _pin("flash_attn_hnd", 2, 3, 2, 2, 3),  # heads == block_size: NHD and HND look alike
+    _pin("flashinfer_hnd", 2, 3, 4, 2, 3),
+    _pin("kv_tuple", 2, 3, 2, 2, 3),
+    _pin("token_major", 2, 3, 1, 2, 3),
     _pin("mla", 1, 3, 2, 1, 4),
 )
+
+
+def _first_difference(have: torch.Tensor, want: torch.Tensor) -> str:
+    """Where two equal-shaped tensors first differ, in [block, slot, head, dim]."""
+    differs = bits_view(have.contiguous()) != bits_view(want.contiguous())
+    index = [int(i) for i in differs.nonzero()[0].tolist()]
+    return (
+        f"{int(differs.sum())} of {differs.numel()} elements differ; the first at "
+        f"[block, slot, head, dim] = {index}"
+    )
 
 
 @check(
@@ -94,25 +124,102 @@ LAYOUT_PINS = (
     "read-named",
     "each named layout reads K and V from the right axes",
     needs=("layouts",),
-    strategy=_examples,
+    strategy=_cache_examples,
     examples=LAYOUT_PINS,
+    covers=("LAYOUT-1.1", "LAYOUT-2.2"),
 )
 def read_named(ctx: Context, example: Example) -> None:
+    _in_domain(ctx, example)
     cache = _random_cache(example, ctx.device)
     expected = kv_views(cache, example["layout"])
     got = ctx.adapter.read_layer(cache, example["layout"])
     expect(
         len(got) == len(expected),
-        f"{_describe(example)}: read {len(got)} tensors, expected {len(expected)} [LAYOUT-1]",
+        f"{_describe(example)}: read {len(got)} tensors, expected {len(expected)} [LAYOUT-1.1]",
     )
     for name, want, have in zip(("K", "V"), expected, got, strict=False):
-        expect(
-            tuple(have.shape) == tuple(want.shape)
-            and torch.equal(bits_view(have.contiguous()), bits_view(want.contiguous())),
-            f"{_describe(example)}: {name if len(expected) == 2 else 'latent'} read as "
-            f"{list(have.shape)} differs from [num_blocks, block_size, heads, head_dim] = "
-            f"{list(want.shape)} of the named layout [LAYOUT-1]",
-        )
+        what = name if len(expected) == 2 else "latent"
+        if tuple(have.shape) != tuple(want.shape):
+            reshaped = example["layout"] in ("token_major", "mla")
+            fail(
+                f"{_describe(example)}: {what} read as {list(have.shape)}; the named layout "
+                f"reads [num_blocks, block_size, heads, head_dim] = {list(want.shape)} "
+                f"[{'LAYOUT-2.2' if reshaped else 'LAYOUT-1.1'}]"
+            )
+        if not torch.equal(bits_view(have.contiguous()), bits_view(want.contiguous())):
+            fail(
+                f"{_describe(example)}: {what} read as {list(have.shape)} has the right shape but "
+                f"not the right elements: {_first_difference(have, want)} [LAYOUT-1.1]"
+            )
+
+
+UNKNOWN_LAYOUTS = ("flash_attention", "FlashInfer", "flashinfer_nhd", "paged", "", "HND")
+
+
+@check(
+    "LAYOUT-1",
+    "refuses-unknown-name",
+    "an unknown layout name is refused, never read as a known one",
+    needs=("layouts",),
+    strategy=lambda adapter: st.tuples(_cache_examples(adapter), st.sampled_from(UNKNOWN_LAYOUTS)),
+    covers=("LAYOUT-1.2",),
+)
+def refuses_unknown_name(ctx: Context, example: Example) -> None:
+    base, name = example
+    cache = _random_cache(base, ctx.device)
+    expect_refused(
+        "LAYOUT-1.2",
+        f"{_describe(base)} read under the unknown layout name {name!r}",
+        lambda: ctx.adapter.read_layer(cache, name),
+    )
+
+
+@st.composite
+def _misshapen(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A cache that breaks its named layout in one way: the K/V axis not of size 2, one
+    dimension more or less, or K and V of different shapes [LAYOUT-1]."""
+    example = draw(_cache_examples(adapter, min_blocks=1))
+    spec = get_layout(example["layout"])
+    defects = ["rank"]
+    if spec.kv_axis is not None:
+        defects.append("kv-axis")
+    if spec.tuple_form and (spec.kv_tensors == 2 or example["shape"]["kv"] == 2):
+        defects.append("kv-shapes")
+    return {**example, "defect": draw(st.sampled_from(defects))}
+
+
+def _break(cache, example: Example):
+    spec = get_layout(example["layout"])
+    defect = example["defect"]
+    if defect == "kv-axis":  # a third slice on the K/V axis
+        return torch.cat([cache, cache.narrow(spec.kv_axis, 0, 1)], dim=spec.kv_axis)
+    if defect == "kv-shapes":  # V one head_dim longer than K
+        k, v = cache
+        return (k, torch.cat([v, v[..., :1]], dim=-1))
+    if isinstance(cache, tuple):
+        return tuple(t.unsqueeze(0) for t in cache)
+    return cache.unsqueeze(0)
+
+
+@check(
+    "LAYOUT-1",
+    "refuses-misshapen",
+    "a cache that does not have the named layout's shape is refused, not read",
+    needs=("layouts",),
+    strategy=_misshapen,
+    examples=({**LAYOUT_PINS[0], "defect": "kv-axis"}, {**LAYOUT_PINS[4], "defect": "kv-shapes"}),
+    covers=("LAYOUT-1.3",),
+)
+def refuses_misshapen(ctx: Context, example: Example) -> None:
+    _in_domain(ctx, example)
+    bad = _break(_random_cache(example, ctx.device), example)
+    shapes = [list(t.shape) for t in bad] if isinstance(bad, tuple) else list(bad.shape)
+    expect_refused(
+        "LAYOUT-1.3",
+        f"a cache of shape {shapes} ({example['defect']}) read as {example['layout']} "
+        f"{get_layout(example['layout']).shape}",
+        lambda: ctx.adapter.read_layer(bad, example["layout"]),
+    )
 
 
 @check(
@@ -120,72 +227,110 @@ def read_named(ctx: Context, example: Example) -> None:
     "views-alias",
     "reading a cache copies nothing",
     needs=("layouts",),
-    strategy=_examples,
+    strategy=_cache_examples,
     examples=LAYOUT_PINS,
+    covers=("LAYOUT-2.1",),
 )
 def views_alias(ctx: Context, example: Example) -> None:
+    _in_domain(ctx, example)
     cache = _random_cache(example, ctx.device)
     tensors = cache if isinstance(cache, tuple) else (cache,)
     storages = {t.untyped_storage().data_ptr() for t in tensors}
-    for view in ctx.adapter.read_layer(cache, example["layout"]):
-        if view.numel() == 0:
-            continue
+    views = [v for v in ctx.adapter.read_layer(cache, example["layout"]) if v.numel()]
+    if not views:
+        vacuous()
+    for view in views:
         expect(
             view.untyped_storage().data_ptr() in storages,
             f"{_describe(example)}: reading it returned a copy, not a view of the cache's "
-            "storage [LAYOUT-2]",
+            "storage [LAYOUT-2.1]",
         )
 
 
 @st.composite
-def _conversions(draw: st.DrawFn) -> Example:
-    example = draw(_cache_examples())
+def _conversions(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A cache and a target layout of the domain; sometimes one of other information."""
+    example = draw(_cache_examples(adapter))
     kv = example["shape"]["kv"]
-    candidates = [name for name, spec in LAYOUTS.items() if spec.kv_tensors in (None, kv)]
-    return {**example, "target": draw(st.sampled_from(candidates))}
+    same = [n for n in adapter.domain.layouts if LAYOUTS[n].kv_tensors in (None, kv)]
+    other = [n for n in adapter.domain.layouts if LAYOUTS[n].kv_tensors not in (None, kv)]
+    target = draw(st.sampled_from(other)) if other and draw(st.integers(0, 4)) == 0 else None
+    return {**example, "target": target or draw(st.sampled_from(same))}
 
 
 @check(
     "LAYOUT-3",
     "convert",
-    "conversion moves every slot bit for bit into a new cache",
+    "conversion moves every slot bit for bit into a new cache; other information is refused",
     needs=("conversion",),
-    strategy=lambda adapter: _conversions(),
-    examples=tuple({**p, "target": "flashinfer_hnd"} for p in LAYOUT_PINS[:3]),
+    strategy=_conversions,
+    examples=(
+        *({**p, "target": "flashinfer_hnd"} for p in LAYOUT_PINS[:3]),
+        {**LAYOUT_PINS[0], "target": "flash_attn"},
+        {**LAYOUT_PINS[0], "target": "mla"},
+    ),
+    covers=("LAYOUT-3.1", "LAYOUT-3.2", "LAYOUT-3.3", "DTYPE-2.1"),
 )
 def converts(ctx: Context, example: Example) -> None:
+    _in_domain(ctx, example)
     cache = _random_cache(example, ctx.device)
     source, target = example["layout"], example["target"]
+    if target not in ctx.adapter.domain.layouts:
+        raise OutsideDomain
     try:
         expected = convert(cache, source, target)
-    except ValueError:
-        try:
-            ctx.adapter.convert_layout(cache, source, target)
-        except Exception:
-            return
-        fail(f"{_describe(example)}: converting it to {target} was accepted [LAYOUT-3]")
+    except ValueError as why:
+        expect_refused(
+            "LAYOUT-3.3",
+            f"{_describe(example)} converted to {target} ({why})",
+            lambda: ctx.adapter.convert_layout(cache, source, target),
+        )
+        return
     got = ctx.adapter.convert_layout(cache, source, target)
     for want, have in zip(kv_views(expected, target), kv_views(got, target), strict=True):
-        expect(
-            torch.equal(bits_view(have.contiguous()), bits_view(want.contiguous())),
-            f"{_describe(example)} converted to {target} misplaces slots [LAYOUT-3]",
-        )
+        if tuple(have.shape) != tuple(want.shape):
+            fail(
+                f"{_describe(example)} converted to {target} reads as {list(have.shape)}, not "
+                f"{list(want.shape)} [LAYOUT-3.1]"
+            )
+        if not torch.equal(bits_view(have.contiguous()), bits_view(want.contiguous())):
+            fail(
+                f"{_describe(example)} converted to {target} misplaces slots (random bits, NaN "
+                f"payloads included, compared bit for bit): {_first_difference(have, want)} "
+                "[LAYOUT-3.1, DTYPE-2.1]"
+            )
     inputs = {
         t.untyped_storage().data_ptr() for t in (cache if isinstance(cache, tuple) else (cache,))
     }
     outputs = {t.untyped_storage().data_ptr() for t in (got if isinstance(got, tuple) else (got,))}
     expect(
         not inputs & outputs or not any(t.numel() for t in kv_views(got, target)),
-        f"{_describe(example)} converted to {target} shares storage with the input [LAYOUT-3]",
+        f"{_describe(example)} converted to {target} shares storage with the input; the "
+        "result is a new cache [LAYOUT-3.2]",
     )
 
 
 @st.composite
-def _detections(draw: st.DrawFn) -> Example:
-    example = draw(_cache_examples(min_blocks=1))
+def _detections(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A cache and what the caller knows of it; sometimes a stated fact is wrong, or the
+    cache is bent so that no layout fits [LAYOUT-4]."""
+    example = draw(_cache_examples(adapter, min_blocks=1))
     s = example["shape"]
-    known = draw(st.sets(st.sampled_from(["heads", "head_dim", "block_size"])))
-    return {**example, "known": {k: s[k] for k in sorted(known)}}
+    known = {
+        k: s[k] for k in sorted(draw(st.sets(st.sampled_from(["heads", "head_dim", "block_size"]))))
+    }
+    twist = draw(st.sampled_from(["none", "none", "none", "wrong-fact", "no-fit"]))
+    if twist == "wrong-fact":
+        fact = draw(st.sampled_from(["heads", "head_dim", "block_size"]))
+        known[fact] = s[fact] + 1
+    return {**example, "known": known, "twist": twist}
+
+
+def _detection_cache(example: Example, device: str):
+    cache = _random_cache(example, device)
+    if example.get("twist") == "no-fit":  # a sixth dimension no layout has
+        return tuple(t.unsqueeze(0) for t in cache) if isinstance(cache, tuple) else cache[None]
+    return cache
 
 
 @check(
@@ -193,36 +338,43 @@ def _detections(draw: st.DrawFn) -> Example:
     "detect-unambiguous",
     "detection answers only when one layout fits, and then correctly",
     needs=("detection",),
-    strategy=lambda adapter: _detections(),
-    examples=tuple(
-        {**p, "known": {"heads": p["shape"]["heads"], "head_dim": p["shape"]["head_dim"]}}
-        for p in LAYOUT_PINS
+    strategy=_detections,
+    examples=(
+        *(
+            {**p, "known": {"heads": p["shape"]["heads"], "head_dim": p["shape"]["head_dim"]}}
+            for p in LAYOUT_PINS
+        ),
+        {**LAYOUT_PINS[2], "known": {"block_size": 2}},
+        {**_pin("flash_attn", 2, 3, 4, 2, 3), "known": {"block_size": 4}},
+        {**LAYOUT_PINS[0], "known": {"heads": 3}, "twist": "wrong-fact"},
     ),
+    covers=("LAYOUT-4.1", "LAYOUT-4.2", "LAYOUT-4.3", "LAYOUT-4.4"),
 )
 def detect_unambiguous(ctx: Context, example: Example) -> None:
-    cache = _random_cache(example, ctx.device)
+    _in_domain(ctx, example)
+    cache = _detection_cache(example, ctx.device)
     shape = list(cache.shape) if isinstance(cache, torch.Tensor) else [list(t.shape) for t in cache]
     known = example["known"]
     try:
         expected = detect_layout(cache, **known)
     except ValueError as why:
-        try:
-            answer = ctx.adapter.detect_layout(cache, **known)
-        except Exception:
-            return
-        fail(
-            f"a cache of shape {shape} (knowing {known or 'nothing'}) is ambiguous, yet "
-            f"detection answered {answer!r}; it must refuse and ask for the layout by name "
-            f"[LAYOUT-4]. The spec's refusal: {why}"
+        ambiguous = "ambiguous" in str(why)
+        expect_refused(
+            "LAYOUT-4.2" if ambiguous else "LAYOUT-4.4",
+            f"detection of a cache of shape {shape} (knowing {known or 'nothing'}), which "
+            f"{'fits several layouts' if ambiguous else 'no layout fits'} ({why})",
+            lambda: ctx.adapter.detect_layout(cache, **known),
         )
+        return
     try:
         answer = ctx.adapter.detect_layout(cache, **known)
     except Exception as error:
         fail(
-            f"a cache of shape {shape} (knowing {known}) is {expected}; detection raised {error!r}"
+            f"a cache of shape {shape} (knowing {known}) is {expected}: the stated facts leave "
+            f"only it; detection raised {error!r} [{'LAYOUT-4.3' if known else 'LAYOUT-4.1'}]"
         )
     expect(
         answer == expected,
         f"a cache of shape {shape} (knowing {known or 'nothing'}) is {expected}; detection "
-        f"said {answer!r} [LAYOUT-4]",
+        f"said {answer!r} [LAYOUT-4.1]",
     )

@@ -12,13 +12,26 @@ from contextlib import suppress
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
-from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples
-from kvspec.keys import legacy_key, rank_aware_key, recv_keys, send_keys
-from kvspec.model import ModelShape
-from kvspec.ports import port
-from kvspec.stage import StageLayout
+from kvspec.conformance.checks import (
+    Context,
+    Example,
+    check,
+    expect,
+    expect_refused,
+    fail,
+    within_domain,
+)
+from kvspec.conformance.checks.routing import (
+    ROUTING_PINS,
+    case_examples,
+    policy_in_domain,
+    spec_plan,
+)
+from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
+from kvspec.naming.ports import port
 from kvspec.strategies import TransferCase, request_ids
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 
 _FIELDS = ("from_stage", "chunk_id", "from_rank", "to_rank")
 
@@ -44,12 +57,21 @@ def _accepted_rank_aware(ids: st.SearchStrategy[str]) -> st.SearchStrategy[Examp
     strategy=lambda adapter: _accepted_rank_aware(request_ids()),
     examples=(
         {"request_id": "req_7", "from_stage": 0, "chunk_id": 0, "from_rank": 2, "to_rank": 1},
+        {"request_id": "r", "from_stage": 3, "chunk_id": 12, "from_rank": 0, "to_rank": 10},
     ),
+    covers=("KEY-1.1", "KEY-1.2"),
 )
 def rank_aware_format(ctx: Context, example: Example) -> None:
     got = ctx.adapter.rank_aware_key(**example)
     want = rank_aware_key(**example)
-    expect(got == want, f"key of {example} is {got!r}; the spec's is {want!r} [KEY-1]")
+    digits = [str(example[f]) for f in _FIELDS]
+    canonical = isinstance(got, str) and got.endswith("_" + "_".join(digits))
+    expect(
+        got == want,
+        f"key of {example} is {got!r}; the spec's is {want!r} "
+        f"[{'KEY-1.1' if canonical else 'KEY-1.2'}: integers in canonical decimal, "
+        "fields in the order request_id, from_stage, chunk_id, from_rank, to_rank]",
+    )
 
 
 @check(
@@ -65,11 +87,12 @@ def rank_aware_format(ctx: Context, example: Example) -> None:
         }
     ),
     examples=({"request_id": "5_0_0_0_0", "from_stage": 0, "to_stage": 1},),
+    covers=("KEY-2.1",),
 )
 def legacy_format(ctx: Context, example: Example) -> None:
     got = ctx.adapter.legacy_key(**example)
     want = legacy_key(**example)
-    expect(got == want, f"legacy key of {example} is {got!r}; the spec's is {want!r} [KEY-2]")
+    expect(got == want, f"legacy key of {example} is {got!r}; the spec's is {want!r} [KEY-2.1]")
 
 
 @st.composite
@@ -96,6 +119,11 @@ def _colliding_inputs(draw: st.DrawFn) -> Example:
         "from_stage": 0,
         "to_stage": 1,
     }
+    if draw(st.booleans()):  # two long ids of the domain that differ only at their end
+        prefix = "r" * draw(st.sampled_from([64, 100, 128, 250, 256, 300]))
+        first = {**first, "request_id": prefix + "a", "from_stage": numbers[1]}
+        second = {**first, "request_id": prefix + "b"}
+        legacy = {**legacy, "request_id": prefix + "c"}
     return {"first": first, "second": second, "legacy": legacy}
 
 
@@ -123,7 +151,25 @@ def _colliding_inputs(draw: st.DrawFn) -> Example:
             },
             "legacy": {"request_id": "5_0_0_0_0", "from_stage": 0, "to_stage": 1},
         },
+        {
+            "first": {
+                "request_id": "x" * 200 + "1",
+                "from_stage": 0,
+                "chunk_id": 0,
+                "from_rank": 0,
+                "to_rank": 0,
+            },
+            "second": {
+                "request_id": "x" * 200 + "2",
+                "from_stage": 0,
+                "chunk_id": 0,
+                "from_rank": 0,
+                "to_rank": 0,
+            },
+            "legacy": {"request_id": "x" * 200 + "3", "from_stage": 0, "to_stage": 1},
+        },
     ),
+    covers=("KEY-3.3", "KEY-3.4"),
 )
 def injective(ctx: Context, example: Example) -> None:
     made: dict[str, list[str]] = defaultdict(list)
@@ -134,12 +180,59 @@ def injective(ctx: Context, example: Example) -> None:
     with suppress(Exception):
         made[ctx.adapter.legacy_key(**example["legacy"])].append(f"legacy {example['legacy']}")
     clashes = {k: v for k, v in made.items() if len(v) > 1}
+    legacy_head = any("omni_" in str(example[lab]["request_id"]) for lab in ("first", "second"))
     expect(
         not clashes,
         "different inputs give the same key: "
-        + "; ".join(f"{k!r} <- {' and '.join(v)}" for k, v in clashes.items())
-        + " — one of them must be refused [KEY-3]",
+        + "; ".join(f"{k[:80]!r} <- {' and '.join(v)[:300]}" for k, v in clashes.items())
+        + (
+            " — a rank-aware request id beginning with a legacy key's head must be refused "
+            "[KEY-3.3]"
+            if legacy_head
+            else " — distinct inputs of the domain give distinct keys [KEY-3.4]"
+        ),
     )
+
+
+_BAD_REQUEST_IDS: tuple[object, ...] = ("", "a\nb", "req\x00", "tab\there", 5, None)
+_BAD_NUMBERS: tuple[object, ...] = (-1, True, 1.0, "0_5", "1", None, -10)
+
+
+def _outside_key_domain(args: Example) -> list[tuple[str, str, str, Example]]:
+    """Valid rank-aware and legacy key fields with one field outside the domain, for every
+    field and every bad value: (obligation, kind, field, arguments) [KEY-3]."""
+    found = []
+    for kind, fields in (("rank_aware", _FIELDS), ("legacy", ("from_stage", "to_stage"))):
+        base = {"request_id": args["request_id"], **{f: args[f] for f in fields}}
+        for bad in _BAD_REQUEST_IDS:
+            found.append(("KEY-3.1", kind, "request_id", {**base, "request_id": bad}))
+        for field in fields:
+            for bad in _BAD_NUMBERS:
+                found.append(("KEY-3.2", kind, field, {**base, field: bad}))
+    return found
+
+
+@check(
+    "KEY-3",
+    "refuses-outside-domain",
+    "empty or unprintable request ids and fields that are not integers >= 0 are refused",
+    needs=("keys",),
+    strategy=lambda adapter: st.fixed_dictionaries(
+        {
+            "request_id": st.sampled_from(["req-1", "a_b", "chatcmpl-7f3a", "5"]),
+            **{f: st.integers(0, 12) for f in (*_FIELDS, "to_stage")},
+        }
+    ),
+    covers=("KEY-3.1", "KEY-3.2"),
+)
+def refuses_outside_key_domain(ctx: Context, example: Example) -> None:
+    for obligation, kind, field, args in _outside_key_domain(example):
+        make = ctx.adapter.rank_aware_key if kind == "rank_aware" else ctx.adapter.legacy_key
+        expect_refused(
+            obligation,
+            f"a {kind} key with {field}={args[field]!r} ({args})",
+            lambda make=make, args=args: make(**args),
+        )
 
 
 @check(
@@ -148,15 +241,20 @@ def injective(ctx: Context, example: Example) -> None:
     "the keys s sends t are the keys t expects from s",
     needs=("edge-keys",),
     strategy=lambda adapter: case_examples(adapter),
-    # TP1 -> TP1 is the legacy key's case: both ends must agree on it [KEY-2].
+    # TP1 -> TP1 is the legacy key's case: both ends must agree on it [KEY-2]; a TP1 stage
+    # with PP has several ranks, so it is not [KEY-2.2].
     examples=(
         *ROUTING_PINS,
         TransferCase(StageLayout(1), StageLayout(1), ModelShape(2, 2, 2)).to_dict(),
+        TransferCase(StageLayout(1, 2), StageLayout(1), ModelShape(2, 2, 2)).to_dict(),
+        TransferCase(StageLayout(1), StageLayout(1, 2), ModelShape(4, 2, 2)).to_dict(),
     ),
+    covers=("KEY-4.1", "KEY-4.2", "KEY-2.2"),
 )
 def send_equals_recv(ctx: Context, example: Example) -> None:
     case = TransferCase.from_dict(example)
     within_domain(ctx, case)
+    policy_in_domain(ctx, case)
     sent = {
         (src, dst, key)
         for src in case.source.ranks()
@@ -170,16 +268,21 @@ def send_equals_recv(ctx: Context, example: Example) -> None:
     expect(
         sent == expected,
         f"{case.describe()}: keys sent but not expected {sorted(sent - expected)[:3]}; expected "
-        f"but never sent {sorted(expected - sent)[:3]} [KEY-4]",
+        f"but never sent {sorted(expected - sent)[:3]} [KEY-4.1]",
     )
     keys = [k for _, _, k in sent]
-    expect(len(keys) == len(set(keys)), f"{case.describe()}: two edges share a key [KEY-4]")
-    plan = case.plan()
+    shared = sorted({k for k in keys if keys.count(k) > 1})
+    expect(
+        not shared,
+        f"{case.describe()}: edges share the key(s) {shared[:3]}; all keys of one chunk of one "
+        "request are distinct [KEY-4.2]",
+    )
+    plan = spec_plan(ctx.adapter, case)
     want = {(e.src, e.dst) for e in plan.edges}
     if {(s, d) for s, d, _ in sent} != want and ctx.adapter.policies:
         fail(
             f"{case.describe()}: keys name edges {sorted({(s, d) for s, d, _ in sent})}, the plan "
-            f"has {sorted(want)} [KEY-4]"
+            f"has {sorted(want)} [KEY-4.1]"
         )
     reference = {
         k
@@ -192,10 +295,15 @@ def send_equals_recv(ctx: Context, example: Example) -> None:
         for k, _ in recv_keys(plan, "req-1", dst, from_stage=0, to_stage=1)
     }
     foreign = sorted(set(keys) - reference)
+    single = case.source.world_size == 1 and case.target.world_size == 1
     expect(
         not foreign or not ctx.adapter.policies,
         f"{case.describe()}: keys {foreign[:3]} are not the spec's keys for this plan "
-        "[KEY-1, KEY-2]",
+        + (
+            "[KEY-2.1]"
+            if single
+            else "(only two single-rank stages use the legacy key) [KEY-2.2, KEY-1.1]"
+        ),
     )
 
 
@@ -203,11 +311,19 @@ def _port_examples(adapter: Adapter) -> st.SearchStrategy[Example]:
     return st.fixed_dictionaries(
         {
             "base": st.integers(1, 60000),
-            "stage": st.integers(0, 20),
-            "rank": st.integers(0, 80),
-            "replica": st.integers(0, 70),
+            "stage": st.integers(0, 15),
+            "rank": st.integers(0, 63),
+            "replica": st.integers(0, 40),
         }
-    )
+    ).filter(_valid_port)
+
+
+def _valid_port(args: Example) -> bool:
+    try:
+        port("kv", **args)
+    except ValueError:
+        return False
+    return True
 
 
 @check(
@@ -216,45 +332,55 @@ def _port_examples(adapter: Adapter) -> st.SearchStrategy[Example]:
     "kv port = base + 100 + replica*1024 + rank*16 + stage where valid",
     needs=("ports",),
     strategy=_port_examples,
-    examples=({"base": 50000, "stage": 1, "rank": 3, "replica": 1},),
+    examples=(
+        {"base": 50000, "stage": 1, "rank": 3, "replica": 1},
+        {"base": 20000, "stage": 15, "rank": 63, "replica": 2},
+    ),
+    covers=("PORT-1.1",),
 )
 def formula(ctx: Context, example: Example) -> None:
-    try:
-        want = port("kv", **example)
-    except ValueError:
-        return  # outside the domain: PORT-2 checks the refusal
+    want = port("kv", **example)
     got = ctx.adapter.kv_port(**example)
-    expect(got == want, f"KV port of {example} is {got}; the spec's is {want} [PORT-1]")
+    expect(got == want, f"KV port of {example} is {got}; the spec's is {want} [PORT-1.1]")
+
+
+def _outside_port_domain(args: Example) -> list[tuple[str, str, Example]]:
+    """Valid port arguments with one step outside the domain of [PORT-2], of every kind:
+    (obligation, what, arguments)."""
+    found = []
+    stage = {**args, "stage": 16 + args["stage"] % 4, "rank": min(args["rank"], 62)}
+    found.append(("PORT-2.1", f"stage {stage['stage']} >= rank_stride 16", stage))
+    rank = {**args, "rank": 64 + args["rank"] % 4}
+    found.append(("PORT-2.2", f"rank {rank['rank']}: rank*16 + stage >= 1024", rank))
+    high = 65536 - 100 - args["replica"] * 1024 - args["rank"] * 16 - args["stage"]
+    over = {**args, "base": high + args["base"] % 16}
+    found.append(("PORT-2.3", "a port past 65535", over))
+    for field in ("base", "stage", "rank", "replica"):
+        found.append(("PORT-2.4", f"{field} -1", {**args, field: -1}))
+        for bad in (float(args[field]), str(args[field]), None):
+            found.append(("PORT-2.5", f"{field} {bad!r}", {**args, field: bad}))
+    return found
 
 
 @check(
     "PORT-2",
     "refuses-outside-domain",
-    "arguments that could collide, or ports outside 1..65535, are refused",
+    "arguments that could collide, negative or non-integer ones, ports past 65535: refused",
     needs=("ports",),
     strategy=_port_examples,
-    examples=(
-        {
-            "base": 50000,
-            "stage": 16,
-            "rank": 0,
-            "replica": 0,
-        },  # stage 16 of rank 0 = stage 0 of rank 1
-        {"base": 50000, "stage": 0, "rank": 64, "replica": 0},  # rank 64 = replica 1's rank 0
-        {"base": 65000, "stage": 0, "rank": 40, "replica": 0},  # past 65535
-    ),
+    examples=({"base": 50000, "stage": 0, "rank": 0, "replica": 0},),
+    covers=tuple(f"PORT-2.{i}" for i in range(1, 6)),
 )
 def refuses_outside_domain(ctx: Context, example: Example) -> None:
-    try:
-        port("kv", **example)
-        return  # inside the domain
-    except ValueError as why:
-        reason = str(why)
-    try:
-        got = ctx.adapter.kv_port(**example)
-    except Exception:
-        return
-    fail(f"KV port of {example} was given as {got}; the spec refuses it: {reason}")
+    for obligation, what, args in _outside_port_domain(example):
+        expect_refused(
+            obligation,
+            f"the KV port of {args} ({what})",
+            lambda args=args: ctx.adapter.kv_port(**args),
+        )
+
+
+_ANY_ADAPTER = Adapter()
 
 
 @st.composite
@@ -274,6 +400,7 @@ def _deployment_examples(draw: st.DrawFn) -> Example:
     needs=("ports",),
     strategy=lambda adapter: _deployment_examples(),
     examples=({"base": 30000, "tp": [2, 1], "replicas": 2},),
+    covers=("PORT-3.1",),
 )
 def deployment_distinct(ctx: Context, example: Example) -> None:
     owners: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
@@ -290,5 +417,5 @@ def deployment_distinct(ctx: Context, example: Example) -> None:
         not clashes,
         f"deployment {example}: (stage, replica, rank) endpoints share ports: "
         + "; ".join(f"{p}: {o}" for p, o in sorted(clashes.items())[:3])
-        + " [PORT-3]",
+        + " [PORT-3.1]",
     )

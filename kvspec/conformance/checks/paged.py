@@ -1,44 +1,96 @@
-"""Checks of gathering a request from paged blocks and scattering it [PAGED-1..5, ORACLE-1..4].
+"""Checks of gathering a request from paged blocks and scattering it [PAGED-1..5].
 
 Caches are filled from the coordinate-hash oracle, so every token of every layer is
-distinguishable; other blocks hold other values and must be left alone.
+distinguishable; other blocks hold other values and must be left alone. Every refused
+scatter must leave the cache exactly as it was [PAGED-4]. Models, layouts and block
+sizes are drawn from the adapter's domain.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect, fail
-from kvspec.dtypes import FP8_DTYPES, bits_view
-from kvspec.kv import RequestKV
-from kvspec.model import ModelShape
-from kvspec.oracle import oracle_kv, oracle_scales
-from kvspec.paged import PagedCache, empty_model_cache, gather_request, scatter_request
-from kvspec.strategies import models, paged_sides
+from kvspec.conformance.checks import (
+    Context,
+    Example,
+    OutsideDomain,
+    check,
+    expect,
+    expect_refused,
+    fail,
+    vacuous,
+)
+from kvspec.conformance.checks.transfer import no_fp8
+from kvspec.memory.cache_layout import get_layout, kv_views
+from kvspec.memory.paged import PagedCache, blocks_needed, empty_model_cache, gather_request
+from kvspec.memory.paged import scatter_request as spec_scatter
+from kvspec.strategies import models
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, bits_view
+from kvspec.tensors.kv import RequestKV
+from kvspec.tensors.oracle import oracle_kv, oracle_scales
+from kvspec.topology.model import ModelShape
 
 
 @st.composite
-def _paged_examples(draw: st.DrawFn, *, dtypes: tuple[str, ...] | None = None) -> Example:
-    kwargs = {"dtypes": dtypes} if dtypes else {}
-    model = draw(models(max_layers=3, max_head_dim=3, max_heads=3, **kwargs))
+def _side(draw: st.DrawFn, adapter: Adapter, *, attention: str, seq_len: int) -> dict:
+    """A layout and block size of the domain, and a block table for ``seq_len`` tokens."""
+    layout = draw(st.sampled_from(adapter.domain.cache_layouts(attention)))
+    paged = get_layout(layout).paged
+    block_size = draw(st.sampled_from(adapter.domain.block_sizes)) if paged else 1
+    needed = blocks_needed(seq_len, block_size)
+    num_blocks = needed + draw(st.integers(0 if needed else 1, 3))
+    ids = draw(st.permutations(range(num_blocks)))
+    return {
+        "layout": layout,
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+        "block_ids": list(ids[:needed]),
+    }
+
+
+@st.composite
+def paged_examples(
+    draw: st.DrawFn, adapter: Adapter, *, dtypes: tuple[str, ...] | None = None
+) -> Example:
+    domain = adapter.domain
+    attention = tuple(a for a in domain.attention if domain.cache_layouts(a)) or domain.attention
+    model = draw(
+        models(
+            max_layers=3,
+            max_head_dim=3,
+            max_heads=3,
+            dtypes=domain.model_dtypes(dtypes),
+            attention=attention,
+        )
+    )
     seq_len = draw(st.integers(1, 12))
-    sides = [draw(paged_sides(attention=model.attention, seq_len=seq_len)) for _ in range(2)]
+    sides = [draw(_side(adapter, attention=model.attention, seq_len=seq_len)) for _ in range(2)]
     return {
         "model": model.to_dict(),
         "seq_len": seq_len,
-        "sides": [
-            {
-                "layout": s.layout,
-                "block_size": s.block_size,
-                "num_blocks": s.num_blocks,
-                "block_ids": list(s.block_ids),
-            }
-            for s in sides
-        ],
+        "sides": sides,
         "seed": draw(st.integers(0, 2**16)),
     }
+
+
+def _in_domain(ctx: Context, example: Example) -> None:
+    domain = ctx.adapter.domain
+    model = ModelShape.from_dict(example["model"])
+    if (
+        model.dtype not in domain.model_dtypes()
+        or model.attention not in domain.attention
+        or any(s["layout"] not in domain.layouts for s in example["sides"])
+        or any(
+            s["block_size"] not in domain.block_sizes
+            for s in example["sides"]
+            if get_layout(s["layout"]).paged
+        )
+    ):
+        raise OutsideDomain
 
 
 def _oracle(model: ModelShape, request_id: str, tokens: int, seed: int, device: str) -> RequestKV:
@@ -62,14 +114,16 @@ def _cache(model: ModelShape, side: dict, device: str, *, fill_seed: int | None)
     if fill_seed is not None:
         slots = side["num_blocks"] * side["block_size"]
         filler = _oracle(model, "other-requests", slots, fill_seed, device)
-        scatter_request(filler, cache, list(range(side["num_blocks"])))
+        spec_scatter(filler, cache, list(range(side["num_blocks"])))
     return cache
 
 
-def _cache_bits(cache: PagedCache) -> list[torch.Tensor]:
-    from kvspec.cache_layout import kv_views
-
-    return [bits_view(v).clone() for layer in cache.layers for v in kv_views(layer, cache.layout)]
+def _cache_bits(cache: PagedCache, *, scales: bool = True) -> list[torch.Tensor]:
+    """Every layer's K and V (or latent) as raw bits, then (with ``scales``) the scales."""
+    bits = [bits_view(v).clone() for layer in cache.layers for v in kv_views(layer, cache.layout)]
+    if scales and cache.scales is not None:
+        bits.append(bits_view(cache.scales).clone())
+    return bits
 
 
 def _describe(example: Example, side: dict) -> str:
@@ -78,10 +132,6 @@ def _describe(example: Example, side: dict) -> str:
         f"{m.describe()}, a {example['seq_len']}-token request in a {side['layout']} cache of "
         f"{side['num_blocks']} blocks x {side['block_size']}, block ids {side['block_ids']}"
     )
-
-
-def _strategy(adapter: Adapter) -> st.SearchStrategy[Example]:
-    return _paged_examples()
 
 
 def _pin(
@@ -93,8 +143,9 @@ def _pin(
     ids_b: list[int],
     seq_len: int,
     blocks: int = 4,
+    dtype: str = "bfloat16",
 ) -> Example:
-    model = ModelShape(2, 2, 2)
+    model = ModelShape(2, 2, 2, dtype=dtype)
     return {
         "model": model.to_dict(),
         "seq_len": seq_len,
@@ -109,222 +160,274 @@ def _pin(
 PAGED_PINS = (
     _pin("flash_attn", 4, [3, 0], "flashinfer_hnd", 1, [9, 2, 7, 0, 1, 4, 5], 7),  # 4 -> 1
     _pin("flashinfer", 2, [1, 3, 0], "kv_tuple", 4, [5, 2], 5),  # partial last block
+    _pin("flash_attn_hnd", 3, [2, 0], "flash_attn_hnd", 2, [6, 1, 3], 5, dtype="float8_e4m3fn"),
 )
 
 
 @check(
     "PAGED-1",
     "gather",
-    "a request is gathered from its blocks, in block-table order",
+    "a request is gathered from its blocks, in block-table order, with the cache's scales",
     needs=("paged",),
-    strategy=_strategy,
+    strategy=paged_examples,
     examples=PAGED_PINS,
+    covers=("PAGED-1.1", "PAGED-4.1"),
 )
 def gather(ctx: Context, example: Example) -> None:
+    _in_domain(ctx, example)
     model = ModelShape.from_dict(example["model"])
     side = example["sides"][0]
     cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
     expected = gather_request(cache, side["block_ids"], example["seq_len"])
     got = ctx.adapter.gather(cache, list(side["block_ids"]), example["seq_len"])
-    expect(
-        tuple(got.data.shape) == tuple(expected.data.shape)
-        and torch.equal(bits_view(got.data.contiguous()), bits_view(expected.data)),
-        f"{_describe(example, side)}: gathered {list(got.data.shape)} differs from the spec's "
-        f"{list(expected.data.shape)} [layers, kv, seq, heads, head_dim] [PAGED-1]",
-    )
+    if tuple(got.data.shape) != tuple(expected.data.shape):
+        fail(
+            f"{_describe(example, side)}: gathered {list(got.data.shape)}; the request is "
+            f"{list(expected.data.shape)} [layers, kv, seq, heads, head_dim] [PAGED-4.1]"
+        )
+    differs = bits_view(got.data.contiguous()) != bits_view(expected.data)
+    if bool(differs.any()):
+        layer, kv, token, head, dim = (int(i) for i in differs.nonzero()[0].tolist())
+        b = side["block_size"]
+        fail(
+            f"{_describe(example, side)}: {int(differs.sum())} gathered element(s) differ; the "
+            f"first at layer {layer}, {'KV'[kv]}, token {token} (block id "
+            f"{side['block_ids'][token // b]}, slot {token % b}), head {head}, dim {dim} "
+            "[PAGED-1.1]"
+        )
+    if expected.scales is not None:
+        expect(
+            got.scales is not None
+            and torch.equal(
+                bits_view(got.scales.to(expected.scales.device)), bits_view(expected.scales)
+            ),
+            f"{_describe(example, side)}: gathered fp8 KV carries scales "
+            f"{None if got.scales is None else got.scales.tolist()}; the cache's are "
+            f"{expected.scales.tolist()} [PAGED-4.1]",
+        )
 
 
 @check(
     "PAGED-4",
     "scatter-across-block-sizes",
-    "a request scattered into another layout and block size lands in its blocks only",
+    "a request scattered into another layout and block size lands in its slots only",
     needs=("paged",),
-    strategy=_strategy,
+    strategy=paged_examples,
     examples=PAGED_PINS,
+    covers=("PAGED-1.1", "PAGED-1.2", "PAGED-4.2"),
 )
 def scatter(ctx: Context, example: Example) -> None:
+    _in_domain(ctx, example)
     model = ModelShape.from_dict(example["model"])
     seq_len = example["seq_len"]
     request = _oracle(model, "req", seq_len, example["seed"], ctx.device)
     dst = example["sides"][1]
     expected = _cache(model, dst, ctx.device, fill_seed=example["seed"] + 1)
     got = _cache(model, dst, ctx.device, fill_seed=example["seed"] + 1)
-    scatter_request(request, expected, dst["block_ids"])
+    spec_scatter(request, expected, dst["block_ids"])
     ctx.adapter.scatter(request, got, list(dst["block_ids"]))
-    for i, (want, have) in enumerate(zip(_cache_bits(expected), _cache_bits(got), strict=True)):
-        expect(
-            torch.equal(want, have),
+    b = dst["block_size"]
+    for i, (want, have) in enumerate(
+        zip(_cache_bits(expected, scales=False), _cache_bits(got, scales=False), strict=True)
+    ):
+        if torch.equal(want, have):
+            continue
+        block, slot = (int(x) for x in (want != have).nonzero()[0].tolist()[:2])
+        position = dst["block_ids"].index(block) if block in dst["block_ids"] else None
+        token = None if position is None else position * b + slot
+        outside = token is None or token >= seq_len
+        fail(
             f"{_describe(example, dst)}: after scattering, layer {i // model.kv_tensors} "
             f"{'KV'[i % model.kv_tensors] if model.kv_tensors == 2 else 'latent'} differs from "
-            f"the spec's in {int((want != have).sum())} element(s) [PAGED-4]",
+            f"the spec's in {int((want != have).sum())} element(s), the first in block {block}, "
+            f"slot {slot}"
+            + (
+                ", which holds no token of the request [PAGED-1.2]"
+                if outside
+                else f" (token {token}) [PAGED-1.1, PAGED-4.2]"
+            )
         )
 
 
-@st.composite
-def _bad_tables(draw: st.DrawFn, *, kind: str) -> Example:
-    example = draw(_paged_examples())
-    side = example["sides"][0]
-    ids, blocks = list(side["block_ids"]), side["num_blocks"]
-    if kind == "out-of-range":
-        ids[draw(st.integers(0, len(ids) - 1))] = draw(
-            st.one_of(st.integers(blocks, blocks + 3), st.integers(-3, -1))
-        )
-    elif kind == "duplicate":
-        if len(ids) < 2:
-            side["num_blocks"] = blocks + 1
-            example["seq_len"] = side["block_size"] + 1
-            ids = [0, 1]
-        ids[1] = ids[0]
-    elif draw(st.booleans()):  # one block too few
-        ids = ids[:-1]
-    else:  # one valid, distinct block too many
-        spare = [b for b in range(blocks) if b not in ids]
-        if not spare:
-            side["num_blocks"] = blocks + 1
-            spare = [blocks]
-        ids = [*ids, spare[0]]
-    side["bad_ids"] = ids
-    return example
-
-
-def _refusal_check(clause: str, slug: str, title: str, kind: str, pins: tuple = ()) -> None:
-    @check(
-        clause,
-        slug,
-        title,
-        needs=("paged",),
-        strategy=lambda adapter: _bad_tables(kind=kind),
-        examples=pins,
+def _expect_nothing_written(
+    ctx: Context,
+    example: Example,
+    cache: PagedCache,
+    obligation: str,
+    what: str,
+    call: Callable[[], object],
+) -> None:
+    """``call`` (a scatter into ``cache``) must be refused and leave the cache untouched."""
+    before = _cache_bits(cache)
+    expect_refused(obligation, what, call)
+    changed = [
+        i
+        for i, (a, b) in enumerate(zip(before, _cache_bits(cache), strict=True))
+        if not torch.equal(a, b)
+    ]
+    expect(
+        not changed,
+        f"{what} was refused, but only after writing the cache; a scatter checks everything "
+        "before it writes anything [PAGED-4.3]",
     )
-    def run(ctx: Context, example: Example) -> None:
-        model = ModelShape.from_dict(example["model"])
-        side = example["sides"][0]
-        cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
-        before = _cache_bits(cache)
-        bad = side["bad_ids"]
-        if bad == side["block_ids"]:
-            return  # the drawn table could not be broken this way (too few blocks)
-        try:
-            got = ctx.adapter.gather(cache, bad, example["seq_len"])
-        except Exception:
-            pass
-        else:
-            fail(
-                f"{_describe(example, side)}: gather with block ids {bad} returned "
-                f"{list(got.data.shape)} instead of refusing ({title}) [{clause}]"
-            )
-        request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
-        try:
-            ctx.adapter.scatter(request, cache, bad)
-        except Exception:
-            pass
-        else:
-            fail(
-                f"{_describe(example, side)}: scatter into block ids {bad} was accepted [{clause}]"
-            )
-        changed = [
-            i
-            for i, (a, b) in enumerate(zip(before, _cache_bits(cache), strict=True))
-            if not torch.equal(a, b)
-        ]
-        expect(
-            not changed,
-            f"{_describe(example, side)}: a refused scatter into {bad} still "
-            f"wrote the cache [{clause}]",
+
+
+def _bad_tables(side: dict, kinds: tuple[str, ...]) -> list[tuple[str, str, list]]:
+    """The side's block table with one defect, for every kind that applies:
+    (obligation, what, ids) [PAGED-2, PAGED-3]."""
+    ids, blocks = list(side["block_ids"]), side["num_blocks"]
+    last = len(ids) - 1
+    spare = [b for b in range(blocks) if b not in ids]
+
+    def at(value: object, where: int = last) -> list:
+        return [value if i == where else b for i, b in enumerate(ids)]
+
+    table = {
+        "past-end": ("PAGED-2.1", [at(blocks), at(blocks + 1, 0)]),
+        "negative": ("PAGED-2.2", [at(-1), at(-blocks, 0)]),
+        "duplicate": ("PAGED-2.3", [at(ids[0])] if len(ids) > 1 else []),
+        "not-integer": ("PAGED-2.4", [at(float(ids[last])), at(str(ids[0]), 0), at(None)]),
+        "fewer": ("PAGED-3.1", [ids[:-1]]),
+        "more": ("PAGED-3.2", [[*ids, spare[0]]] if spare else []),
+    }
+    return [(table[k][0], k, bad) for k in kinds for bad in table[k][1]]
+
+
+def _table_refusals(ctx: Context, example: Example, kinds: tuple[str, ...]) -> None:
+    """Every defective table of the example's first side is refused by gather and by
+    scatter, and a refused scatter writes nothing [PAGED-2, PAGED-3, PAGED-4.3]."""
+    _in_domain(ctx, example)
+    model = ModelShape.from_dict(example["model"])
+    side = example["sides"][0]
+    cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
+    request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
+    for obligation, kind, bad in _bad_tables(side, kinds):
+        what = f"{_describe(example, side)}: block ids {bad!r} ({kind})"
+        expect_refused(
+            obligation,
+            f"gathering with {what}",
+            lambda bad=bad: ctx.adapter.gather(cache, list(bad), example["seq_len"]),
+        )
+        _expect_nothing_written(
+            ctx,
+            example,
+            cache,
+            obligation,
+            f"scattering into {what}",
+            lambda bad=bad: ctx.adapter.scatter(request, cache, list(bad)),
         )
 
 
-def _bad(example: Example, ids: list[int]) -> Example:
-    side = {**example["sides"][0], "bad_ids": ids}
-    return {**example, "sides": [side, example["sides"][1]]}
+@check(
+    "PAGED-2",
+    "refuses-bad-ids",
+    "ids out of range, negative, repeated or not integers are refused; nothing is written",
+    needs=("paged",),
+    strategy=paged_examples,
+    examples=PAGED_PINS,
+    covers=("PAGED-2.1", "PAGED-2.2", "PAGED-2.3", "PAGED-2.4", "PAGED-4.3"),
+)
+def refuses_bad_ids(ctx: Context, example: Example) -> None:
+    _table_refusals(ctx, example, ("past-end", "negative", "duplicate", "not-integer"))
 
 
-_refusal_check(
-    "PAGED-2",
-    "refuses-out-of-range",
-    "an id out of range is refused, never dropped",
-    "out-of-range",
-    pins=(_bad(PAGED_PINS[0], [3, 4]), _bad(PAGED_PINS[1], [1, -1, 0])),
-)
-_refusal_check(
-    "PAGED-2",
-    "refuses-duplicates",
-    "a repeated id is refused",
-    "duplicate",
-    pins=(_bad(PAGED_PINS[1], [1, 1, 0]),),
-)
-_refusal_check(
+@check(
     "PAGED-3",
     "refuses-wrong-count",
-    "exactly the blocks seq_len needs",
-    "count",
-    pins=(_bad(PAGED_PINS[0], [3]),),
+    "exactly the blocks seq_len needs; nothing is written otherwise",
+    needs=("paged",),
+    strategy=paged_examples,
+    examples=PAGED_PINS,
+    covers=("PAGED-3.1", "PAGED-3.2", "PAGED-4.3"),
 )
+def refuses_wrong_count(ctx: Context, example: Example) -> None:
+    _table_refusals(ctx, example, ("fewer", "more"))
+
+
+_MISFITS = ("one head more", "head_dim one longer", "one layer fewer", "one layer more", "dtype")
+
+
+def _misfit(kv: RequestKV, misfit: str, model: ModelShape) -> RequestKV:
+    data, scales = kv.data, kv.scales
+    if misfit == "one head more":
+        return RequestKV(torch.cat([data, data[:, :, :, :1]], dim=3), scales)
+    if misfit == "head_dim one longer":
+        return RequestKV(torch.cat([data, data[..., :1]], dim=4), scales)
+    if misfit == "one layer fewer" and data.shape[0] > 1:
+        return RequestKV(data[:-1], None if scales is None else scales[:-1])
+    if misfit in ("one layer fewer", "one layer more"):
+        more = None if scales is None else torch.cat([scales, scales[:1]])
+        return RequestKV(torch.cat([data, data[:1]]), more)
+    same = [d for d in DTYPES if d != model.dtype and DTYPES[d].itemsize == data.element_size()]
+    other = DTYPES[same[0]] if same else torch.float16
+    fp8_scales = scales if other in (DTYPES[d] for d in FP8_DTYPES) else None
+    return RequestKV(data.view(other) if same else data.to(other), fp8_scales)
+
+
+@check(
+    "PAGED-4",
+    "refuses-mismatched-kv",
+    "KV that does not fit the cache (layers, heads, head_dim, dtype) is refused, unwritten",
+    needs=("paged",),
+    strategy=paged_examples,
+    examples=PAGED_PINS,
+    covers=("PAGED-4.4", "PAGED-4.3"),
+)
+def refuses_mismatched_kv(ctx: Context, example: Example) -> None:
+    _in_domain(ctx, example)
+    model = ModelShape.from_dict(example["model"])
+    side = example["sides"][1]
+    cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
+    request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
+    for misfit in _MISFITS:
+        kv = _misfit(request, misfit, model)
+        _expect_nothing_written(
+            ctx,
+            example,
+            cache,
+            "PAGED-4.4",
+            f"scattering {kv.data.dtype} KV of shape {list(kv.data.shape)} ({misfit}) "
+            f"into {_describe(example, side)}",
+            lambda kv=kv: ctx.adapter.scatter(kv, cache, list(side["block_ids"])),
+        )
 
 
 @check(
     "PAGED-5",
     "fp8-scales",
-    "scattering fp8 KV under other scales is refused",
-    needs=("paged",),
-    strategy=lambda adapter: _paged_examples(dtypes=FP8_DTYPES),
+    "fp8 KV without scales, or under one other scale (K or V of one layer), is refused",
+    needs=("paged", "fp8-scales"),
+    strategy=lambda adapter: paged_examples(adapter, dtypes=FP8_DTYPES),
+    examples=PAGED_PINS[2:],
+    missing=no_fp8,
+    covers=("PAGED-5.1", "PAGED-5.2", "PAGED-4.3"),
 )
 def fp8_scales(ctx: Context, example: Example) -> None:
+    _in_domain(ctx, example)
     model = ModelShape.from_dict(example["model"])
+    if model.dtype not in FP8_DTYPES:
+        vacuous()
     side = example["sides"][1]
-    cache = _cache(model, side, ctx.device, fill_seed=None)
-    request = oracle_kv(
-        model, "req", tokens=example["seq_len"], seed=example["seed"], device=ctx.device
-    )
-    wrong = RequestKV(request.data, request.scales * 2)  # type: ignore[operator]
-    try:
-        ctx.adapter.scatter(wrong, cache, list(side["block_ids"]))
-    except Exception:
-        return
-    fail(
-        f"{_describe(example, side)}: fp8 KV with scales {wrong.scales.tolist()} was written "
-        f"into a cache whose scales are {cache.scales.tolist()} [PAGED-5]"
-    )
-
-
-@st.composite
-def _regions(draw: st.DrawFn) -> Example:
-    model = draw(models(max_layers=4, max_head_dim=4, max_heads=4))
-
-    def sub(n: int) -> list[int]:
-        start = draw(st.integers(0, n - 1))
-        return [start, draw(st.integers(start + 1, n))]
-
-    seq_len = draw(st.integers(1, 16))
-    return {
-        "model": model.to_dict(),
-        "request_id": draw(st.text("abc-_0123456789", min_size=1, max_size=8)),
-        "tokens": sub(seq_len + 4),
-        "layers": sub(model.num_layers),
-        "heads": sub(model.num_kv_heads),
-        "seed": draw(st.integers(0, 2**31)),
-    }
-
-
-@check(
-    "ORACLE-1",
-    "fill",
-    "the coordinate-hash fill matches the spec bit for bit, for any region",
-    needs=("oracle",),
-    strategy=lambda adapter: _regions(),
-)
-def oracle_fill(ctx: Context, example: Example) -> None:
-    model = ModelShape.from_dict(example["model"])
-    where = {k: range(*example[k]) for k in ("tokens", "layers", "heads")}
-    expected = oracle_kv(
-        model, example["request_id"], seed=example["seed"], device=ctx.device, **where
-    )
-    got = ctx.adapter.oracle_fill(model, example["request_id"], seed=example["seed"], **where)
-    same = tuple(got.data.shape) == tuple(expected.data.shape) and torch.equal(
-        bits_view(got.data.contiguous()), bits_view(expected.data)
-    )
-    expect(
-        same,
-        f"{model.describe()}, request {example['request_id']!r}, region {example}: the "
-        "fill differs from the coordinate hash [ORACLE-1, ORACLE-4]",
-    )
+    cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
+    request = _oracle(model, "req", example["seq_len"], example["seed"], ctx.device)
+    assert request.scales is not None and cache.scales is not None
+    variants = [("PAGED-5.2", "without scales", RequestKV(request.data))]
+    for layer in range(model.num_layers):
+        for k in range(model.kv_tensors):
+            scales = request.scales.clone()
+            scales[layer, k] *= 2
+            name = "KV"[k] if model.kv_tensors == 2 else "latent"
+            what = (
+                f"whose {name} scale of layer {layer} is {float(scales[layer, k])}, the "
+                f"cache's {float(cache.scales[layer, k])}"
+            )
+            variants.append(("PAGED-5.1", what, RequestKV(request.data, scales)))
+    for obligation, what, kv in variants:
+        _expect_nothing_written(
+            ctx,
+            example,
+            cache,
+            obligation,
+            f"scattering fp8 KV {what} into {_describe(example, side)}",
+            lambda kv=kv: ctx.adapter.scatter(kv, cache, list(side["block_ids"])),
+        )

@@ -1,192 +1,269 @@
-"""Checks of merging payloads, reassembling chunks and the wire format.
+"""Checks of merging several senders' payloads into one receiver shard [PAYLOAD-2,
+PAYLOAD-3].
 
-[PAYLOAD-3, CHUNK-2, WIRE-1, WIRE-4].
-
-Wire checks are interoperability checks: what the implementation encodes, the spec
-decodes to the same payload, and the other way round; malformed messages are refused.
+The payloads come from the reference sender along the plan's edges, each with block
+ids of its own; the implementation's merge must give the spec's shard whatever the
+arrival order. Then one payload at a time is made to disagree in one fact — request
+id, seq_len, num_layers, dtype, block_size, chunk, a missing or an extra layer — and
+every such set must be refused.
 """
 
 from __future__ import annotations
 
-import json
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
-from hypothesis import strategies as st
+import torch
 
-from kvspec.chunks import reassemble, split_chunks
-from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect, fail
+from kvspec.conformance.checks import (
+    Context,
+    Example,
+    check,
+    expect_refused,
+    fail,
+)
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
-from kvspec.payload import Payload, merge_payloads, payload_equal, payload_from_shipment
-from kvspec.wire import decode, encode
+from kvspec.memory.paged import blocks_needed
+from kvspec.tensors.dtypes import DTYPES
+from kvspec.transport.payload import (
+    Chunk,
+    Payload,
+    merge_payloads,
+    payload_equal,
+    payload_from_shipment,
+)
+
+BLOCK_SIZE = 2
+"""Block size of the payloads built here: small, so that a request spans several blocks."""
+
+Inbox = list[tuple[int, Payload]]
 
 
-def _inbox(setup: Setup, dst: int, slicing: str = "sender") -> list[tuple[int, Payload]]:
+def inbox(setup: Setup, dst: int, slicing: str = "sender", request_id: str = "req-1") -> Inbox:
+    """``(source rank, payload)`` into ``dst`` along the routed plan, each source with block
+    ids of its own (source s holds blocks 100*s, 100*s+1, ...)."""
+    blocks = blocks_needed(setup.seq_len, BLOCK_SIZE)
     return [
-        (s.edge.src, payload_from_shipment(setup.plan, s, "req-1", block_ids=[]))
+        (
+            s.edge.src,
+            payload_from_shipment(
+                setup.plan,
+                s,
+                request_id,
+                block_size=BLOCK_SIZE,
+                block_ids=[100 * s.edge.src + i for i in range(blocks)],
+            ),
+        )
         for s in setup.shipments_to(dst, slicing)
     ]
 
 
-def _same(a: Payload, b: Payload) -> bool:
-    return payload_equal(a, b)
+def _describe_difference(got: object, want: Payload) -> str:
+    if not isinstance(got, Payload):
+        return f"the merge returned a {type(got).__name__}, not a Payload"
+    for fact in ("request_id", "seq_len", "dtype", "block_size", "chunk", "layers"):
+        a, b = getattr(got, fact), getattr(want, fact)
+        if a != b:
+            return f"its {fact} is {a!r}, the spec's {b!r}"
+    if got.head_slice != want.head_slice:
+        return (
+            f"its tp_head_slice is {got.head_slice.to_dict()}, the spec's "
+            f"{want.head_slice.to_dict()} (num_slices 1, applied by the receiver)"
+        )
+    if not payload_equal(replace(got, block_ids=want.block_ids), want):
+        return "its tensors differ from the spec's (shards placed out of source-rank order?)"
+    return f"its block_ids are {list(got.block_ids)}, the lowest source's {list(want.block_ids)}"
 
 
 @check(
     "PAYLOAD-3",
     "merge",
-    "shards merge in source-rank order whatever the arrival; disagreeing shards are refused",
+    "shards merge in source-rank order whatever the arrival; the lowest source's block ids",
     needs=("payload",),
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=0.5,
+    covers=("PAYLOAD-3.1", "PAYLOAD-3.9"),
 )
 def merge(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     rng = random.Random(setup.seed)
     for dst in setup.case.target.ranks():
-        inbox = _inbox(setup, dst, rng.choice(["sender", "receiver"]))
-        want = merge_payloads(setup.plan, dst, inbox)
-        shuffled = rng.sample(inbox, len(inbox))
-        got = ctx.adapter.merge(setup.case, dst, shuffled)
-        expect(
-            _same(got, want),
-            f"{setup.case.describe()}: target rank {dst}'s merge of payloads arriving from "
-            f"{[s for s, _ in shuffled]} differs from the spec's [PAYLOAD-3]",
-        )
-    dst = rng.randrange(setup.case.target.world_size)
-    inbox = _inbox(setup, dst)
-    if len(inbox) < 2:
-        return  # one shard has nothing to disagree with
-    src, first = inbox[0]
-    wrong = replace(first, request_id="another-request")
-    try:
-        ctx.adapter.merge(setup.case, dst, [(src, wrong), *inbox[1:]])
-    except Exception:
-        return
-    fail(
-        f"{setup.case.describe()}: target rank {dst} merged shards of two requests "
-        f"('req-1' and 'another-request') [PAYLOAD-3]"
-    )
-
-
-@check(
-    "CHUNK-2",
-    "reassemble",
-    "chunks reassemble identically in any order; a missing chunk is refused",
-    needs=("chunks",),
-    strategy=lambda adapter: st.tuples(tensor_examples(adapter), st.integers(2, 4)),
-    examples=tuple((pin, 2) for pin in TENSOR_PINS[:2]),
-    weight=0.5,
-)
-def reassembles(ctx: Context, example: Example) -> None:
-    base, count = example
-    setup = Setup(ctx, base)
-    _, whole = _inbox(setup, 0)[0]
-    count = min(count, whole.seq_len)
-    sizes = [whole.seq_len // count] * count
-    sizes[-1] += whole.seq_len - sum(sizes)
-    chunks = list(split_chunks(whole, sizes))
-    rng = random.Random(setup.seed)
-    shuffled = rng.sample(chunks, len(chunks))
-    got = ctx.adapter.reassemble(shuffled)
-    expect(
-        _same(got, reassemble(chunks)),
-        f"{setup.case.describe()}: chunks of {sizes} tokens "
-        f"arriving as {[c.chunk.chunk_id for c in shuffled]} reassemble wrong [CHUNK-2]",
-    )
-    if len(chunks) > 1:
+        received = inbox(setup, dst, rng.choice(["sender", "receiver"]))
+        want = merge_payloads(setup.plan, dst, received)
+        shuffled = rng.sample(received, len(received))
+        if [s for s, _ in shuffled] == [s for s, _ in received]:
+            shuffled = received[::-1]
         try:
-            ctx.adapter.reassemble(shuffled[1:])
-        except Exception:
-            return
+            got = ctx.adapter.merge(setup.case, dst, shuffled)
+        except Exception as error:
+            fail(
+                f"{setup.case.describe()}: target rank {dst} refused a valid set of payloads "
+                f"from {[s for s, _ in shuffled]}: {error!r} [PAYLOAD-3.1]"
+            )
+        if payload_equal(got, want):
+            continue
+        block_ids_only = (
+            isinstance(got, Payload)
+            and got.block_ids != want.block_ids
+            and payload_equal(replace(got, block_ids=want.block_ids), want)
+        )
         fail(
-            f"{setup.case.describe()}: reassembly without chunk {shuffled[0].chunk.chunk_id} "
-            "was accepted [CHUNK-2]"
+            f"{setup.case.describe()}: target rank {dst}'s merge of payloads arriving from "
+            f"{[s for s, _ in shuffled]} differs from the spec's: "
+            f"{_describe_difference(got, want)} "
+            f"[{'PAYLOAD-3.9' if block_ids_only else 'PAYLOAD-3.1'}]"
         )
 
 
+def _tensors(
+    payload: Payload, change: Callable[[torch.Tensor], torch.Tensor], **facts: object
+) -> Payload:
+    """``payload`` with ``change`` applied to every present cache tensor (and ``facts``)."""
+
+    def apply(values: tuple) -> tuple:
+        return tuple(None if t is None else change(t) for t in values)
+
+    return replace(
+        payload,
+        key_cache=apply(payload.key_cache),
+        value_cache=apply(payload.value_cache),
+        **facts,  # type: ignore[arg-type]
+    )
+
+
+def _extra_layer(payload: Payload) -> Payload:
+    """``payload`` with one more (absent) layer at the end: num_layers + 1."""
+
+    def grow(values: tuple | None) -> tuple | None:
+        return None if values is None else (*values, None)
+
+    return replace(
+        payload,
+        key_cache=grow(payload.key_cache),
+        value_cache=grow(payload.value_cache),
+        key_scale=grow(payload.key_scale),
+        value_scale=grow(payload.value_scale),
+    )
+
+
+def _without_layer(payload: Payload, layer: int) -> Payload:
+    def drop(values: tuple | None) -> tuple | None:
+        return (
+            None
+            if values is None
+            else tuple(None if i == layer else t for i, t in enumerate(values))
+        )
+
+    return replace(
+        payload,
+        key_cache=drop(payload.key_cache),
+        value_cache=drop(payload.value_cache),
+        key_scale=drop(payload.key_scale),
+        value_scale=drop(payload.value_scale),
+    )
+
+
+def _with_layer(payload: Payload, layer: int) -> Payload:
+    """``payload`` also carrying ``layer`` (a copy of its first present layer)."""
+    first = payload.layers[0]
+
+    def add(values: tuple | None) -> tuple | None:
+        if values is None:
+            return None
+        return tuple(values[first] if i == layer else t for i, t in enumerate(values))
+
+    return replace(
+        payload,
+        key_cache=add(payload.key_cache),
+        value_cache=add(payload.value_cache),
+        key_scale=add(payload.key_scale),
+        value_scale=add(payload.value_scale),
+    )
+
+
+def _other_dtype(payload: Payload) -> Payload:
+    """The same bits read as another dtype of one itemsize (bfloat16 <-> float16, the two
+    fp8 kinds), or float32 cast down: dtype alone differs."""
+    torch_dtype = DTYPES[payload.dtype]
+    same = [n for n, d in DTYPES.items() if d != torch_dtype and d.itemsize == torch_dtype.itemsize]
+    if same:
+        other = same[0]
+        return _tensors(payload, lambda t: t.view(DTYPES[other]), dtype=other)
+    return _tensors(payload, lambda t: t.to(torch.bfloat16), dtype="bfloat16")
+
+
+Probe = tuple[str, str, Inbox]
+
+
+def disagreements(setup: Setup, received: Inbox, rng: random.Random) -> list[Probe]:
+    """Sets of payloads into one receiver, each with one fact changed [PAYLOAD-2, PAYLOAD-3]."""
+    probes: list[Probe] = []
+    i = rng.randrange(len(received))
+    src, victim = received[i]
+
+    def swap(new: Payload) -> Inbox:
+        return [(s, new if j == i else p) for j, (s, p) in enumerate(received)]
+
+    model = setup.case.model
+    if len(received) > 1:
+        probes.append(("PAYLOAD-3.2", "request_id", swap(replace(victim, request_id="req-2"))))
+        probes.append(("PAYLOAD-3.4", "num_layers", swap(_extra_layer(victim))))
+        probes.append(("PAYLOAD-3.5", "dtype", swap(_other_dtype(victim))))
+        probes.append(
+            ("PAYLOAD-3.6", "block_size", swap(replace(victim, block_size=BLOCK_SIZE + 1)))
+        )
+        chunk = Chunk(chunk_id=0, token_start=0, final=False)
+        probes.append(("PAYLOAD-3.7", "chunk", swap(replace(victim, chunk=chunk))))
+        if setup.seq_len > 1:
+            short = _tensors(victim, lambda t: t[:-1], seq_len=setup.seq_len - 1)
+            probes.append(("PAYLOAD-3.3", "seq_len", swap(short)))
+        present = {s: set(p.layers) for s, p in received}
+        for layer in victim.layers:
+            if len(victim.layers) > 1 and any(layer in ls for s, ls in present.items() if s != src):
+                probes.append(
+                    (
+                        "PAYLOAD-3.8",
+                        f"layer {layer}, missing on source {src}'s shard alone",
+                        swap(_without_layer(victim, layer)),
+                    )
+                )
+                break
+    everyone = [(s, _extra_layer(p)) for s, p in received]
+    probes.append(("PAYLOAD-2.1", f"num_layers {model.num_layers + 1} on every shard", everyone))
+    outside = [n for n in range(model.num_layers) if n not in victim.layers]
+    if outside:
+        layer = rng.choice(outside)
+        probes.append(
+            ("PAYLOAD-2.2", f"layer {layer}, outside its edge", swap(_with_layer(victim, layer)))
+        )
+    return probes
+
+
 @check(
-    "WIRE-1",
-    "interoperate",
-    "the implementation's frames decode as the spec's and the other way round",
-    needs=("wire",),
+    "PAYLOAD-3",
+    "refuses-disagreement",
+    "shards that disagree in one fact, or carry layers other than their edge's, are refused",
+    needs=("payload",),
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=0.5,
+    covers=(
+        "PAYLOAD-2.1",
+        "PAYLOAD-2.2",
+        *(f"PAYLOAD-3.{i}" for i in range(2, 9)),
+    ),
 )
-def interoperate(ctx: Context, example: Example) -> None:
+def refuses_disagreement(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
+    rng = random.Random(setup.seed)
     for dst in setup.case.target.ranks():
-        for src, payload in _inbox(setup, dst):
-            ours = decode([bytes(f) for f in ctx.adapter.encode(payload)])
-            expect(
-                _same(ours, payload),
-                f"{setup.case.describe()}: edge {src}->{dst}: the "
-                "implementation's frames decode to another payload [WIRE-1]",
+        received = inbox(setup, dst)
+        for obligation, what, bad in disagreements(setup, received, rng):
+            expect_refused(
+                obligation,
+                f"{setup.case.describe()}, seq_len {setup.seq_len}: target rank {dst} merging "
+                f"payloads that disagree on {what}",
+                lambda bad=bad, dst=dst: ctx.adapter.merge(setup.case, dst, bad),
             )
-            theirs = ctx.adapter.decode([bytes(f) for f in encode(payload)])
-            expect(
-                _same(theirs, payload),
-                f"{setup.case.describe()}: edge {src}->{dst}: the "
-                "spec's frames decode to another payload in the implementation [WIRE-1]",
-            )
-
-
-@st.composite
-def _damaged(draw: st.DrawFn) -> Example:
-    return {
-        "base": draw(tensor_examples(Adapter())),
-        "damage": draw(
-            st.sampled_from(
-                [
-                    "truncate-frame",
-                    "extra-byte",
-                    "drop-frame",
-                    "dtype-name",
-                    "shape",
-                    "header-garbage",
-                ]
-            )
-        ),
-    }
-
-
-@check(
-    "WIRE-4",
-    "refuses-malformed",
-    "a malformed message is refused, never decoded into something else",
-    needs=("wire",),
-    strategy=lambda adapter: _damaged(),
-    examples=tuple({"base": TENSOR_PINS[0], "damage": d} for d in ("truncate-frame", "dtype-name")),
-    weight=0.5,
-)
-def refuses_malformed(ctx: Context, example: Example) -> None:
-    setup = Setup(ctx, example["base"])
-    _, payload = _inbox(setup, 0)[0]
-    frames = [bytes(f) for f in encode(payload)]
-    header = json.loads(frames[0])
-    damage = example["damage"]
-    if damage == "truncate-frame":
-        frames[1] = frames[1][:-1]
-    elif damage == "extra-byte":
-        frames[1] = frames[1] + b"\0"
-    elif damage == "drop-frame":
-        frames = frames[:-1]
-    elif damage == "dtype-name":
-        header["tensors"][0]["dtype"] = "object"
-        frames[0] = json.dumps(header).encode()
-    elif damage == "shape":
-        header["tensors"][0]["shape"] = [-1, *header["tensors"][0]["shape"][1:]]
-        frames[0] = json.dumps(header).encode()
-    else:
-        frames[0] = b"\x80\x04" + frames[0][2:]  # pickle's opening bytes
-    try:
-        got = ctx.adapter.decode(frames)
-    except Exception:
-        return
-    fail(
-        f"{setup.case.describe()}: a message with damage {damage!r} was decoded into a payload "
-        f"of {len(got.tensors())} tensors instead of being refused [WIRE-4]"
-    )

@@ -1,14 +1,20 @@
 """Checks that invalid transfer configurations are refused and valid ones accepted.
 
-Each check draws configurations that break one rule (as plain data, the form
-:meth:`~kvspec.conformance.adapter.Adapter.validate` receives) and pins the
-matching ``transfer`` cases of :data:`kvspec.error_cases.ERROR_CASES`. Any exception
-counts as a refusal; the suite does not judge the wording, only that nothing is
-accepted silently [PLAN-1, HEAD-1, HEAD-2, MODEL-1..3, DTYPE-1, STAGE-1, LAYER-1..2].
+Two capabilities, as connectors have them: ``topology`` (``validate_topology``:
+ranks, TP pairs, head counts over TP, pipeline partitions [STAGE-1, PLAN-1, HEAD-1,
+HEAD-2, LAYER-1, LAYER-2]) and ``models`` (``validate_model``: model facts, dtypes,
+and the agreement of the two stages [MODEL-1..3, DTYPE-1]).
+
+Every refusal check starts from a valid configuration inside the adapter's domain and
+changes one fact to step just outside the spec's domain — off by one, negative, of
+another type or kind — and pins the matching ``transfer`` cases of
+:data:`kvspec.error_cases.ERROR_CASES`. Any exception counts as a refusal: the suite
+judges that nothing is accepted silently, not the wording.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -16,12 +22,20 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect, within_domain
+from kvspec.conformance.checks import (
+    Context,
+    Example,
+    OutsideDomain,
+    check,
+    expect,
+    expect_refused,
+    within_domain,
+)
 from kvspec.conformance.checks.routing import case_examples
-from kvspec.dtypes import DTYPES
 from kvspec.error_cases import ERROR_CASES, OPERATIONS
-from kvspec.model import ModelShape
-from kvspec.strategies import TP_SIZES, TransferCase
+from kvspec.strategies import TransferCase
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
+from kvspec.topology.model import ModelShape
 
 
 def _pins(clause: str) -> tuple[Example, ...]:
@@ -33,135 +47,224 @@ def _mha(num_layers: int = 4, heads: int = 4, head_dim: int = 8, **extra: Any) -
 
 
 def _config(source_tp: int, target_tp: int, model: dict[str, Any], **extra: Any) -> Example:
-    return {"source": {"tp": source_tp}, "target": {"tp": target_tp}, "model": model, **extra}
+    return {
+        "source": {"tp": source_tp, "pp": 1, "layer_partition": None},
+        "target": {"tp": target_tp, "pp": 1, "layer_partition": None},
+        "model": model,
+        **extra,
+    }
+
+
+def _valid(adapter: Adapter) -> st.SearchStrategy[Example]:
+    """Valid configurations of the adapter's domain (``policy`` dropped: routing's concern)."""
+    return case_examples(adapter).map(lambda e: {k: v for k, v in e.items() if k != "policy"})
+
+
+# -- transfer topology ---------------------------------------------------------------------
 
 
 @st.composite
-def _non_dividing_tp(draw: st.DrawFn) -> Example:
-    source = draw(st.integers(2, 24))
+def _non_dividing_tp(draw: st.DrawFn, adapter: Adapter) -> Example:
+    sizes = sorted({t for pair in adapter.domain.pairs() for t in pair} | {2, 3})
+    source = draw(st.sampled_from(sizes))
     target = draw(st.integers(2, 24).filter(lambda t: source % t and t % source))
-    heads = math.lcm(source, target) * draw(st.integers(1, 2))
+    heads = math.lcm(source, target) * draw(st.integers(1, 2))  # valid for both sides
     return _config(source, target, _mha(heads=heads))
 
 
 @st.composite
-def _uneven_split(draw: st.DrawFn) -> Example:
-    tp = draw(st.sampled_from([t for t in TP_SIZES if t > 1]))
+def _uneven_split(draw: st.DrawFn, adapter: Adapter) -> Example:
+    config = draw(_valid(adapter).filter(lambda e: max(e["source"]["tp"], e["target"]["tp"]) > 1))
+    side = draw(st.sampled_from([s for s in ("source", "target") if config[s]["tp"] > 1]))
+    tp = config[side]["tp"]
     heads = draw(st.integers(tp + 1, 4 * tp).filter(lambda h: h % tp))
-    return _config(tp, tp, _mha(heads=heads))
+    config["model"] = _mha(num_layers=config["model"]["num_layers"], heads=heads)
+    return config
 
 
 @st.composite
-def _uneven_replication(draw: st.DrawFn) -> Example:
-    tp = draw(st.integers(3, 24))
+def _uneven_replication(draw: st.DrawFn, adapter: Adapter) -> Example:
+    config = draw(_valid(adapter).filter(lambda e: max(e["source"]["tp"], e["target"]["tp"]) > 2))
+    side = draw(st.sampled_from([s for s in ("source", "target") if config[s]["tp"] > 2]))
+    tp = config[side]["tp"]
     heads = draw(st.integers(2, tp - 1).filter(lambda h: tp % h))
-    return _config(tp, tp, _mha(heads=heads))
+    config["model"] = _mha(num_layers=config["model"]["num_layers"], heads=heads)
+    return config
 
 
 @st.composite
-def _mismatched_models(draw: st.DrawFn) -> Example:
-    base = ModelShape.from_dict(draw(case_examples(_ANY))["model"])
-    changed = draw(
-        st.sets(st.sampled_from(["num_layers", "num_kv_heads", "head_dim", "dtype"]), min_size=1)
-    )
-    other = base.to_dict()
-    if "num_layers" in changed:
-        other["num_layers"] = base.num_layers + draw(st.integers(1, 3))
-    if "head_dim" in changed:
-        other["head_dim"] = base.head_dim + draw(st.integers(1, 3))
-    if "num_kv_heads" in changed and base.attention == "mha":
-        other["num_kv_heads"] = base.num_kv_heads * 2
-    if "dtype" in changed or other == base.to_dict():
-        other["dtype"] = draw(st.sampled_from([d for d in DTYPES if d != base.dtype]))
-        other["scale_format"] = None
-    other = ModelShape.from_dict(other).to_dict()  # fills the fp8 scale format
-    return {**_config(1, 1, base.to_dict()), "target_model": other}
-
-
-@st.composite
-def _rank_out_of_range(draw: st.DrawFn) -> Example:
-    config = draw(case_examples(_ANY))
+def _rank_out_of_range(draw: st.DrawFn, adapter: Adapter) -> Example:
+    config = draw(_valid(adapter))
     side = draw(st.sampled_from(["source", "target"]))
     layout = config[side]
     size = layout["tp"] * layout["pp"]
-    rank = draw(st.one_of(st.integers(size, size + 8), st.integers(-4, -1)))
+    rank = draw(st.sampled_from([size, size + 1, -1, size * 2, -size]))
     return {**config, "rank": {"side": side, "rank": rank}}
 
 
+Variant = tuple[str, str, Example]
+"""(obligation, what was changed, the configuration)."""
+
+
+def _empty_stages(config: Example) -> list[Variant]:
+    """Every way to give one side a TP or PP size below 1 [STAGE-1]."""
+    found = []
+    for side in ("source", "target"):
+        for field in ("tp", "pp"):
+            for value in (0, -1):
+                changed = copy.deepcopy(config)
+                changed[side] = {**changed[side], field: value, "layer_partition": None}
+                found.append(("STAGE-1.3", f"{side} {field} {value}", changed))
+    return found
+
+
 @st.composite
-def _fewer_layers_than_pp(draw: st.DrawFn) -> Example:
-    pp = draw(st.integers(2, 8))
-    config = _config(1, 1, _mha(num_layers=draw(st.integers(1, pp - 1))))
-    config[draw(st.sampled_from(["source", "target"]))]["pp"] = pp
+def _fewer_layers_than_pp(draw: st.DrawFn, adapter: Adapter) -> Example:
+    config = draw(_valid(adapter))
+    side = draw(st.sampled_from(["source", "target"]))
+    layers = config["model"]["num_layers"]
+    config[side] = {**config[side], "pp": layers + draw(st.integers(1, 2)), "layer_partition": None}
     return config
 
 
-@st.composite
-def _bad_partition(draw: st.DrawFn) -> Example:
-    num_layers = draw(st.integers(2, 32))
-    counts = draw(st.lists(st.integers(1, 16), min_size=2, max_size=4))
-    if sum(counts) == num_layers:
-        counts[0] += 1
-    config = _config(1, 1, _mha(num_layers=num_layers))
-    config["source"] = {"tp": 1, "pp": len(counts), "layer_partition": counts}
-    return config
+def _bad_partitions(config: Example) -> list[Variant]:
+    """A valid explicit partition with one defect each: a sum off by one, a count of 0 or
+    -1, one entry more or less than pp [LAYER-2]."""
+    layers = max(config["model"]["num_layers"], 4)
+    base = copy.deepcopy(config)
+    base["model"] = {**base["model"], "num_layers": layers}
+    pp = min(4, layers - 1)
+    good = _split(layers, pp)
+    defects: list[tuple[str, str, list[int]]] = [
+        ("LAYER-2.2", "a count one too many", [good[0] + 1, *good[1:]]),
+        ("LAYER-2.2", "a count one too few", [*good[:-1], good[-1] - 1]),
+        ("LAYER-2.3", "a count of 0", [0, *good[1:-1], good[-1] + good[0]]),
+        ("LAYER-2.3", "a count of -1", [-1, *good[1:-1], good[-1] + good[0] + 1]),
+        ("LAYER-2.4", "one entry more than pp", _split(layers, pp + 1)),
+        ("LAYER-2.4", "one entry fewer than pp", _split(layers, pp - 1)),
+    ]
+    found = []
+    for side in ("source", "target"):
+        for obligation, what, counts in defects:
+            if obligation == "LAYER-2.2" and min(counts) < 1:
+                continue
+            changed = copy.deepcopy(base)
+            for other in ("source", "target"):
+                changed[other] = {**changed[other], "layer_partition": None}
+            changed[side] = {"tp": changed[side]["tp"], "pp": pp, "layer_partition": counts}
+            found.append((obligation, f"{side} partition {counts} ({what})", changed))
+    return found
 
 
-@st.composite
-def _bad_model(draw: st.DrawFn) -> Example:
-    model = _mha()
-    field = draw(st.sampled_from(["num_layers", "num_kv_heads", "head_dim", "attention"]))
-    model[field] = "sparse" if field == "attention" else draw(st.integers(-2, 0))
-    return _config(1, 1, model)
+def _split(layers: int, parts: int) -> list[int]:
+    """``layers`` as ``parts`` positive counts."""
+    counts = [layers // parts] * parts
+    counts[-1] += layers - sum(counts)
+    return counts
 
 
 _ANY = Adapter()
 
 
 def _refusal_check(
-    clause: str, slug: str, title: str, strategy: Callable[[], st.SearchStrategy[Example]]
+    clause: str,
+    slug: str,
+    title: str,
+    covers: tuple[str, ...],
+    strategy: Callable[[Adapter], st.SearchStrategy[Example]],
+    *,
+    method: str = "validate_topology",
+    missing: Callable[[Adapter], str | None] | None = None,
+    pins: tuple[Example, ...] | None = None,
+    variants: Callable[[Example], list[Variant]] | None = None,
 ) -> None:
+    """A check that ``method`` refuses each configuration, or (with ``variants``) every
+    variant of each valid configuration, each one step outside the spec's domain."""
+
     @check(
         clause,
         slug,
         title,
-        needs=("rejection",),
-        strategy=lambda adapter: strategy(),
-        examples=_pins(clause),
+        needs=("topology" if method == "validate_topology" else "models",),
+        strategy=strategy,
+        examples=_pins(clause) if pins is None else pins,
+        missing=missing,
+        covers=covers,
     )
     def run(ctx: Context, config: Example) -> None:
-        try:
-            ctx.adapter.validate(config)
-        except Exception:
-            return
-        expect(False, f"configuration {config} was accepted; it breaks [{clause}] ({title})")
+        probes = variants(config) if variants else [(covers[0], title, config)]
+        for obligation, what, probe in probes:
+            expect_refused(
+                obligation,
+                f"configuration {probe} ({what})",
+                lambda probe=probe: getattr(ctx.adapter, method)(copy.deepcopy(probe)),
+            )
 
 
-_refusal_check("PLAN-1", "refuses-non-dividing-tp", "TP sizes must divide", _non_dividing_tp)
-_refusal_check("HEAD-1", "refuses-uneven-split", "H >= tp needs H % tp == 0", _uneven_split)
+def _needs_pipeline(adapter: Adapter) -> str | None:
+    return None if max(adapter.domain.pp_sizes) > 1 else "the adapter's domain has no PP"
+
+
 _refusal_check(
-    "HEAD-2", "refuses-uneven-replication", "H < tp needs tp % H == 0", _uneven_replication
+    "PLAN-1",
+    "refuses-non-dividing-tp",
+    "TP sizes must divide",
+    ("PLAN-1.1",),
+    _non_dividing_tp,
 )
 _refusal_check(
-    "MODEL-3", "refuses-mismatched-models", "stages must agree on the model", _mismatched_models
+    "HEAD-1",
+    "refuses-uneven-split",
+    "H >= tp needs H % tp == 0",
+    ("HEAD-1.2",),
+    _uneven_split,
+    missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 1 else "only TP1",
 )
-_refusal_check("STAGE-1", "refuses-rank-out-of-range", "ranks are 0..tp*pp-1", _rank_out_of_range)
-_refusal_check("LAYER-1", "refuses-fewer-layers-than-pp", "n >= pp", _fewer_layers_than_pp)
-_refusal_check("LAYER-2", "refuses-bad-partition", "partitions sum to n", _bad_partition)
 _refusal_check(
-    "DTYPE-1",
-    "refuses-unknown-dtype",
-    "only the allowed dtypes",
-    lambda: st.sampled_from(["int8", "float64", "uint8", "float8_e4m3fnuz", "bool"]).map(
-        lambda d: _config(1, 1, _mha(dtype=d))
+    "HEAD-2",
+    "refuses-uneven-replication",
+    "H < tp needs tp % H == 0",
+    ("HEAD-2.2",),
+    _uneven_replication,
+    missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 2 else "no TP above 2",
+)
+_refusal_check(
+    "STAGE-1",
+    "refuses-rank-out-of-range",
+    "ranks are 0..tp*pp-1",
+    ("STAGE-1.2",),
+    _rank_out_of_range,
+)
+_refusal_check(
+    "STAGE-1",
+    "refuses-empty-stage",
+    "tp >= 1 and pp >= 1",
+    ("STAGE-1.3",),
+    _valid,
+    pins=(),
+    variants=_empty_stages,
+)
+_refusal_check(
+    "LAYER-1",
+    "refuses-fewer-layers-than-pp",
+    "n >= pp",
+    ("LAYER-1.2",),
+    _fewer_layers_than_pp,
+    missing=_needs_pipeline,
+)
+_refusal_check(
+    "LAYER-2",
+    "refuses-bad-partition",
+    "one positive count per PP rank, summing to n",
+    ("LAYER-2.2", "LAYER-2.3", "LAYER-2.4"),
+    _valid,
+    pins=(),
+    variants=_bad_partitions,
+    missing=lambda a: (
+        None
+        if max(a.domain.pp_sizes) > 1 and a.domain.explicit_partitions
+        else "the adapter's domain has no explicit layer partitions"
     ),
-)
-_refusal_check("MODEL-1", "refuses-invalid-model", "positive sizes, known kinds", _bad_model)
-_refusal_check(
-    "MODEL-2",
-    "refuses-mla-with-heads",
-    "MLA has one latent",
-    lambda: st.integers(2, 64).map(lambda h: _config(1, 1, _mha(heads=h, attention="mla"))),
 )
 
 
@@ -169,13 +272,154 @@ _refusal_check(
     "PLAN-1",
     "accepts-valid",
     "every valid configuration is accepted",
-    needs=("rejection",),
-    strategy=lambda adapter: case_examples(adapter),
+    needs=("topology",),
+    strategy=_valid,
+    covers=("PLAN-1.2",),
 )
 def accepts_valid(ctx: Context, config: Example) -> None:
     OPERATIONS["transfer"](config)  # the reference accepts it
     within_domain(ctx, TransferCase.from_dict(config))
     try:
-        ctx.adapter.validate(config)
+        ctx.adapter.validate_topology(copy.deepcopy(config))
     except Exception as error:
-        expect(False, f"valid configuration {config} was refused: {error!r} [PLAN-1]")
+        expect(False, f"valid configuration {config} was refused: {error!r} [PLAN-1.2]")
+
+
+# -- model facts -----------------------------------------------------------------------------
+
+
+def _bad_models(config: Example) -> list[Variant]:
+    """The configuration with one model fact out of range, of another type or kind, for
+    every fact [MODEL-1]."""
+    model = config["model"]
+    found = []
+    for fact in ("num_layers", "num_kv_heads", "head_dim"):
+        value = model[fact]
+        for bad in (0, -1, float(value), str(value), True):
+            if bad is True and value == 1:
+                continue  # True == 1: the same number, though of the wrong type
+            found.append(
+                ("MODEL-1.1", f"{fact} {bad!r}", {**config, "model": {**model, fact: bad}})
+            )
+    for kind in ("gqa", "MHA", "sparse", "", "mqa"):
+        found.append(
+            ("MODEL-1.2", f"attention {kind!r}", {**config, "model": {**model, "attention": kind}})
+        )
+    fp8 = model["dtype"] in FP8_DTYPES
+    for scale_format in ("per_tensor", "per_token", "") + (() if fp8 else ("per_layer",)):
+        changed = {**config, "model": {**model, "scale_format": scale_format}}
+        found.append(("MODEL-1.3", f"scale_format {scale_format!r} for {model['dtype']}", changed))
+    return found
+
+
+def _mismatched_models(config: Example) -> list[Variant]:
+    """The configuration with a receiver's model that differs in exactly one fact, for every
+    fact [MODEL-3]."""
+    base = ModelShape.from_dict(config["model"])
+    found = []
+
+    def differing(obligation: str, fact: str, config: Example, **other: object) -> None:
+        target = ModelShape.from_dict({**config["model"], **other}).to_dict()
+        found.append((obligation, f"{fact} alone", {**config, "target_model": target}))
+
+    differing("MODEL-3.1", "num_layers", config, num_layers=base.num_layers + 1)
+    if base.attention == "mha":
+        differing("MODEL-3.2", "num_kv_heads", config, num_kv_heads=base.num_kv_heads * 2)
+    differing("MODEL-3.3", "head_dim", config, head_dim=base.head_dim + 1)
+    # MHA with one head and MLA of that width hold as many numbers per token; they still
+    # differ in kind (K and V against one latent).
+    single = copy.deepcopy(config)
+    single["model"] = {**single["model"], "num_kv_heads": 1}
+    for side in ("source", "target"):
+        single[side] = {**single[side], "tp": 1}
+    differing(
+        "MODEL-3.4", "attention", single, attention="mla" if base.attention == "mha" else "mha"
+    )
+    same_size = [d for d in DTYPES if d != base.dtype and DTYPES[d].itemsize == base.itemsize]
+    other = (same_size or [d for d in DTYPES if d != base.dtype])[0]
+    differing("MODEL-3.5", "dtype", config, dtype=other, scale_format=None)
+    return found
+
+
+_refusal_check(
+    "MODEL-1",
+    "refuses-invalid-model",
+    "positive integer sizes, a known attention kind, scale formats only for fp8",
+    ("MODEL-1.1", "MODEL-1.2", "MODEL-1.3"),
+    _valid,
+    method="validate_model",
+    variants=_bad_models,
+)
+_refusal_check(
+    "MODEL-2",
+    "refuses-mla-with-heads",
+    "MLA has one latent",
+    ("MODEL-2.2",),
+    lambda adapter: st.integers(2, 64).map(lambda h: _config(1, 1, _mha(heads=h, attention="mla"))),
+    method="validate_model",
+)
+
+
+_refusal_check(
+    "MODEL-3",
+    "refuses-mismatched-models",
+    "stages must agree on every model fact",
+    tuple(f"MODEL-3.{i}" for i in range(1, 6)),
+    _valid,
+    method="validate_model",
+    pins=(),
+    variants=_mismatched_models,
+)
+
+
+_UNKNOWN_DTYPES = ("int8", "float64", "uint8", "float8_e4m3fnuz", "bool", "bf16", "half", "fp8")
+
+
+_refusal_check(
+    "DTYPE-1",
+    "refuses-unknown-dtype",
+    "only the allowed dtypes",
+    ("DTYPE-1.1",),
+    _valid,
+    method="validate_model",
+    variants=lambda config: [
+        (
+            "DTYPE-1.1",
+            f"dtype {d!r}",
+            {**config, "model": {**config["model"], "dtype": d, "scale_format": None}},
+        )
+        for d in _UNKNOWN_DTYPES
+    ],
+)
+
+
+@check(
+    "DTYPE-1",
+    "accepts-allowed",
+    "every allowed dtype of the domain is accepted, for MHA and MLA",
+    needs=("models",),
+    strategy=lambda adapter: st.tuples(
+        st.sampled_from(adapter.domain.model_dtypes()),
+        st.sampled_from(adapter.domain.attention),
+    ).map(
+        lambda pair: _config(
+            1,
+            1,
+            ModelShape.mla(2, 8, dtype=pair[0]).to_dict()
+            if pair[1] == "mla"
+            else ModelShape(4, 4, 8, dtype=pair[0]).to_dict(),
+        )
+    ),
+    covers=("DTYPE-1.2",),
+)
+def accepts_allowed(ctx: Context, config: Example) -> None:
+    if config["model"]["dtype"] not in ctx.adapter.domain.model_dtypes():
+        raise OutsideDomain
+    try:
+        ctx.adapter.validate_model(copy.deepcopy(config))
+    except Exception as error:
+        expect(
+            False,
+            f"a {config['model']['dtype']} model ({config['model']}) was refused: {error!r}; "
+            "each allowed dtype is accepted [DTYPE-1.2]",
+        )

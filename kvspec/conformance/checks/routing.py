@@ -1,4 +1,8 @@
-"""Checks of who sends to whom [PLAN-2, PLAN-3, PLAN-4]."""
+"""Checks of who sends to whom [PLAN-2, PLAN-3, PLAN-4, HEAD-3].
+
+Cases are drawn inside the adapter's domain, under the policies it names (the spec's,
+or rules of its own declared in ``Adapter.policy_rules`` [PLAN-4]).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,41 @@ from collections import Counter
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
-from kvspec.model import ModelShape
-from kvspec.ownership import rank_ownership
-from kvspec.plan import edge_between
-from kvspec.stage import StageLayout
-from kvspec.strategies import TransferCase, transfer_cases
+from kvspec.conformance.checks import (
+    Context,
+    Example,
+    OutsideDomain,
+    check,
+    expect,
+    fail,
+    within_domain,
+)
+from kvspec.strategies import TransferCase
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import POLICIES, TransferPlan, edge_between
+from kvspec.topology.stage import StageLayout
 
 
 def case_examples(adapter: Adapter, **kwargs) -> st.SearchStrategy[Example]:
-    """Valid transfer cases, using only the replica policies the adapter implements."""
-    policies = adapter.policies or ("lowest",)
-    return transfer_cases(policies=policies, **kwargs).map(TransferCase.to_dict)
+    """Valid transfer cases inside the adapter's domain, under the policies it names."""
+    return adapter.domain.cases(policies=adapter.policies or ("lowest",), **kwargs).map(
+        TransferCase.to_dict
+    )
+
+
+def spec_plan(adapter: Adapter, case: TransferCase) -> TransferPlan:
+    """The spec's plan of ``case``, under the adapter's own rule when its policy is one."""
+    return case.plan(adapter.policy_rules.get(case.policy))
 
 
 def _case(tp_s: int, tp_t: int, heads: int, layers: int = 2, **kw) -> Example:
     pp_s, pp_t = kw.get("pp_s", 1), kw.get("pp_t", 1)
     return TransferCase(
-        StageLayout(tp_s, pp_s), StageLayout(tp_t, pp_t), ModelShape(layers, heads, 2)
+        StageLayout(tp_s, pp_s),
+        StageLayout(tp_t, pp_t),
+        ModelShape(layers, heads, 2),
+        kw.get("policy", "lowest"),
     ).to_dict()
 
 
@@ -35,7 +56,18 @@ ROUTING_PINS: tuple[Example, ...] = (
     _case(2, 4, 8),  # fan-out, two heads per slice: a slice cut twice loses one
     _case(1, 2, 2),  # a TP1 sender: legacy keys are for two single-rank stages only
     _case(2, 2, 8, layers=5, pp_s=2, pp_t=3),  # uneven pipeline partitions on both sides
+    _case(4, 4, 2, layers=3, pp_s=2, pp_t=1),  # replicated heads from two pipeline stages
     TransferCase(StageLayout(4), StageLayout(8), ModelShape.mla(2, 4)).to_dict(),
+    TransferCase(StageLayout(4, 2), StageLayout(2), ModelShape.mla(3, 2)).to_dict(),
+)
+"""Configurations where routing bugs of the field show: replicas, fan-out, PP, MLA."""
+
+POLICY_PINS: tuple[Example, ...] = (
+    _case(8, 4, 2, policy="balanced"),  # four receivers share two heads of four replicas
+    _case(4, 8, 2, policy="balanced"),  # more receivers of a head than it has replicas
+    _case(4, 2, 1, layers=3, pp_s=1, pp_t=3, policy="balanced"),  # receivers in PP stages
+    _case(4, 4, 2, layers=4, pp_s=2, pp_t=2, policy="balanced"),
+    _case(4, 2, 1, layers=4, pp_s=2, pp_t=2, policy="balanced"),  # each source stage its own
 )
 
 
@@ -49,9 +81,13 @@ def _sources(ctx: Context, case: TransferCase, dst: int) -> list[int]:
     expect(
         not bad,
         f"{case.describe()}: target rank {dst} lists source ranks {bad}, outside 0.."
-        f"{case.source.world_size - 1} [STAGE-1]",
+        f"{case.source.world_size - 1} [PLAN-2.3]",
     )
     return sources
+
+
+def _adapter_policies(adapter: Adapter) -> tuple[str, ...]:
+    return tuple(adapter.policies) or ("lowest",)
 
 
 @check(
@@ -61,16 +97,21 @@ def _sources(ctx: Context, case: TransferCase, dst: int) -> list[int]:
     needs=("routing",),
     strategy=_strategy,
     examples=ROUTING_PINS,
+    covers=("PLAN-2.1", "PLAN-2.2", "PLAN-2.3", "PLAN-2.4", "HEAD-3.2"),
 )
 def exact_cover(ctx: Context, example: Example) -> None:
     case = TransferCase.from_dict(example)
     within_domain(ctx, case)
+    policy_in_domain(ctx, case)
+    mla = " (an MLA latent: each layer from exactly one sender) [HEAD-3.2]" * (
+        case.model.attention == "mla"
+    )
     for dst in case.target.ranks():
         receiver = rank_ownership(case.target, case.model, dst)
         sources = _sources(ctx, case, dst)
         expect(
             len(sources) == len(set(sources)),
-            f"{case.describe()}: target rank {dst} lists a source twice: {sources} [PLAN-2]",
+            f"{case.describe()}: target rank {dst} lists a source twice: {sources} [PLAN-2.4]",
         )
         delivered: Counter[tuple[int, int]] = Counter()
         senders: dict[tuple[int, int], list[int]] = {}
@@ -79,7 +120,7 @@ def exact_cover(ctx: Context, example: Example) -> None:
             try:
                 edge = edge_between(sender, receiver, case.model)
             except ValueError as error:
-                fail(f"{case.describe()}: target rank {dst} lists source {src}: {error}")
+                fail(f"{case.describe()}: target rank {dst} lists source {src}: {error} [PLAN-2.3]")
             for cell in ((h, lay) for h in edge.heads for lay in edge.layers):
                 delivered[cell] += 1
                 senders.setdefault(cell, []).append(src)
@@ -88,7 +129,7 @@ def exact_cover(ctx: Context, example: Example) -> None:
             not twice,
             f"{case.describe()}: target rank {dst} receives (head, layer) {twice[:1]} from "
             f"source ranks {senders[twice[0]] if twice else []}; each (head, layer) must come "
-            "from exactly one sender (replicas merged twice?) [PLAN-2]",
+            f"from exactly one sender (replicas merged twice?) [PLAN-2.2]{mla}",
         )
         missing = sorted(
             (h, lay) for h in receiver.heads for lay in receiver.layers if (h, lay) not in delivered
@@ -97,8 +138,15 @@ def exact_cover(ctx: Context, example: Example) -> None:
             not missing,
             f"{case.describe()}: target rank {dst} (heads {list(receiver.heads)}, layers "
             f"{receiver.layers.start}..{receiver.layers.stop - 1}) never receives (head, layer) "
-            f"{missing[:3]}{' ...' if len(missing) > 3 else ''} from sources {sources} [PLAN-2]",
+            f"{missing[:3]}{' ...' if len(missing) > 3 else ''} from sources {sources} "
+            f"[PLAN-2.1]{mla}",
         )
+
+
+def policy_in_domain(ctx: Context, case: TransferCase) -> None:
+    """A pinned case under a policy the adapter does not name lies outside its domain."""
+    if case.policy not in _adapter_policies(ctx.adapter):
+        raise OutsideDomain
 
 
 @check(
@@ -108,10 +156,12 @@ def exact_cover(ctx: Context, example: Example) -> None:
     needs=("routing",),
     strategy=_strategy,
     examples=ROUTING_PINS,
+    covers=("PLAN-3.1", "PLAN-3.2"),
 )
 def inverse(ctx: Context, example: Example) -> None:
     case = TransferCase.from_dict(example)
     within_domain(ctx, case)
+    policy_in_domain(ctx, case)
     by_target = {(s, t) for t in case.target.ranks() for s in _sources(ctx, case, t)}
     by_source = set()
     for src in case.source.ranks():
@@ -119,7 +169,7 @@ def inverse(ctx: Context, example: Example) -> None:
         expect(
             targets == sorted(set(targets)),
             f"{case.describe()}: source rank {src} lists targets {targets}, not ascending "
-            "without repeats [PLAN-3]",
+            "without repeats [PLAN-3.2]",
         )
         by_source |= {(src, t) for t in targets}
     only_source = sorted(by_source - by_target)
@@ -127,34 +177,144 @@ def inverse(ctx: Context, example: Example) -> None:
     expect(
         not only_source and not only_target,
         f"{case.describe()}: (source, target) pairs listed by the sender only: {only_source}; "
-        f"by the receiver only: {only_target} [PLAN-3]",
+        f"by the receiver only: {only_target} [PLAN-3.1]",
     )
     for dst in case.target.ranks():
         sources = _sources(ctx, case, dst)
         expect(
             sources == sorted(sources),
-            f"{case.describe()}: target rank {dst} lists sources {sources}, not ascending [PLAN-3]",
+            f"{case.describe()}: target rank {dst} lists sources {sources}, not ascending "
+            "[PLAN-3.2]",
         )
+
+
+def _has_policy(adapter: Adapter) -> str | None:
+    return None if adapter.policies else "the adapter names no policy (Adapter.policies)"
+
+
+@st.composite
+def _policy_cases(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A case of the domain, under one of the adapter's policies."""
+    example = draw(case_examples(adapter))
+    return {**example, "policy": draw(st.sampled_from(_adapter_policies(adapter)))}
 
 
 @check(
     "PLAN-4",
     "named-policy",
-    "replicas are chosen as the named policy says",
+    "replicas are chosen as the named (or declared) policy says",
     needs=("routing",),
-    strategy=_strategy,
-    examples=ROUTING_PINS,
-    missing=lambda a: None if a.policies else "the adapter names no policy (Adapter.policies)",
+    strategy=_policy_cases,
+    examples=ROUTING_PINS + POLICY_PINS,
+    missing=_has_policy,
+    covers=("PLAN-4.1", "PLAN-4.2", "PLAN-4.5"),
 )
 def named_policy(ctx: Context, example: Example) -> None:
     case = TransferCase.from_dict(example)
     within_domain(ctx, case)
-    plan = case.plan()
+    policy_in_domain(ctx, case)
+    rule = ctx.adapter.policy_rules.get(case.policy)
+    obligation = "PLAN-4.5" if rule else f"PLAN-4.{POLICIES.index(case.policy) + 1}"
+    try:
+        plan = case.plan(rule)
+        again = case.plan(rule)
+    except ValueError as error:
+        fail(f"{case.describe()}: the declared rule of policy {case.policy!r}: {error} [PLAN-4.5]")
+    expect(
+        plan == again,
+        f"{case.describe()}: the declared rule of policy {case.policy!r} chose other senders "
+        "on a second run; a policy is deterministic [PLAN-4.5]",
+    )
     for dst in case.target.ranks():
         got = list(ctx.adapter.sources(case, dst))
         expect(
             got == list(plan.sources_of(dst)),
             f"{case.describe()}: under policy {case.policy!r} target rank {dst} takes its heads "
-            f"from source ranks {list(plan.sources_of(dst))} [PLAN-4]; the implementation "
-            f"uses {got}",
+            f"from source ranks {list(plan.sources_of(dst))} [{obligation}]; the "
+            f"implementation uses {got}",
         )
+
+
+@check(
+    "PLAN-4",
+    "deterministic",
+    "one configuration routes the same way on every call, in any order",
+    needs=("routing",),
+    strategy=_policy_cases,
+    examples=POLICY_PINS,
+    covers=("PLAN-4.3",),
+)
+def deterministic(ctx: Context, example: Example) -> None:
+    case = TransferCase.from_dict(example)
+    within_domain(ctx, case)
+    policy_in_domain(ctx, case)
+    ranks = list(case.target.ranks())
+    first = {dst: list(ctx.adapter.sources(case, dst)) for dst in ranks}
+    targets = {src: list(ctx.adapter.targets(case, src)) for src in case.source.ranks()}
+    again = {dst: list(ctx.adapter.sources(case, dst)) for dst in reversed(ranks)}
+    targets_again = {src: list(ctx.adapter.targets(case, src)) for src in case.source.ranks()}
+    changed = [dst for dst in ranks if first[dst] != again[dst]]
+    expect(
+        not changed,
+        f"{case.describe()}: target rank {changed[:1]} takes its heads from "
+        f"{first[changed[0]] if changed else []} on one call and "
+        f"{again[changed[0]] if changed else []} on the next; replica choice is a "
+        "deterministic function of the configuration [PLAN-4.3]",
+    )
+    moved = [src for src in targets if targets[src] != targets_again[src]]
+    expect(
+        not moved,
+        f"{case.describe()}: source rank {moved[:1]} lists other targets on a second call "
+        "[PLAN-4.3]",
+    )
+
+
+UNKNOWN_POLICIES: tuple[str, ...] = ("random", "Lowest", "balance", "lowest ", "round_robin", "")
+"""Policy names one typo away from a real one, or none at all [PLAN-4]."""
+
+
+def _replicated_domain(adapter: Adapter) -> str | None:
+    if not adapter.policies:
+        return "the adapter names no policy (Adapter.policies)"
+    if not adapter.domain.replicated_heads and "mla" not in adapter.domain.attention:
+        return "the adapter's domain has no replicated heads, so no replica is ever chosen"
+    return None
+
+
+@st.composite
+def _unknown_policy_cases(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A case whose source holds some head on several TP ranks, under an unknown policy."""
+    example = draw(
+        case_examples(adapter).filter(
+            lambda e: TransferCase.from_dict(e).model.num_kv_heads < e["source"]["tp"]
+        )
+    )
+    known = set(adapter.policies) | set(adapter.policy_rules)
+    name = draw(st.sampled_from([p for p in UNKNOWN_POLICIES if p not in known]))
+    return {**example, "policy": name}
+
+
+@check(
+    "PLAN-4",
+    "refuses-unknown-policy",
+    "a policy name the implementation does not have is refused, not read as another",
+    needs=("routing",),
+    strategy=_unknown_policy_cases,
+    examples=tuple({**pin, "policy": "balance"} for pin in ROUTING_PINS[:2]),
+    missing=_replicated_domain,
+    covers=("PLAN-4.4",),
+)
+def refuses_unknown_policy(ctx: Context, example: Example) -> None:
+    case = TransferCase.from_dict(example)
+    within_domain(ctx, case)
+    answers = {}
+    for dst in case.target.ranks():
+        try:
+            answers[dst] = list(ctx.adapter.sources(case, dst))
+        except Exception:
+            return
+    fail(
+        f"{case.describe()}: routing under the unknown policy {case.policy!r} was accepted "
+        f"(sources {answers}); a policy name the implementation does not have must be "
+        "refused, not read as another [PLAN-4.4]"
+    )

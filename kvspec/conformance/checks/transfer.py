@@ -4,7 +4,9 @@ A request's KV of random bits (NaN payloads and -0.0 included) is sharded by the
 reference for the source layout; the implementation's sender transform and receiver
 combine must reproduce the reference's target shards bit for bit [RESHARD-2].
 Edges follow the implementation's own routing when it provides one, so any replica
-choice that satisfies the rules passes [PLAN-4].
+choice that satisfies the rules passes [PLAN-4]. Under receiver-side slicing the
+receiver's slice step is the adapter's :meth:`apply_marker` when it has one, else its
+``receiver_combine`` cuts [SLICE-3].
 """
 
 from __future__ import annotations
@@ -18,22 +20,23 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
-from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples
-from kvspec.dtypes import FP8_DTYPES, raw_bits
-from kvspec.kv import RequestKV, random_request_kv
-from kvspec.model import ModelShape
-from kvspec.ownership import rank_ownership
-from kvspec.plan import TransferPlan, edge_between
-from kvspec.reshard import Shipment, send, shard
-from kvspec.slicing import HeadSlice
-from kvspec.stage import StageLayout
+from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples, policy_in_domain
+from kvspec.conformance.checks.routing import spec_plan as _spec_plan
 from kvspec.strategies import TransferCase
+from kvspec.tensors.dtypes import FP8_DTYPES, raw_bits
+from kvspec.tensors.kv import RequestKV, random_request_kv
+from kvspec.tensors.reshard import Shipment, send, shard
+from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.model import ModelShape
+from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import Edge, TransferPlan, edge_between
+from kvspec.topology.stage import StageLayout
 
 TENSOR_WEIGHT = 0.5
 
 
 def tensor_examples(adapter: Adapter, **case_kwargs) -> st.SearchStrategy[Example]:
-    """A small valid case, a sequence length and seeds for data and arrival order."""
+    """A small valid case of the domain, a sequence length and a seed for data and order."""
     return st.fixed_dictionaries(
         {
             "case": case_examples(adapter, max_layers=4, max_head_dim=3, **case_kwargs),
@@ -48,6 +51,18 @@ def _pins(*cases: Example) -> tuple[Example, ...]:
 
 
 TENSOR_PINS = _pins(*ROUTING_PINS)
+FP8_PINS = _pins(
+    TransferCase(
+        StageLayout(4), StageLayout(2), ModelShape(2, 4, 2, dtype="float8_e4m3fn")
+    ).to_dict(),
+    TransferCase(
+        StageLayout(2, 2), StageLayout(2), ModelShape(3, 2, 2, dtype="float8_e5m2")
+    ).to_dict(),
+)
+
+
+def no_fp8(adapter: Adapter) -> str | None:
+    return None if adapter.domain.fp8 else "the adapter's domain has no fp8 dtype"
 
 
 class Setup:
@@ -57,6 +72,7 @@ class Setup:
         self.ctx = ctx
         self.case = TransferCase.from_dict(example["case"])
         within_domain(ctx, self.case)
+        policy_in_domain(ctx, self.case)
         self.seq_len = example["seq_len"]
         self.seed = example["seed"]
         model = self.case.model
@@ -81,20 +97,37 @@ class Setup:
             fail(
                 f"{self.case.describe()}: target rank {dst} refused a valid set of "
                 f"{len(shipments)} shipment(s) from sources "
-                f"{[s.edge.src for s in shipments]}: {error!r}"
+                f"{[s.edge.src for s in shipments]}: {error!r} [RESHARD-2.1]"
             )
 
+    def received(self, dst: int, shipments: list[Shipment]) -> list[Shipment]:
+        """The receiver's slice step on every shipment, when the adapter has one [SLICE-3]."""
+        if "marker" not in provided_capabilities(self.ctx.adapter):
+            return shipments
+        out = []
+        for s in shipments:
+            try:
+                out.append(self.ctx.adapter.apply_marker(self.case, dst, s))
+            except Exception as error:
+                fail(
+                    f"{self.case.describe()}: target rank {dst} refused the marker "
+                    f"{s.marker.to_dict()} of the shipment from source {s.edge.src}: "
+                    f"{error!r} [SLICE-3.1]"
+                )
+        return out
+
     def end_to_end(self, slicing: str) -> list[RequestKV]:
-        """The implementation's sender transform then its receiver combine, every rank."""
+        """The implementation's sender transform then its receiver, every rank."""
         inbox: dict[int, list[Shipment]] = {t: [] for t in self.case.target.ranks()}
         for src in self.case.source.ranks():
             for dst, kv in self.sender_output(src, slicing).items():
                 edge = self.edge(src, dst)
-                marker = _marker(self.case, edge.dst, edge, slicing)
-                inbox[dst].append(Shipment(edge, marker, kv))
-        return [self.combine(dst, inbox[dst]) for dst in self.case.target.ranks()]
+                inbox[dst].append(Shipment(edge, edge_marker(self.case, edge, slicing), kv))
+        return [
+            self.combine(dst, self.received(dst, inbox[dst])) for dst in self.case.target.ranks()
+        ]
 
-    def expect_end_to_end(self, clause: str, what: str) -> None:
+    def expect_end_to_end(self, obligation: str, what: str) -> None:
         """Every receiver's shard, in every slicing mode of the adapter, equals the spec's."""
         for slicing in self.ctx.adapter.slicing_modes:
             for dst, got in enumerate(self.end_to_end(slicing)):
@@ -102,7 +135,7 @@ class Setup:
                 expect(
                     problem is None,
                     f"{self.case.describe()}, seq_len {self.seq_len}, {slicing}-side slicing: "
-                    f"target rank {dst}: {what} [{clause}]: {problem}",
+                    f"target rank {dst}: {what} [{obligation}]: {problem}",
                 )
 
     def sender_output(self, src: int, slicing: str) -> dict[int, RequestKV]:
@@ -111,23 +144,28 @@ class Setup:
                 self.case, src, self.source_shards[src], slicing
             )
         except Exception as error:
-            fail(f"{self.case.describe()}: source rank {src} ({slicing}-side) raised {error!r}")
+            fail(
+                f"{self.case.describe()}: source rank {src} ({slicing}-side) raised {error!r} "
+                "[SLICE-1.1]"
+            )
         bad = sorted(d for d in out if d not in self.case.target.ranks())
-        expect(not bad, f"{self.case.describe()}: source rank {src} sends to ranks {bad}")
+        expect(
+            not bad, f"{self.case.describe()}: source rank {src} sends to ranks {bad} [PLAN-3.1]"
+        )
         return out
 
-    def edge(self, src: int, dst: int):
+    def edge(self, src: int, dst: int) -> Edge:
         sender = rank_ownership(self.case.source, self.case.model, src)
         receiver = rank_ownership(self.case.target, self.case.model, dst)
         try:
             return edge_between(sender, receiver, self.case.model)
         except ValueError as error:
-            fail(f"{self.case.describe()}: {error}")
+            fail(f"{self.case.describe()}: {error} [PLAN-2.3]")
 
 
 def routed_plan(ctx: Context, case: TransferCase) -> TransferPlan:
     """The reference plan, with edges along the adapter's routing when it has one."""
-    plan = case.plan()
+    plan = _spec_plan(ctx.adapter, case)
     if "routing" not in provided_capabilities(ctx.adapter):
         return plan
     edges = []
@@ -138,15 +176,19 @@ def routed_plan(ctx: Context, case: TransferCase) -> TransferPlan:
             try:
                 edges.append(edge_between(sender, receiver, case.model))
             except ValueError as error:
-                fail(f"{case.describe()}: routing lists source {src} for target {dst}: {error}")
+                fail(
+                    f"{case.describe()}: routing lists source {src} for target {dst}: {error} "
+                    "[PLAN-2.3]"
+                )
     edges.sort(key=lambda e: (e.src, e.dst))
     return replace(plan, edges=tuple(edges))
 
 
-def _marker(case: TransferCase, dst: int, edge, slicing: str) -> HeadSlice:
+def edge_marker(case: TransferCase, edge: Edge, slicing: str) -> HeadSlice:
+    """The tp_head_slice marker of a shipment on ``edge`` [SLICE-3]."""
     applied = slicing == "sender"
     return HeadSlice(
-        target_rank=dst,
+        target_rank=edge.dst,
         from_tp=case.source.tp,
         to_tp=case.target.tp,
         offset_in_shard=edge.offset_in_shard,
@@ -158,6 +200,8 @@ def _marker(case: TransferCase, dst: int, edge, slicing: str) -> HeadSlice:
 
 def difference(got: RequestKV, want: RequestKV) -> str | None:
     """None when bit-equal; else where and how ``got`` differs from ``want``."""
+    if not isinstance(got, RequestKV):
+        return f"got a {type(got).__name__}, not a RequestKV"
     if tuple(got.data.shape) != tuple(want.data.shape) or got.data.dtype != want.data.dtype:
         return (
             f"got {got.data.dtype} {list(got.data.shape)}, expected {want.data.dtype} "
@@ -165,10 +209,12 @@ def difference(got: RequestKV, want: RequestKV) -> str | None:
         )
     if (got.scales is None) != (want.scales is None):
         return f"scales {'missing' if got.scales is None else 'unexpected'}"
-    if got.scales is not None and not torch.equal(
-        raw_bits(got.scales), raw_bits(want.scales.to(got.scales.device))
-    ):
-        return f"scales {got.scales.tolist()} != expected {want.scales.tolist()}"
+    if got.scales is not None:
+        assert want.scales is not None
+        if tuple(got.scales.shape) != tuple(want.scales.shape) or not torch.equal(
+            raw_bits(got.scales), raw_bits(want.scales.to(got.scales.device))
+        ):
+            return f"scales {got.scales.tolist()} != expected {want.scales.tolist()}"
     diff = raw_bits(got.data) != raw_bits(want.data.to(got.data.device))
     if not bool(diff.any()):
         return None
@@ -179,10 +225,6 @@ def difference(got: RequestKV, want: RequestKV) -> str | None:
     )
 
 
-def _slicing_modes(ctx: Context) -> tuple[str, ...]:
-    return ctx.adapter.slicing_modes
-
-
 @check(
     "SLICE-1",
     "sender-content",
@@ -191,10 +233,11 @@ def _slicing_modes(ctx: Context) -> tuple[str, ...]:
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=TENSOR_WEIGHT,
+    covers=("SLICE-1.1", "SLICE-1.2", "SLICE-2.1"),
 )
 def sender_content(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    for slicing in _slicing_modes(ctx):
+    for slicing in ctx.adapter.slicing_modes:
         for src in setup.case.source.ranks():
             owner = rank_ownership(setup.case.source, setup.case.model, src)
             for dst, kv in setup.sender_output(src, slicing).items():
@@ -206,12 +249,27 @@ def sender_content(ctx: Context, example: Example) -> None:
                     first = edge.heads.start - owner.heads.start
                     expected = expected.head_slice(first, first + len(edge.heads))
                 problem = difference(kv, expected)
-                expect(
-                    problem is None,
+                if problem is None:
+                    continue
+                layers_wrong = kv.data.dim() == 5 and kv.data.shape[0] != len(edge.layers)
+                obligation = (
+                    "SLICE-1.2"
+                    if layers_wrong
+                    else "SLICE-1.1"
+                    if slicing == "sender"
+                    else "SLICE-2.1"
+                )
+                heads = (
+                    f"heads {edge.heads.start}..{edge.heads.stop - 1} (slice "
+                    f"{edge.offset_in_shard} of {edge.num_slices} of the sender's heads)"
+                    if slicing == "sender"
+                    else f"the sender's whole head shard {owner.heads.start}.."
+                    f"{owner.heads.stop - 1} (receiver-side slicing)"
+                )
+                fail(
                     f"{setup.case.describe()}, {slicing}-side slicing: edge {src}->{dst} should "
-                    f"carry layers {edge.layers.start}..{edge.layers.stop - 1} and heads "
-                    f"{edge.heads.start}..{edge.heads.stop - 1} (slice {edge.offset_in_shard} of "
-                    f"{edge.num_slices} of the sender's heads) [SLICE-1]: {problem}",
+                    f"carry layers {edge.layers.start}..{edge.layers.stop - 1} and {heads} "
+                    f"[{obligation}]: {problem}"
                 )
 
 
@@ -223,10 +281,11 @@ def sender_content(ctx: Context, example: Example) -> None:
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=TENSOR_WEIGHT,
+    covers=("PLAN-5.1", "PLAN-5.2"),
 )
 def edge_bytes(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    for slicing in _slicing_modes(ctx):
+    for slicing in ctx.adapter.slicing_modes:
         for src in setup.case.source.ranks():
             for dst, kv in setup.sender_output(src, slicing).items():
                 edge = setup.edge(src, dst)
@@ -234,8 +293,9 @@ def edge_bytes(ctx: Context, example: Example) -> None:
                 got = kv.data.numel() * kv.data.element_size()
                 expect(
                     got == want,
-                    f"{setup.case.describe()}, {slicing}-side slicing: edge {src}->{dst} moves "
-                    f"{got} bytes of KV; the spec says {want} [PLAN-5]",
+                    f"{setup.case.describe()}, seq_len {setup.seq_len}, {slicing}-side slicing: "
+                    f"edge {src}->{dst} moves {got} bytes of KV; the spec says {want} "
+                    f"[PLAN-5.{1 if slicing == 'sender' else 2}]",
                 )
 
 
@@ -247,9 +307,38 @@ def edge_bytes(ctx: Context, example: Example) -> None:
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=TENSOR_WEIGHT,
+    covers=("RESHARD-2.1",),
 )
 def round_trip(ctx: Context, example: Example) -> None:
-    Setup(ctx, example).expect_end_to_end("RESHARD-2", "the shard differs from the spec's")
+    Setup(ctx, example).expect_end_to_end("RESHARD-2.1", "the shard differs from the spec's")
+
+
+@check(
+    "RESHARD-2",
+    "arrival-order",
+    "the assembled shard does not depend on the arrival order of the shipments",
+    needs=("receiver",),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+    covers=("RESHARD-2.2",),
+)
+def arrival_order(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    rng = random.Random(setup.seed)
+    for dst in setup.case.target.ranks():
+        shipments = setup.shipments_to(dst, "sender")
+        shuffled = rng.sample(shipments, len(shipments))
+        if [s.edge.src for s in shuffled] == [s.edge.src for s in shipments]:
+            shuffled = shipments[::-1]
+        got = setup.combine(dst, shuffled)
+        problem = difference(got, setup.target_shards[dst])
+        expect(
+            problem is None,
+            f"{setup.case.describe()}: target rank {dst} assembles a wrong shard when its "
+            f"shipments arrive from sources {[s.edge.src for s in shuffled]} in that order; the "
+            f"result must not depend on arrival order [RESHARD-2.2]: {problem}",
+        )
 
 
 @check(
@@ -260,6 +349,7 @@ def round_trip(ctx: Context, example: Example) -> None:
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=TENSOR_WEIGHT,
+    covers=("RESHARD-1.1",),
 )
 def shard_shape(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
@@ -279,7 +369,7 @@ def shard_shape(ctx: Context, example: Example) -> None:
             f"{setup.case.describe()}: target rank {dst} owns layers "
             f"{owner.layers.start}..{owner.layers.stop - 1} and heads "
             f"{owner.heads.start}..{owner.heads.stop - 1}, so its shard is {want}; the "
-            f"implementation returned {list(got.data.shape)} [RESHARD-1]",
+            f"implementation returned {list(got.data.shape)} [RESHARD-1.1]",
         )
 
 
@@ -296,6 +386,7 @@ def shard_shape(ctx: Context, example: Example) -> None:
         if len(set(a.slicing_modes)) == 2
         else f"the adapter's sender transform does only {list(a.slicing_modes)} slicing"
     ),
+    covers=("SLICE-2.2",),
 )
 def modes_agree(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
@@ -306,93 +397,8 @@ def modes_agree(ctx: Context, example: Example) -> None:
         expect(
             problem is None,
             f"{setup.case.describe()}: target rank {dst} differs between sender-side and "
-            f"receiver-side slicing [SLICE-2]: {problem}",
+            f"receiver-side slicing [SLICE-2.2]: {problem}",
         )
-
-
-@check(
-    "SLICE-3",
-    "applied-once",
-    "an applied slice is not cut again; a payload for another rank is refused",
-    needs=("receiver",),
-    strategy=tensor_examples,
-    examples=TENSOR_PINS,
-    weight=TENSOR_WEIGHT,
-)
-def applied_once(ctx: Context, example: Example) -> None:
-    setup = Setup(ctx, example)
-    rng = random.Random(setup.seed)
-    for dst in setup.case.target.ranks():
-        applied = setup.shipments_to(dst, "sender")
-        unapplied = setup.shipments_to(dst, "receiver")
-        mixed = [rng.choice(pair) for pair in zip(applied, unapplied, strict=True)]
-        for label, shipments in (("applied", applied), ("unapplied", unapplied), ("mixed", mixed)):
-            problem = difference(setup.combine(dst, shipments), setup.target_shards[dst])
-            expect(
-                problem is None,
-                f"{setup.case.describe()}: target rank {dst} given {label} tp_head_slice markers "
-                f"({[s.marker.applied for s in shipments]}) assembles a wrong shard; an applied "
-                f"slice must not be cut again and an unapplied one must be cut once [SLICE-3]: "
-                f"{problem}",
-            )
-    world = setup.case.target.world_size
-    if world > 1:
-        dst = rng.randrange(world)
-        shipments = setup.shipments_to(dst, rng.choice(["sender", "receiver"]))
-        other = (dst + 1) % world
-        victim = rng.randrange(len(shipments))
-        stray = shipments[victim]
-        shipments[victim] = replace(stray, marker=replace(stray.marker, target_rank=other))
-        try:
-            ctx.adapter.receiver_combine(setup.case, dst, shipments)
-        except Exception:
-            return
-        fail(
-            f"{setup.case.describe()}: target rank {dst} accepted a payload from source "
-            f"{stray.edge.src} whose tp_head_slice is marked for target rank {other} [SLICE-3]"
-        )
-
-
-@check(
-    "RESHARD-3",
-    "order-and-missing",
-    "arrival order does not matter; a missing shipment is refused",
-    needs=("receiver",),
-    strategy=tensor_examples,
-    examples=TENSOR_PINS,
-    weight=TENSOR_WEIGHT,
-)
-def order_and_missing(ctx: Context, example: Example) -> None:
-    setup = Setup(ctx, example)
-    rng = random.Random(setup.seed)
-    for dst in setup.case.target.ranks():
-        shipments = setup.shipments_to(dst, "sender")
-        shuffled = rng.sample(shipments, len(shipments))
-        in_order = setup.combine(dst, shipments)
-        problem = difference(setup.combine(dst, shuffled), in_order)
-        expect(
-            problem is None,
-            f"{setup.case.describe()}: target rank {dst} assembles a different shard when "
-            f"shipments arrive in order {[s.edge.src for s in shuffled]} than in ascending "
-            f"sender order; the result must not depend on arrival order [RESHARD-3]: {problem}",
-        )
-        problem = difference(in_order, setup.target_shards[dst])
-        expect(
-            problem is None,
-            f"{setup.case.describe()}: target rank {dst} assembles a wrong shard from exactly "
-            f"its plan's shipments, in ascending sender order [RESHARD-3]: {problem}",
-        )
-    dst = rng.randrange(setup.case.target.world_size)
-    shipments = setup.shipments_to(dst, "sender")
-    dropped = shipments.pop(rng.randrange(len(shipments)))
-    try:
-        ctx.adapter.receiver_combine(setup.case, dst, shipments)
-    except Exception:
-        return
-    fail(
-        f"{setup.case.describe()}: target rank {dst} assembled a shard without the shipment "
-        f"from source rank {dropped.edge.src}; a missing shipment must be refused [RESHARD-3]"
-    )
 
 
 # Bit patterns, as the signed integers raw_bits() reads: a NaN with a payload, and -0.0.
@@ -416,53 +422,56 @@ def _special_values(setup: Setup) -> None:
     setup.target_shards = shard(setup.full, setup.case.target, setup.case.model)
 
 
+_SPECIAL_DTYPES = ("float32", "bfloat16", "float16")
+
+
 @check(
     "DTYPE-2",
     "special-values",
     "NaN payloads and -0.0 arrive unchanged",
     needs=("sender", "receiver"),
-    strategy=lambda adapter: tensor_examples(adapter, dtypes=("float32", "bfloat16", "float16")),
+    strategy=lambda adapter: tensor_examples(adapter, dtypes=_SPECIAL_DTYPES),
     examples=TENSOR_PINS[:2],
     weight=TENSOR_WEIGHT,
+    missing=lambda a: (
+        None
+        if a.domain.model_dtypes(_SPECIAL_DTYPES)
+        else "the adapter's domain has no float32, bfloat16 or float16"
+    ),
+    covers=("DTYPE-2.1",),
 )
 def special_values(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     _special_values(setup)
-    setup.expect_end_to_end("DTYPE-2", "NaN payloads and -0.0 must arrive bit for bit")
+    setup.expect_end_to_end("DTYPE-2.1", "NaN payloads and -0.0 must arrive bit for bit")
 
 
 @check(
     "DTYPE-3",
-    "fp8-scales",
-    "fp8 scales travel with the data; senders disagreeing on a scale are refused",
-    needs=("sender", "receiver"),
+    "scales-travel",
+    "fp8 scales travel with the data, each shard with the scales of its layers",
+    needs=("sender", "receiver", "fp8-scales"),
     strategy=lambda adapter: tensor_examples(adapter, dtypes=FP8_DTYPES),
-    examples=_pins(
-        TransferCase(
-            StageLayout(4), StageLayout(2), ModelShape(2, 4, 2, dtype="float8_e4m3fn")
-        ).to_dict()
-    ),
+    examples=FP8_PINS,
     weight=TENSOR_WEIGHT,
+    missing=no_fp8,
+    covers=("DTYPE-3.1", "RESHARD-1.2"),
 )
-def fp8_scales(ctx: Context, example: Example) -> None:
+def scales_travel(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    setup.expect_end_to_end("DTYPE-3", "data and scales must arrive bit for bit")
-    for dst in setup.case.target.ranks():
-        shipments = setup.shipments_to(dst, "sender")
-        if len(shipments) < 2 or not set(shipments[0].edge.layers) & set(shipments[1].edge.layers):
-            continue
-        bad = shipments[1]
-        scales = bad.kv.scales * 2  # type: ignore[operator]
-        shipments[1] = replace(bad, kv=RequestKV(bad.kv.data, scales))
-        try:
-            ctx.adapter.receiver_combine(setup.case, dst, shipments)
-        except Exception:
-            return
-        fail(
-            f"{setup.case.describe()}: target rank {dst} accepted source {bad.edge.src}'s scales "
-            f"{scales.tolist()} for layers that source {shipments[0].edge.src} gave as "
-            f"{shipments[0].kv.scales.tolist()}; the scales of one layer must agree [DTYPE-3]"
-        )
+    for slicing in ctx.adapter.slicing_modes:
+        for dst, got in enumerate(setup.end_to_end(slicing)):
+            want = setup.target_shards[dst]
+            problem = difference(got, want)
+            if problem is None:
+                continue
+            about_scales = problem.startswith("scales")
+            obligation = "DTYPE-3.1" if got.scales is None or not about_scales else "RESHARD-1.2"
+            fail(
+                f"{setup.case.describe()}, {slicing}-side slicing: target rank {dst} must get "
+                f"its data and the scales of its {want.data.shape[0]} layer(s) bit for bit "
+                f"[{obligation}]: {problem}"
+            )
 
 
 @check(
@@ -471,8 +480,10 @@ def fp8_scales(ctx: Context, example: Example) -> None:
     "an MLA latent (no V, no head axis) moves intact",
     needs=("sender", "receiver"),
     strategy=lambda adapter: tensor_examples(adapter, attention=("mla",)),
-    examples=TENSOR_PINS[-1:],
+    examples=_pins(ROUTING_PINS[-2], ROUTING_PINS[-1]),
     weight=TENSOR_WEIGHT,
+    missing=lambda a: None if "mla" in a.domain.attention else "the adapter's domain has no MLA",
+    covers=("MODEL-2.1",),
 )
 def mla_latent(ctx: Context, example: Example) -> None:
-    Setup(ctx, example).expect_end_to_end("MODEL-2", "the latent must arrive intact")
+    Setup(ctx, example).expect_end_to_end("MODEL-2.1", "the latent must arrive intact")

@@ -1,0 +1,107 @@
+"""Checks of the receiver's slice step and its tp_head_slice marker [SLICE-3].
+
+A receiver cuts an unapplied slice exactly once and marks it applied by the receiver;
+an applied slice — applied by the sender, or by this very receiver before — passes
+untouched; a payload marked for another rank is refused whether or not it is applied.
+Shipments come from the reference sender, so only the marker step is under test.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from kvspec.conformance.checks import Context, Example, check, expect, expect_refused, fail
+from kvspec.conformance.checks.transfer import (
+    TENSOR_PINS,
+    TENSOR_WEIGHT,
+    Setup,
+    difference,
+    tensor_examples,
+)
+from kvspec.tensors.reshard import Shipment
+
+
+def _apply(ctx: Context, setup: Setup, dst: int, shipment: Shipment, label: str) -> Shipment:
+    try:
+        out = ctx.adapter.apply_marker(setup.case, dst, shipment)
+    except Exception as error:
+        fail(
+            f"{setup.case.describe()}: target rank {dst} refused {label} shipment from source "
+            f"{shipment.edge.src} (marker {shipment.marker.to_dict()}): {error!r} [SLICE-3.1]"
+        )
+    if not isinstance(out, Shipment):
+        fail(f"apply_marker returned a {type(out).__name__}, not a Shipment [SLICE-3.1]")
+    return out
+
+
+@check(
+    "SLICE-3",
+    "applied-once",
+    "an unapplied slice is cut once and marked; an applied one is never cut again",
+    needs=("marker",),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+    covers=("SLICE-3.1", "SLICE-3.2"),
+)
+def applied_once(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    where = setup.case.describe()
+    for dst in setup.case.target.ranks():
+        sliced = setup.shipments_to(dst, "sender")
+        whole = setup.shipments_to(dst, "receiver")
+        for by_sender, unapplied in zip(sliced, whole, strict=True):
+            edge = by_sender.edge
+            cut = _apply(ctx, setup, dst, unapplied, "an unapplied")
+            want_marker = replace(unapplied.marker, applied=True, side="receiver")
+            problem = difference(cut.kv, by_sender.kv)
+            expect(
+                problem is None,
+                f"{where}: target rank {dst} cut the unapplied slice from source {edge.src} "
+                f"(offset {edge.offset_in_shard} of {edge.num_slices}) wrongly [SLICE-3.1]: "
+                f"{problem}",
+            )
+            expect(
+                cut.marker == want_marker,
+                f"{where}: after cutting the slice from source {edge.src}, target rank {dst} "
+                f"marked it {cut.marker.to_dict()}; expected {want_marker.to_dict()} (applied by "
+                "the receiver) [SLICE-3.1]",
+            )
+            for label, applied in (("a sender-applied", by_sender), ("a receiver-applied", cut)):
+                again = _apply(ctx, setup, dst, applied, label)
+                problem = difference(again.kv, applied.kv)
+                expect(
+                    problem is None and again.marker == applied.marker,
+                    f"{where}: target rank {dst} cut {label} slice from source {edge.src} "
+                    f"(marker {applied.marker.to_dict()}) again; an applied slice is never cut "
+                    f"again [SLICE-3.2]: {problem or f'marker became {again.marker.to_dict()}'}",
+                )
+
+
+@check(
+    "SLICE-3",
+    "refuses-other-rank",
+    "a payload marked for another rank is refused, applied or not",
+    needs=("marker",),
+    strategy=tensor_examples,
+    examples=TENSOR_PINS,
+    weight=TENSOR_WEIGHT,
+    covers=("SLICE-3.3",),
+)
+def refuses_other_rank(ctx: Context, example: Example) -> None:
+    setup = Setup(ctx, example)
+    world = setup.case.target.world_size
+    rng = random.Random(setup.seed)
+    for dst in setup.case.target.ranks():
+        for slicing in ("sender", "receiver"):
+            shipment = rng.choice(setup.shipments_to(dst, slicing))
+            other = rng.choice([r for r in range(world + 1) if r != dst])  # world: no such rank
+            stray = replace(shipment, marker=replace(shipment.marker, target_rank=other))
+            state = "an applied" if stray.marker.applied else "an unapplied"
+            expect_refused(
+                "SLICE-3.3",
+                f"{setup.case.describe()}: at target rank {dst}, {state} payload from source "
+                f"{shipment.edge.src} marked for target rank {other}",
+                lambda stray=stray, dst=dst: ctx.adapter.apply_marker(setup.case, dst, stray),
+            )

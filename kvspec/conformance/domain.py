@@ -1,0 +1,178 @@
+"""An implementation's domain, declared as data, and the example strategies drawn inside it.
+
+An adapter says what its implementation handles — which TP pairs (or ratios), which
+pipeline sizes, whether heads may be replicated (``H < tp``), which attention kinds,
+dtypes, fp8 scale formats, cache layouts and block sizes — as a :class:`Domain`. The
+checks draw their examples *inside* it, so a narrow implementation is checked on as
+many examples as a broad one; :meth:`Adapter.supports` stays as a final filter for
+what the data cannot say, and every example it turns away is counted [PLAN-1].
+
+Negative checks build their inputs from examples inside the domain and change one
+fact to step just outside the *spec's* domain, so they too stay relevant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+from kvspec.memory.cache_layout import LAYOUTS, get_layout, layouts_for
+from kvspec.strategies import TP_SIZES, TransferCase, dividing_pairs, transfer_cases
+from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, check_dtype
+from kvspec.topology.model import ATTENTION_KINDS, SCALE_FORMATS
+
+BLOCK_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5)
+"""Block sizes drawn by default: small, so that few tokens fill several blocks."""
+
+
+def _tuple(value: object) -> tuple:
+    return tuple(value) if value is not None else ()  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Domain:
+    """What an implementation handles; the default is everything the spec allows.
+
+    - ``tp_pairs``: the (source TP, target TP) pairs it handles, or ``None`` for every
+      dividing pair of ``tp_sizes`` [PLAN-1]; ``tp_ratios`` keeps only pairs whose larger
+      TP is that multiple of the smaller (1 = equal TP).
+    - ``pp_sizes``: pipeline sizes it handles on either side (``(1,)``: no PP);
+      ``explicit_partitions``: whether explicit layer partitions are in [LAYER-2].
+    - ``replicated_heads``: whether ``H < tp`` (GQA replication) is in [HEAD-2].
+    - ``attention``, ``dtypes``, ``scale_formats``: model facts [MODEL-1]; fp8 dtypes
+      are in only with a scale format [DTYPE-3].
+    - ``layouts``, ``block_sizes``: cache layouts and block sizes [LAYOUT-1, PAGED-1].
+    """
+
+    tp_pairs: tuple[tuple[int, int], ...] | None = None
+    tp_ratios: tuple[int, ...] | None = None
+    tp_sizes: tuple[int, ...] = TP_SIZES
+    pp_sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    explicit_partitions: bool = True
+    replicated_heads: bool = True
+    attention: tuple[str, ...] = ATTENTION_KINDS
+    dtypes: tuple[str, ...] = tuple(DTYPES)
+    scale_formats: tuple[str, ...] = SCALE_FORMATS
+    layouts: tuple[str, ...] = tuple(LAYOUTS)
+    block_sizes: tuple[int, ...] = field(default=BLOCK_SIZES)
+
+    def __post_init__(self) -> None:
+        for name in ("tp_sizes", "pp_sizes", "attention", "dtypes", "layouts", "block_sizes"):
+            object.__setattr__(self, name, _tuple(getattr(self, name)))
+            if not getattr(self, name):
+                raise ValueError(f"Domain.{name} must not be empty")
+        object.__setattr__(self, "scale_formats", _tuple(self.scale_formats))
+        if self.tp_pairs is not None:
+            pairs = tuple((int(s), int(t)) for s, t in self.tp_pairs)
+            object.__setattr__(self, "tp_pairs", pairs)
+            bad = [p for p in pairs if p not in dividing_pairs(tuple(sorted({*p})))]
+            if bad:
+                raise ValueError(f"Domain.tp_pairs {bad} do not divide one another [PLAN-1]")
+        if self.tp_ratios is not None:
+            object.__setattr__(self, "tp_ratios", _tuple(self.tp_ratios))
+        for name in ("tp_sizes", "pp_sizes", "block_sizes"):
+            small = [v for v in getattr(self, name) if not isinstance(v, int) or v < 1]
+            if small:
+                raise ValueError(f"Domain.{name} must be integers >= 1, got {small}")
+        unknown = set(self.attention) - set(ATTENTION_KINDS)
+        if unknown:
+            raise ValueError(f"Domain.attention: unknown kinds {sorted(unknown)} [MODEL-1]")
+        for name in self.dtypes:
+            check_dtype(name)
+        unknown = set(self.scale_formats) - set(SCALE_FORMATS)
+        if unknown:
+            raise ValueError(f"Domain.scale_formats: unknown {sorted(unknown)} [MODEL-1]")
+        for name in self.layouts:
+            get_layout(name)
+        if not self.pairs():
+            raise ValueError("the domain holds no TP pair (check tp_pairs, tp_ratios, tp_sizes)")
+        if not self.model_dtypes():
+            raise ValueError("the domain holds no dtype (fp8 dtypes need a scale format)")
+
+    # -- what is inside ------------------------------------------------------------------
+
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """The (source TP, target TP) pairs inside the domain."""
+        pairs = self.tp_pairs if self.tp_pairs is not None else dividing_pairs(self.tp_sizes)
+        if self.tp_ratios is not None:
+            pairs = [(s, t) for s, t in pairs if max(s, t) // min(s, t) in self.tp_ratios]
+        return tuple(pairs)
+
+    def model_dtypes(self, wanted: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        """The domain's dtypes (among ``wanted``); fp8 only with a scale format [DTYPE-3]."""
+        found = [d for d in self.dtypes if d not in FP8_DTYPES or self.scale_formats]
+        return tuple(d for d in found if wanted is None or d in wanted)
+
+    @property
+    def fp8(self) -> bool:
+        """Whether fp8 caches, and so their scales, are inside the domain [DTYPE-3]."""
+        return bool(self.model_dtypes(FP8_DTYPES))
+
+    def attention_kinds(self, wanted: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        return tuple(a for a in self.attention if wanted is None or a in wanted)
+
+    def cache_layouts(self, attention: str | None = None) -> tuple[str, ...]:
+        """The domain's layouts (that can hold ``attention``'s cache, when given)."""
+        fits = layouts_for(attention) if attention else tuple(LAYOUTS)
+        return tuple(name for name in self.layouts if name in fits)
+
+    def holds(self, case: TransferCase) -> bool:
+        """Whether a transfer case lies inside the domain (pinned examples may not)."""
+        model = case.model
+        tps = (case.source.tp, case.target.tp)
+        return (
+            tps in self.pairs()
+            and case.source.pp in self.pp_sizes
+            and case.target.pp in self.pp_sizes
+            and (self.explicit_partitions or not _explicit(case))
+            and (
+                self.replicated_heads or model.attention == "mla" or model.num_kv_heads >= max(tps)
+            )
+            and model.attention in self.attention
+            and model.dtype in self.model_dtypes()
+        )
+
+    # -- strategies inside it -------------------------------------------------------------
+
+    def cases(
+        self,
+        *,
+        policies: tuple[str, ...],
+        max_layers: int = 8,
+        max_head_dim: int = 4,
+        max_pp: int = 3,
+        dtypes: tuple[str, ...] | None = None,
+        attention: tuple[str, ...] | None = None,
+    ) -> st.SearchStrategy[TransferCase]:
+        """Valid transfer cases inside the domain; ``dtypes`` and ``attention`` narrow it
+        further (an empty intersection is the caller's "not provided")."""
+        return transfer_cases(
+            pairs=self.pairs(),
+            pp_sizes=tuple(p for p in self.pp_sizes if p <= max_pp) or (min(self.pp_sizes),),
+            replicated_heads=self.replicated_heads,
+            explicit_partitions=self.explicit_partitions,
+            attention=self.attention_kinds(attention),
+            dtypes=self.model_dtypes(dtypes),
+            policies=policies or ("lowest",),
+            max_layers=max(max_layers, min(self.pp_sizes)),
+            max_head_dim=max_head_dim,
+        )
+
+    def describe(self) -> str:
+        """One line: how the domain differs from the whole spec."""
+        default = Domain()
+        parts = [
+            f"{name}={getattr(self, name)!r}"
+            for name in self.__dataclass_fields__
+            if getattr(self, name) != getattr(default, name)
+        ]
+        return ", ".join(parts) or "everything the spec allows"
+
+
+def _explicit(case: TransferCase) -> bool:
+    return case.source.layer_partition is not None or case.target.layer_partition is not None
+
+
+EVERYTHING = Domain()
+"""The whole spec's domain: the default of every adapter."""

@@ -1,0 +1,2 @@
+"""Memory: attention-backend cache layouts and paged requests in block tables
+[LAYOUT, PAGED]."""

@@ -1,0 +1,2 @@
+"""Tensors: dtypes and bit-exact comparison, a request's KV, head slicing, resharding
+and the coordinate-hash oracle [DTYPE, SLICE, RESHARD, ORACLE]."""

@@ -1,0 +1,375 @@
+"""The coordinate-hash oracle: KV whose every element is known from its global coordinates.
+
+Each element of a request's KV is a hash of (seed, request id, layer, K or V, global
+head, global token, dim) — for MLA (seed, request id, layer, global token, latent
+index) — turned into a finite value of the cache dtype [ORACLE-1, ORACLE-2]; fp8
+scales are a hash of (seed, layer, K or V) [ORACLE-3]. Any rank fills exactly its own
+shard, and any receiver checks what it got, with no ground truth sent [ORACLE-4];
+:func:`verify` compares bit for bit and names the first wrong element in global
+coordinates [ORACLE-5].
+
+The hash uses only int64 additions, multiplications modulo a prime below 2**31,
+shifts and xors, so it never overflows and is identical on every device and in any
+language; the clause texts state it completely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from kvspec._checks import require_int
+from kvspec.clause import Clause, must, refuses
+from kvspec.tensors.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
+from kvspec.tensors.kv import SCALES_DTYPE, RequestKV, check_request_kv
+from kvspec.topology.model import ModelShape
+
+PRIME = 2_147_483_647
+"""2**31 - 1: every hash state is below it, so a product of two fits in int64 [ORACLE-1]."""
+MULTIPLIERS = (0x5BD1E995, 0x27D4EB2F)
+SCALES_TAG = "kvspec/scales"
+
+CLAUSES = (
+    Clause(
+        "ORACLE-1",
+        "The coordinate hash",
+        "With P = 2**31 - 1, mix(x) = g(g(x, 0x5BD1E995, 16), 0x27D4EB2F, 13) where "
+        "g(x, m, s) = y xor (y >> s) for y = (x * m) mod P, and absorb(h, c) = "
+        "mix((h + c) mod P). The request id's value is the first 8 bytes of "
+        "BLAKE2b(UTF-8 id, digest size 8) read big-endian, mod P. An element's hash is "
+        "mix(seed mod P), then absorb of the request value, layer, kv (0 = K, 1 = V), "
+        "global head, global token and dim, in that order; an MLA element absorbs the "
+        "request value, layer, token and latent index (no kv, no head). Every coordinate is "
+        "global and >= 0.",
+        obligations=(
+            must(
+                "every element is the coordinate hash of (seed, request, layer, kv, head, token, "
+                "dim), in that order (MLA: no kv, no head)"
+            ),
+        ),
+    ),
+    Clause(
+        "ORACLE-2",
+        "A finite value in every dtype, the same on every device",
+        "From hash h, with the dtype's mantissa bits M and exponent bias B [DTYPE-1]: sign = "
+        "h & 1, exponent = ((h >> 1) & 7) - 4, mantissa = (h >> 4) & (2**M - 1); the "
+        "element's bits are sign, exponent + B, mantissa. Every value is a finite normal "
+        "number of magnitude in [1/16, 16), never zero, NaN or infinite, and its bits are "
+        "the same on CPU and CUDA.",
+        obligations=(
+            must("a hash becomes the stated sign, exponent and mantissa bits of the dtype"),
+        ),
+    ),
+    Clause(
+        "ORACLE-3",
+        "Deterministic fp8 scales",
+        "The oracle's fp8 scale of a layer's K or V (the latent: kv = 0) is the float32 "
+        "value with sign 0 built as in ORACLE-2 from mix(seed mod P) absorbing the value of "
+        "the id 'kvspec/scales', the layer and kv: a positive finite number in [1/16, 16), "
+        "the same for every request, as a cache's scales are [PAGED-5].",
+        obligations=(
+            must(
+                "fp8 scales are the stated positive hash of (seed, 'kvspec/scales', layer, kv), "
+                "the same for every request"
+            ),
+        ),
+    ),
+    Clause(
+        "ORACLE-4",
+        "A rank fills exactly its own shard",
+        "The oracle fill of any layers, heads and token range equals that part of the whole "
+        "request's fill, bit for bit, so a sender fills and a receiver checks its own shard "
+        "from its ranges alone [RESHARD-1]. A layer, head or token range outside the model "
+        "is refused.",
+        obligations=(
+            must(
+                "a fill of any layers, heads and tokens equals that part of the whole request's "
+                "fill"
+            ),
+            refuses("a layer, head or token range outside the model"),
+        ),
+    ),
+    Clause(
+        "ORACLE-5",
+        "The verifier",
+        "Verifying KV against the oracle compares raw bits [DTYPE-2] of every element and "
+        "of the scales, and reports the number of differing elements, the total, and the "
+        "first differing element in [layer, kv, token, head, dim] order with its global "
+        "layer, K/V, head, token and dim, expected and received bits. Any change of any bit "
+        "of any element is reported. KV of another shape or dtype than the ranges imply is "
+        "refused, not compared.",
+        obligations=(
+            must("the verifier counts every element whose bits differ, however small the change"),
+            must("the verifier compares the fp8 scales too"),
+            refuses("KV of another shape or dtype than the ranges imply"),
+        ),
+    ),
+)
+
+
+def request_value(request_id: str) -> int:
+    """The request id as a hash input: BLAKE2b-64 of its UTF-8, big-endian, mod P [ORACLE-1].
+
+    Python's ``hash()`` is salted per process, so it is never used.
+    """
+    if not isinstance(request_id, str):
+        raise ValueError(f"request_id must be a str, got {request_id!r} [ORACLE-1]")
+    digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % PRIME
+
+
+def _g(x: torch.Tensor | int, multiplier: int, shift: int) -> torch.Tensor | int:
+    y = (x * multiplier) % PRIME  # x < 2**31 and multiplier < 2**31: fits in int64
+    return y ^ (y >> shift)
+
+
+def mix(x: torch.Tensor | int) -> torch.Tensor | int:
+    """The oracle's mixing function on values in 0..2**31-1 (ints or int64 tensors) [ORACLE-1]."""
+    return _g(_g(x, MULTIPLIERS[0], 16), MULTIPLIERS[1], 13)
+
+
+def absorb(h: torch.Tensor | int, coordinate: torch.Tensor | int) -> torch.Tensor | int:
+    """Fold one coordinate into a hash state [ORACLE-1]."""
+    return mix((h + coordinate) % PRIME)
+
+
+def _start(seed: int, request_id: str) -> int:
+    require_int("seed", seed, minimum=0)
+    return absorb(mix(seed % PRIME), request_value(request_id))  # type: ignore[return-value]
+
+
+def _values(h: torch.Tensor, dtype: str, *, positive: bool = False) -> torch.Tensor:
+    """Hashes as finite normal values of ``dtype`` in [1/16, 16) [ORACLE-2]."""
+    fmt = FLOAT_FORMATS[dtype]
+    sign = torch.zeros_like(h) if positive else h & 1
+    exponent = ((h >> 1) & 7) - 4 + fmt.exponent_bias
+    mantissa = (h >> 4) & ((1 << fmt.mantissa_bits) - 1)
+    bits = (sign << (fmt.bits - 1)) | (exponent << fmt.mantissa_bits) | mantissa
+    bits_dtype = raw_bits(torch.empty(0, dtype=torch_dtype(dtype))).dtype
+    if bits_dtype.is_signed:  # two's complement: the sign bit makes a negative integer
+        bits = torch.where(bits >= 1 << (fmt.bits - 1), bits - (1 << fmt.bits), bits)
+    return bits.to(bits_dtype).view(torch_dtype(dtype))
+
+
+def _check_range(name: str, value: range, limit: int | None) -> range:
+    if not isinstance(value, range) or value.step != 1 or value.start < 0:
+        raise ValueError(f"{name} must be a range of step 1 from >= 0, got {value!r} [ORACLE-4]")
+    if limit is not None and value.stop > limit:
+        raise ValueError(
+            f"{name} {value.start}..{value.stop - 1} reach past the model's {limit} {name} "
+            f"(valid: 0..{limit - 1}) [ORACLE-4]"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Region:
+    """The global layers, heads and tokens a fill or a check covers [ORACLE-4]."""
+
+    layers: range
+    heads: range
+    tokens: range
+
+
+def region(
+    model: ModelShape,
+    *,
+    tokens: range | int,
+    layers: range | None = None,
+    heads: range | None = None,
+) -> Region:
+    """The region, defaulting to all layers and heads; ``tokens`` may be a seq_len [ORACLE-4]."""
+    if isinstance(tokens, int) and not isinstance(tokens, bool):
+        tokens = range(require_int("seq_len", tokens, minimum=0))
+    return Region(
+        layers=_check_range(
+            "layers", range(model.num_layers) if layers is None else layers, model.num_layers
+        ),
+        heads=_check_range(
+            "heads", range(model.num_kv_heads) if heads is None else heads, model.num_kv_heads
+        ),
+        tokens=_check_range("tokens", tokens, None),
+    )
+
+
+def _hashes(model: ModelShape, where: Region, start: int, device: torch.device) -> torch.Tensor:
+    """Element hashes ``[layers, kv, tokens, heads, dim]``, broadcast one axis at a time."""
+
+    def axis(r: range, dim: int) -> torch.Tensor:
+        shape = [1, 1, 1, 1, 1]
+        shape[dim] = len(r)
+        return torch.arange(r.start, r.stop, dtype=torch.int64, device=device).view(shape)
+
+    h = absorb(torch.full((1,) * 5, start, dtype=torch.int64, device=device), axis(where.layers, 0))
+    if model.attention == "mla":  # seed, request, layer, token, latent index [MODEL-2]
+        h = absorb(h, axis(where.tokens, 2))
+    else:
+        h = absorb(h, axis(range(2), 1))
+        h = absorb(h, axis(where.heads, 3))
+        h = absorb(h, axis(where.tokens, 2))
+    h = absorb(h, axis(range(model.head_dim), 4))
+    shape = (len(where.layers), model.kv_tensors, len(where.tokens), len(where.heads))
+    return h.expand(*shape, model.head_dim)  # type: ignore[union-attr]
+
+
+def oracle_scales(
+    model: ModelShape,
+    *,
+    layers: range | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor | None:
+    """The fp8 scales ``[layers, kv]`` of ``layers``, or None for other dtypes [ORACLE-3]."""
+    if model.scale_format is None:
+        return None
+    layers = _check_range(
+        "layers", range(model.num_layers) if layers is None else layers, model.num_layers
+    )
+    start = _start(seed, SCALES_TAG)
+    lay = torch.arange(layers.start, layers.stop, dtype=torch.int64, device=device)
+    kv = torch.arange(model.kv_tensors, dtype=torch.int64, device=device)
+    h = absorb(absorb(torch.tensor(start, device=device), lay[:, None]), kv[None, :])
+    return _values(h, "float32", positive=True).to(SCALES_DTYPE)  # type: ignore[arg-type]
+
+
+def oracle_kv(
+    model: ModelShape,
+    request_id: str,
+    *,
+    tokens: range | int,
+    layers: range | None = None,
+    heads: range | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> RequestKV:
+    """The oracle's KV of ``request_id`` for the given global ranges [ORACLE-1..4].
+
+    ``tokens`` is a global token range (or a seq_len for ``range(seq_len)``); layers and
+    heads default to the whole model. fp8 models get their scales [ORACLE-3].
+    """
+    where = region(model, tokens=tokens, layers=layers, heads=heads)
+    device = torch.device(device)
+    h = _hashes(model, where, _start(seed, request_id), device)
+    data = _values(h.contiguous(), model.dtype)
+    scales = oracle_scales(model, layers=where.layers, seed=seed, device=device)
+    return RequestKV(data, scales)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One element that differs from the oracle, in global coordinates [ORACLE-5]."""
+
+    layer: int
+    kv: str
+    head: int
+    token: int
+    dim: int
+    expected_bits: int
+    got_bits: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of checking KV against the oracle [ORACLE-5]."""
+
+    request_id: str
+    dtype: str
+    total: int
+    mismatches: int
+    first: Mismatch | None
+    scale_mismatches: int
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0 and self.scale_mismatches == 0
+
+    @property
+    def message(self) -> str:
+        """One readable line: what was checked and, if wrong, where it first went wrong."""
+        head = f"request {self.request_id!r}"
+        if self.ok:
+            return f"{head}: all {self.total} elements match the oracle bit for bit"
+        parts = []
+        if self.mismatches:
+            f = self.first
+            assert f is not None
+            width = FLOAT_FORMATS[self.dtype].bits // 4
+            parts.append(
+                f"{self.mismatches} of {self.total} elements differ from the oracle; first at "
+                f"layer {f.layer}, {f.kv}, head {f.head}, token {f.token}, dim {f.dim}: "
+                f"expected bits 0x{f.expected_bits:0{width}x} "
+                f"({_decode(f.expected_bits, self.dtype)!r}), got 0x{f.got_bits:0{width}x} "
+                f"({_decode(f.got_bits, self.dtype)!r})"
+            )
+        if self.scale_mismatches:
+            parts.append(f"{self.scale_mismatches} fp8 scales differ from the oracle's")
+        return f"{head}: " + "; ".join(parts) + " [ORACLE-5]"
+
+
+def _decode(bits: int, dtype: str) -> float:
+    """The value an element's bits stand for, for messages."""
+    carrier = raw_bits(torch.empty(1, dtype=torch_dtype(dtype))).dtype
+    return torch.tensor([bits]).to(carrier).view(torch_dtype(dtype)).float().item()
+
+
+def verify(
+    kv: RequestKV,
+    model: ModelShape,
+    request_id: str,
+    *,
+    tokens: range | int,
+    layers: range | None = None,
+    heads: range | None = None,
+    seed: int = 0,
+) -> Verdict:
+    """Compare ``kv`` (covering the given global ranges) with the oracle, bit for bit [ORACLE-5].
+
+    Returns the counts and the first mismatch; KV of another shape or dtype is refused.
+    """
+    where = region(model, tokens=tokens, layers=layers, heads=heads)
+    check_request_kv(
+        kv, model, layers=len(where.layers), heads=len(where.heads), where="KV under verification"
+    )
+    if kv.seq_len != len(where.tokens):
+        raise ValueError(
+            f"KV under verification has {kv.seq_len} tokens but the token range "
+            f"{where.tokens.start}..{where.tokens.stop - 1} has {len(where.tokens)} [ORACLE-5]"
+        )
+    expected = oracle_kv(
+        model,
+        request_id,
+        tokens=where.tokens,
+        layers=where.layers,
+        heads=where.heads,
+        seed=seed,
+        device=kv.device,
+    )
+    want, got = raw_bits(expected.data), raw_bits(kv.data)
+    differs = want != got
+    mismatches = int(differs.sum())
+    first = None
+    if mismatches:
+        flat = int(torch.argmax(differs.flatten().to(torch.uint8)))
+        index = []
+        for size in reversed(differs.shape):
+            flat, i = divmod(flat, size)
+            index.append(i)
+        layer, k, token, head, dim = reversed(index)
+        mask = (1 << FLOAT_FORMATS[model.dtype].bits) - 1
+        first = Mismatch(
+            layer=where.layers[layer],
+            kv="latent" if model.attention == "mla" else "KV"[k],
+            head=where.heads[head],
+            token=where.tokens[token],
+            dim=dim,
+            expected_bits=int(want[layer, k, token, head, dim]) & mask,
+            got_bits=int(got[layer, k, token, head, dim]) & mask,
+        )
+    scale_mismatches = 0
+    if expected.scales is not None and kv.scales is not None:
+        scale_mismatches = int(
+            (raw_bits(expected.scales) != raw_bits(kv.scales.to(kv.device))).sum()
+        )
+    return Verdict(request_id, model.dtype, differs.numel(), mismatches, first, scale_mismatches)

@@ -1,0 +1,172 @@
+"""The model facts a KV transfer depends on, and the rule that both stages agree on them.
+
+MLA is modelled as a single latent "head" whose width is the latent width: it has no
+head axis to split, so every TP rank holds all of it [MODEL-2, HEAD-3]. That one
+choice lets the head-ownership and plan rules treat MHA, GQA and MLA alike; only the
+byte count (one tensor per layer instead of K and V) and the cache layout differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from kvspec._checks import require_choice, require_int
+from kvspec.clause import Clause, must, refuses
+from kvspec.tensors.dtypes import FP8_DTYPES, check_dtype, itemsize
+
+CLAUSES = (
+    Clause(
+        "MODEL-1",
+        "Model shape",
+        "A model shape has num_layers >= 1, num_kv_heads >= 1, head_dim >= 1, an attention "
+        "kind ('mha' covers MHA and GQA, by head count; or 'mla') and a cache dtype "
+        "[DTYPE-1]. An fp8 dtype carries a scale format ('per_layer': one float32 scale for "
+        "K and one for V per layer); other dtypes carry none.",
+        obligations=(
+            refuses("num_layers, num_kv_heads or head_dim below 1, or not an integer"),
+            refuses("an attention kind other than 'mha' or 'mla'"),
+            refuses(
+                "an fp8 dtype with a scale format other than 'per_layer', or another dtype with a "
+                "scale format"
+            ),
+        ),
+    ),
+    Clause(
+        "MODEL-2",
+        "MLA is one latent per token",
+        "An MLA cache holds one latent vector of width latent_dim per token and layer, with "
+        "no head axis and no separate V. It is described as num_kv_heads = 1 and "
+        "head_dim = latent_dim; any other head count is refused.",
+        obligations=(
+            must("an MLA latent (one tensor per layer, no V, no head axis) moves intact"),
+            refuses("an MLA model with num_kv_heads other than 1"),
+        ),
+    ),
+    Clause(
+        "MODEL-3",
+        "Both stages agree on the model",
+        "A transfer is refused before any byte moves unless the two stages agree on "
+        "num_layers, num_kv_heads, head_dim, attention kind, cache dtype and fp8 scale "
+        "format. The error lists every mismatch, not only the first. Block size and cache "
+        "layout may differ: they are converted.",
+        obligations=(
+            refuses("stages that differ in num_layers alone"),
+            refuses("stages that differ in num_kv_heads alone"),
+            refuses("stages that differ in head_dim alone"),
+            refuses("stages that differ in attention kind alone"),
+            refuses("stages that differ in cache dtype alone (even of one itemsize)"),
+        ),
+    ),
+)
+
+Attention = Literal["mha", "mla"]
+ATTENTION_KINDS: tuple[str, ...] = ("mha", "mla")
+SCALE_FORMATS: tuple[str, ...] = ("per_layer",)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model facts that shape a KV cache [MODEL-1, MODEL-2].
+
+    >>> ModelShape(num_layers=32, num_kv_heads=8, head_dim=128).bytes_per_token_per_head_layer
+    512
+    >>> ModelShape.mla(num_layers=61, latent_dim=576).num_kv_heads
+    1
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    attention: Attention = "mha"
+    dtype: str = "bfloat16"
+    scale_format: str | None = None
+
+    def __post_init__(self) -> None:
+        require_int("num_layers", self.num_layers, minimum=1)
+        require_int("num_kv_heads", self.num_kv_heads, minimum=1)
+        require_int("head_dim", self.head_dim, minimum=1)
+        require_choice("attention", self.attention, ATTENTION_KINDS)
+        check_dtype(self.dtype)
+        if self.attention == "mla" and self.num_kv_heads != 1:
+            raise ValueError(
+                f"an MLA cache has no head axis, so num_kv_heads must be 1 (the latent), "
+                f"got num_kv_heads={self.num_kv_heads}; give the latent width as head_dim "
+                f"or use ModelShape.mla(num_layers, latent_dim)"
+            )
+        if self.dtype in FP8_DTYPES:
+            if self.scale_format is None:
+                object.__setattr__(self, "scale_format", SCALE_FORMATS[0])
+            require_choice("scale_format", self.scale_format, SCALE_FORMATS)
+        elif self.scale_format is not None:
+            raise ValueError(
+                f"scale_format is only for fp8 dtypes ({', '.join(FP8_DTYPES)}); "
+                f"dtype={self.dtype!r} must have scale_format=None, got {self.scale_format!r}"
+            )
+
+    @classmethod
+    def mla(cls, num_layers: int, latent_dim: int, dtype: str = "bfloat16") -> ModelShape:
+        """An MLA model: one latent of ``latent_dim`` per token and layer [MODEL-2]."""
+        return cls(num_layers, 1, latent_dim, attention="mla", dtype=dtype)
+
+    @property
+    def latent_dim(self) -> int:
+        """The MLA latent width (``head_dim``); refused for MHA/GQA models."""
+        if self.attention != "mla":
+            raise ValueError(f"latent_dim is defined only for MLA models, not {self.attention!r}")
+        return self.head_dim
+
+    @property
+    def kv_tensors(self) -> int:
+        """Tensors per layer: 2 (K and V) for MHA/GQA, 1 (the latent) for MLA [MODEL-2]."""
+        return 1 if self.attention == "mla" else 2
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per cache element."""
+        return itemsize(self.dtype)
+
+    @property
+    def bytes_per_token_per_head_layer(self) -> int:
+        """Cache bytes one token adds for one head in one layer, K and V together."""
+        return self.kv_tensors * self.head_dim * self.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form, the constructor's keyword arguments."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelShape:
+        """Inverse of :meth:`to_dict`; omitted fields take their defaults."""
+        return cls(**data)
+
+    def describe(self) -> str:
+        """Short human form, e.g. ``32 layers, 8 KV heads x 128, mha, bfloat16``."""
+        if self.attention == "mla":
+            body = f"{self.num_layers} layers, MLA latent {self.head_dim}"
+        else:
+            body = f"{self.num_layers} layers, {self.num_kv_heads} KV heads x {self.head_dim}"
+        extra = f", scales {self.scale_format}" if self.scale_format else ""
+        return f"{body}, {self.dtype}{extra}"
+
+
+_AGREED_FACTS = ("num_layers", "num_kv_heads", "head_dim", "attention", "dtype", "scale_format")
+
+
+def model_mismatches(source: ModelShape, target: ModelShape) -> list[str]:
+    """Every fact on which the two stages' models disagree, as readable lines [MODEL-3]."""
+    return [
+        f"{fact}: source {getattr(source, fact)!r} != target {getattr(target, fact)!r}"
+        for fact in _AGREED_FACTS
+        if getattr(source, fact) != getattr(target, fact)
+    ]
+
+
+def check_compatible(source: ModelShape, target: ModelShape) -> None:
+    """Refuse a transfer between stages whose model facts differ, naming each one [MODEL-3]."""
+    mismatches = model_mismatches(source, target)
+    if mismatches:
+        raise ValueError(
+            f"the stages disagree on {len(mismatches)} model fact(s); refusing the transfer "
+            "before any byte moves:\n  " + "\n  ".join(mismatches)
+        )

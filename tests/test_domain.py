@@ -1,0 +1,248 @@
+"""Domain-steered generation, effective example counts and inconclusive verdicts; open
+replica policies; capabilities as connectors have them."""
+
+import json
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+
+from kvspec.cli import main
+from kvspec.conformance import Adapter, AdapterError, Domain
+from kvspec.conformance.adapter import check_adapter, provided_capabilities
+from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.conformance.runner import (
+    FAILED,
+    INCONCLUSIVE,
+    MIN_EFFECTIVE_EXAMPLES,
+    NOT_PROVIDED,
+    PASSED,
+    get_check,
+    run_check,
+    run_suite,
+)
+from kvspec.topology.plan import ReplicaChoice
+
+NARROW = Domain(pp_sizes=(1,), dtypes=("float32", "float16", "bfloat16"))
+"""A connector without pipeline parallelism or fp8 scales (like examples/field_adapter.py)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ci_profile():
+    """The suite's checks run under ``ci`` here, whatever profile the session uses."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KVSPEC_PROFILE", "ci")
+        yield
+
+
+class Recording(ReferenceAdapter):
+    """The reference, recording every transfer case its routing and receiver see."""
+
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def sources(self, case, dst):
+        self.seen.append(case)
+        return super().sources(case, dst)
+
+    def receiver_combine(self, case, dst, shipments):
+        self.seen.append(case)
+        return super().receiver_combine(case, dst, shipments)
+
+
+class NarrowDomain(Recording):
+    """Declares its domain as data: no PP, no fp8."""
+
+    domain = NARROW
+
+
+class NarrowSupports(Recording):
+    """The same implementation, its domain told only through supports()."""
+
+    def supports(self, case) -> bool:
+        return NARROW.holds(case)
+
+
+CHECKS = ("PLAN-2/exact-cover", "RESHARD-2/round-trip", "RESHARD-3/refuses-wrong-shipments")
+
+
+@pytest.mark.parametrize("check_id", CHECKS)
+def test_a_narrow_domain_gets_its_examples_from_inside_it(check_id: str) -> None:
+    adapter = NarrowDomain()
+    result = run_check(get_check(check_id), adapter)
+    assert result.verdict == PASSED
+    inside = [c for c in adapter.seen if NARROW.holds(c)]
+    assert adapter.seen and len(inside) == len(adapter.seen)
+    assert result.outside_domain <= len(get_check(check_id).examples)  # pins only
+    generated = result.tried - len(get_check(check_id).examples)
+    assert result.effective >= generated >= MIN_EFFECTIVE_EXAMPLES
+
+
+@pytest.mark.parametrize("check_id", CHECKS)
+def test_a_domain_told_only_by_supports_is_under_sampled(check_id: str) -> None:
+    domain_steered = run_check(get_check(check_id), NarrowDomain())
+    filtered = run_check(get_check(check_id), NarrowSupports())
+    assert filtered.effective < MIN_EFFECTIVE_EXAMPLES <= domain_steered.effective
+    assert filtered.verdict == INCONCLUSIVE
+    assert f"only {filtered.effective} effective example(s)" in filtered.reason
+
+
+def test_inconclusive_is_reported_and_exits_3(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "report.json"
+    code = main(
+        [
+            "conform",
+            "tests.test_domain:NarrowSupports",
+            "--clause",
+            "PLAN-2",
+            "--profile",
+            "ci",
+            "--quiet",
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 3
+    text = capsys.readouterr().out
+    assert "PLAN-2/exact-cover" in text and "inconclusive" in text
+    report = json.loads(out.read_text())
+    [result] = report["results"]
+    assert result["verdict"] == INCONCLUSIVE and report["summary"][INCONCLUSIVE] == 1
+    assert result["effective_examples"] < MIN_EFFECTIVE_EXAMPLES
+    # The same implementation with its domain declared as data is conclusive.
+    assert main(["conform", "tests.test_domain:NarrowDomain", "--clause", "PLAN-2", "--quiet"]) == 0
+
+
+def test_a_small_domain_covered_whole_is_conclusive() -> None:
+    class OneDtype(ReferenceAdapter):
+        domain = Domain(dtypes=("float16",), attention=("mha",))
+
+    result = run_check(get_check("DTYPE-1/accepts-allowed"), OneDtype())
+    assert result.verdict == PASSED and result.effective == 1  # the whole domain, once
+
+
+def test_checks_outside_the_domain_are_not_provided() -> None:
+    class NoMla(ReferenceAdapter):
+        domain = Domain(attention=("mha",), pp_sizes=(1,), dtypes=("bfloat16",))
+
+    patterns = ["DTYPE-3", "MODEL-2/mla-latent", "LAYER-1/default-partition"]
+    verdicts = {r.check.id: r for r in run_suite(NoMla(), patterns=patterns).results}
+    assert {c: r.verdict for c, r in verdicts.items()} == {c: NOT_PROVIDED for c in verdicts}
+    assert "no fp8" in verdicts["DTYPE-3/scales-travel"].reason
+    assert "no MLA" in verdicts["MODEL-2/mla-latent"].reason
+    assert "no pipeline" in verdicts["LAYER-1/default-partition"].reason
+
+
+# -- open replica policies [PLAN-4] ------------------------------------------------------
+
+
+def by_receiver(choice: ReplicaChoice) -> int:
+    """vLLM-style: spread replicas by the receiver's TP rank."""
+    return choice.replicas[choice.receiver_tp_rank % len(choice.replicas)]
+
+
+class FieldPolicy(ReferenceAdapter):
+    """The reference routing under a policy of its own, declared as a rule."""
+
+    policies = ("by_receiver",)
+    policy_rules = MappingProxyType({"by_receiver": by_receiver})
+
+
+class FieldPolicyOffTheRule(FieldPolicy):
+    """Declares the rule but routes every replicated head from the last replica."""
+
+    def sources(self, case, dst):
+        plan = case.plan(lambda c: c.replicas[-1])
+        return plan.sources_of(dst)
+
+
+def test_a_declared_policy_is_checked_against_plan_2_3_and_determinism() -> None:
+    report = run_suite(FieldPolicy(), patterns=["PLAN-2", "PLAN-3", "PLAN-4"])
+    verdicts = {r.check.id: r.verdict for r in report.results}
+    assert verdicts == {
+        "PLAN-2/exact-cover": PASSED,
+        "PLAN-3/inverse": PASSED,
+        "PLAN-4/deterministic": PASSED,
+        "PLAN-4/named-policy": PASSED,
+        "PLAN-4/refuses-unknown-policy": PASSED,
+    }
+    off = run_check(get_check("PLAN-4/named-policy"), FieldPolicyOffTheRule())
+    assert off.verdict == FAILED and "[PLAN-4.5]" in off.reason
+    assert run_check(get_check("RESHARD-2/round-trip"), FieldPolicy()).verdict == PASSED
+
+
+def test_a_rule_that_picks_no_replica_fails_plan_4() -> None:
+    class Nowhere(FieldPolicy):
+        policy_rules = MappingProxyType({"by_receiver": lambda c: c.replicas.stop})
+
+    result = run_check(get_check("PLAN-4/named-policy"), Nowhere())
+    assert (
+        result.verdict == FAILED
+        and "only TP ranks" in result.reason
+        and "[PLAN-4.5]" in result.reason
+    )
+
+
+def test_undeclared_policies_and_shadowing_rules_are_refused() -> None:
+    class Undeclared(ReferenceAdapter):
+        policies = ("by_receiver",)
+
+    class Shadowing(ReferenceAdapter):
+        policy_rules = MappingProxyType({"lowest": by_receiver})
+
+    with pytest.raises(AdapterError, match="neither spec policies"):
+        check_adapter(Undeclared(), where="Undeclared")
+    with pytest.raises(AdapterError, match="policy_rules must map new names"):
+        check_adapter(Shadowing(), where="Shadowing")
+
+
+# -- capabilities ----------------------------------------------------------------------
+
+
+def test_validation_is_two_capabilities_and_the_old_validate_provides_both() -> None:
+    class TopologyOnly(Adapter):
+        def validate_topology(self, config):
+            pass
+
+    class OldStyle(Adapter):
+        def validate(self, config):
+            pass
+
+    assert provided_capabilities(TopologyOnly()) & {"topology", "models"} == {"topology"}
+    assert provided_capabilities(OldStyle()) & {"topology", "models"} == {"topology", "models"}
+    report = run_suite(TopologyOnly(), patterns=["MODEL-3"])
+    assert report.results[0].verdict == NOT_PROVIDED
+
+
+def test_the_marker_and_fp8_scales_are_capabilities_of_their_own() -> None:
+    class PullConnector(ReferenceAdapter):
+        """A receiver without a slice marker, for bfloat16 caches only."""
+
+        domain = Domain(dtypes=("bfloat16",))
+        slicing_modes = ("sender",)
+        apply_marker = Adapter.apply_marker
+
+    capabilities = provided_capabilities(PullConnector())
+    assert "receiver" in capabilities and not {"marker", "fp8-scales"} & capabilities
+    verdicts = {
+        r.check.id: r.verdict
+        for r in run_suite(
+            PullConnector(), patterns=["SLICE-3", "DTYPE-3", "RESHARD-2/round-trip"]
+        ).results
+    }
+    assert verdicts["RESHARD-2/round-trip"] == PASSED
+    assert {v for c, v in verdicts.items() if c != "RESHARD-2/round-trip"} == {NOT_PROVIDED}
+    assert "fp8-scales" in provided_capabilities(ReferenceAdapter())
+
+
+def test_a_domain_refuses_what_the_spec_has_not() -> None:
+    with pytest.raises(ValueError, match="do not divide"):
+        Domain(tp_pairs=((3, 2),))
+    with pytest.raises(ValueError, match="dtype"):
+        Domain(dtypes=("int8",))
+    with pytest.raises(ValueError, match="no dtype"):
+        Domain(dtypes=("float8_e4m3fn",), scale_formats=())
+    assert Domain(tp_pairs=((2, 1),)).pairs() == ((2, 1),)
+    assert all(s == t for s, t in Domain(tp_ratios=(1,)).pairs())
+    described = NARROW.describe()
+    assert "pp_sizes=(1,)" in described and "float8" not in described and "tp_" not in described

@@ -1,0 +1,83 @@
+"""Every obligation of every clause has a check that exercises it and a mutant it kills."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kvspec.clause import Clause, must, refuses
+from kvspec.clauses import all_clauses, all_obligations, get_obligation
+from kvspec.cli import main
+from kvspec.conformance.checks import all_checks
+from kvspec.conformance.coverage import coverage, gaps
+from kvspec.conformance.mutants import all_mutants
+
+
+def test_every_clause_splits_into_numbered_obligations() -> None:
+    for clause in all_clauses().values():
+        assert clause.obligations, f"{clause.id} has no obligation"
+        ids = [o.id for o in clause.obligations]
+        assert ids == [f"{clause.id}.{i}" for i in range(1, len(ids) + 1)]
+        assert all(
+            o.kind in ("positive", "negative") and o.clause == clause.id for o in clause.obligations
+        )
+    assert get_obligation("PAYLOAD-3.8").kind == "negative"
+    with pytest.raises(KeyError, match=r"no obligation 'PAYLOAD-3\.99'"):
+        get_obligation("PAYLOAD-3.99")
+
+
+def test_obligations_are_numbered_by_their_clause() -> None:
+    clause = Clause("TEST-1", "t", "text", (must("does a"), refuses("b")))
+    assert [(o.id, o.kind) for o in clause.obligations] == [
+        ("TEST-1.1", "positive"),
+        ("TEST-1.2", "negative"),
+    ]
+
+
+def test_every_obligation_has_a_check_and_a_mutant() -> None:
+    assert gaps() == []
+    rows = coverage()
+    assert len(rows) == len(all_obligations())
+    covered = {o for c in all_checks() for o in c.covers}
+    broken = {o for m in all_mutants() for o in m.obligations}
+    assert covered == broken == set(all_obligations())
+
+
+def test_every_check_and_mutant_names_existing_obligations() -> None:
+    known = set(all_obligations())
+    for check in all_checks():
+        assert check.covers and set(check.covers) <= known, check.id
+    for mutant in all_mutants():
+        assert set(mutant.obligations) <= known, mutant.name
+
+
+def test_clauses_coverage_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["clauses", "--coverage"]) == 0
+    out = capsys.readouterr().out
+    summary = out.strip().splitlines()[-1]
+    counts = [int(n) for n in re.findall(r"(\d+) (?:obligations|checks|mutants)", summary)]
+    assert counts == [len(all_obligations()), len(all_checks()), len(all_mutants())]
+    assert "every obligation has a check and a mutant" in summary
+    row = next(line for line in out.splitlines() if line.startswith("PAYLOAD-3.8 "))
+    assert "PAYLOAD-3/refuses-disagreement" in row and "MissingLayerFilledWithZeros" in row
+    assert main(["clauses", "PAYLOAD-3", "--coverage", "--text"]) == 0
+    assert "a layer present on one shard and missing on another" in capsys.readouterr().out
+
+
+def test_docs_list_every_obligation() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "clauses.md").read_text()
+    for obligation in all_obligations():
+        assert f"| {obligation} |" in docs
+
+
+def test_conform_mutants_runs_the_whole_corpus(tmp_path: Path, capsys) -> None:
+    """`kvspec conform --mutants`: the corpus through the full suite, every mutant killed."""
+    out = tmp_path / "mutants.json"
+    assert main(["conform", "--mutants", "--profile", "ci", "--quiet", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["mutants"] == len(all_mutants()) == report["killed"]
+    assert report["kill_rate"] == 1.0
+    assert all(r["killed_by"] for r in report["results"])
+    text = capsys.readouterr().out
+    assert f"kill rate: {len(all_mutants())}/{len(all_mutants())} = 100.0%" in text

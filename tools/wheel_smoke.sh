@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The wheel is the product: build it, install it into a fresh virtual environment
+# outside the repository, with no test dependencies, and use it as a stranger would.
+# Then check the sdist carries what its tests need and that those tests run from it.
+#
+#   tools/wheel_smoke.sh            (make test runs it; PYTHON picks the interpreter)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+DEV_PY=${DEV_PY:-$repo/.venv/bin/python}
+DEV_PY=$(cd "$(dirname "$DEV_PY")" && pwd)/$(basename "$DEV_PY")  # we change directory below
+work=$(mktemp -d "${TMPDIR:-/tmp}/kvspec-smoke-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+step() { printf 'wheel smoke: %s\n' "$*" >&2; }
+
+step "building the wheel and the sdist"
+"$DEV_PY" -m pip --disable-pip-version-check -q wheel --no-deps -w "$work/dist" "$repo"
+(cd "$repo" && "$DEV_PY" - "$work/dist" <<'PY'
+import sys
+from setuptools import build_meta  # the project's own build backend, no isolation needed
+
+build_meta.build_sdist(sys.argv[1])
+PY
+) >/dev/null
+wheel=$(ls "$work"/dist/kvspec-*.whl)
+sdist=$(ls "$work"/dist/kvspec-*.tar.gz)
+
+step "a fresh venv outside the repository, torch, then the wheel alone"
+"$PYTHON" -m venv "$work/venv"
+VENV="$work/venv" "$repo/tools/install_torch.sh"
+"$work/venv/bin/python" -m pip --disable-pip-version-check -q install "$wheel"
+cd "$work"
+py="$work/venv/bin/python"
+bin="$work/venv/bin"
+
+if "$py" -c 'import pytest' 2>/dev/null; then
+  echo "wheel smoke: pytest is installed in the fresh venv; the check is void" >&2
+  exit 1
+fi
+"$bin/kvspec" --help >/dev/null
+"$bin/kvspec" --version
+"$bin/kvspec" plan --source-tp 8 --target-tp 2 --kv-heads 4 --json - >/dev/null
+"$py" -m sim --version
+step "kvspec conform reference --profile dev"
+"$bin/kvspec" conform reference --profile dev --quiet --json "$work/conform.json" >/dev/null
+step "kvspec vectors check --impl reference (the vectors installed with the wheel)"
+"$bin/kvspec" vectors check --impl reference >/dev/null
+"$bin/kvspec" vectors export "$work/vectors" >/dev/null
+cmp "$work/vectors/manifest.json" "$("$py" -c 'from kvspec.conformance.vectors import GOLDEN_DIR; print(GOLDEN_DIR)')/manifest.json"
+step "python -m sim run"
+"$py" -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 --quiet --ports os --requests 4 >/dev/null
+"$py" -c 'import kvspec, sim, pathlib; assert (pathlib.Path(kvspec.__file__).parent / "py.typed").exists()'
+
+step "the pytest plugin, once pytest is installed"
+"$py" -m pip --disable-pip-version-check -q install pytest
+mkdir -p "$work/user" && cd "$work/user"
+printf 'def test_mine():\n    assert True\n' > test_mine.py
+"$py" -m pytest -q -p no:cacheprovider | tail -1 | grep -q "1 passed"  # idle without an impl
+"$py" -m pytest -q -p no:cacheprovider --kvspec-impl reference --kvspec-clause PLAN \
+  | tail -1 | grep -qE "^[0-9]+ passed"
+
+step "the sdist carries its tests, and they run from it"
+cd "$work"
+tar -xzf "$sdist"
+src=$(ls -d "$work"/kvspec-*/)
+for needed in LICENSE README.md tests/conftest.py examples/field_adapter.py \
+              kvspec/conformance/golden/manifest.json; do
+  [ -e "$src/$needed" ] || { echo "wheel smoke: the sdist lacks $needed" >&2; exit 1; }
+done
+(cd "$src" && CI=1 "$DEV_PY" -m pytest -q -p no:cacheprovider tests/test_plan.py \
+  tests/test_vectors.py tests/test_keys.py | tail -1)
+step "passed"
