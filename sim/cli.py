@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvspec import __version__
-from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, quote, seconds_in
+from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, seconds_in
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.cli.plan import model_from_args
 from kvspec.memory.cache_layout import LAYOUTS
@@ -263,14 +263,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def _port(text: str) -> int:
     try:
-        if len(text) > 6:
-            raise ValueError
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"--base-port must be 1..65535 or 'auto', got {quote(text)}") from None
-    if not 1 <= value <= 65535:
-        raise ValueError(f"--base-port must be 1..65535 or 'auto', got {value}")
-    return value
+        return int_in(1, 65535)(text)
+    except argparse.ArgumentTypeError as error:
+        raise ValueError(f"--base-port: {error} (or 'auto')") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,7 +47,7 @@ from kvspec.memory.paged import (
 )
 from kvspec.naming.keys import parse_key, recv_keys, send_keys
 from kvspec.tensors.kv import RequestKV
-from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
+from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import TransferPlan, plan_transfer
@@ -1063,16 +1063,7 @@ class Rank:
     def _verify(self, state: Incoming) -> None:
         """Check every element of the stored request against the oracle [ORACLE-5]."""
         request = state.request
-        stored = gather_request(self.cache, self.tables[request.request_id], request.seq_len)
-        verdict = verify(
-            stored,
-            self.model,
-            request.request_id,
-            tokens=request.seq_len,
-            layers=self.owner.layers,
-            heads=self.owner.heads,
-            seed=self.config.seed,
-        )
+        verdict = self._oracle_verdict(request.request_id)
         if not verdict.ok:
             self._fail(state, self._with_clobbers(verdict.message, request.request_id))
             return
@@ -1109,19 +1100,22 @@ class Rank:
                 self._recheck(oldest)
             self.pool.release(oldest)
 
-    def _recheck(self, request_id: str) -> None:
-        """Verify a held request again; a late write into its reused blocks shows here."""
-        state = self.incoming[request_id]
-        stored = gather_request(self.cache, self.tables[request_id], state.request.seq_len)
-        verdict = verify(
-            stored,
+    def _oracle_verdict(self, request_id: str) -> Verdict:
+        """Every element this rank holds of ``request_id``, against the oracle [ORACLE-5]."""
+        seq_len = self.requests[request_id].seq_len
+        return verify(
+            gather_request(self.cache, self.tables[request_id], seq_len),
             self.model,
             request_id,
-            tokens=state.request.seq_len,
+            tokens=seq_len,
             layers=self.owner.layers,
             heads=self.owner.heads,
             seed=self.config.seed,
         )
+
+    def _recheck(self, request_id: str) -> None:
+        """Verify a held request again; a late write into its reused blocks shows here."""
+        verdict = self._oracle_verdict(request_id)
         if not verdict.ok:
             self.corrupted.append(
                 {
