@@ -329,6 +329,11 @@ class AdapterError(Exception):
 
 BUILTIN: dict[str, str] = {
     "reference": "kvspec.conformance.reference:ReferenceAdapter",
+    # Engines in the field: each imports the engine's installed package when created and
+    # refuses with what to install when it is missing (kvspec/adapters, `make field`).
+    "vllm-omni": "kvspec.adapters.vllm_omni:VllmOmniAdapter",
+    "vllm-nixl": "kvspec.adapters.vllm_nixl:VllmNixlAdapter",
+    "sglang": "kvspec.adapters.sglang:SglangAdapter",
 }
 """Adapters reachable by a built-in name."""
 
@@ -358,6 +363,8 @@ def load_adapter(spec: str) -> Adapter:
     if inspect.isclass(obj) or (callable(obj) and not isinstance(obj, Adapter)):
         try:
             obj = obj()
+        except AdapterError:
+            raise
         except Exception as error:
             raise AdapterError(f"calling {target} with no arguments failed: {error!r}") from error
     check_adapter(obj, where=target)
