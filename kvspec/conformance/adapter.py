@@ -48,6 +48,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "models": ("validate_model",),
     "layouts": ("read_layer",),
     "conversion": ("convert_layout",),
+    "fields": ("read_fields",),
     "detection": ("detect_layout",),
     "paged": ("gather", "scatter"),
     "oracle": ("oracle_fill",),
@@ -184,13 +185,39 @@ class Adapter:
         raise NotProvided
 
     # cache layouts ---------------------------------------------------------------
-    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
+    def read_layer(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> tuple[Any, ...]:
         """K and V (or the latent) of one layer's cache in the named ``layout``, each
-        ``[num_blocks, block_size, heads, head_dim]`` and a view of the cache [LAYOUT-1, 2]."""
+        ``[num_blocks, block_size, heads, head_dim]`` and a view of the cache [LAYOUT-1, 2];
+        a cross-layer cache reads ``[layers, ...]`` [LAYOUT-5].
+
+        ``page_size`` is given for a token pool (``sglang_mha``, ``sglang_mla``), whose
+        page size is not in its shape [LAYOUT-5]; an adapter whose method does not take it
+        is not asked to read token pools."""
         raise NotProvided
 
-    def convert_layout(self, cache: Any, source: str, target: str) -> Any:
-        """A new cache in ``target`` holding ``cache``'s slots bit for bit [LAYOUT-3]."""
+    def convert_layout(
+        self,
+        cache: Any,
+        source: str,
+        target: str,
+        *,
+        page_size: int | None = None,
+        block_size: int | None = None,
+    ) -> Any:
+        """A new cache in ``target`` holding ``cache``'s slots bit for bit [LAYOUT-3, 6], in
+        blocks of ``block_size`` (default: the source's); ``page_size`` is a token pool's
+        page size, as for :meth:`read_layer`. An adapter whose method does not take
+        ``block_size`` is not asked to re-block."""
+        raise NotProvided
+
+    def read_fields(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> dict[str, Any]:
+        """Every field of the cells of one layer's cache, inline scales included, by name
+        (``k``, ``v``, ``k_scale``, ``latent``, ``nope``, ...), each a view in its own dtype,
+        ``[num_blocks, block_size, heads, width]`` [LAYOUT-6]."""
         raise NotProvided
 
     def detect_layout(

@@ -9,7 +9,7 @@ from typing import Any
 from kvspec import __version__
 from kvspec.conformance.adapter import Adapter
 from kvspec.error_cases import OPERATIONS
-from kvspec.memory.cache_layout import convert, detect_layout, kv_views
+from kvspec.memory.cache_layout import convert, detect_layout, field_views, kv_views
 from kvspec.memory.paged import PagedCache, gather_request, scatter_request
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.naming.ports import port
@@ -77,11 +77,26 @@ class ReferenceAdapter(Adapter):
     def validate_model(self, config: dict[str, Any]) -> None:
         OPERATIONS["transfer"](config)
 
-    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
-        return kv_views(cache, layout)
+    def read_layer(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> tuple[Any, ...]:
+        return kv_views(cache, layout, block_size=page_size)
 
-    def convert_layout(self, cache: Any, source: str, target: str) -> Any:
-        return convert(cache, source, target)
+    def convert_layout(
+        self,
+        cache: Any,
+        source: str,
+        target: str,
+        *,
+        page_size: int | None = None,
+        block_size: int | None = None,
+    ) -> Any:
+        return convert(cache, source, target, block_size=block_size, source_block_size=page_size)
+
+    def read_fields(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> dict[str, Any]:
+        return field_views(cache, layout, block_size=page_size)
 
     def detect_layout(self, cache: Any, **known: int | None) -> str:
         return detect_layout(cache, **known)

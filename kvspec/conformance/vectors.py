@@ -333,7 +333,8 @@ def _export_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
                 continue
             shape = CacheShape(kv, blocks, block_size if spec.paged else 1, heads, dim)
             cache = empty_cache(name, shape, "bfloat16")
-            for view in kv_views(cache, name):
+            page = shape.block_size if spec.merged_tokens else None  # not in a pool's shape
+            for view in kv_views(cache, name, block_size=page):
                 bits = bits_view(view)
                 bits.copy_(
                     torch.randint(
@@ -344,7 +345,7 @@ def _export_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
             i += 1
             layer, names = _layer_tensors(key, cache)
             tensors.update(layer)
-            views = kv_views(cache, name)
+            views = kv_views(cache, name, block_size=page)
             read = [f"{key}/read/{k}" for k in range(len(views))]
             tensors.update(dict(zip(read, (v.contiguous() for v in views), strict=True)))
             known = {"heads": heads, "head_dim": dim}
@@ -365,6 +366,7 @@ def _export_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
                         "head_dim": dim,
                     },
                     "cache": names,
+                    "page_size": page,
                     "read": read,
                     "detect": {"known": known, "answer": detected},
                 }
@@ -376,7 +378,8 @@ def _check_layouts(adapter: Adapter, case: Case, tensors: Tensors) -> str | None
     cache = _load_layer(tensors, case["cache"])
     provided = provided_capabilities(adapter)
     if "layouts" in provided:
-        got = adapter.read_layer(cache, case["layout"])
+        page = case.get("page_size")
+        got = adapter.read_layer(cache, case["layout"], **({"page_size": page} if page else {}))
         for k, name in enumerate(case["read"]):
             if k >= len(got) or not torch.equal(
                 bits_view(got[k].contiguous()), bits_view(tensors[name])
@@ -448,7 +451,10 @@ def _export_paged(rng: random.Random) -> tuple[list[Case], Tensors]:
 def _check_paged(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     scales = tensors[case["scales"]] if case["scales"] else None
     cache = PagedCache(
-        case["layout"], tuple(_load_layer(tensors, names) for names in case["layers"]), scales
+        case["layout"],
+        tuple(_load_layer(tensors, names) for names in case["layers"]),
+        scales,
+        block_size=case["block_size"],
     )
     got = adapter.gather(cache, list(case["block_ids"]), case["seq_len"])
     if not torch.equal(bits_view(got.data.contiguous()), bits_view(tensors[case["gathered"]])):

@@ -34,6 +34,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.shipments",
     "kvspec.conformance.checks.markers",
     "kvspec.conformance.checks.layouts",
+    "kvspec.conformance.checks.presets",
     "kvspec.conformance.checks.paged",
     "kvspec.conformance.checks.oracle",
     "kvspec.conformance.checks.naming",

@@ -28,6 +28,7 @@ MUTANT_MODULES: tuple[str, ...] = (
     "kvspec.conformance.mutants.shipments",
     "kvspec.conformance.mutants.markers",
     "kvspec.conformance.mutants.layouts",
+    "kvspec.conformance.mutants.presets",
     "kvspec.conformance.mutants.paged",
     "kvspec.conformance.mutants.oracle",
     "kvspec.conformance.mutants.naming",
