@@ -74,6 +74,7 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "fields",
         "detection",
         "paged",
+        "descriptors",
         "oracle",
         "verifier",
         "payload",

@@ -51,6 +51,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "fields": ("read_fields",),
     "detection": ("detect_layout",),
     "paged": ("gather", "scatter"),
+    "descriptors": ("descriptors",),
     "oracle": ("oracle_fill",),
     "verifier": ("oracle_verify",),
     "keys": ("rank_aware_key", "legacy_key"),
@@ -91,6 +92,8 @@ class Adapter:
       PLAN-2, PLAN-3 and determinism, and routing against the rule [PLAN-4].
     - ``slicing_modes``: which of ``"sender"``/``"receiver"`` slicing its sender
       transform can do [SLICE-2].
+    - ``coalesces``: its descriptor lists claim to be coalesced into maximal runs, so
+      they are held to the minimum count [DESC-3].
     """
 
     name: str = "unnamed"
@@ -99,6 +102,7 @@ class Adapter:
     policies: tuple[str, ...] = ()
     policy_rules: Mapping[str, ReplicaRule] = MappingProxyType({})
     slicing_modes: tuple[str, ...] = ("sender",)
+    coalesces: bool = False
 
     def supports(self, case: TransferCase) -> bool:
         """Whether ``case`` is inside the implementation's domain, beyond :attr:`domain`.
@@ -238,6 +242,28 @@ class Adapter:
 
     def scatter(self, kv: RequestKV, cache: Any, block_ids: list[int]) -> None:
         """Write ``kv`` into the cache's blocks in place; refuse bad tables [PAGED-2..5]."""
+        raise NotProvided
+
+    # byte-range descriptors --------------------------------------------------------
+    def descriptors(
+        self,
+        case: TransferCase,
+        src: int,
+        dst: int,
+        source: Any,
+        source_ids: list[int],
+        target: Any,
+        target_ids: list[int],
+        tokens: range,
+    ) -> Sequence[Any]:
+        """The byte ranges a pull connector posts to realise edge ``src`` -> ``dst`` for
+        ``tokens`` [DESC-1, DESC-2]: each ``(src region, src offset, dst region, dst offset,
+        length)``. ``source`` and ``target`` are the two ranks'
+        :class:`~kvspec.memory.descriptors.RegisteredCache` (layout, block size, the heads
+        and layers each holds, region names and registered sizes); the ids are the
+        request's blocks on each side. Refuse (raise) what cannot be done inside the
+        registered regions. Lists are judged by what they write, in any order and any
+        granularity; set :attr:`coalesces` to be held to the minimum count [DESC-3]."""
         raise NotProvided
 
     # oracle ------------------------------------------------------------------------

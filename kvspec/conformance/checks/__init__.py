@@ -36,6 +36,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.layouts",
     "kvspec.conformance.checks.presets",
     "kvspec.conformance.checks.paged",
+    "kvspec.conformance.checks.descriptors",
     "kvspec.conformance.checks.oracle",
     "kvspec.conformance.checks.naming",
     "kvspec.conformance.checks.payloads",

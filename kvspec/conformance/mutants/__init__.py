@@ -30,6 +30,7 @@ MUTANT_MODULES: tuple[str, ...] = (
     "kvspec.conformance.mutants.layouts",
     "kvspec.conformance.mutants.presets",
     "kvspec.conformance.mutants.paged",
+    "kvspec.conformance.mutants.descriptors",
     "kvspec.conformance.mutants.oracle",
     "kvspec.conformance.mutants.naming",
     "kvspec.conformance.mutants.payloads",
