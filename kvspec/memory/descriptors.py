@@ -19,7 +19,7 @@ import bisect
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -95,10 +95,9 @@ CLAUSES = (
 )
 
 
-@dataclass(frozen=True)
-class Descriptor:
+class Descriptor(NamedTuple):
     """Copy ``length`` bytes from ``src_offset`` of ``src_region`` to ``dst_offset`` of
-    ``dst_region`` [DESC-1]."""
+    ``dst_region`` [DESC-1]. A plain tuple: a list of them is plain data."""
 
     src_region: str
     src_offset: int
@@ -107,7 +106,7 @@ class Descriptor:
     length: int
 
     def to_list(self) -> list[Any]:
-        return [self.src_region, self.src_offset, self.dst_region, self.dst_offset, self.length]
+        return list(self)
 
     @classmethod
     def of(cls, value: object) -> Descriptor:
@@ -352,10 +351,8 @@ class DescriptorPlan:
     target: RegisteredCache
     descriptors: tuple[Descriptor, ...]
     share_bytes: int
-
-    @property
-    def count(self) -> int:
-        return len(self.descriptors)
+    count: int
+    """How many descriptors the list has (also when only counted, ``descriptors`` empty)."""
 
 
 def _local(held: range, wanted: range, what: str) -> torch.Tensor:
@@ -470,6 +467,8 @@ def plan_descriptors(
     target: RegisteredCache,
     target_ids: Sequence[int],
     tokens: range,
+    *,
+    count_only: bool = False,
 ) -> DescriptorPlan:
     """The minimal descriptor list realising ``edge`` for ``tokens`` [DESC-1..3].
 
@@ -477,28 +476,32 @@ def plan_descriptors(
     many as ``tokens.stop`` needs [PAGED-3]. Bytes of each (layer, token, head, field) of
     the share are paired, sorted by source address and merged where they continue in
     both regions: the maximal runs, whose count no list of the same effect can beat.
+    ``count_only`` counts them without building the list.
     """
     if not isinstance(tokens, range) or tokens.step != 1 or tokens.start < 0:
         raise ValueError(f"tokens must be a range of token positions, got {tokens!r}")
     sr, so, dr, do, ln = _atoms(plan, edge, source, source_ids, target, target_ids, tokens)
     _check_bounds(source, sr, so, ln, source_ids, "sender")
     _check_bounds(target, dr, do, ln, target_ids, "receiver")
-    descriptors = _coalesce(sr, so, dr, do, ln, list(source.regions()), list(target.regions()))
-    return DescriptorPlan(edge, tokens, source, target, descriptors, int(ln.sum()))
+    runs = _runs(sr, so, dr, do, ln)
+    descriptors = (
+        () if count_only else _descriptors(runs, list(source.regions()), list(target.regions()))
+    )
+    count = len(runs[0])
+    return DescriptorPlan(edge, tokens, source, target, descriptors, int(ln.sum()), count)
 
 
-def _coalesce(
+def _runs(
     sr: torch.Tensor,
     so: torch.Tensor,
     dr: torch.Tensor,
     do: torch.Tensor,
     ln: torch.Tensor,
-    src_names: list[str],
-    dst_names: list[str],
-) -> tuple[Descriptor, ...]:
-    """Merge atoms into maximal runs, contiguous in both regions [DESC-3]."""
+) -> tuple[torch.Tensor, ...]:
+    """Merge atoms into maximal runs, contiguous in both regions [DESC-3]: the runs as
+    (src region, src offset, dst region, dst offset, length) tensors, in source order."""
     if not len(sr):
-        return ()
+        return sr, so, dr, do, ln
     span = int(so.max()) + int(ln.max()) + 1
     order = torch.argsort(sr * span + so)
     sr, so, dr, do, ln = (x[order] for x in (sr, so, dr, do, ln))
@@ -512,17 +515,39 @@ def _coalesce(
     group = torch.cumsum(starts.to(torch.int64), 0) - 1
     lengths = torch.zeros(int(group[-1]) + 1, dtype=torch.int64).index_add_(0, group, ln)
     first = starts.nonzero().flatten()
+    return sr[first], so[first], dr[first], do[first], lengths
+
+
+def _descriptors(
+    runs: tuple[torch.Tensor, ...], src_names: list[str], dst_names: list[str]
+) -> tuple[Descriptor, ...]:
+    sr, so, dr, do, ln = runs
     return tuple(
-        Descriptor(src_names[a], b, dst_names[c], d, n)
-        for a, b, c, d, n in zip(
-            sr[first].tolist(),
-            so[first].tolist(),
-            dr[first].tolist(),
-            do[first].tolist(),
-            lengths.tolist(),
-            strict=True,
+        map(
+            Descriptor._make,
+            zip(
+                [src_names[i] for i in sr.tolist()],
+                so.tolist(),
+                [dst_names[i] for i in dr.tolist()],
+                do.tolist(),
+                ln.tolist(),
+                strict=True,
+            ),
         )
     )
+
+
+def _coalesce(
+    sr: torch.Tensor,
+    so: torch.Tensor,
+    dr: torch.Tensor,
+    do: torch.Tensor,
+    ln: torch.Tensor,
+    src_names: list[str],
+    dst_names: list[str],
+) -> tuple[Descriptor, ...]:
+    """Atoms merged into maximal runs, as descriptors [DESC-3]."""
+    return _descriptors(_runs(sr, so, dr, do, ln), src_names, dst_names)
 
 
 @dataclass(frozen=True)
