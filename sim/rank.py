@@ -61,7 +61,8 @@ from sim.auth import RunSecret, new_nonce
 from sim.config import SimConfig
 from sim.endpoints import RankId, bind_endpoint
 from sim.faults import FaultInjector
-from sim.sizing import max_receiver_message
+from sim.pull import PullAgent
+from sim.sizing import max_receiver_message, max_router_message
 from sim.workload import Request, Workload
 
 POLL_MS = 20
@@ -151,6 +152,8 @@ class Rank:
         self.router: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
         self.dealers: dict[zmq.Socket, int] = {}
+        # pull [sim.pull]: receivers read byte ranges from the senders' caches
+        self.pull = PullAgent(self) if config.transfer == "pull" else None
 
     # -- setup -----------------------------------------------------------------------
     def _plan(self, stage: int) -> TransferPlan:
@@ -212,7 +215,8 @@ class Rank:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.SNDHWM, KV_HWM)
         self.router.setsockopt(zmq.RCVHWM, KV_HWM)
-        self.router.setsockopt(zmq.MAXMSGSIZE, messages.MAX_HANDSHAKE)  # only hellos come in
+        # only hellos come in, and in a pull run reads [sim.pull]
+        self.router.setsockopt(zmq.MAXMSGSIZE, max_router_message(self.config))
         if self.config.transport == "tcp":
             self.monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED)
             self.poller.register(self.monitor, zmq.POLLIN)
@@ -305,6 +309,8 @@ class Rank:
             self._handshake()
             self._event({"ev": "ready", "sends": bool(self.targets)})
             self._await_command("go")
+            if self.pull is not None:  # pull [sim.pull]
+                self.pull.start()
             phase = "run"
             self.started = time.time()
             while not self.stopping:
@@ -343,6 +349,8 @@ class Rank:
                 self._on_control(messages.load(self.control.recv()))
 
     def _step(self) -> None:
+        if self.pull is not None:  # pull [sim.pull]
+            self.pull.post_reads()
         self._pump(0 if self.outbox and not self.finishing else POLL_MS)
         if self.outbox and not self.finishing:
             self._send_request(self.outbox.pop(0))
@@ -414,6 +422,9 @@ class Rank:
     def _send_request(self, request_id: str) -> None:
         """Gather one request from the cache and send every chunk along every edge."""
         assert self.out_plan is not None
+        if self.pull is not None:  # pull [sim.pull]: answer its reads instead
+            self.pull.ready(request_id)
+            return
         request = self.requests[request_id]
         kv = gather_request(self.cache, self.tables[request_id], request.seq_len)
         _, block_size = self.config.layout_of(self.who.stage)
@@ -547,6 +558,9 @@ class Rank:
 
     def _on_router(self, frames: list[bytes]) -> None:
         """What reaches a sender's KV socket: a receiver's signed hello, or a stranger."""
+        if self.pull is not None and len(frames) == 3:  # pull [sim.pull]: a read
+            self.pull.on_read(frames)
+            return
         if len(frames) != 2:
             self.strangers["kv messages"] += 1
             return
@@ -573,6 +587,8 @@ class Rank:
         self.router.send_multipart([peer, messages.welcome(self.who.rank, mac)])  # type: ignore[union-attr]
 
     def _nothing_left_to_forward(self) -> bool:
+        if self.pull is not None and not self.pull.all_served():  # pull [sim.pull]
+            return False
         if self.who.stage == 0:
             return True
         return all(state.done for state in self.incoming.values())
@@ -638,6 +654,9 @@ class Rank:
                 return
             if "end" in message:
                 self._source_ended(src, message)
+            return
+        if self.pull is not None:  # pull [sim.pull]: an answer to a read
+            self.pull.on_answer(src, frames, received_at)
             return
         try:
             envelope = messages.read_envelope(frames[0].buffer)

@@ -86,6 +86,11 @@ SIM_LINES += [
     [*RUN, *OK, "--src-layout", "nonsense"],
     [*RUN, *OK, "--dst-layout", "mla"],
     [*RUN, *OK, "--dtype", "int4"],
+    [*RUN, *OK, "--transfer", "sideways"],
+    [*RUN, *OK, "--transfer", "pull", "--slicing", "receiver"],
+    [*RUN, *OK, "--src-layout", "vllm_pth_hnd"],  # inline scales the oracle does not fill
+    [*RUN, *OK, "--dst-layout", "flashmla_fp8"],
+    [*RUN, *OK, "--dst-layout", "sglang_mla"],  # an MHA model's cache in a latent pool
     [*RUN, *OK, "--attention", "linear"],
     [*RUN, "--attention", "mla", "--kv-heads", "4"],
     [*RUN, *OK, "--policy", "random"],
