@@ -21,6 +21,7 @@ from benchmarks.figure import Figure
 BENCHMARKS: tuple[str, ...] = (
     "benchmarks.reshard",
     "benchmarks.layouts",
+    "benchmarks.descriptors",
     "benchmarks.codec",
     "benchmarks.conformance",
     "benchmarks.sim",

@@ -25,3 +25,14 @@ def test_quick_run_of_the_fast_benchmarks(
         if figure["unit"] == "GB/s":
             assert figure["baseline"] > 0 and figure["baseline_name"]
             assert figure["ratio"] == pytest.approx(figure["value"] / figure["baseline"], rel=1e-6)
+
+
+def test_the_descriptor_table_counts_ranges_per_block() -> None:
+    """Same layout and heads on both sides, shuffled blocks of 16: one range per block and
+    layer; one cross-layer tensor needs one per block (1024 tokens = 64 blocks)."""
+    from benchmarks.descriptors import descriptors_per_1k
+
+    same = descriptors_per_1k("vllm_packed_hnd", "vllm_packed_hnd", 1, 1, layers=2)
+    assert same == 2 * 64 * 1000 / 1024
+    cross = descriptors_per_1k("vllm_packed_hnd_layers", "vllm_packed_hnd_layers", 1, 1, layers=2)
+    assert cross == 64 * 1000 / 1024

@@ -445,6 +445,21 @@ def _canonical(tensor: torch.Tensor, axes: Sequence[str], block_size: int | None
     return view
 
 
+def _records(
+    cache: LayerCache, spec: CacheLayout, block_size: int | None
+) -> tuple[list[torch.Tensor], CacheShape, str]:
+    """Each part's cells as a view [layers?, blocks, slots, heads, dim]: whole records."""
+    shape = cache_shape(cache, spec, block_size=block_size)
+    tensors, dtype = _tensors(cache, spec)
+    if spec.kv_axis is not None:
+        axes = [a for a in spec.axes if a != "kv"]
+        stored = [tensors[0].select(spec.kv_axis, k) for k in range(2)]
+    else:
+        axes, stored = list(spec.axes), list(tensors)
+    page = shape.block_size if spec.merged_tokens else None
+    return [_canonical(t, axes, page) for t in stored], shape, dtype
+
+
 def field_views(
     cache: LayerCache, layout: str | CacheLayout, *, block_size: int | None = None
 ) -> dict[str, torch.Tensor]:
@@ -455,16 +470,9 @@ def field_views(
     ``v``, a latent ``latent``; inline scales are fields of their own. Nothing is copied.
     """
     spec = get_layout(layout)
-    shape = cache_shape(cache, spec, block_size=block_size)
-    tensors, dtype = _tensors(cache, spec)
-    if spec.kv_axis is not None:
-        axes = [a for a in spec.axes if a != "kv"]
-        stored = [tensors[0].select(spec.kv_axis, k) for k in range(2)]
-    else:
-        axes, stored = list(spec.axes), list(tensors)
+    records, shape, dtype = _records(cache, spec, block_size)
     out: dict[str, torch.Tensor] = {}
-    for part, tensor in zip(spec.parts(len(tensors)), stored, strict=True):
-        canon = _canonical(tensor, axes, shape.block_size if spec.merged_tokens else None)
+    for part, canon in zip(spec.parts(len(records)), records, strict=True):
         resolved = [f.resolve(dtype, shape.head_dim) for f in part]
         if all(FIELD_DTYPES[d] == canon.dtype for d, _ in resolved):
             start = 0
@@ -625,7 +633,15 @@ def convert(
     views = field_views(cache, src, block_size=source_block_size)
     # Uninitialised is safe: every slot of the target is written below.
     out = _allocate(dst, out_shape, dtype, next(iter(views.values())).device, torch.empty)
-    targets = field_views(out, dst, block_size=block_size if dst.merged_tokens else None)
+    page = block_size if dst.merged_tokens else None
+    if src.parts(shape.kv) == dst.parts(shape.kv) and src.element == dst.element:
+        # The same record in the same order: move whole cells, fewer and longer copies.
+        have_records, _, _ = _records(cache, src, source_block_size)
+        want_records, _, _ = _records(out, dst, page)
+        for have, want in zip(have_records, want_records, strict=True):
+            _copy_slots(bits_view(have), bits_view(want))  # bits, not values [DTYPE-2]
+        return out
+    targets = field_views(out, dst, block_size=page)
     for name, have in views.items():
         _copy_slots(bits_view(have), bits_view(targets[name]))  # bits, not values [DTYPE-2]
     return out
