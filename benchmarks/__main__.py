@@ -26,6 +26,7 @@ from kvspec.cli.args import int_in
 BENCHMARKS: tuple[str, ...] = (
     "benchmarks.reshard",
     "benchmarks.layouts",
+    "benchmarks.descriptors",
     "benchmarks.codec",
     "benchmarks.conformance",
     "benchmarks.sim",

@@ -36,7 +36,6 @@ import zmq
 
 from kvspec.lifecycle.machine import Lifecycle, LifecycleError, LifecycleRefusal
 from kvspec.lifecycle.trace import TraceVerdict, check_trace
-from kvspec.memory.cache_layout import kv_views
 from kvspec.memory.paged import (
     PagedCache,
     blocks_needed,
@@ -67,7 +66,8 @@ from sim.config import SimConfig
 from sim.endpoints import RankId, bind_endpoint
 from sim.faults import FaultInjector
 from sim.pool import BlockPool
-from sim.sizing import max_receiver_message
+from sim.pull import PullAgent
+from sim.sizing import max_receiver_message, max_router_message
 from sim.workload import Request, Workload
 
 POLL_MS = 20
@@ -191,6 +191,8 @@ class Rank:
             faults.late or faults.abort or any(f.kind == "restart" for f in faults.ranks)
         )  # a held request is verified again before its blocks go back
         self.corrupted: list[dict[str, Any]] = []
+        # pull [sim.pull]: receivers read byte ranges from the senders' caches
+        self.pull = PullAgent(self) if config.transfer == "pull" else None
 
     # -- setup -----------------------------------------------------------------------
     def _plan(self, stage: int) -> TransferPlan:
@@ -256,7 +258,8 @@ class Rank:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.SNDHWM, KV_HWM)
         self.router.setsockopt(zmq.RCVHWM, KV_HWM)
-        self.router.setsockopt(zmq.MAXMSGSIZE, messages.MAX_HANDSHAKE)  # only hellos come in
+        # only hellos come in, and in a pull run reads [sim.pull]
+        self.router.setsockopt(zmq.MAXMSGSIZE, max_router_message(self.config))
         if self.config.transport == "tcp":
             self.monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED)
             self.poller.register(self.monitor, zmq.POLLIN)
@@ -354,6 +357,8 @@ class Rank:
             self._handshake()
             self._event({"ev": "ready", "sends": bool(self.targets)})
             self._await_command("go")
+            if self.pull is not None:  # pull [sim.pull]
+                self.pull.start()
             phase = "run"
             self.started = time.time()
             while not self.stopping:
@@ -392,6 +397,8 @@ class Rank:
                 self._on_control(messages.load(self.control.recv()))
 
     def _step(self) -> None:
+        if self.pull is not None:  # pull [sim.pull]
+            self.pull.post_reads()
         self._pump(0 if self.outbox and not self.finishing else POLL_MS)
         if self.outbox and not self.finishing:
             self._send_request(self.outbox.pop(0))
@@ -506,6 +513,9 @@ class Rank:
     def _send_request(self, request_id: str) -> None:
         """Gather one request from the cache and send every chunk along every edge."""
         assert self.out_plan is not None
+        if self.pull is not None:  # pull [sim.pull]: answer its reads instead
+            self.pull.ready(request_id)
+            return
         request = self.requests[request_id]
         kv = gather_request(self.cache, self.tables[request_id], request.seq_len)
         _, block_size = self.config.layout_of(self.who.stage)
@@ -726,6 +736,9 @@ class Rank:
 
     def _on_router(self, frames: list[bytes]) -> None:
         """What reaches a sender's KV socket: a receiver's signed hello, or a stranger."""
+        if self.pull is not None and len(frames) == 3:  # pull [sim.pull]: a read
+            self.pull.on_read(frames)
+            return
         if len(frames) != 2:
             self.strangers["kv messages"] += 1
             return
@@ -776,6 +789,8 @@ class Rank:
         self._put(dst, [messages.notice("ack", request)])
 
     def _nothing_left_to_forward(self) -> bool:
+        if self.pull is not None and not self.pull.all_served():  # pull [sim.pull]
+            return False
         if self.who.stage == 0:
             return True
         return all(state.done for state in self.incoming.values())
@@ -844,6 +859,9 @@ class Rank:
                 self._source_ended(src, message)
             else:
                 self._on_notice(src, message)
+            return
+        if self.pull is not None:  # pull [sim.pull]: an answer to a read
+            self.pull.on_answer(src, frames, received_at)
             return
         try:
             envelope = messages.read_envelope(frames[0].buffer)
@@ -940,7 +958,7 @@ class Rank:
         handle = self.pool.handles[key]
         reused = [b for b in handle.blocks if self.pool.owner.get(b) not in (None, handle.request)]
         for layer in self.cache.layers:
-            for view in kv_views(layer, self.cache.layout):
+            for view in self.cache.views(layer):
                 for block in reused:
                     target = view[block]
                     repeats = -(-target.numel() // max(1, values.numel()))

@@ -40,3 +40,14 @@ def test_interleaving_alternates_and_counts_every_run() -> None:
     mine, theirs = interleaved(lambda: order.append("m"), lambda: order.append("b"), repeat=4)
     assert order == ["m", "b", "m", "b", "b", "m", "m", "b", "b", "m"]
     assert mine.low <= mine.median <= mine.high and theirs.low <= theirs.median <= theirs.high
+
+
+def test_the_descriptor_table_counts_ranges_per_block() -> None:
+    """Same layout and heads on both sides, shuffled blocks of 16: one range per block and
+    layer; one cross-layer tensor needs one per block (1024 tokens = 64 blocks)."""
+    from benchmarks.descriptors import descriptors_per_1k
+
+    same = descriptors_per_1k("vllm_packed_hnd", "vllm_packed_hnd", 1, 1, layers=2)
+    assert same == 2 * 64 * 1000 / 1024
+    cross = descriptors_per_1k("vllm_packed_hnd_layers", "vllm_packed_hnd_layers", 1, 1, layers=2)
+    assert cross == 64 * 1000 / 1024

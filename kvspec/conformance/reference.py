@@ -10,7 +10,8 @@ from kvspec import __version__
 from kvspec.conformance.adapter import Adapter
 from kvspec.error_cases import OPERATIONS
 from kvspec.lifecycle.machine import Lifecycle
-from kvspec.memory.cache_layout import convert, detect_layout, kv_views
+from kvspec.memory.cache_layout import convert, detect_layout, field_views, kv_views
+from kvspec.memory.descriptors import RegisteredCache, plan_descriptors
 from kvspec.memory.paged import PagedCache, gather_request, scatter_request
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.naming.ports import port
@@ -41,6 +42,7 @@ class ReferenceAdapter(Adapter):
     version = __version__
     policies = POLICIES
     slicing_modes = SLICING_MODES
+    coalesces = True
 
     def plan(self, case: TransferCase) -> TransferPlan:
         """The spec's plan of ``case``, under a declared policy rule when it names one."""
@@ -78,11 +80,26 @@ class ReferenceAdapter(Adapter):
     def validate_model(self, config: dict[str, Any]) -> None:
         OPERATIONS["transfer"](config)
 
-    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
-        return kv_views(cache, layout)
+    def read_layer(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> tuple[Any, ...]:
+        return kv_views(cache, layout, block_size=page_size)
 
-    def convert_layout(self, cache: Any, source: str, target: str) -> Any:
-        return convert(cache, source, target)
+    def convert_layout(
+        self,
+        cache: Any,
+        source: str,
+        target: str,
+        *,
+        page_size: int | None = None,
+        block_size: int | None = None,
+    ) -> Any:
+        return convert(cache, source, target, block_size=block_size, source_block_size=page_size)
+
+    def read_fields(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> dict[str, Any]:
+        return field_views(cache, layout, block_size=page_size)
 
     def detect_layout(self, cache: Any, **known: int | None) -> str:
         return detect_layout(cache, **known)
@@ -92,6 +109,22 @@ class ReferenceAdapter(Adapter):
 
     def scatter(self, kv: RequestKV, cache: PagedCache, block_ids: list[int]) -> None:
         scatter_request(kv, cache, block_ids)
+
+    def descriptors(
+        self,
+        case: TransferCase,
+        src: int,
+        dst: int,
+        source: RegisteredCache,
+        source_ids: list[int],
+        target: RegisteredCache,
+        target_ids: list[int],
+        tokens: range,
+    ) -> Sequence[Any]:
+        plan = self.plan(case)
+        edge = plan.edge(src, dst)
+        made = plan_descriptors(plan, edge, source, source_ids, target, target_ids, tokens)
+        return made.descriptors
 
     def oracle_fill(self, model: ModelShape, request_id: str, **region: Any) -> RequestKV:
         return oracle_kv(model, request_id, **region)
