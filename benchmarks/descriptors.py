@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from benchmarks.figure import Figure, best_seconds, memcpy_seconds, speed_figure
+from benchmarks.figure import Figure, compare, memcpy
 from kvspec.memory.cache_layout import CacheShape, convert, empty_cache
 from kvspec.memory.descriptors import (
     RegisteredCache,
@@ -118,13 +118,12 @@ def run(quick: bool) -> list[Figure]:
         nbytes = sum(
             t.numel() * t.element_size() for t in (cache if isinstance(cache, tuple) else (cache,))
         )
-        seconds = best_seconds(lambda c=cache, s=source, t=target: convert(c, s, t))
         figures.append(
-            speed_figure(
+            compare(
                 f"convert {source}->{target}",
                 nbytes,
-                seconds,
-                memcpy_seconds(nbytes),
+                lambda c=cache, s=source, t=target: convert(c, s, t),
+                memcpy(nbytes),
                 "memcpy",
                 f"{nbytes >> 20} MiB {dtype}, includes allocating the new cache",
             )
@@ -164,15 +163,12 @@ def run(quick: bool) -> list[Figure]:
             range(tokens),
         )
         source, target = region_buffers(caches[0]), region_buffers(caches[1])
-        seconds = best_seconds(
-            lambda m=made, s=source, t=target: execute_descriptors(m.descriptors, s, t), repeat=3
-        )
         figures.append(
-            speed_figure(
+            compare(
                 f"execute {made.count} descriptors {src_layout}->{dst_layout}",
                 made.share_bytes,
-                seconds,
-                memcpy_seconds(made.share_bytes),
+                lambda m=made, s=source, t=target: execute_descriptors(m.descriptors, s, t),
+                memcpy(made.share_bytes),
                 "memcpy",
                 f"{made.share_bytes >> 20} MiB, {made.share_bytes / made.count:.0f} B each; {note}",
             )

@@ -132,38 +132,3 @@ def memcpy(nbytes: int, *, device: str = "cpu") -> Callable[[], None]:
             torch.cuda.synchronize()
 
     return copy
-
-
-# -- the first release's helpers, for benchmarks not yet interleaved ---------------------
-
-
-def best_seconds(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1) -> float:
-    """The fastest of ``repeat`` wall-clock timings of ``fn()``, after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    return min(timed(fn) for _ in range(repeat))
-
-
-def speed_figure(
-    name: str,
-    nbytes: int,
-    seconds: float,
-    baseline_seconds: float,
-    baseline_name: str,
-    note: str = "",
-) -> Figure:
-    """A throughput figure from two separately measured times (prefer :func:`compare`)."""
-    return Figure(
-        name=name,
-        unit="GB/s",
-        value=nbytes / seconds / 1e9,
-        baseline=nbytes / baseline_seconds / 1e9,
-        baseline_name=baseline_name,
-        ratio=baseline_seconds / seconds,
-        note=note,
-    )
-
-
-def memcpy_seconds(nbytes: int, *, device: str = "cpu", repeat: int = 5) -> float:
-    """Best time of one plain copy of ``nbytes`` (prefer :func:`memcpy` with :func:`compare`)."""
-    return best_seconds(memcpy(nbytes, device=device), repeat=repeat)

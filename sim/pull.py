@@ -337,11 +337,17 @@ class PullAgent:
         self.answered.add(key)
         rank._maybe_die(sending=True)
         ranges = self._ranges(listed)
-        head: dict[str, Any] = {"key": key, "seq": rank.next_seq[dst], "t": time.time()}
+        seq = rank.next_seq[dst]
         rank.next_seq[dst] += 1
-        if rank.config.checksum:
-            head["ranges_crc"] = _crc(ranges)
-        frames: list[Any] = [messages.dump(head), *ranges]
+        head = messages.envelope(
+            key,
+            seq,
+            time.time(),
+            epoch=rank.epoch,
+            checksum=rank.config.checksum,
+            ranges_crc=_crc(ranges) if rank.config.checksum else None,
+        )
+        frames: list[Any] = [head, *ranges]
         faults, book = rank.faults, rank.book
         if faults.hit("garbage"):
             rank._put(dst, [faults.garbage()])
@@ -355,7 +361,7 @@ class PullAgent:
         if rank.config.faults.delay_s:
             time.sleep(rank.config.faults.delay_s)
         if faults.hit("reorder"):
-            rank.held[dst].append((key, frames))
+            rank.held[dst].append((key, frames, seq))
             return
         rank._put(dst, frames)
         if faults.hit("dup"):

@@ -202,7 +202,9 @@ class Rank:
     def _make_cache(self) -> tuple[PagedCache, dict[str, list[int]]]:
         layout, block_size = self.config.layout_of(self.who.stage)
         num_blocks, tables = self.workload.block_table(self.who.stage, self.who.rank)
-        if self.who.stage > 0:  # a receiver allocates from its pool as requests arrive
+        if self.who.stage > 0 and self.config.transfer == "push":
+            # A pushed-to receiver allocates from its pool as requests arrive [LIFE-1]; a
+            # pull receiver holds the workload's table from the start: its reads name it.
             order = self.workload.block_order(self.who.stage, self.who.rank)
             self.pool = BlockPool(order, unsafe=self.config.unsafe_reuse)
             tables = self.pool.tables

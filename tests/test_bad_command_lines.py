@@ -96,6 +96,9 @@ SIM_LINES += [
     [*RUN, *OK, "--dtype", "int4"],
     [*RUN, *OK, "--transfer", "sideways"],
     [*RUN, *OK, "--transfer", "pull", "--slicing", "receiver"],
+    [*RUN, *OK, "--transfer", "pull", "--faults", "abort=0.1"],
+    [*RUN, *OK, "--transfer", "pull", "--faults", "restart=sender:0@0.5"],
+    [*RUN, *OK, "--transfer", "pull", "--unsafe-reuse"],
     [*RUN, *OK, "--src-layout", "vllm_pth_hnd"],  # inline scales the oracle does not fill
     [*RUN, *OK, "--dst-layout", "flashmla_fp8"],
     [*RUN, *OK, "--dst-layout", "sglang_mla"],  # an MHA model's cache in a latent pool
