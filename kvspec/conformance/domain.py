@@ -44,6 +44,11 @@ class Domain:
       are in only with a scale format [DTYPE-3].
     - ``layouts``, ``block_sizes``: cache layouts (every preset by default: K/V ones,
       cross-layer ones, inline-scale ones) and block sizes [LAYOUT-1, LAYOUT-5, PAGED-1].
+    - ``repeated_deliveries``: whether its receiver can be handed the same shipment twice
+      (a pushed message can arrive again); ``False`` where that cannot happen — a
+      receiver that reads what it planned (pull, RDMA), or one fed from a store keyed by
+      name, where a repeat is the same entry — and the repeat case of RESHARD-3 is
+      then not asked.
     """
 
     tp_pairs: tuple[tuple[int, int], ...] | None = None
@@ -57,6 +62,7 @@ class Domain:
     scale_formats: tuple[str, ...] = SCALE_FORMATS
     layouts: tuple[str, ...] = tuple(PRESETS)
     block_sizes: tuple[int, ...] = field(default=BLOCK_SIZES)
+    repeated_deliveries: bool = True
 
     def __post_init__(self) -> None:
         for name in ("tp_sizes", "pp_sizes", "attention", "dtypes", "layouts", "block_sizes"):

@@ -1,9 +1,11 @@
 """Checks that invalid transfer configurations are refused and valid ones accepted.
 
-Two capabilities, as connectors have them: ``topology`` (``validate_topology``:
-ranks, TP pairs, head counts over TP, pipeline partitions [STAGE-1, PLAN-1, HEAD-1,
-HEAD-2, LAYER-1, LAYER-2]) and ``models`` (``validate_model``: model facts, dtypes,
-and the agreement of the two stages [MODEL-1..3, DTYPE-1]).
+Five capabilities, one per place engines refuse a configuration: ``sizes``
+(``validate_sizes``: TP and PP sizes, ranks [STAGE-1]), ``partitions``
+(``validate_partition``: pipeline layer partitions [LAYER-1, LAYER-2]), ``topology``
+(``validate_topology``: the pair of stages [PLAN-1]), ``models`` (``validate_model``:
+model facts, dtypes, heads over TP [MODEL-1, MODEL-2, DTYPE-1, HEAD-1, HEAD-2]) and
+``agreement`` (``validate_agreement``: the two stages' model facts agree [MODEL-3]).
 
 Every refusal check starts from a valid configuration inside the adapter's domain and
 changes one fact to step just outside the spec's domain — off by one, negative, of
@@ -21,7 +23,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import VALIDATORS, Adapter
 from kvspec.conformance.checks import (
     Context,
     Example,
@@ -106,11 +108,13 @@ Variant = tuple[str, str, Example]
 """(obligation, what was changed, the configuration)."""
 
 
-def _empty_stages(config: Example) -> list[Variant]:
-    """Every way to give one side a TP or PP size below 1 [STAGE-1]."""
+def _empty_stages(adapter: Adapter, config: Example) -> list[Variant]:
+    """Every way to give one side a TP or PP size below 1 [STAGE-1] — PP only when the
+    adapter's domain has PP: a fact its domain pins to 1 may have no way in at all."""
+    fields = ("tp", "pp") if max(adapter.domain.pp_sizes) > 1 else ("tp",)
     found = []
     for side in ("source", "target"):
-        for field in ("tp", "pp"):
+        for field in fields:
             for value in (0, -1):
                 changed = copy.deepcopy(config)
                 changed[side] = {**changed[side], field: value, "layer_partition": None}
@@ -127,7 +131,7 @@ def _fewer_layers_than_pp(draw: st.DrawFn, adapter: Adapter) -> Example:
     return config
 
 
-def _bad_partitions(config: Example) -> list[Variant]:
+def _bad_partitions(adapter: Adapter, config: Example) -> list[Variant]:
     """A valid explicit partition with one defect each: a sum off by one, a count of 0 or
     -1, one entry more or less than pp [LAYER-2]."""
     layers = max(config["model"]["num_layers"], 4)
@@ -173,10 +177,10 @@ def _refusal_check(
     covers: tuple[str, ...],
     strategy: Callable[[Adapter], st.SearchStrategy[Example]],
     *,
-    method: str = "validate_topology",
+    method: str,
     missing: Callable[[Adapter], str | None] | None = None,
     pins: tuple[Example, ...] | None = None,
-    variants: Callable[[Example], list[Variant]] | None = None,
+    variants: Callable[[Adapter, Example], list[Variant]] | None = None,
 ) -> None:
     """A check that ``method`` refuses each configuration, or (with ``variants``) every
     variant of each valid configuration, each one step outside the spec's domain."""
@@ -185,14 +189,14 @@ def _refusal_check(
         clause,
         slug,
         title,
-        needs=("topology" if method == "validate_topology" else "models",),
+        needs=(VALIDATORS[method],),
         strategy=strategy,
         examples=_pins(clause) if pins is None else pins,
         missing=missing,
         covers=covers,
     )
     def run(ctx: Context, config: Example) -> None:
-        probes = variants(config) if variants else [(covers[0], title, config)]
+        probes = variants(ctx.adapter, config) if variants else [(covers[0], title, config)]
         for obligation, what, probe in probes:
             expect_refused(
                 obligation,
@@ -211,6 +215,7 @@ _refusal_check(
     "TP sizes must divide",
     ("PLAN-1.1",),
     _non_dividing_tp,
+    method="validate_topology",
 )
 _refusal_check(
     "HEAD-1",
@@ -219,6 +224,7 @@ _refusal_check(
     ("HEAD-1.2",),
     _uneven_split,
     missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 1 else "only TP1",
+    method="validate_model",
 )
 _refusal_check(
     "HEAD-2",
@@ -227,6 +233,7 @@ _refusal_check(
     ("HEAD-2.2",),
     _uneven_replication,
     missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 2 else "no TP above 2",
+    method="validate_model",
 )
 _refusal_check(
     "STAGE-1",
@@ -234,6 +241,7 @@ _refusal_check(
     "ranks are 0..tp*pp-1",
     ("STAGE-1.2",),
     _rank_out_of_range,
+    method="validate_sizes",
 )
 _refusal_check(
     "STAGE-1",
@@ -243,6 +251,7 @@ _refusal_check(
     _valid,
     pins=(),
     variants=_empty_stages,
+    method="validate_sizes",
 )
 _refusal_check(
     "LAYER-1",
@@ -251,6 +260,7 @@ _refusal_check(
     ("LAYER-1.2",),
     _fewer_layers_than_pp,
     missing=_needs_pipeline,
+    method="validate_partition",
 )
 _refusal_check(
     "LAYER-2",
@@ -265,30 +275,49 @@ _refusal_check(
         if max(a.domain.pp_sizes) > 1 and a.domain.explicit_partitions
         else "the adapter's domain has no explicit layer partitions"
     ),
+    method="validate_partition",
 )
 
 
-@check(
-    "PLAN-1",
-    "accepts-valid",
-    "every valid configuration is accepted",
-    needs=("topology",),
-    strategy=_valid,
-    covers=("PLAN-1.2",),
-)
-def accepts_valid(ctx: Context, config: Example) -> None:
-    OPERATIONS["transfer"](config)  # the reference accepts it
-    within_domain(ctx, TransferCase.from_dict(config))
-    try:
-        ctx.adapter.validate_topology(copy.deepcopy(config))
-    except Exception as error:
-        expect(False, f"valid configuration {config} was refused: {error!r} [PLAN-1.2]")
+def _accepts_check(slug: str, method: str, *, agreeing: bool = False, ranked: bool = False) -> None:
+    """A check that ``method`` accepts every valid configuration of the domain — a refusal
+    check alone would pass a validator that refuses everything [PLAN-1.2]; with
+    ``agreeing``, the receiver's model is stated and equal to the sender's; with
+    ``ranked``, the configuration names the last rank of one side (``tp * pp - 1``)."""
+
+    @check(
+        "PLAN-1",
+        slug,
+        f"every valid configuration passes {method}",
+        needs=(VALIDATORS[method],),
+        strategy=_valid,
+        covers=("PLAN-1.2",),
+    )
+    def run(ctx: Context, config: Example) -> None:
+        OPERATIONS["transfer"](config)  # the reference accepts it
+        within_domain(ctx, TransferCase.from_dict(config))
+        given = {**config, "target_model": dict(config["model"])} if agreeing else config
+        if ranked:
+            side = "source" if config["source"]["pp"] > 1 else "target"
+            last = config[side]["tp"] * config[side]["pp"] - 1
+            given = {**given, "rank": {"side": side, "rank": last}}
+        try:
+            getattr(ctx.adapter, method)(copy.deepcopy(given))
+        except Exception as error:
+            expect(False, f"valid configuration {given} was refused: {error!r} [PLAN-1.2]")
+
+
+_accepts_check("accepts-valid", "validate_topology")
+_accepts_check("sizes-accept-valid", "validate_sizes", ranked=True)
+_accepts_check("models-accept-valid", "validate_model")
+_accepts_check("partitions-accept-valid", "validate_partition")
+_accepts_check("agreement-accepts-equal-models", "validate_agreement", agreeing=True)
 
 
 # -- model facts -----------------------------------------------------------------------------
 
 
-def _bad_models(config: Example) -> list[Variant]:
+def _bad_models(adapter: Adapter, config: Example) -> list[Variant]:
     """The configuration with one model fact out of range, of another type or kind, for
     every fact [MODEL-1]."""
     model = config["model"]
@@ -312,7 +341,7 @@ def _bad_models(config: Example) -> list[Variant]:
     return found
 
 
-def _mismatched_models(config: Example) -> list[Variant]:
+def _mismatched_models(adapter: Adapter, config: Example) -> list[Variant]:
     """The configuration with a receiver's model that differs in exactly one fact, for every
     fact [MODEL-3]."""
     base = ModelShape.from_dict(config["model"])
@@ -366,7 +395,7 @@ _refusal_check(
     "stages must agree on every model fact",
     tuple(f"MODEL-3.{i}" for i in range(1, 6)),
     _valid,
-    method="validate_model",
+    method="validate_agreement",
     pins=(),
     variants=_mismatched_models,
 )
@@ -382,7 +411,7 @@ _refusal_check(
     ("DTYPE-1.1",),
     _valid,
     method="validate_model",
-    variants=lambda config: [
+    variants=lambda adapter, config: [
         (
             "DTYPE-1.1",
             f"dtype {d!r}",
