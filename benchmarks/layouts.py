@@ -150,3 +150,34 @@ def run(quick: bool) -> list[Figure]:
             )
         )
     return figures
+
+
+def is_pair(figure: Figure) -> bool:
+    """Whether ``figure`` is one of the same-block-size conversions between two presets."""
+    name = figure.name.removeprefix("convert ")
+    source, _, target = name.partition("->")
+    return figure.name.startswith("convert ") and source in KV_PRESETS and target in KV_PRESETS
+
+
+def pair_matrix(figures: list[Figure]) -> str:
+    """The same-block-size conversions as a markdown matrix of ratios to memcpy (source
+    rows, target columns; ✗ below the 0.8 goal), with each ratio's min..max over the runs
+    in the figures' JSON."""
+    ratios = {}
+    for f in figures:
+        if is_pair(f) and f.ratio is not None:
+            source, _, target = f.name.removeprefix("convert ").partition("->")
+            ratios[source, target] = f.ratio
+    if not ratios:
+        return ""
+    lines = [
+        "| from \\ to | " + " | ".join(KV_PRESETS) + " |",
+        "|---|" + "---:|" * len(KV_PRESETS),
+    ]
+    for source in KV_PRESETS:
+        cells = []
+        for target in KV_PRESETS:
+            r = ratios.get((source, target))
+            cells.append("" if r is None else f"{r:.2f}" + (" ✗" if r < 0.8 else ""))
+        lines.append(f"| {source} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
