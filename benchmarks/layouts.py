@@ -14,7 +14,14 @@ import itertools
 import torch
 
 from benchmarks.figure import Figure, compare, memcpy
-from kvspec.memory.cache_layout import LAYOUTS, CacheShape, LayerCache, convert, empty_cache
+from kvspec.memory.cache_layout import (
+    LAYOUTS,
+    CacheShape,
+    LayerCache,
+    convert,
+    empty_cache,
+    kv_views,
+)
 from kvspec.memory.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
 
 KV_PRESETS: tuple[str, ...] = tuple(
@@ -38,7 +45,38 @@ size change, within one stride order and across the NHD/HND transpose."""
 SLOTS, HEADS, HEAD_DIM = 16384, 8, 128
 """Full size: K and V of 16384 slots x 8 heads x 128 in bfloat16 are 64 MiB."""
 
-DIRECT = "{label}, into a preallocated cache"
+
+def run_bytes(have: torch.Tensor, want: torch.Tensor) -> int:
+    """Bytes of the longest runs contiguous on both sides of a copy between two views of
+    one shape [.., blocks, slots, heads, dim]: what a strided copy moves per step."""
+    run, expected = 1, 1
+    sides = zip(reversed(have.stride()), reversed(want.stride()), strict=True)
+    for size, (a, b) in zip(reversed(have.shape), sides, strict=True):
+        if size == 1:
+            continue
+        if a != expected or b != expected:
+            break
+        run, expected = run * size, expected * size
+    return run * have.element_size()
+
+
+def _note(label: str, cache: LayerCache, out: LayerCache, source: str, target: str) -> str:
+    """The figure's note: where the copy goes, and the contiguous run it moves per step."""
+    have = kv_views(cache, source, block_size=_page(source, cache))[0]
+    want = kv_views(out, target, block_size=_page(target, out))[0]
+    small, large = sorted((have.shape[-3], want.shape[-3]))
+    if small != large:  # the views convert's re-blocking copies between
+        have, want = (
+            t.unflatten(-3, (large // small, small))
+            if t.shape[-3] == large
+            else t.unflatten(-4, (-1, large // small))
+            for t in (have, want)
+        )
+    return f"{label}, into a preallocated cache; runs of {run_bytes(have, want)} B"
+
+
+def _page(layout: str, cache: LayerCache) -> int | None:
+    return 16 if LAYOUTS[layout].merged_tokens else None
 
 
 def _shape(layout: str, slots: int, block_size: int) -> CacheShape:
@@ -91,7 +129,7 @@ def run(quick: bool) -> list[Figure]:
                 lambda c=cache, o=out, s=source, t=target, k=keywords: convert(c, s, t, out=o, **k),
                 copy,
                 "memcpy",
-                DIRECT.format(label=label),
+                _note(label, cache, out, source, target),
             )
         )
     cache, _, _ = _conversion("flash_attn", "flashinfer", slots, 16, 16)
