@@ -37,7 +37,7 @@ def run(quick: bool) -> list[Figure]:
                 lambda s=slicing: reshard(shards, plan, slicing=s, out=outs),
                 copy,
                 "memcpy",
-                "into preallocated target shards; 256 B runs (one head) on both sides",
+                "into preallocated target shards; each contiguous sender shard lands in 256 B runs",
             )
         )
     return figures

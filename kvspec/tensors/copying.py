@@ -16,6 +16,7 @@ The caller owns the output: nothing here allocates the bytes it moves.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvspec.tensors.dtypes import bits_view
@@ -68,7 +69,18 @@ def copy_bits(target: torch.Tensor, source: torch.Tensor) -> None:
     if target.numel() == 0:
         return
     wide_target, wide_source = wide_bits(target, source)
+    strided_landing = wide_source.is_contiguous() and not wide_target.is_contiguous()
+    if strided_landing and _cpu(wide_target, wide_source):
+        # A contiguous source landing in strided runs (a shipment into its heads of a
+        # receiver's shard): NumPy's single strided loop measured 1.7-3x faster than
+        # torch's parallel copy for this pattern on the 2-core machine (issue 18).
+        np.copyto(wide_target.numpy(), wide_source.numpy(), casting="no")
+        return
     wide_target.copy_(wide_source)
+
+
+def _cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" for t in tensors)
 
 
 def gather_blocks(source: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
@@ -97,7 +109,7 @@ def scatter_blocks(source: torch.Tensor, index: torch.Tensor, target: torch.Tens
     if source.numel() == 0:
         return
     wide_target, wide_source = wide_bits(target, source)
-    if wide_target.device.type == "cpu" and wide_source.device.type == "cpu":
+    if _cpu(wide_target, wide_source, index):
         wide_target.numpy()[index.numpy()] = wide_source.numpy()
     else:
         wide_target.index_put_((index,), wide_source)
