@@ -130,7 +130,7 @@ def run(quick: bool) -> list[Figure]:
         (
             "vllm_packed_hnd",
             "vllm_packed_hnd",
-            "same layout: one range per block run; one Python slice copy per range",
+            "same layout: one range per block run; one memcpy per range, from Python",
         ),
         (
             "vllm_packed_hnd",
