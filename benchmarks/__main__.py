@@ -3,6 +3,7 @@
 python -m benchmarks            full sizes
 python -m benchmarks --quick    small sizes, under two minutes
 python -m benchmarks --json PATH --only reshard --repeat 11
+python -m benchmarks --markdown  the README's tables, from this run
 
 Every speed runs interleaved with its baseline (a copy of the same bytes, or raw pyzmq
 for the sim) --repeat times each; the table shows medians, the measured range and the
@@ -53,6 +54,36 @@ def render(figures: list[Figure]) -> str:
     return "\n".join(lines)
 
 
+GOAL = 0.8
+"""Every data-path speed's goal: this fraction of a memory copy of the same bytes (issue 18)."""
+
+
+def render_markdown(figures: list[Figure]) -> str:
+    """The README's tables: every figure but the layout pairs, then the pairs as a matrix.
+
+    A speed below :data:`GOAL` of its baseline is marked, its note saying why.
+    """
+    from benchmarks.layouts import is_pair, pair_matrix
+
+    lines = [
+        "| figure | median | min..max | baseline (same run) | ratio | note |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for f in figures:
+        if is_pair(f):
+            continue
+        spread = "" if f.value_range is None else f"{f.value_range[0]:.3g}..{f.value_range[1]:.3g}"
+        baseline = "" if f.baseline is None else f"{f.baseline:.3g} {f.unit} ({f.baseline_name})"
+        ratio = ""
+        if f.ratio is not None:
+            ratio = f"{f.ratio:.2f}" + (" ✗" if f.unit == "GB/s" and f.ratio < GOAL else "")
+        lines.append(
+            f"| {f.name} | {f.value:.3g} {f.unit} | {spread} | {baseline} | {ratio} | {f.note} |"
+        )
+    matrix = pair_matrix(figures)
+    return "\n".join(lines) + ("\n\n" + matrix if matrix else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -69,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         help="timed runs of each side of a comparison, interleaved (7)",
     )
     parser.add_argument(
+        "--markdown", action="store_true", help="print the README's tables instead of the table"
+    )
+    parser.add_argument(
         "--only",
         metavar="NAME",
         action="append",
@@ -83,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in chosen:
         print(f"running {name} ...", file=sys.stderr, flush=True)
         figures.extend(importlib.import_module(name).run(args.quick))
-    print(render(figures))
+    print(render_markdown(figures) if args.markdown else render(figures))
     elapsed = time.perf_counter() - started
     print(
         f"\n{len(figures)} figures in {elapsed:.1f} s; torch {torch.__version__}, "

@@ -32,6 +32,21 @@ def test_quick_run_of_the_fast_benchmarks(
             assert low <= figure["value"] <= high and figure["repeats"] == 3
 
 
+def test_markdown_marks_figures_below_the_goal(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's tables come from a run: every figure a row, the layout pairs a matrix."""
+    from benchmarks.__main__ import GOAL, render_markdown
+    from benchmarks.figure import Figure
+
+    slow = Figure("convert flash_attn->kv_tuple", "GB/s", 1.0, 2.0, "memcpy", GOAL / 2)
+    fast = Figure("scatter into flashinfer, block 32", "GB/s", 2.0, 2.0, "memcpy", 1.0)
+    count = Figure("desc/1k tok", "count", 4000.0)
+    table = render_markdown([slow, fast, count])
+    assert "| scatter into flashinfer, block 32 | 2 GB/s |" in table and "| 1.00 |" in table
+    assert "| desc/1k tok | 4e+03 count |" in table
+    assert "| flash_attn |" in table and "0.40 ✗" in table, "a pair is a cell of the matrix"
+    assert "convert flash_attn->kv_tuple |" not in table.split("| from")[0]
+
+
 def test_interleaving_alternates_and_counts_every_run() -> None:
     """Both sides run equally often, alternating who goes first, after one warmup each."""
     from benchmarks.figure import interleaved

@@ -19,7 +19,8 @@ from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout, Field
 from kvspec.memory.presets import PRESETS
-from kvspec.tensors.dtypes import bits_view, dtype_name, torch_dtype
+from kvspec.tensors.copying import copy_bits
+from kvspec.tensors.dtypes import dtype_name, torch_dtype
 
 __all__ = [
     "CLAUSES",
@@ -595,13 +596,16 @@ def convert(
     *,
     block_size: int | None = None,
     source_block_size: int | None = None,
+    out: LayerCache | None = None,
 ) -> LayerCache:
     """``cache`` (in ``source``) as a new cache in ``target``, bit for bit [LAYOUT-3, LAYOUT-6].
 
     ``block_size`` is the target's block size: by default the source's (1 from token_major,
     and always 1 into token_major); ``source_block_size`` is a token pool's page size.
     Slot ``s`` of every field stays slot ``s``; the two layouts' cells must hold the same
-    fields.
+    fields. ``out``, a preallocated cache in ``target`` of the converted shape, dtype and
+    device that shares no storage with ``cache``, is written and returned instead of a
+    new one; every byte is moved once either way.
     """
     src, dst = get_layout(source), get_layout(target)
     shape = cache_shape(cache, src, block_size=source_block_size)
@@ -631,20 +635,55 @@ def convert(
             "converted [LAYOUT-6]"
         )
     views = field_views(cache, src, block_size=source_block_size)
-    # Uninitialised is safe: every slot of the target is written below.
-    out = _allocate(dst, out_shape, dtype, next(iter(views.values())).device, torch.empty)
+    device = next(iter(views.values())).device
     page = block_size if dst.merged_tokens else None
+    if out is None:
+        # Uninitialised is safe: every slot of the target is written below.
+        out = _allocate(dst, out_shape, dtype, device, torch.empty)
+    else:
+        _check_out(out, cache, dst, out_shape, dtype, device, page)
     if src.parts(shape.kv) == dst.parts(shape.kv) and src.element == dst.element:
         # The same record in the same order: move whole cells, fewer and longer copies.
         have_records, _, _ = _records(cache, src, source_block_size)
         want_records, _, _ = _records(out, dst, page)
         for have, want in zip(have_records, want_records, strict=True):
-            _copy_slots(bits_view(have), bits_view(want))  # bits, not values [DTYPE-2]
+            _copy_slots(have, want)
         return out
     targets = field_views(out, dst, block_size=page)
     for name, have in views.items():
-        _copy_slots(bits_view(have), bits_view(targets[name]))  # bits, not values [DTYPE-2]
+        _copy_slots(have, targets[name])
     return out
+
+
+def _check_out(
+    out: object,
+    cache: LayerCache,
+    dst: CacheLayout,
+    shape: CacheShape,
+    dtype: str,
+    device: torch.device,
+    page: int | None,
+) -> None:
+    """Refuse an ``out`` that is not a cache of ``shape`` in ``dst``, or shares ``cache``'s
+    storage [LAYOUT-3]."""
+    wanted = f"a {dst.name} cache {dst.shape} of {shape}, {dtype} on {device}"
+    try:
+        have = cache_shape(out, dst, block_size=page)
+        tensors, have_dtype = _tensors(out, dst)
+    except ValueError as error:
+        raise ValueError(f"out must be {wanted}; got {describe_cache(out)}: {error}") from None
+    if have != shape or have_dtype != dtype or any(t.device != device for t in tensors):
+        raise ValueError(
+            f"out must be {wanted}; got {describe_cache(out)}, read as {have}, {have_dtype} on "
+            f"{tensors[0].device} [LAYOUT-3]"
+        )
+    inputs = cache if isinstance(cache, (tuple, list)) else (cache,)
+    mine = {t.untyped_storage().data_ptr() for t in inputs}
+    if any(t.untyped_storage().data_ptr() in mine for t in tensors):
+        raise ValueError(
+            "out shares storage with the cache being converted; the converted cache shares "
+            "no storage with its input [LAYOUT-3]"
+        )
 
 
 def _fields_text(info: tuple[tuple[str, str, int], ...]) -> str:
@@ -652,17 +691,28 @@ def _fields_text(info: tuple[tuple[str, str, int], ...]) -> str:
 
 
 def _copy_slots(have: torch.Tensor, want: torch.Tensor) -> None:
-    """Copy slot s of ``have`` to slot s of ``want``, both [.., blocks, slots, heads, width]
-    [LAYOUT-3].
+    """Copy slot s of ``have`` to slot s of ``want``, both [.., blocks, slots, heads, width],
+    as bits [LAYOUT-3, DTYPE-2].
 
-    Their block sizes may differ: the target is viewed in the source's blocks where its
-    strides allow, so re-blocking costs no extra copy; otherwise the source is reshaped.
+    Their block sizes may differ. When one divides the other, the larger block axis is
+    split into the smaller blocks and the block axis of the smaller side into groups of
+    them — both views, whatever the strides — so re-blocking is one strided copy of each
+    byte. Otherwise the target is viewed in the source's blocks where its strides allow,
+    or the source is reshaped (which may copy).
     """
-    try:
-        target = want.view(have.shape)
-    except RuntimeError:
-        target, have = want, have.reshape(want.shape)
-    target.copy_(have)
+    small, large = sorted((have.shape[-3], want.shape[-3]))
+    if small != large and large % small == 0:
+        k = large // small
+        have, want = (
+            t.unflatten(-3, (k, small)) if t.shape[-3] == large else t.unflatten(-4, (-1, k))
+            for t in (have, want)
+        )
+    elif small != large:
+        try:
+            want = want.view(have.shape)
+        except RuntimeError:
+            have = have.reshape(want.shape)
+    copy_bits(want, have)
 
 
 def detect_layout(

@@ -8,9 +8,10 @@ RequestKV into a cache whose layout and block size may differ, with that cache's
 block ids [PAGED-4]. Ids out of range, repeated, or not exactly as many as the request
 needs are refused, never dropped, wrapped or padded [PAGED-2, PAGED-3].
 
-Data moves by whole blocks (an index_select or index_put per layer and K/V, plus a
-slice for a partial last block; never a loop over tokens) and as bits, not values
-[DTYPE-2], on whatever device the cache is on.
+Data moves by whole blocks (one indexed gather or scatter per layer and K/V over the
+block table as an index tensor, plus a slice for a partial last block; never a loop
+over blocks or tokens), each byte once, and as bits, not values [DTYPE-2], on whatever
+device the cache is on. A gather can write into a caller's preallocated tensor.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from kvspec.memory.cache_layout import (
     kv_views,
     layer_views,
 )
-from kvspec.tensors.dtypes import bit_equal, bits_view, dtype_name, torch_dtype
+from kvspec.tensors.copying import copy_bits, gather_blocks, scatter_blocks
+from kvspec.tensors.dtypes import bit_equal, dtype_name, torch_dtype
 from kvspec.tensors.kv import RequestKV, check_scales
 from kvspec.topology.model import ModelShape
 
@@ -354,32 +356,52 @@ def _block_split(
 
 
 def gather_request(
-    cache: PagedCache, block_ids: Sequence[int] | torch.Tensor, seq_len: int
+    cache: PagedCache,
+    block_ids: Sequence[int] | torch.Tensor,
+    seq_len: int,
+    *,
+    out: torch.Tensor | None = None,
 ) -> RequestKV:
     """The request in ``block_ids`` as token-major KV ``[layers, kv, seq_len, heads, head_dim]``.
 
     [PAGED-1..4]. The result is a new tensor on the cache's device with a copy of the
-    cache's scales.
+    cache's scales; or, with ``out`` (a contiguous tensor of that shape, the cache's dtype
+    and device, reused from request to request), ``out`` itself.
     """
     shape = cache.shape
     ids = check_block_ids(
         block_ids, num_blocks=shape.num_blocks, block_size=shape.block_size, seq_len=seq_len
     )
     blocks, last, in_full, rest = _block_split(ids, shape.block_size, seq_len, cache.device)
-    out = torch.empty(
-        (cache.num_layers, shape.kv, seq_len, shape.heads, shape.head_dim),
-        dtype=torch_dtype(cache.dtype),
-        device=cache.device,
-    )
-    out_bits = bits_view(out)
+    want = (cache.num_layers, shape.kv, seq_len, shape.heads, shape.head_dim)
+    dtype = torch_dtype(cache.dtype)
+    if out is None:
+        out = torch.empty(want, dtype=dtype, device=cache.device)
+    elif (
+        not isinstance(out, torch.Tensor)
+        or tuple(out.shape) != want
+        or out.dtype != dtype
+        or out.device != cache.device
+        or not out.is_contiguous()
+    ):
+        got = (
+            f"a {'' if out.is_contiguous() else 'non-contiguous '}{out.dtype} tensor of shape "
+            f"{list(out.shape)} on {out.device}"
+            if isinstance(out, torch.Tensor)
+            else type(out).__name__
+        )
+        raise ValueError(
+            f"out must be a contiguous {dtype} tensor of shape {list(want)} [layers, kv, "
+            f"seq_len, heads, head_dim] on {cache.device}; got {got} [PAGED-4]"
+        )
     for layer, layer_cache in enumerate(cache.layers):
         for k, view in enumerate(cache.views(layer_cache)):
-            source, target = bits_view(view), out_bits[layer, k]
+            target = out[layer, k]
             if len(blocks):
-                whole = target[:in_full].view(len(blocks), *source.shape[1:])
-                torch.index_select(source, 0, blocks, out=whole)
+                whole = target[:in_full].view(len(blocks), *view.shape[1:])
+                gather_blocks(view, blocks, whole)
             if last is not None:
-                target[in_full:] = source[last, :rest]
+                copy_bits(target[in_full:], view[last, :rest])
     scales = None if cache.scales is None else cache.scales.clone()
     return RequestKV(out, scales)
 
@@ -419,15 +441,17 @@ def scatter_request(
         _check_same_scales(kv.scales, cache.scales)
 
     blocks, last, in_full, rest = _block_split(ids, shape.block_size, seq_len, cache.device)
-    bits = bits_view(data.to(cache.device))
+    data = data.to(cache.device)
     for layer, layer_cache in enumerate(cache.layers):
-        for k, view in enumerate(cache.views(layer_cache)):
-            target, source = bits_view(view), bits[layer, k]
+        for k, target in enumerate(cache.views(layer_cache)):
+            source = data[layer, k]
             if len(blocks):
-                # Distinct ids [PAGED-2] make this index_put well defined.
-                target[blocks] = source[:in_full].reshape(len(blocks), *target.shape[1:])
+                # Distinct ids [PAGED-2] make this indexed write well defined; a strided
+                # source is read in place (reshape would copy it first).
+                whole = source[:in_full].unflatten(0, (len(blocks), shape.block_size))
+                scatter_blocks(whole, blocks, target)
             if last is not None:
-                target[last, :rest] = source[in_full:]
+                copy_bits(target[last, :rest], source[in_full:])
 
 
 def _check_same_scales(incoming: torch.Tensor, own: torch.Tensor) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from kvspec._checks import require_choice
 from kvspec.clause import Clause, must, refuses
+from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import bit_equal
 from kvspec.tensors.kv import RequestKV, check_request_kv
 from kvspec.tensors.slicing import HeadSlice, apply_head_slice, slice_heads
@@ -136,11 +137,20 @@ def send(
     return shipments
 
 
-def receive(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> RequestKV:
+def receive(
+    plan: TransferPlan,
+    dst: int,
+    shipments: Iterable[Shipment],
+    *,
+    out: torch.Tensor | None = None,
+) -> RequestKV:
     """Assemble receiver ``dst``'s shard from its shipments [RESHARD-3, SLICE-3, DTYPE-3].
 
     The order in which shipments arrive does not matter. When one shipment is the whole
-    shard, the result is (a view of) its data, not a copy.
+    shard, the result is (a view of) its data, not a copy. ``out``, a preallocated
+    ``[layers, kv, seq_len, heads, head_dim]`` tensor of the shipments' dtype and device,
+    receives the shard instead (always a copy, each byte moved once) and is the result's
+    data.
     """
     owner = rank_ownership(plan.target, plan.model, dst)
     by_src = _match_plan(plan, dst, shipments)
@@ -169,14 +179,16 @@ def receive(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> Requ
             edge.layers.start - owner.layers.start, edge.layers.stop - owner.layers.start
         )
         heads = slice(edge.heads.start - owner.heads.start, edge.heads.stop - owner.heads.start)
-        if len(by_src) == 1 and edge.heads == owner.heads and edge.layers == owner.layers:
+        whole = edge.heads == owner.heads and edge.layers == owner.layers
+        if len(by_src) == 1 and whole and out is None:
             return piece  # one shipment is the whole shard: nothing to place, nothing to copy
         if data is None:
             shape = (len(owner.layers), plan.model.kv_tensors, seq_lens[0], len(owner.heads))
-            data = sliced.new_empty((*shape, plan.model.head_dim))
+            shape += (plan.model.head_dim,)
+            data = sliced.new_empty(shape) if out is None else _check_out(out, shape, sliced, dst)
             if piece.scales is not None:
                 scales = piece.scales.new_empty((len(owner.layers), plan.model.kv_tensors))
-        data[layers, :, :, heads] = sliced
+        copy_bits(data[layers, :, :, heads], sliced)  # each byte once, as bits [DTYPE-2]
         if scales is not None and piece.scales is not None:
             _merge_scales(scales, scales_given, layers, piece.scales, src, dst)
     assert data is not None, "exact cover [PLAN-2] gives every receiver at least one edge"
@@ -184,19 +196,57 @@ def receive(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> Requ
 
 
 def reshard(
-    source_shards: Sequence[RequestKV], plan: TransferPlan, *, slicing: str = "sender"
+    source_shards: Sequence[RequestKV],
+    plan: TransferPlan,
+    *,
+    slicing: str = "sender",
+    out: Sequence[torch.Tensor] | None = None,
 ) -> list[RequestKV]:
-    """Run the whole plan: every sender sends, every receiver assembles [RESHARD-2]."""
+    """Run the whole plan: every sender sends, every receiver assembles [RESHARD-2].
+
+    ``out``, one preallocated tensor per target rank (see :func:`receive`), receives the
+    target shards: buffers reused from request to request cost no allocation.
+    """
     if len(source_shards) != plan.source.world_size:
         raise ValueError(
             f"expected {plan.source.world_size} source shards (one per rank of "
             f"{plan.source.describe()}), got {len(source_shards)}"
         )
+    if out is not None and len(out) != plan.target.world_size:
+        raise ValueError(
+            f"expected {plan.target.world_size} output tensors (one per rank of "
+            f"{plan.target.describe()}), got {len(out)}"
+        )
     inbox: dict[int, list[Shipment]] = {dst: [] for dst in plan.target.ranks()}
     for src, local in enumerate(source_shards):
         for shipment in send(plan, src, local, slicing=slicing):
             inbox[shipment.edge.dst].append(shipment)
-    return [receive(plan, dst, inbox[dst]) for dst in plan.target.ranks()]
+    return [
+        receive(plan, dst, inbox[dst], out=None if out is None else out[dst])
+        for dst in plan.target.ranks()
+    ]
+
+
+def _check_out(
+    out: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor, dst: int
+) -> torch.Tensor:
+    """``out`` if it can hold target rank ``dst``'s shard: its shape, dtype and device."""
+    if (
+        not isinstance(out, torch.Tensor)
+        or tuple(out.shape) != shape
+        or out.dtype != like.dtype
+        or out.device != like.device
+    ):
+        got = (
+            f"a {out.dtype} tensor of shape {list(out.shape)} on {out.device}"
+            if isinstance(out, torch.Tensor)
+            else type(out).__name__
+        )
+        raise ValueError(
+            f"out for target rank {dst} must be a {like.dtype} tensor of shape {list(shape)} "
+            f"[layers, kv, seq_len, heads, head_dim] on {like.device}; got {got} [RESHARD-1]"
+        )
+    return out
 
 
 def _match_plan(plan: TransferPlan, dst: int, shipments: Iterable[Shipment]) -> dict[int, Shipment]:

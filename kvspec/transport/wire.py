@@ -14,13 +14,14 @@ A message is a list of frames, ready for ``zmq`` ``send_multipart(frames, copy=F
 
 Encoding copies nothing for contiguous CPU tensors: each frame is a view of the
 tensor's memory; CUDA tensors (and non-contiguous ones) are copied to host once
-[WIRE-5]. Decoding trusts nothing [WIRE-4]: limits on header bytes, frame count,
-total bytes and layers are checked first, then the header is parsed strictly (JSON
-only: no pickle, no eval, nothing that runs data), every dtype is looked up in the
-allow-list by name and every frame's length must equal shape x itemsize before a
-tensor is made [WIRE-2, WIRE-3]. The decoded tensors are views of the received
-frames: no tensor memory is allocated. Every malformed input raises
-:class:`WireError`, a ``ValueError``.
+[WIRE-5] — into fresh memory, or into a caller's staging buffer (``encode(out=...)``,
+sized by :func:`staging_nbytes`) that a sender reuses from message to message.
+Decoding trusts nothing [WIRE-4]: limits on header bytes, frame count, total bytes and
+layers are checked first, then the header is parsed strictly (JSON only: no pickle, no
+eval, nothing that runs data), every dtype is looked up in the allow-list by name and
+every frame's length must equal shape x itemsize before a tensor is made [WIRE-2,
+WIRE-3]. The decoded tensors are views of the received frames: no tensor memory is
+allocated. Every malformed input raises :class:`WireError`, a ``ValueError``.
 
 Decoded tensors share memory with the frames; when a frame is read-only (``bytes``)
 do not write into its tensors.
@@ -42,6 +43,7 @@ import torch
 
 from kvspec._checks import INT64_MAX, require_int, show
 from kvspec.clause import Clause, must, refuses
+from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.transport.payload import CACHE_FIELDS, SCALE_FIELDS, TENSOR_FIELDS, Payload
 
@@ -167,6 +169,40 @@ DEFAULT_LIMITS = WireLimits()
 # -- encode -----------------------------------------------------------------------------
 
 
+_STAGING_ALIGN = 64
+"""Each staged tensor starts at a multiple of this many bytes of the staging buffer."""
+
+
+def _staged(tensor: torch.Tensor) -> bool:
+    """Whether encode must copy ``tensor`` to host memory: on a device or non-contiguous."""
+    return tensor.numel() > 0 and (tensor.device.type != "cpu" or not tensor.is_contiguous())
+
+
+def staging_nbytes(payload: Payload) -> int:
+    """Bytes a staging buffer needs to encode ``payload`` with ``encode(out=...)``: its
+    device and non-contiguous tensors, each at a 64-byte boundary [WIRE-5]."""
+    total = 0
+    for _, _, tensor in payload.tensors():
+        if _staged(tensor):
+            total = -(-total // _STAGING_ALIGN) * _STAGING_ALIGN + tensor.nbytes
+    return total
+
+
+def _stage(tensor: torch.Tensor, out: torch.Tensor, offset: int) -> tuple[torch.Tensor, int]:
+    """Copy ``tensor`` into ``out`` at the first 64-byte boundary from ``offset``, each byte
+    once; the copy (a view of ``out``) and the offset after it [WIRE-5]."""
+    start = -(-offset // _STAGING_ALIGN) * _STAGING_ALIGN
+    end = start + tensor.nbytes
+    if end > out.numel():
+        raise WireError(
+            f"encode's staging buffer holds {out.numel()} bytes; this payload needs at least "
+            f"{end} (staging_nbytes) [WIRE-5]"
+        )
+    staged = out[start:end].view(tensor.dtype).view(tensor.shape)
+    copy_bits(staged, tensor.detach())
+    return staged, end
+
+
 def _host_frame(tensor: torch.Tensor) -> memoryview | bytes:
     """The tensor's bytes as a frame: a view of its memory when it is contiguous on CPU."""
     tensor = tensor.detach()
@@ -181,18 +217,40 @@ def _host_frame(tensor: torch.Tensor) -> memoryview | bytes:
 
 
 def encode(
-    payload: Payload, *, limits: WireLimits = DEFAULT_LIMITS, checksum: bool = False
+    payload: Payload,
+    *,
+    limits: WireLimits = DEFAULT_LIMITS,
+    checksum: bool = False,
+    out: torch.Tensor | None = None,
 ) -> list[memoryview | bytes]:
     """The frames of one payload: a JSON header, then one frame per tensor [WIRE-1, WIRE-5].
 
     Refuses a payload that a decoder with the same ``limits`` would refuse [WIRE-2].
     ``checksum`` adds CRC-32s of the header and of every frame [WIRE-6]; computing them
-    reads every byte once.
+    reads every byte once. ``out``, a contiguous CPU uint8 tensor of at least
+    :func:`staging_nbytes` bytes, receives the device and non-contiguous tensors (their
+    frames are views of it, valid until it is reused) instead of fresh memory.
     """
     if not isinstance(payload, Payload):
         raise WireError(f"encode takes a Payload, got {type(payload).__name__} [WIRE-1]")
     _require_little_endian()
+    if out is not None and (
+        not isinstance(out, torch.Tensor)
+        or out.dtype != torch.uint8
+        or out.device.type != "cpu"
+        or out.dim() != 1
+        or not out.is_contiguous()
+    ):
+        got = (
+            f"a {out.dtype} tensor of shape {list(out.shape)} on {out.device}"
+            if isinstance(out, torch.Tensor)
+            else type(out).__name__
+        )
+        raise WireError(
+            f"encode's out must be a contiguous 1-d uint8 CPU tensor; got {got} [WIRE-5]"
+        )
     entries, frames = [], []
+    offset = 0
     for name, layer, tensor in payload.tensors():
         entries.append(
             {
@@ -202,6 +260,8 @@ def encode(
                 "shape": list(tensor.shape),
             }
         )
+        if out is not None and _staged(tensor):
+            tensor, offset = _stage(tensor, out, offset)
         frames.append(_host_frame(tensor))
     header = {
         "format": FORMAT,

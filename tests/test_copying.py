@@ -1,0 +1,231 @@
+"""One pass per byte: the bit movers, and every data path's preallocated-output form.
+
+Each ``out=`` form must give exactly the bits of the allocating form it shares a name
+with (LAYOUT-3, PAGED-4, RESHARD-2, WIRE-5), and refuse an output it cannot fill.
+"""
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvspec.memory.cache_layout import (
+    LAYOUTS,
+    CacheShape,
+    LayerCache,
+    convert,
+    empty_cache,
+    field_views,
+    kv_views,
+)
+from kvspec.memory.paged import empty_paged_cache, gather_request
+from kvspec.strategies import TransferCase, transfer_cases
+from kvspec.tensors.copying import copy_bits, gather_blocks, scatter_blocks, wide_bits
+from kvspec.tensors.dtypes import DTYPES, bit_equal, raw_bits, torch_dtype
+from kvspec.tensors.kv import kv_equal, random_request_kv
+from kvspec.tensors.reshard import reshard, shard
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
+from kvspec.transport.wire import WireError, decode, encode, staging_nbytes
+
+MHA_PLAIN = tuple(n for n, spec in LAYOUTS.items() if spec.kv_tensors in (2, None))
+
+
+def random_bits(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
+    """Random raw bits, NaN payloads and -0.0 included [DTYPE-2]."""
+    bits_dtype = raw_bits(torch.empty(0, dtype=torch_dtype(dtype))).dtype
+    info = torch.iinfo(bits_dtype)
+    generator = torch.Generator().manual_seed(seed)
+    bits = torch.randint(info.min, info.max, shape, dtype=bits_dtype, generator=generator)
+    return bits.view(torch_dtype(dtype))
+
+
+def same(a: LayerCache, b: LayerCache) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and bit_equal(a, b)
+    return len(a) == len(b) and all(bit_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@st.composite
+def strided_pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Random bits [blocks, a, b, width] read through a narrowed last axis and perhaps a
+    transpose, and a target of the same shape inside a larger random tensor read the other
+    way: the views the data paths copy between. Returns (source, target, target's base,
+    where the target starts in the base's last axis)."""
+    dtype = draw(st.sampled_from(tuple(DTYPES)))
+    blocks, a, b = (draw(st.integers(1, 4)) for _ in range(3))
+    width, start = draw(st.integers(1, 12)), draw(st.integers(0, 3))
+    pad = draw(st.integers(0, 3))
+    source = random_bits((blocks, a, b, width + start + pad), dtype, 1).narrow(-1, start, width)
+    if draw(st.booleans()):
+        source = source.transpose(1, 2)
+    shape = source.shape
+    base = random_bits((shape[0], shape[2], shape[1], width + start + pad), dtype, 2)
+    return source, base.narrow(-1, start, width).transpose(1, 2), base, start
+
+
+@given(pair=strided_pairs())
+def test_copy_bits_moves_every_bit_through_any_strides(
+    pair: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int],
+) -> None:
+    """DTYPE-2: a widened copy is the element-wise bit copy; nothing outside is touched."""
+    source, target, base, start = pair
+    expected = raw_bits(base).clone()
+    expected.narrow(-1, start, target.shape[-1]).transpose(1, 2).copy_(raw_bits(source))
+    copy_bits(target, source)
+    assert torch.equal(raw_bits(base), expected)
+
+
+def test_wide_bits_takes_the_widest_integer_the_views_allow() -> None:
+    heads = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16)
+    assert {t.dtype for t in wide_bits(heads, heads.transpose(1, 2))} == {torch.int64}
+    assert {t.dtype for t in wide_bits(heads[..., 2:], heads[..., 2:])} == {torch.int32}
+    assert {t.dtype for t in wide_bits(heads[..., 1:], heads[..., 1:])} == {torch.int16}
+    (view,) = wide_bits(heads)
+    view.fill_(-1)
+    assert torch.isnan(heads).all(), "a widened view writes the tensor's own storage"
+
+
+def test_copy_bits_refuses_other_shapes() -> None:
+    with pytest.raises(ValueError, match=r"target \[2, 3\] of 2 B, source \[3, 2\] of 2 B"):
+        copy_bits(torch.zeros(2, 3, dtype=torch.int16), torch.zeros(3, 2, dtype=torch.int16))
+
+
+@given(data=st.data(), dtype=st.sampled_from(tuple(DTYPES)))
+def test_gather_and_scatter_blocks_follow_the_index(data: st.DataObject, dtype: str) -> None:
+    """PAGED-1: out[i] = source[index[i]] and target[index[i]] = source[i], bit for bit."""
+    blocks = data.draw(st.integers(1, 6))
+    count = data.draw(st.integers(0, blocks))
+    index = torch.tensor(data.draw(st.permutations(range(blocks)))[:count], dtype=torch.long)
+    source = random_bits((blocks, 3, 2, 4), dtype, 3).transpose(1, 2)
+    out = torch.empty((count, 2, 3, 4), dtype=torch_dtype(dtype))
+    gather_blocks(source, index, out)
+    assert torch.equal(raw_bits(out), raw_bits(source)[index])
+    target_base = random_bits((blocks, 3, 2, 4), dtype, 4)
+    before = raw_bits(target_base).clone()
+    scatter_blocks(out, index, target_base.transpose(1, 2))
+    expected = before.clone()
+    expected.transpose(1, 2)[index] = raw_bits(out)
+    assert torch.equal(raw_bits(target_base), expected)
+
+
+BLOCK_CHANGES = ((4, 4), (2, 8), (8, 2), (4, 6))
+CONVERSIONS = [
+    (a, b, block, new)
+    for a, b in itertools.product(MHA_PLAIN, MHA_PLAIN)
+    for block, new in BLOCK_CHANGES
+    if "token_major" not in (a, b) or block == new  # token_major has block size 1
+]
+
+
+@pytest.mark.parametrize(("source", "target", "block", "new_block"), CONVERSIONS)
+def test_convert_into_out_is_the_allocating_convert(
+    source: str, target: str, block: int, new_block: int
+) -> None:
+    """LAYOUT-3: every plain MHA preset pair, same block size, either direction of a
+    re-blocking, and a block size neither divides: the same bits as a new cache."""
+    source_block = 1 if source == "token_major" else block
+    shape = CacheShape(2, 24 // source_block, source_block, 3, 8)
+    to_block = 1 if target == "token_major" else new_block
+    page = shape.block_size if LAYOUTS[source].merged_tokens else None
+    cache = empty_cache(source, shape, "bfloat16")
+    for k, view in enumerate(kv_views(cache, source, block_size=page)):
+        view.copy_(random_bits(tuple(view.shape), "bfloat16", k))
+    expected = convert(cache, source, target, block_size=to_block, source_block_size=page)
+    out_shape = CacheShape(2, shape.slots // to_block, to_block, 3, 8)
+    out = empty_cache(target, out_shape, "bfloat16")
+    got = convert(cache, source, target, block_size=to_block, source_block_size=page, out=out)
+    assert got is out and same(out, expected)
+
+
+def test_convert_refuses_an_out_it_cannot_fill() -> None:
+    shape = CacheShape(2, 4, 4, 2, 8)
+    cache = empty_cache("flash_attn", shape, "bfloat16")
+    small = empty_cache("flashinfer", CacheShape(2, 3, 4, 2, 8), "bfloat16")
+    with pytest.raises(ValueError, match=r"out must be a flashinfer cache .*num_blocks=3"):
+        convert(cache, "flash_attn", "flashinfer", out=small)
+    other_dtype = empty_cache("flashinfer", shape, "float16")
+    with pytest.raises(ValueError, match=r"bfloat16 on cpu; got .*float16"):
+        convert(cache, "flash_attn", "flashinfer", out=other_dtype)
+    with pytest.raises(ValueError, match="shares storage"):
+        convert(cache, "flash_attn", "flash_attn", out=cache)
+    with pytest.raises(ValueError, match=r"out must be a kv_tuple cache"):
+        convert(cache, "flash_attn", "kv_tuple", out=torch.zeros(3))
+
+
+def test_records_convert_into_out_bit_for_bit() -> None:
+    """LAYOUT-6: inline scales move with their cells into a preallocated cache too."""
+    shape = CacheShape(2, 4, 4, 2, 16)
+    cache = empty_cache("vllm_pth_hnd", shape, "float8_e4m3fn")
+    assert isinstance(cache, torch.Tensor)
+    cache.copy_(random_bits(tuple(cache.shape), "float8_e4m3fn", 5).view(cache.dtype))
+    out = empty_cache("vllm_pth_nhd", shape, "float8_e4m3fn")
+    convert(cache, "vllm_pth_hnd", "vllm_pth_nhd", out=out)
+    want = field_views(convert(cache, "vllm_pth_hnd", "vllm_pth_nhd"), "vllm_pth_nhd")
+    for name, view in field_views(out, "vllm_pth_nhd").items():
+        assert torch.equal(raw_bits(view), raw_bits(want[name])), name
+
+
+def test_gather_into_out_is_the_allocating_gather() -> None:
+    cache = empty_paged_cache(
+        "flash_attn_hnd", num_layers=2, num_blocks=6, block_size=4, heads=3, head_dim=4,
+        dtype="bfloat16",
+    )  # fmt: skip
+    for layer in cache.layers:
+        assert isinstance(layer, torch.Tensor)
+        layer.copy_(random_bits(tuple(layer.shape), "bfloat16", 6))
+    ids = [4, 0, 5]
+    out = torch.empty(2, 2, 10, 3, 4, dtype=torch.bfloat16)
+    got = gather_request(cache, ids, 10, out=out)
+    assert got.data is out and kv_equal(got, gather_request(cache, ids, 10))
+    with pytest.raises(ValueError, match=r"shape \[2, 2, 10, 3, 4\].*got a .*shape \[2, 2, 9, 3"):
+        gather_request(cache, ids, 10, out=out[:, :, :9])
+    with pytest.raises(ValueError, match="non-contiguous"):
+        gather_request(cache, ids, 10, out=out.transpose(3, 4).contiguous().transpose(3, 4))
+
+
+@given(
+    case=transfer_cases(),
+    seq_len=st.integers(1, 3),
+    slicing=st.sampled_from(("sender", "receiver")),
+)
+def test_reshard_into_out_is_the_allocating_reshard(
+    case: TransferCase, seq_len: int, slicing: str
+) -> None:
+    """RESHARD-2: the same target shards, written into the caller's tensors."""
+    full = random_request_kv(case.model, seq_len, seed=seq_len)
+    plan = case.plan()
+    expected = shard(full, case.target, case.model)
+    outs = [torch.empty_like(e.data) for e in expected]
+    got = reshard(shard(full, case.source, case.model), plan, slicing=slicing, out=outs)
+    for rank, (want, have, out) in enumerate(zip(expected, got, outs, strict=True)):
+        assert have.data is out and kv_equal(have, want), f"target rank {rank}"
+
+
+def test_reshard_refuses_outputs_that_do_not_fit() -> None:
+    model = ModelShape(2, 4, 8)
+    plan = plan_transfer(StageLayout(4), StageLayout(2), model)
+    shards = shard(random_request_kv(model, 3), StageLayout(4), model)
+    with pytest.raises(ValueError, match=r"expected 2 output tensors .* got 1"):
+        reshard(shards, plan, out=[torch.empty(0)])
+    wrong = [torch.empty(2, 2, 3, 2, 8, dtype=torch.float16)] * 2
+    with pytest.raises(ValueError, match=r"out for target rank 0 must be a torch.bfloat16 tensor"):
+        reshard(shards, plan, out=wrong)
+
+
+def test_encode_into_staging_gives_the_same_frames() -> None:
+    """WIRE-5: strided tensors staged in the caller's buffer frame the same bytes."""
+    from benchmarks.codec import _payloads
+
+    for payload in _payloads(8, 2):
+        staging = torch.empty(staging_nbytes(payload), dtype=torch.uint8)
+        staged, fresh = encode(payload, out=staging), encode(payload)
+        assert [bytes(f) for f in staged] == [bytes(f) for f in fresh]
+        assert decode(staged).request_id == payload.request_id
+        with pytest.raises(WireError, match=r"holds 1 bytes; this payload needs at least"):
+            encode(payload, out=staging[:1])
+        with pytest.raises(WireError, match=r"uint8 CPU tensor; got a torch.float32 tensor"):
+            encode(payload, out=torch.empty(4))
