@@ -34,6 +34,8 @@ POLL_MS = 20
 DONE_TIMEOUT_S = STOP_TIMEOUT_S + 3.0
 """How long the coordinator waits for the other workers to confirm their ranks stopped."""
 DUMP_TIMEOUT_S = 2.0
+EXIT_TIMEOUT_S = 30.0
+"""How long a worker whose ranks stopped waits for the coordinator's exit status."""
 
 
 def shares(ranks: list[RankId], workers: int) -> list[list[RankId]]:
@@ -43,7 +45,8 @@ def shares(ranks: list[RankId], workers: int) -> list[list[RankId]]:
             f"{workers} torchrun workers but the run has only {len(ranks)} ranks: every "
             "worker must host at least one (use fewer workers or a larger run)"
         )
-    return [ranks[w * len(ranks) // workers : (w + 1) * len(ranks) // workers] for w in range(workers)]
+    n = len(ranks)
+    return [ranks[w * n // workers : (w + 1) * n // workers] for w in range(workers)]
 
 
 def senders(ranks: list[RankId], config: SimConfig) -> list[str]:
@@ -183,7 +186,6 @@ class Coordinator(Cluster):
                 self.stacks[worker] = str(message["stacks"])
             else:
                 self.strangers["board messages"] += 1
-        self._guard(self.board.beat)
         now = time.monotonic()
         if now - self.last_check < 1.0:
             return
@@ -199,6 +201,15 @@ class Coordinator(Cluster):
                 )
                 for who in self.share[worker]:
                     self.remote_dead.setdefault(who.tag, self.lost[worker])
+
+    def tell_exit(self, code: int) -> None:
+        """Every other worker exits with the run's status, so torchrun's agents agree: a
+        worker that succeeded while another failed would wait at torchrun's exit barrier."""
+        for worker in self.others:
+            if worker not in self.lost:
+                with suppress(Exception):
+                    self.board.post(worker, [{"exit": code}])
+        self.board.stop_beating()
 
     def _end_agents(self) -> None:
         """Tell every other worker the run is over; wait until their ranks have stopped."""
@@ -235,12 +246,14 @@ class Agent(Cluster):
         self.last_check = 0.0
         self.connect_endpoints: dict[str, str] | None = None
 
-    def serve(self) -> str | None:
-        """Run until the coordinator ends the run; the reason when it ended otherwise."""
+    def serve(self) -> tuple[int, str | None]:
+        """Run until the coordinator ends the run: (exit status, the reason when it
+        ended otherwise). The status is the coordinator's, so torchrun's agents agree."""
         setup = max(60.0, self.config.timeout)
         deadline = time.monotonic() + 2 * setup + self.config.timeout
         deadline += 2 * BOOKS_TIMEOUT_S + DONE_TIMEOUT_S + 2 * LOST_S
         problem = None
+        self.board.start_beating()
         self._open_control()
         try:
             self._start_hosts(self.share)
@@ -266,9 +279,27 @@ class Agent(Cluster):
                 self.control.close(linger=0)
                 if self.dump_dir is not None:
                     shutil.rmtree(self.dump_dir, ignore_errors=True)
-        with suppress(Exception):
+        if problem is not None:
+            self.board.stop_beating()
+            return 1, problem
+        try:
             self.board.post(0, [{"done": True, "strangers": dict(self.strangers)}])
-        return problem
+            return self._await_exit(), None
+        except Exception as error:
+            return 1, f"lost the coordinator at the end: {type(error).__name__}: {error}"
+        finally:
+            self.board.stop_beating()
+
+    def _await_exit(self) -> int:
+        """The run's exit status, as the coordinator tells it once its report is made."""
+        end = time.monotonic() + EXIT_TIMEOUT_S
+        while time.monotonic() < end:
+            for _, message in self.board.receive([0]):
+                code = message.get("exit")
+                if isinstance(code, int) and not isinstance(code, bool):
+                    return code
+            time.sleep(POLL_MS / 1000)
+        raise TimeoutError(f"no exit status from the coordinator within {EXIT_TIMEOUT_S:g} s")
 
     def _on_event(self, tag: str, event: dict[str, Any]) -> None:
         kind = event.get("ev")
@@ -299,7 +330,6 @@ class Agent(Cluster):
                 self.board.post(0, [{"stacks": self._dump_stacks()}])
             elif message.get("end"):
                 self.ended = True
-        self.board.beat()
         now = time.monotonic()
         if now - self.last_check >= 1.0:
             self.last_check = now

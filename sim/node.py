@@ -36,6 +36,7 @@ from sim.endpoints import RankId, all_ranks, port_is_free
 from sim.multihost import Agent, Coordinator, shares
 from sim.progress import ProgressBar
 from sim.rendezvous import Board, BoardError
+from sim.report import SimReport
 
 PROG = "python -m sim.node"
 JOIN_TIMEOUT_S = 60.0
@@ -107,9 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             dist.rendezvous("env://", timeout=timedelta(seconds=JOIN_TIMEOUT_S))
         )
     except Exception as error:
-        print(f"{PROG}: worker {worker}: cannot reach the rendezvous store: {error}", file=sys.stderr)
+        print(
+            f"{PROG}: worker {worker}: cannot reach the rendezvous store: {error}", file=sys.stderr
+        )
         return 2
-    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    env = os.environ
+    run = f"{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     board = Board(store, worker, workers, run)
     try:
         records = board.join(config.host, config.to_dict(), time.monotonic() + JOIN_TIMEOUT_S)
@@ -124,11 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: worker {worker}: the rendezvous store failed: {error}", file=sys.stderr)
         return 2
     if worker != 0:
-        problem = Agent(config, board, secret).serve()
+        code, problem = Agent(config, board, secret).serve()
         if problem:
             print(f"{PROG}: worker {worker} on {config.host}: {problem}", file=sys.stderr)
-            return 1
-        return 0
+        return code
     return _coordinate(args, config, board, hosts, secret, share)
 
 
@@ -144,14 +147,16 @@ def _coordinate(
     if exposed:
         print(f"{PROG}: exposed: {exposed}", file=sys.stderr)
     bar = None if args.quiet else ProgressBar(config.requests * config.replicas)
-    coordinator = Coordinator(
-        config, board, hosts, secret, progress=bar.update if bar else None
-    )
+    coordinator = Coordinator(config, board, hosts, secret, progress=bar.update if bar else None)
+    board.start_beating()
+    code = 2
     try:
         report = coordinator.run()
+        code = _status(report)
     finally:
         if bar:
             bar.close()
+        coordinator.tell_exit(code)
     per_host = host_lines(hosts, share, coordinator)
     if args.json != STDOUT:
         print(report.render())
@@ -168,6 +173,11 @@ def _coordinate(
             for w in range(len(hosts))
         ]
         write_json(args.json, data)
+    return code
+
+
+def _status(report: SimReport) -> int:
+    """The exit status ``sim run`` gives the same report."""
     if report.interrupted:
         return 130
     if report.setup_error:

@@ -24,6 +24,7 @@ into a lost coordinator, never a hang.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -33,8 +34,8 @@ from sim import messages
 STORE_TIMEOUT_S = 10.0
 """How long one store operation may block before the store counts as unreachable."""
 BEAT_S = 0.5
-"""How often a worker bumps its heartbeat counter."""
-LOST_S = 10.0
+"""How often a worker bumps its heartbeat counter (from a thread of its own)."""
+LOST_S = 5.0
 """A worker whose heartbeat has not moved for this long is lost (its host or link died)."""
 PREFIX = "kvspec-sim"
 
@@ -71,7 +72,8 @@ class Board:
         self.sent: dict[int, int] = {}  # per destination: batches posted
         self.read: dict[int, int] = {}  # per source: batches read
         self.beats: dict[int, tuple[int, float]] = {}  # worker -> (counter, when it moved)
-        self.last_beat = 0.0
+        self.stopped = threading.Event()
+        self.beater: threading.Thread | None = None
 
     # -- plain values ----------------------------------------------------------------
     def put(self, key: str, value: dict[str, Any]) -> None:
@@ -92,7 +94,6 @@ class Board:
                 return
             if time.monotonic() > deadline:
                 raise BoardError(f"{what}: still missing {', '.join(missing[:8])}")
-            self.beat()
             time.sleep(0.05)
 
     # -- joining ---------------------------------------------------------------------
@@ -175,11 +176,23 @@ class Board:
         return out
 
     # -- liveness --------------------------------------------------------------------
-    def beat(self) -> None:
-        now = time.monotonic()
-        if now - self.last_beat >= BEAT_S:
-            self.store.add(f"hb/{self.worker}", 1)
-            self.last_beat = now
+    def start_beating(self) -> None:
+        """Bump this worker's heartbeat every :data:`BEAT_S` from a thread of its own, so
+        a busy or sleeping main loop is never mistaken for a lost host (the store's
+        client serialises its operations, so the thread may share it)."""
+
+        def beat() -> None:
+            while not self.stopped.wait(BEAT_S):
+                try:
+                    self.store.add(f"hb/{self.worker}", 1)
+                except Exception:  # the store is gone: the main loop will find out
+                    return
+
+        self.beater = threading.Thread(target=beat, name="kvspec-heartbeat", daemon=True)
+        self.beater.start()
+
+    def stop_beating(self) -> None:
+        self.stopped.set()
 
     def silent_for(self, worker: int) -> float:
         """Seconds since worker ``worker``'s heartbeat last moved, by this worker's clock."""
