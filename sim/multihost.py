@@ -95,6 +95,9 @@ class Coordinator(Cluster):
             self.outbox[worker].append({"rank": tag, "cmd": command})
 
     def _broadcast(self, command: dict[str, Any], *, only: list[str] | None = None) -> None:
+        if command.get("cmd") in ("go", "finish"):  # for anyone watching the store
+            with suppress(_Abort):
+                self._guard(lambda: self.board.put("phase", {"phase": command["cmd"]}))
         super()._broadcast(command, only=only)
         with suppress(_Abort):  # booked as an error; the next poll ends the run
             self._flush()

@@ -12,6 +12,7 @@ itself (nothing from the store is ever unpickled):
 - ``ep/<tag>``: the KV endpoint a sender really bound; receivers look it up here;
 - ``mb/<src>/<dst>/<n>``: worker ``src``'s ``n``-th batch of messages to worker ``dst``
   (one writer per mailbox, so order holds without locks; read batches are deleted);
+- ``phase``: ``go`` once every rank is ready and traffic starts, then ``finish``;
 - ``hb/<w>``: a counter worker ``w`` bumps every second; a worker whose counter stops
   moving (by the reader's own clock, so no clocks are compared across hosts) is lost.
 

@@ -3,10 +3,11 @@
 Two kinds of host: *loopback* hosts are addresses 127.a.b.1, 127.a.b.2, ... drawn at
 random per test (so concurrent tests never share an address, and any port on them is
 ours); *namespace* hosts are Linux network namespaces joined by a bridge, one address
-each (root only; :func:`netns_unavailable` says why they cannot be made). Every torchrun
-runs in a session of its own so that it, its workers and their rank processes can be
-found and killed as one group; :meth:`Hosts.close` kills whatever is left and removes
-every namespace, link and bridge it made, also when the test failed.
+each (root only; :func:`netns_unavailable` says why they cannot be made). Every process a
+host's torchrun starts carries a mark in its environment, so that it, its workers and
+their rank processes can be found and killed together; :meth:`Hosts.close` kills
+whatever is left and removes every namespace, link and bridge it made, also when the
+test failed.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def torchrun_command(
-    nnodes: int, endpoint: str, run_id: str, flags: list[str], host: str
+    nnodes: int, endpoint: str, run_id: str, flags: list[str], host: str, conf: str = ""
 ) -> list[str]:
     """The README's two-node command, for ``nnodes`` hosts: the same on every host but
-    ``--host``, this host's own address (the one its senders bind and publish)."""
+    ``--host``, this host's own address (the one its senders bind and publish).
+    ``conf`` adds rendezvous options (see :meth:`Hosts.start`)."""
     return [
         TORCHRUN,
         "--nnodes",
@@ -46,7 +48,7 @@ def torchrun_command(
         "--rdzv-id",
         run_id,
         "--rdzv-conf",
-        "join_timeout=60",
+        "join_timeout=60" + conf,
         "-m",
         "sim.node",
         *flags,
@@ -55,34 +57,46 @@ def torchrun_command(
     ]
 
 
+TOKEN = "KVSPEC_TEST_HOST"
+"""An environment variable every process of a simulated host inherits: torchrun starts
+its workers in sessions of their own, and orphans lose their parent, so a host's
+processes are found by this mark, never by group or parentage."""
+
+
+def _marked(mark: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
 @dataclass
 class Launched:
-    """One host's torchrun, in a session (process group) of its own."""
+    """One host's torchrun; every process it starts carries its mark."""
 
     host: str
     process: subprocess.Popen[str]
+    token: str
 
     @property
-    def group(self) -> int:
-        return self.process.pid  # start_new_session: the leader's pid is the group's id
+    def mark(self) -> bytes:
+        return f"{TOKEN}={self.token}".encode()
 
     def members(self) -> list[int]:
-        """Every process still in this host's group (torchrun, its worker, rank processes)."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) == self.group and fields[0] != "Z":
-                found.append(int(entry.name))
-        return found
+        """Every process of this host still running (torchrun, its worker, rank processes)."""
+        return _marked(self.mark)
 
-    def worker_rank(self) -> int | None:
-        """The global rank of this host's sim.node worker, read from its environment."""
+    def worker_env(self) -> dict[str, str] | None:
+        """The environment torchrun gave this host's sim.node worker (None until it runs)."""
         for pid in self.members():
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -90,14 +104,23 @@ class Launched:
             except OSError:
                 continue
             if b"sim.node" in cmdline and b"torchrun" not in cmdline:
-                for item in env:
-                    if item.startswith(b"RANK="):
-                        return int(item[5:])
+                pairs = (item.decode(errors="replace").partition("=") for item in env if item)
+                found = {k: v for k, _, v in pairs}
+                if "RANK" in found:
+                    return found
         return None
 
+    def worker_rank(self) -> int | None:
+        """The global rank of this host's sim.node worker, read from its environment."""
+        env = self.worker_env()
+        return None if env is None else int(env["RANK"])
+
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.group, signal.SIGKILL)
+        """Every process of this host at once, as when the machine dies."""
+        for _ in range(3):  # a process forked meanwhile is caught by the next pass
+            for pid in self.members():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -110,6 +133,8 @@ class Hosts:
     links: list[str] = field(default_factory=list)
     bridge: str | None = None
     launched: list[Launched] = field(default_factory=list)
+    endpoint: str = ""
+    run_id: str = ""
 
     def free_port(self) -> int:
         """A port free on the first host's address (namespaces start with every port free)."""
@@ -121,13 +146,19 @@ class Hosts:
 
     def start(self, flags: list[str], *, per_host: list[list[str]] | None = None) -> None:
         """One torchrun per host with ``flags`` (plus that host's ``per_host`` flags)."""
-        endpoint = f"{self.addresses[0]}:{self.free_port()}"
-        run_id = f"kvspec-{secrets.token_hex(4)}"
+        self.endpoint = endpoint = f"{self.addresses[0]}:{self.free_port()}"
+        self.run_id = run_id = f"kvspec-{secrets.token_hex(4)}"
         extra = per_host or [[] for _ in self.addresses]
-        for host, prefix, more in zip(self.addresses, self.wrap, extra, strict=True):
+        for i, (host, prefix, more) in enumerate(
+            zip(self.addresses, self.wrap, extra, strict=True)
+        ):
+            # On loopback every 127.x address is this machine to torchrun, so each host
+            # would try to host the rendezvous store: say that the first one does.
+            conf = "" if self.namespaces else f",is_host={str(i == 0).lower()}"
             command = prefix + torchrun_command(
-                len(self.addresses), endpoint, run_id, [*flags, *more], host
+                len(self.addresses), endpoint, run_id, [*flags, *more], host, conf
             )
+            token = secrets.token_hex(6)
             process = subprocess.Popen(
                 command,
                 cwd=REPO,
@@ -135,9 +166,39 @@ class Hosts:
                 stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                env={**os.environ, "OMP_NUM_THREADS": "1", TOKEN: token},
             )
-            self.launched.append(Launched(host, process))
+            self.launched.append(Launched(host, process, token))
+
+    def await_phase(self, phase: str, timeout: float) -> None:
+        """Wait until the run's coordinator publishes ``phase`` on its board (sim.rendezvous)
+        in the workers' store, reached from the first host (a namespace: from inside it)."""
+        script = (
+            "import sys, time, datetime, torch.distributed as d\n"
+            "h, p, run, phase, t = sys.argv[1:]\n"
+            "end = time.monotonic() + float(t)\n"
+            "while time.monotonic() < end:\n"
+            "    try:\n"
+            "        s = d.TCPStore(h, int(p), is_master=False, "
+            "timeout=datetime.timedelta(seconds=5))\n"
+            "        s = d.PrefixStore(f'kvspec-sim/{run}/0', s)\n"
+            "        while time.monotonic() < end:\n"
+            "            if s.check(['phase']) and phase.encode() in s.get('phase'):\n"
+            "                sys.exit(0)\n"
+            "            time.sleep(0.1)\n"
+            "    except Exception:\n"
+            "        time.sleep(0.2)\n"
+            "sys.exit(1)\n"
+        )
+        env = None
+        while env is None:
+            env = self.launched[0].worker_env()
+            time.sleep(0.1)
+        # torchrun's workers share a store of their own, not the rendezvous endpoint's
+        host, port = env["MASTER_ADDR"], env["MASTER_PORT"]
+        command = [*self.wrap[0], sys.executable, "-c", script, host, port, self.run_id]
+        done = subprocess.run([*command, phase, str(timeout)], capture_output=True, text=True)
+        assert done.returncode == 0, f"the run never reached {phase!r}: {done.stderr[-2000:]}"
 
     def wait(self, timeout: float) -> list[tuple[int | None, str, str]]:
         """(exit status, stdout, stderr) per host; status None if it outlived ``timeout``."""

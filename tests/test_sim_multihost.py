@@ -85,25 +85,32 @@ def test_three_loopback_hosts_tp4_over_two_to_tp2(loopback, tmp_path: Path) -> N
 def test_a_cut_loopback_host_fails_its_requests_with_reasons(loopback, tmp_path: Path) -> None:
     """A host killed mid-run: every request verified or failed with its reason; the
     survivors notice within the heartbeat limit, end, and leave nothing running."""
-    hosts = loopback(2)
-    flags = ["--source-tp", "2", "--target-tp", "2", "--requests", "12", *SMALL]
+    hosts = loopback(3)
+    flags = ["--source-tp", "4", "--target-tp", "2", "--requests", "12", *SMALL]
     hosts.start([*flags, "--faults", "delay=0.5s", "--json", str(tmp_path / "r.json")])
     victim = _non_coordinator(hosts)
-    time.sleep(2.0)  # the run is going: each sender spends 6 s on its 12 delayed messages
+    hosts.await_phase("go", RUN_TIMEOUT_S)
+    time.sleep(1.0)  # mid-run: each sender spends 6 s on its 12 delayed messages
     started = time.monotonic()
     hosts.cut(victim)
     results = hosts.wait(RUN_TIMEOUT_S)
     assert time.monotonic() - started < 60, "the survivors took too long to notice"
     assert hosts.leftovers() == []
-    survivor = results[1 - victim]
-    assert survivor[0] == 1, survivor[2][-3000:]
+    for i, (code, _, stderr) in enumerate(results):
+        if i != victim:
+            assert code == 1, stderr[-3000:]  # the run failed requests: every worker says so
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["requests"]["total"] == 12 and data["requests"]["failed"] >= 1
     for failure in data["failures"]:
         assert failure["reasons"], failure
     lost = [h for h in data["hosts"] if h["lost"]]
     assert [h["host"] for h in lost] == [hosts.addresses[victim]]
-    assert any("lost" in r for f in data["failures"] for r in f["reasons"]), data["failures"]
+    assert all("died" in r for f in data["failures"] for r in f["reasons"]), data["failures"]
+    victims = lost[0]["ranks"]  # tags r0s<stage>k<rank>
+    assert sorted(d.split(":")[0] for d in data["dead_ranks"]) == sorted(
+        f"replica 0 stage {t[3]} rank {t[5]}" for t in victims
+    )
+    assert all("was lost (no heartbeat" in d for d in data["dead_ranks"]), data["dead_ranks"]
 
 
 def test_mismatched_configurations_are_refused_naming_both(loopback) -> None:
@@ -120,12 +127,13 @@ def test_mismatched_configurations_are_refused_naming_both(loopback) -> None:
 
 
 def _non_coordinator(hosts: Hosts) -> int:
-    """The index of a host whose worker is not global rank 0 (waits for the workers)."""
+    """A host to cut: neither the coordinator's (worker 0) nor the first, which hosts
+    torchrun's rendezvous store (losing it ends the whole job in torchrun itself)."""
     end = time.monotonic() + 120
     while time.monotonic() < end:
         ranks = [launched.worker_rank() for launched in hosts.launched]
         if None not in ranks:
-            return ranks.index(1)
+            return next(i for i in range(1, len(ranks)) if ranks[i] != 0)
         time.sleep(0.2)
     raise AssertionError("the sim.node workers never started")
 
@@ -148,7 +156,8 @@ def test_three_namespace_hosts_with_a_link_cut(namespaces, tmp_path: Path) -> No
     flags = ["--source-tp", "4", "--target-tp", "2", "--requests", "12", *SMALL]
     hosts.start([*flags, "--faults", "delay=0.5s", "--json", str(tmp_path / "cut.json")])
     victim = _non_coordinator(hosts)
-    time.sleep(2.0)
+    hosts.await_phase("go", RUN_TIMEOUT_S)
+    time.sleep(1.0)
     hosts.cut(victim)
     results = hosts.wait(RUN_TIMEOUT_S)
     assert all(code is not None for code, _, _ in results), "a host outlived the deadline"
