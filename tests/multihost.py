@@ -49,6 +49,8 @@ def torchrun_command(
         run_id,
         "--rdzv-conf",
         "join_timeout=60" + conf,
+        "--local-addr",
+        host,
         "-m",
         "sim.node",
         *flags,
@@ -152,9 +154,10 @@ class Hosts:
         for i, (host, prefix, more) in enumerate(
             zip(self.addresses, self.wrap, extra, strict=True)
         ):
-            # On loopback every 127.x address is this machine to torchrun, so each host
-            # would try to host the rendezvous store: say that the first one does.
-            conf = "" if self.namespaces else f",is_host={str(i == 0).lower()}"
+            # Say which host hosts the rendezvous store (the first); torchrun's guess
+            # compares the endpoint with the machine's hostname, which on loopback
+            # matches every host and in a namespace matches none.
+            conf = f",is_host={str(i == 0).lower()}"
             command = prefix + torchrun_command(
                 len(self.addresses), endpoint, run_id, [*flags, *more], host, conf
             )
