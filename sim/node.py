@@ -127,12 +127,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # the store's own errors (a timeout, a lost connection)
         print(f"{PROG}: worker {worker}: the rendezvous store failed: {error}", file=sys.stderr)
         return 2
+    board.start_watchdog(lambda idle: _cut_off(worker, config.host, idle))
     if worker != 0:
         code, problem = Agent(config, board, secret).serve()
         if problem:
             print(f"{PROG}: worker {worker} on {config.host}: {problem}", file=sys.stderr)
         return code
     return _coordinate(args, config, board, hosts, secret, share)
+
+
+def _cut_off(worker: int, host: str, idle: float) -> None:
+    """The store has not answered for ``idle`` seconds: this host is cut off. End now;
+    the rank processes end within a second once their parent is gone."""
+    print(
+        f"{PROG}: worker {worker} on {host}: cut off: the rendezvous store has not answered "
+        f"for {idle:.0f} s; ending this host's ranks",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(1)
 
 
 def _coordinate(

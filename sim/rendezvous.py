@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -38,6 +39,8 @@ BEAT_S = 0.5
 """How often a worker bumps its heartbeat counter (from a thread of its own)."""
 LOST_S = 5.0
 """A worker whose heartbeat has not moved for this long is lost (its host or link died)."""
+STUCK_S = 30.0
+"""A worker whose board has answered nothing for this long is cut off, and ends."""
 PREFIX = "kvspec-sim"
 
 
@@ -74,6 +77,7 @@ class Board:
         self.read: dict[int, int] = {}  # per source: batches read
         self.beats: dict[int, tuple[int, float]] = {}  # worker -> (counter, when it moved)
         self.stopped = threading.Event()
+        self.last_ok = time.monotonic()
         self.beater: threading.Thread | None = None
 
     # -- plain values ----------------------------------------------------------------
@@ -174,6 +178,7 @@ class Board:
                 self.store.delete_key(key)
                 self.read[src] = n + 1
                 out += [(src, m) for m in batch if isinstance(m, dict)]
+        self.last_ok = time.monotonic()
         return out
 
     # -- liveness --------------------------------------------------------------------
@@ -194,6 +199,20 @@ class Board:
 
     def stop_beating(self) -> None:
         self.stopped.set()
+
+    def start_watchdog(self, on_stuck: Callable[[float], None]) -> None:
+        """Call ``on_stuck(seconds)`` from a thread when no :meth:`receive` has completed
+        for :data:`STUCK_S`: a store operation blocked on a cut link may not honour the
+        store's timeout, and a worker cut off must still end (and so its ranks)."""
+
+        def watch() -> None:
+            while not self.stopped.wait(1.0):
+                idle = time.monotonic() - self.last_ok
+                if idle > STUCK_S:
+                    on_stuck(idle)
+                    return
+
+        threading.Thread(target=watch, name="kvspec-store-watchdog", daemon=True).start()
 
     def silent_for(self, worker: int) -> float:
         """Seconds since worker ``worker``'s heartbeat last moved, by this worker's clock."""

@@ -97,6 +97,18 @@ class Launched:
         """Every process of this host still running (torchrun, its worker, rank processes)."""
         return _marked(self.mark)
 
+    def sim_members(self) -> list[int]:
+        """This host's sim processes (its sim.node worker and rank processes), torchrun aside."""
+        found = []
+        for pid in self.members():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"torchrun" not in cmdline:
+                found.append(pid)
+        return found
+
     def worker_env(self) -> dict[str, str] | None:
         """The environment torchrun gave this host's sim.node worker (None until it runs)."""
         for pid in self.members():
@@ -203,11 +215,15 @@ class Hosts:
         done = subprocess.run([*command, phase, str(timeout)], capture_output=True, text=True)
         assert done.returncode == 0, f"the run never reached {phase!r}: {done.stderr[-2000:]}"
 
-    def wait(self, timeout: float) -> list[tuple[int | None, str, str]]:
-        """(exit status, stdout, stderr) per host; status None if it outlived ``timeout``."""
+    def wait(self, timeout: float, *, skip: int | None = None) -> list[tuple[int | None, str, str]]:
+        """(exit status, stdout, stderr) per host; status None if it outlived ``timeout``.
+        Host ``skip`` is not waited for (its entry is None, "", "")."""
         end = time.monotonic() + timeout
-        out = []
-        for launched in self.launched:
+        out: list[tuple[int | None, str, str]] = []
+        for i, launched in enumerate(self.launched):
+            if i == skip:
+                out.append((None, "", ""))
+                continue
             try:
                 stdout, stderr = launched.process.communicate(
                     timeout=max(0.1, end - time.monotonic())
