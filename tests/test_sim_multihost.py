@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -21,7 +22,14 @@ import pytest
 import torch.distributed as dist
 
 from sim.rendezvous import Board, BoardError, config_digest
-from tests.multihost import Hosts, loopback_hosts, netns_hosts, netns_unavailable
+from tests.multihost import (
+    REPO,
+    Hosts,
+    loopback_hosts,
+    netns_hosts,
+    netns_unavailable,
+    torchrun_command,
+)
 
 SMALL = ["--kv-heads", "4", "--layers", "2", "--head-dim", "16", "--seq-len", "16:48", "--quiet"]
 THREE_HOSTS = ["--source-tp", "4", "--target-tp", "2", "--requests", "3", *SMALL]
@@ -138,11 +146,35 @@ def _non_coordinator(hosts: Hosts) -> int:
     raise AssertionError("the sim.node workers never started")
 
 
+TWO_NODES = ["--source-tp", "2", "--target-tp", "2", "--requests", "2", *SMALL]
+"""The flags of the README's two-node command (its ``--json`` and ``--host`` aside)."""
+
+
+def test_the_readme_two_node_command_is_the_one_the_namespace_test_runs() -> None:
+    text = (REPO / "README.md").read_text()
+    block = text[
+        text.index("```bash\n# on node 0") + 8 : text.index("```", text.index("# on node 1"))
+    ]
+    commands = [
+        shlex.split(part.replace("\\\n", " "), comments=True)
+        for part in block.split("# on node ")[1:]
+    ]
+    for node, command in enumerate(commands):
+        expected = torchrun_command(
+            2,
+            "10.0.0.1:29400",
+            "kvspec-run",
+            [*TWO_NODES, "--json", "report.json"],
+            f"10.0.0.{node + 1}",
+            f",is_host={str(node == 0).lower()}",
+        )
+        assert command[1:] == ["torchrun", *expected[1:]], f"node {node}"
+
+
 def test_two_namespace_hosts(namespaces, tmp_path: Path) -> None:
     """The README's two-node command, each node a network namespace with its own address."""
     hosts = namespaces(2)
-    flags = ["--source-tp", "2", "--target-tp", "2", "--requests", "2", *SMALL]
-    results = _run(hosts, flags, tmp_path / "report.json")
+    results = _run(hosts, TWO_NODES, tmp_path / "report.json")
     _check_verified(results, tmp_path / "report.json", hosts, 2)
 
 
