@@ -179,12 +179,11 @@ def test_two_namespace_hosts(namespaces, tmp_path: Path) -> None:
 
 
 def test_three_namespace_hosts_with_a_link_cut(namespaces, tmp_path: Path) -> None:
-    """TP4 over two namespaces -> TP2 on a third verifies; then a run whose agent's link
-    is cut mid-run ends every request verified or failed with a reason."""
+    """TP4 over two namespaces -> TP2 on a third, one agent's link cut mid-run: every
+    request ends verified or failed with a reason, the survivors end at once, and the
+    cut-off host's sim ends too. (Full verification across three hosts: the loopback
+    test; across namespaces: the two-host test. Both kept small for the suite's time.)"""
     hosts = namespaces(3)
-    results = _run(hosts, THREE_HOSTS, tmp_path / "report.json")
-    _check_verified(results, tmp_path / "report.json", hosts, 3)
-    hosts.launched.clear()
     flags = ["--source-tp", "4", "--target-tp", "2", "--requests", "12", *SMALL]
     hosts.start([*flags, "--faults", "delay=0.5s", "--json", str(tmp_path / "cut.json")])
     victim = _non_coordinator(hosts)
