@@ -276,3 +276,49 @@ def test_sim_node_outside_torchrun_is_refused() -> None:
     )
     assert done.returncode == 2
     assert "run me under torchrun" in done.stderr and done.stderr.count("\n") == 1
+
+
+# -- shares and the per-host port proof ---------------------------------------------------
+def _config(**changes):
+    from kvspec.topology.model import ModelShape
+    from kvspec.topology.stage import StageLayout
+    from sim.config import SimConfig
+
+    model = ModelShape(num_layers=2, num_kv_heads=4, head_dim=16)
+    return SimConfig(stages=(StageLayout(4), StageLayout(2)), model=model, **changes)
+
+
+def test_shares_are_contiguous_and_cover_every_rank_once() -> None:
+    from sim.endpoints import all_ranks
+    from sim.multihost import shares
+
+    ranks = all_ranks(_config())
+    three = shares(ranks, 3)
+    assert [[r.tag for r in s] for s in three] == [
+        ["r0s0k0", "r0s0k1"],
+        ["r0s0k2", "r0s0k3"],
+        ["r0s1k0", "r0s1k1"],
+    ]
+    assert [r for s in shares(ranks, 4) for r in s] == ranks
+    with pytest.raises(ValueError, match="7 torchrun workers but the run has only 6 ranks"):
+        shares(ranks, 7)
+
+
+def test_the_port_proof_is_per_host_and_names_a_taken_port() -> None:
+    import socket
+
+    from kvspec.naming.ports import port
+    from sim.endpoints import all_ranks
+    from sim.multihost import shares
+    from sim.node import check_host_ports
+
+    with socket.socket() as probe:  # a base whose first sender port we hold ourselves
+        probe.bind(("127.0.0.1", 0))
+        held = probe.getsockname()[1]
+        probe.listen()
+        config = _config(base_port=held - 100, host="127.0.0.1")
+        assert port("kv", config.base_port, 0, 0, 0) == held
+        share = shares(all_ranks(config), 2)
+        with pytest.raises(ValueError, match=f"port {held} for replica 0 stage 0 rank 0 is taken"):
+            check_host_ports(config, share, ["127.0.0.1", "127.0.0.2"], 0)
+        check_host_ports(config, share, ["127.0.0.1", "127.0.0.2"], 1)  # not on its host
