@@ -237,14 +237,16 @@ class Cluster:
             self.control.bind("tcp://127.0.0.1:*")
         self.control_endpoint = self.control.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def _start_hosts(self) -> None:
+    def _start_hosts(self, ranks: list[RankId] | None = None) -> None:
+        """Start ``ranks`` (all of the run's by default; a torchrun worker starts its share)."""
+        ranks = self.ranks if ranks is None else ranks
         per = max(1, self.config.ranks_per_process)
         config_json = self.config.to_dict()
         in_process = self.config.transport == "inproc"
         if not in_process:
             self.dump_dir = Path(tempfile.mkdtemp(prefix="kvspec-sim-"))
-        for i in range(0, len(self.ranks), per):
-            host = Host(self.ranks[i : i + per])
+        for i in range(0, len(ranks), per):
+            host = Host(ranks[i : i + per])
             tags = [(r.replica, r.stage, r.rank) for r in host.tags]
             if in_process:
                 for tag in tags:
@@ -461,6 +463,26 @@ class Cluster:
 
     def _check_hosts(self, *, before_go: bool) -> None:
         """Notice ranks that died; tell their peers; abort if it happened before traffic."""
+        newly = self._find_dead()
+        if not newly:
+            return
+        for tag in newly:
+            if self.announced.get(tag) == "kill":
+                self.ledger.own.observe("kill", tag)
+        if before_go:
+            self._poll(0)  # an error event the rank sent before it died says why
+            if self.setup_error is None:
+                self.setup_error = f"ranks died during start-up: {', '.join(newly)}" + "".join(
+                    f" ({self.dead[t]})" for t in newly[:1]
+                )
+            raise _Abort
+        for tag in self.by_tag:
+            if tag not in self.dead:
+                self._command(tag, {"cmd": "dead", "ranks": newly})
+
+    def _find_dead(self) -> list[str]:
+        """The ranks of this process's hosts that died since the last look (booked in
+        ``self.dead`` with how); a torchrun coordinator adds those of other hosts."""
         newly = []
         for host in self.hosts:
             if host.process is None:  # in-process ranks: one thread each
@@ -487,21 +509,7 @@ class Cluster:
                     )
                     self.dead[who.tag] = f"its process died ({how})"
                     newly.append(who.tag)
-        if not newly:
-            return
-        for tag in newly:
-            if self.announced.get(tag) == "kill":
-                self.ledger.own.observe("kill", tag)
-        if before_go:
-            self._poll(0)  # an error event the rank sent before it died says why
-            if self.setup_error is None:
-                self.setup_error = f"ranks died during start-up: {', '.join(newly)}" + "".join(
-                    f" ({self.dead[t]})" for t in newly[:1]
-                )
-            raise _Abort
-        for tag in self.by_tag:
-            if tag not in self.dead:
-                self._command(tag, {"cmd": "dead", "ranks": newly})
+        return newly
 
     def _collect_pending(self) -> None:
         """Ask every live receiver what it still waits for (at most 1 s for the answers)."""

@@ -1,0 +1,337 @@
+"""Test helper: several simulated hosts on one machine, each running torchrun for sim.node.
+
+Two kinds of host: *loopback* hosts are addresses 127.a.b.1, 127.a.b.2, ... drawn at
+random per test (so concurrent tests never share an address, and any port on them is
+ours); *namespace* hosts are Linux network namespaces joined by a bridge, one address
+each (root only; :func:`netns_unavailable` says why they cannot be made). Every process a
+host's torchrun starts carries a mark in its environment, so that it, its workers and
+their rank processes can be found and killed together; :meth:`Hosts.close` kills
+whatever is left and removes every namespace, link and bridge it made, also when the
+test failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def torchrun_command(
+    nnodes: int, endpoint: str, run_id: str, flags: list[str], host: str, conf: str = ""
+) -> list[str]:
+    """The README's two-node command, for ``nnodes`` hosts: the same on every host but
+    ``--host``, this host's own address (the one its senders bind and publish).
+    ``conf`` adds rendezvous options (see :meth:`Hosts.start`)."""
+    return [
+        TORCHRUN,
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        "join_timeout=60" + conf,
+        "--local-addr",
+        host,
+        "-m",
+        "sim.node",
+        *flags,
+        "--host",
+        host,
+    ]
+
+
+TOKEN = "KVSPEC_TEST_HOST"
+"""An environment variable every process of a simulated host inherits: torchrun starts
+its workers in sessions of their own, and orphans lose their parent, so a host's
+processes are found by this mark, never by group or parentage."""
+
+
+def _marked(mark: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class Launched:
+    """One host's torchrun; every process it starts carries its mark."""
+
+    host: str
+    process: subprocess.Popen[str]
+    token: str
+
+    @property
+    def mark(self) -> bytes:
+        return f"{TOKEN}={self.token}".encode()
+
+    def members(self) -> list[int]:
+        """Every process of this host still running (torchrun, its worker, rank processes)."""
+        return _marked(self.mark)
+
+    def sim_members(self) -> list[int]:
+        """This host's sim processes (its sim.node worker and rank processes), torchrun aside."""
+        found = []
+        for pid in self.members():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"torchrun" not in cmdline:
+                found.append(pid)
+        return found
+
+    def worker_env(self) -> dict[str, str] | None:
+        """The environment torchrun gave this host's sim.node worker (None until it runs)."""
+        for pid in self.members():
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"sim.node" in cmdline and b"torchrun" not in cmdline:
+                pairs = (item.decode(errors="replace").partition("=") for item in env if item)
+                found = {k: v for k, _, v in pairs}
+                if "RANK" in found:
+                    return found
+        return None
+
+    def worker_rank(self) -> int | None:
+        """The global rank of this host's sim.node worker, read from its environment."""
+        env = self.worker_env()
+        return None if env is None else int(env["RANK"])
+
+    def kill(self) -> None:
+        """Every process of this host at once, as when the machine dies."""
+        for _ in range(3):  # a process forked meanwhile is caught by the next pass
+            for pid in self.members():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class Hosts:
+    """Simulated hosts; ``run`` starts one torchrun per host, ``close`` cleans everything."""
+
+    addresses: list[str]
+    wrap: list[list[str]]  # per host, the prefix that runs a command there
+    namespaces: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    bridge: str | None = None
+    launched: list[Launched] = field(default_factory=list)
+    endpoint: str = ""
+    run_id: str = ""
+
+    def free_port(self) -> int:
+        """A port free on the first host's address (namespaces start with every port free)."""
+        if self.namespaces:
+            return 29400
+        with socket.socket() as probe:
+            probe.bind((self.addresses[0], 0))
+            return probe.getsockname()[1]
+
+    def start(self, flags: list[str], *, per_host: list[list[str]] | None = None) -> None:
+        """One torchrun per host with ``flags`` (plus that host's ``per_host`` flags)."""
+        self.endpoint = endpoint = f"{self.addresses[0]}:{self.free_port()}"
+        self.run_id = run_id = f"kvspec-{secrets.token_hex(4)}"
+        extra = per_host or [[] for _ in self.addresses]
+        for i, (host, prefix, more) in enumerate(
+            zip(self.addresses, self.wrap, extra, strict=True)
+        ):
+            # Say which host hosts the rendezvous store (the first); torchrun's guess
+            # compares the endpoint with the machine's hostname, which on loopback
+            # matches every host and in a namespace matches none.
+            conf = f",is_host={str(i == 0).lower()}"
+            command = prefix + torchrun_command(
+                len(self.addresses), endpoint, run_id, [*flags, *more], host, conf
+            )
+            token = secrets.token_hex(6)
+            process = subprocess.Popen(
+                command,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1", TOKEN: token},
+            )
+            self.launched.append(Launched(host, process, token))
+
+    def await_phase(self, phase: str, timeout: float) -> None:
+        """Wait until the run's coordinator publishes ``phase`` on its board (sim.rendezvous)
+        in the workers' store, reached from the first host (a namespace: from inside it)."""
+        script = (
+            "import sys, time, datetime, torch.distributed as d\n"
+            "h, p, run, phase, t = sys.argv[1:]\n"
+            "end = time.monotonic() + float(t)\n"
+            "while time.monotonic() < end:\n"
+            "    try:\n"
+            "        s = d.TCPStore(h, int(p), is_master=False, "
+            "timeout=datetime.timedelta(seconds=5))\n"
+            "        s = d.PrefixStore(f'kvspec-sim/{run}/0', s)\n"
+            "        while time.monotonic() < end:\n"
+            "            if s.check(['phase']) and phase.encode() in s.get('phase'):\n"
+            "                sys.exit(0)\n"
+            "            time.sleep(0.1)\n"
+            "    except Exception:\n"
+            "        time.sleep(0.2)\n"
+            "sys.exit(1)\n"
+        )
+        env = None
+        while env is None:
+            env = self.launched[0].worker_env()
+            time.sleep(0.1)
+        # torchrun's workers share a store of their own, not the rendezvous endpoint's
+        host, port = env["MASTER_ADDR"], env["MASTER_PORT"]
+        command = [*self.wrap[0], sys.executable, "-c", script, host, port, self.run_id]
+        done = subprocess.run([*command, phase, str(timeout)], capture_output=True, text=True)
+        assert done.returncode == 0, f"the run never reached {phase!r}: {done.stderr[-2000:]}"
+
+    def wait(self, timeout: float, *, skip: int | None = None) -> list[tuple[int | None, str, str]]:
+        """(exit status, stdout, stderr) per host; status None if it outlived ``timeout``.
+        Host ``skip`` is not waited for (its entry is None, "", "")."""
+        end = time.monotonic() + timeout
+        out: list[tuple[int | None, str, str]] = []
+        for i, launched in enumerate(self.launched):
+            if i == skip:
+                out.append((None, "", ""))
+                continue
+            try:
+                stdout, stderr = launched.process.communicate(
+                    timeout=max(0.1, end - time.monotonic())
+                )
+                out.append((launched.process.returncode, stdout, stderr))
+            except subprocess.TimeoutExpired:
+                launched.kill()
+                stdout, stderr = launched.process.communicate()
+                out.append((None, stdout, stderr))
+        return out
+
+    def leftovers(self) -> list[int]:
+        """Processes of any host's group still running (after ``wait``: none allowed)."""
+        deadline = time.monotonic() + 5.0  # a killed parent's children notice within 0.5 s
+        while time.monotonic() < deadline:
+            left = [pid for launched in self.launched for pid in launched.members()]
+            if not left:
+                return []
+            time.sleep(0.1)
+        return left
+
+    def cut(self, index: int) -> None:
+        """Take host ``index`` off the network: its link down (namespaces) or, on
+        loopback, where no link can be cut, the whole host killed at once."""
+        if self.namespaces:
+            _ip("link", "set", self.links[index], "down")
+        else:
+            self.launched[index].kill()
+
+    def close(self) -> None:
+        for launched in self.launched:
+            launched.kill()
+            if launched.process.poll() is None:
+                launched.process.wait(5)
+        for namespace in self.namespaces:
+            for pid in _netns_pids(namespace):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
+        for link in self.links:
+            subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
+        if self.bridge:
+            subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
+
+
+def loopback_hosts(count: int) -> Hosts:
+    """``count`` hosts at 127.a.b.1.. for a random a, b (Linux routes all of 127/8 to lo)."""
+    a, b = random.randrange(2, 255), random.randrange(0, 255)
+    return Hosts([f"127.{a}.{b}.{i + 1}" for i in range(count)], [[] for _ in range(count)])
+
+
+def _ip(*args: str, namespace: str | None = None) -> None:
+    command = ["ip", *(["-n", namespace] if namespace else []), *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"{' '.join(command)}: {done.stderr.strip()}")
+
+
+def _netns_pids(namespace: str) -> list[int]:
+    done = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return [int(p) for p in done.stdout.split()]
+
+
+def netns_unavailable() -> str | None:
+    """Why network namespaces cannot be made here, or None when they can."""
+    if sys.platform != "linux":
+        return f"network namespaces are Linux only (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns add)"
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    probe = f"kvspec-probe-{secrets.token_hex(3)}"
+    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"ip netns add failed: {done.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def netns_hosts(count: int) -> Hosts:
+    """``count`` namespaces on a fresh bridge, 10.a.b.1.. each; names unique to this call.
+
+    Only addresses inside the namespaces are ever used; the bridge has no address, so
+    no traffic leaves for the machine's own network. On any failure everything made so
+    far is removed before the error is raised.
+    """
+    tag = secrets.token_hex(3)
+    a, b = random.randrange(0, 255), random.randrange(0, 255)
+    hosts = Hosts([], [], bridge=f"kvb{tag}")
+    try:
+        _ip("link", "add", hosts.bridge, "type", "bridge")
+        _ip("link", "set", hosts.bridge, "up")
+        for i in range(count):
+            namespace, outside, inside = f"kvspec-{tag}-{i}", f"kvh{tag}{i}", f"kvn{tag}{i}"
+            _ip("netns", "add", namespace)
+            hosts.namespaces.append(namespace)
+            _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+            hosts.links.append(outside)
+            _ip("link", "set", inside, "netns", namespace)
+            _ip("link", "set", outside, "master", hosts.bridge)
+            _ip("link", "set", outside, "up")
+            address = f"10.{a}.{b}.{i + 1}"
+            _ip("addr", "add", f"{address}/24", "dev", inside, namespace=namespace)
+            _ip("link", "set", inside, "up", namespace=namespace)
+            _ip("link", "set", "lo", "up", namespace=namespace)
+            hosts.addresses.append(address)
+            hosts.wrap.append(["ip", "netns", "exec", namespace])
+    except BaseException:
+        hosts.close()
+        raise
+    return hosts

@@ -1,0 +1,324 @@
+"""The sim across hosts under torchrun (sim.node): one machine as several hosts.
+
+Loopback hosts (127.a.b.x) always run; network-namespace hosts run as root where
+namespaces can be made, and are skipped with the reason elsewhere. Every run verifies
+every element; a cut host ends each request verified or failed with a reason; nothing
+is left running and every namespace is removed, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from sim.rendezvous import Board, BoardError, config_digest
+from tests.multihost import (
+    REPO,
+    Hosts,
+    loopback_hosts,
+    netns_hosts,
+    netns_unavailable,
+    torchrun_command,
+)
+
+SMALL = ["--kv-heads", "4", "--layers", "2", "--head-dim", "16", "--seq-len", "16:48", "--quiet"]
+THREE_HOSTS = ["--source-tp", "4", "--target-tp", "2", "--requests", "3", *SMALL]
+RUN_TIMEOUT_S = 240.0
+
+
+@pytest.fixture
+def loopback() -> Iterator[Callable[[int], Hosts]]:
+    made: list[Hosts] = []
+
+    def make(count: int) -> Hosts:
+        made.append(loopback_hosts(count))
+        return made[-1]
+
+    yield make
+    for hosts in made:
+        hosts.close()
+
+
+@pytest.fixture
+def namespaces() -> Iterator[Callable[[int], Hosts]]:
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+    made: list[Hosts] = []
+
+    def make(count: int) -> Hosts:
+        made.append(netns_hosts(count))
+        return made[-1]
+
+    yield make
+    for hosts in made:
+        hosts.close()
+
+
+def _run(hosts: Hosts, flags: list[str], report: Path) -> list[tuple[int | None, str, str]]:
+    hosts.start([*flags, "--json", str(report)])
+    results = hosts.wait(RUN_TIMEOUT_S)
+    assert hosts.leftovers() == [], "processes left running after every torchrun ended"
+    return results
+
+
+def _check_verified(results, report: Path, hosts: Hosts, requests: int) -> None:
+    for code, _, stderr in results:
+        assert code == 0, stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["requests"] == {"total": requests, "verified": requests, "failed": 0}
+    assert sorted(h["host"] for h in data["hosts"]) == sorted(hosts.addresses)
+    assert all(e["bytes"] == e["planned_bytes"] for e in data["edges"])
+
+
+def test_three_loopback_hosts_tp4_over_two_to_tp2(loopback, tmp_path: Path) -> None:
+    """TP4 on two hosts -> TP2 on a third, on the spec's ports [PORT-3 per host]."""
+    hosts = loopback(3)
+    results = _run(hosts, THREE_HOSTS, tmp_path / "report.json")
+    _check_verified(results, tmp_path / "report.json", hosts, 3)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert [len(h["ranks"]) for h in data["hosts"]] == [2, 2, 2]
+
+
+def test_a_cut_loopback_host_fails_its_requests_with_reasons(loopback, tmp_path: Path) -> None:
+    """A host killed mid-run: every request verified or failed with its reason; the
+    survivors notice within the heartbeat limit, end, and leave nothing running."""
+    hosts = loopback(3)
+    flags = ["--source-tp", "4", "--target-tp", "2", "--requests", "12", *SMALL]
+    hosts.start([*flags, "--faults", "delay=0.5s", "--json", str(tmp_path / "r.json")])
+    victim = _non_coordinator(hosts)
+    hosts.await_phase("go", RUN_TIMEOUT_S)
+    time.sleep(1.0)  # mid-run: each sender spends 6 s on its 12 delayed messages
+    started = time.monotonic()
+    hosts.cut(victim)
+    results = hosts.wait(RUN_TIMEOUT_S)
+    assert time.monotonic() - started < 60, "the survivors took too long to notice"
+    assert hosts.leftovers() == []
+    for i, (code, _, stderr) in enumerate(results):
+        if i != victim:
+            assert code == 1, stderr[-3000:]  # the run failed requests: every worker says so
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["requests"]["total"] == 12 and data["requests"]["failed"] >= 1
+    for failure in data["failures"]:
+        assert failure["reasons"], failure
+    lost = [h for h in data["hosts"] if h["lost"]]
+    assert [h["host"] for h in lost] == [hosts.addresses[victim]]
+    assert all("died" in r for f in data["failures"] for r in f["reasons"]), data["failures"]
+    victims = lost[0]["ranks"]  # tags r0s<stage>k<rank>
+    assert sorted(d.split(":")[0] for d in data["dead_ranks"]) == sorted(
+        f"replica 0 stage {t[3]} rank {t[5]}" for t in victims
+    )
+    assert all("was lost (no heartbeat" in d for d in data["dead_ranks"]), data["dead_ranks"]
+
+
+def test_mismatched_configurations_are_refused_naming_both(loopback) -> None:
+    """Two hosts launched with different --requests: both refuse, naming both workers."""
+    hosts = loopback(2)
+    base = ["--source-tp", "2", "--target-tp", "2", *SMALL]
+    hosts.start(base, per_host=[["--requests", "2"], ["--requests", "3"]])
+    results = hosts.wait(RUN_TIMEOUT_S)
+    assert hosts.leftovers() == []
+    assert all(code not in (0, None) for code, _, _ in results)
+    text = "".join(stderr for _, _, stderr in results)
+    assert "mismatched configurations: worker 0 on 127." in text, text[-3000:]
+    assert "requests (2 vs 3)" in text or "requests (3 vs 2)" in text, text[-3000:]
+
+
+def _non_coordinator(hosts: Hosts) -> int:
+    """A host to cut: neither the coordinator's (worker 0) nor the first, which hosts
+    torchrun's rendezvous store (losing it ends the whole job in torchrun itself)."""
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        ranks = [launched.worker_rank() for launched in hosts.launched]
+        if None not in ranks:
+            return next(i for i in range(1, len(ranks)) if ranks[i] != 0)
+        time.sleep(0.2)
+    raise AssertionError("the sim.node workers never started")
+
+
+TWO_NODES = ["--source-tp", "2", "--target-tp", "2", "--requests", "2", *SMALL]
+"""The flags of the README's two-node command (its ``--json`` and ``--host`` aside)."""
+
+
+def test_the_readme_two_node_command_is_the_one_the_namespace_test_runs() -> None:
+    text = (REPO / "README.md").read_text()
+    block = text[
+        text.index("```bash\n# on node 0") + 8 : text.index("```", text.index("# on node 1"))
+    ]
+    commands = [
+        shlex.split(part.replace("\\\n", " "), comments=True)
+        for part in block.split("# on node ")[1:]
+    ]
+    for node, command in enumerate(commands):
+        expected = torchrun_command(
+            2,
+            "10.0.0.1:29400",
+            "kvspec-run",
+            [*TWO_NODES, "--json", "report.json"],
+            f"10.0.0.{node + 1}",
+            f",is_host={str(node == 0).lower()}",
+        )
+        assert command[1:] == ["torchrun", *expected[1:]], f"node {node}"
+
+
+def test_two_namespace_hosts(namespaces, tmp_path: Path) -> None:
+    """The README's two-node command, each node a network namespace with its own address."""
+    hosts = namespaces(2)
+    results = _run(hosts, TWO_NODES, tmp_path / "report.json")
+    _check_verified(results, tmp_path / "report.json", hosts, 2)
+
+
+def test_three_namespace_hosts_with_a_link_cut(namespaces, tmp_path: Path) -> None:
+    """TP4 over two namespaces -> TP2 on a third, one agent's link cut mid-run: every
+    request ends verified or failed with a reason, the survivors end at once, and the
+    cut-off host's sim ends too. (Full verification across three hosts: the loopback
+    test; across namespaces: the two-host test. Both kept small for the suite's time.)"""
+    hosts = namespaces(3)
+    flags = ["--source-tp", "4", "--target-tp", "2", "--requests", "12", *SMALL]
+    hosts.start([*flags, "--faults", "delay=0.5s", "--json", str(tmp_path / "cut.json")])
+    victim = _non_coordinator(hosts)
+    hosts.await_phase("go", RUN_TIMEOUT_S)
+    time.sleep(1.0)
+    hosts.cut(victim)
+    results = hosts.wait(RUN_TIMEOUT_S, skip=victim)
+    assert all(code == 1 for i, (code, _, _) in enumerate(results) if i != victim), results
+    # Cut off, the victim's worker loses the store within its timeout and stops its ranks.
+    # (Its torchrun agent retries the unreachable rendezvous on torchrun's own schedule;
+    # that is torchrun's, not the sim's, and is killed when the test cleans up.)
+    end = time.monotonic() + 60
+    while hosts.launched[victim].sim_members() and time.monotonic() < end:
+        time.sleep(0.2)
+    assert hosts.launched[victim].sim_members() == [], "the cut host's sim kept running"
+    hosts.launched[victim].kill()
+    assert hosts.leftovers() == []
+    data = json.loads((tmp_path / "cut.json").read_text())
+    assert data["requests"]["failed"] >= 1
+    for failure in data["failures"]:
+        assert failure["reasons"], failure
+    assert [h["host"] for h in data["hosts"] if h["lost"]] == [hosts.addresses[victim]]
+
+
+# -- the board, against a real TCPStore on an OS-assigned port ---------------------------
+@pytest.fixture
+def store() -> Iterator[dist.TCPStore]:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    yield server
+
+
+def test_board_refuses_mismatched_configurations_naming_both(store) -> None:
+    a, b = Board(store, 0, 2, "t"), Board(store, 1, 2, "t")
+    a.put(
+        "worker/0",
+        {"host": "h0", "digest": config_digest({"requests": 2}), "config": {"requests": 2}},
+    )
+    with pytest.raises(BoardError, match=r"worker 0 on h0 .* worker 1 on h1 .*requests \(2 vs 3\)"):
+        b.join("h1", {"requests": 3}, time.monotonic() + 2)
+
+
+def test_board_join_times_out_naming_the_missing_worker(store) -> None:
+    board = Board(store, 0, 3, "t")
+    started = time.monotonic()
+    with pytest.raises(BoardError, match="worker/1, worker/2"):
+        board.join("h0", {"requests": 2}, time.monotonic() + 0.5)
+    assert time.monotonic() - started < 3
+
+
+def test_board_refuses_a_rank_claimed_twice(store) -> None:
+    Board(store, 0, 2, "t").claim(["r0s0k0"], "h0")
+    with pytest.raises(
+        BoardError, match="r0s0k0 is claimed twice: by worker 0 on h0 and by worker 1 on h1"
+    ):
+        Board(store, 1, 2, "t").claim(["r0s0k0"], "h1")
+
+
+def test_board_mailboxes_keep_order_and_delete_what_was_read(store) -> None:
+    a, b = Board(store, 0, 2, "t"), Board(store, 1, 2, "t")
+    a.post(1, [{"n": 1}, {"n": 2}])
+    a.post(1, [{"n": 3}])
+    assert b.receive([0]) == [(0, {"n": 1}), (0, {"n": 2}), (0, {"n": 3})]
+    assert b.receive([0]) == []
+    assert not b.has("mb/0/1/0")
+
+
+def test_board_notices_a_silent_worker(store) -> None:
+    a, b = Board(store, 0, 2, "t"), Board(store, 1, 2, "t")
+    a.start_beating()
+    try:
+        assert b.silent_for(0) == 0.0
+        time.sleep(1.2)
+        assert b.silent_for(0) == 0.0  # it moved
+        a.stop_beating()
+        time.sleep(0.1)
+        b.silent_for(0)
+        time.sleep(1.2)
+        assert b.silent_for(0) >= 1.0
+    finally:
+        a.stop_beating()
+
+
+def test_sim_node_outside_torchrun_is_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sim.node", "--quiet"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")},
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "run me under torchrun" in done.stderr and done.stderr.count("\n") == 1
+
+
+# -- shares and the per-host port proof ---------------------------------------------------
+def _config(**changes):
+    from kvspec.topology.model import ModelShape
+    from kvspec.topology.stage import StageLayout
+    from sim.config import SimConfig
+
+    model = ModelShape(num_layers=2, num_kv_heads=4, head_dim=16)
+    return SimConfig(stages=(StageLayout(4), StageLayout(2)), model=model, **changes)
+
+
+def test_shares_are_contiguous_and_cover_every_rank_once() -> None:
+    from sim.endpoints import all_ranks
+    from sim.multihost import shares
+
+    ranks = all_ranks(_config())
+    three = shares(ranks, 3)
+    assert [[r.tag for r in s] for s in three] == [
+        ["r0s0k0", "r0s0k1"],
+        ["r0s0k2", "r0s0k3"],
+        ["r0s1k0", "r0s1k1"],
+    ]
+    assert [r for s in shares(ranks, 4) for r in s] == ranks
+    with pytest.raises(ValueError, match="7 torchrun workers but the run has only 6 ranks"):
+        shares(ranks, 7)
+
+
+def test_the_port_proof_is_per_host_and_names_a_taken_port() -> None:
+    import socket
+
+    from kvspec.naming.ports import port
+    from sim.endpoints import all_ranks
+    from sim.multihost import shares
+    from sim.node import check_host_ports
+
+    with socket.socket() as probe:  # a base whose first sender port we hold ourselves
+        probe.bind(("127.0.0.1", 0))
+        held = probe.getsockname()[1]
+        probe.listen()
+        config = _config(base_port=held - 100, host="127.0.0.1")
+        assert port("kv", config.base_port, 0, 0, 0) == held
+        share = shares(all_ranks(config), 2)
+        with pytest.raises(ValueError, match=f"port {held} for replica 0 stage 0 rank 0 is taken"):
+            check_host_ports(config, share, ["127.0.0.1", "127.0.0.2"], 0)
+        check_host_ports(config, share, ["127.0.0.1", "127.0.0.2"], 1)  # not on its host
