@@ -25,13 +25,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kvspec.conformance.domain import EVERYTHING, Domain
+from kvspec.conformance.domain import FIRST_RELEASE, Domain
+from kvspec.naming.ports import PortScheme
 from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import SLICING_MODES, Shipment
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import POLICIES, ReplicaRule
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens
 
 
 class NotProvided(Exception):
@@ -40,6 +42,7 @@ class NotProvided(Exception):
 
 CAPABILITIES: dict[str, tuple[str, ...]] = {
     "ownership": ("owned",),
+    "tokens": ("owned_tokens",),
     "routing": ("sources", "targets"),
     "sender": ("sender_transform",),
     "receiver": ("receiver_combine",),
@@ -55,6 +58,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "keys": ("rank_aware_key", "legacy_key"),
     "edge-keys": ("send_keys", "recv_keys"),
     "ports": ("kv_port",),
+    "dp-ports": ("stage_port",),
     "payload": ("merge",),
     "chunks": ("reassemble",),
     "wire": ("encode", "decode"),
@@ -82,7 +86,9 @@ class Adapter:
 
     - ``name``, ``version``: shown in reports.
     - ``domain``: what the implementation handles (:class:`Domain`); every check draws
-      its examples inside it.
+      its examples inside it. The default is the first release's (TP and PP, dividing
+      TP pairs); declare attention DP, context parallelism and non-dividing TP pairs to
+      be checked on them.
     - ``policies``: the replica-choice policies [PLAN-4] it implements: the spec's names
       (``lowest``, ``balanced``) or names of ``policy_rules``; generated cases use only
       these, and the policy checks run only if any.
@@ -95,7 +101,7 @@ class Adapter:
 
     name: str = "unnamed"
     version: str = ""
-    domain: Domain = EVERYTHING
+    domain: Domain = FIRST_RELEASE
     policies: tuple[str, ...] = ()
     policy_rules: Mapping[str, ReplicaRule] = MappingProxyType({})
     slicing_modes: tuple[str, ...] = ("sender",)
@@ -111,7 +117,15 @@ class Adapter:
 
     # ownership ------------------------------------------------------------------
     def owned(self, layout: StageLayout, model: ModelShape, rank: int) -> tuple[range, range]:
-        """(heads, layers) stage-local ``rank`` holds [STAGE-1, HEAD-1..3, LAYER-1..2]."""
+        """(heads, layers) stage-local ``rank`` holds [STAGE-1, STAGE-2, HEAD-1..3,
+        LAYER-1..2]."""
+        raise NotProvided
+
+    def owned_tokens(
+        self, layout: StageLayout, model: ModelShape, rank: int, seq_len: int
+    ) -> Sequence[range]:
+        """The tokens of a ``seq_len``-token request stage-local ``rank`` holds, as ascending
+        ranges of global token positions [CP-1, CP-3]; every token without token shards."""
         raise NotProvided
 
     # routing --------------------------------------------------------------------
@@ -163,8 +177,11 @@ class Adapter:
         HEAD-2, LAYER-1, LAYER-2, PLAN-1].
 
         ``config`` is plain data: ``source`` and ``target`` (``tp``, ``pp``,
-        ``layer_partition``), ``model`` (ModelShape fields), optionally ``policy`` and
-        ``rank`` (``{"side": "source" | "target", "rank": int}``).
+        ``layer_partition``, and where they apply ``dp``, ``cp``, ``dcp``, ``cp_rule``),
+        ``model`` (ModelShape fields), optionally ``policy``, ``rank`` (``{"side": "source" |
+        "target", "rank": int}``), the request's ``seq_len``, the router's ``source_dp``
+        and ``target_dp``, and cache block sizes ``source_block_size`` and
+        ``target_block_size`` [CP-2, DP-1].
         """
         if _overrides(type(self), "validate"):
             return self.validate(config)
@@ -220,12 +237,13 @@ class Adapter:
         model: ModelShape,
         request_id: str,
         *,
-        tokens: range,
+        tokens: range | Tokens,
         layers: range,
         heads: range,
         seed: int,
     ) -> RequestKV:
-        """The coordinate-hash values of a region of one request [ORACLE-1..4]."""
+        """The coordinate-hash values of a region of one request [ORACLE-1..4]; ``tokens``
+        may be a token set (a context-parallel rank's tokens, in ascending order)."""
         raise NotProvided
 
     def oracle_verify(
@@ -268,6 +286,19 @@ class Adapter:
 
     def kv_port(self, base: int, stage: int, rank: int, replica: int) -> int:
         """The KV port of sender (stage, rank, replica); raise outside the domain [PORT-1..3]."""
+        raise NotProvided
+
+    def stage_port(
+        self,
+        base: int,
+        stage: int,
+        layout: StageLayout,
+        rank: int,
+        replica: int,
+        scheme: PortScheme,
+    ) -> int:
+        """The KV port of stage-local ``rank`` of a stage with attention-DP groups under a
+        port ``scheme`` (with or without a dp_stride) [PORT-1, STAGE-2]."""
         raise NotProvided
 
     # payloads and the wire ----------------------------------------------------------
