@@ -103,7 +103,7 @@ SIM_LINES += [
     [*RUN, *OK, "--json", "/nonexistent-dir/report.json"],
     [*RUN, *OK, "--json", "/"],
     [*RUN, *OK, "--no-checksum", "--require-checksum"],
-    [*RUN, "--source-tp", "3", "--target-tp", "2", "--kv-heads", "6"],
+    [*RUN, "--source-tp", "4", "--target-tp", "6", "--kv-heads", "8"],
     [*RUN, "--source-tp", "4", "--target-tp", "2", "--kv-heads", "6"],
     [*RUN, "--source-tp", "2", "--target-tp", "2"],
     [*RUN, *OK, "--source-tp", "1000", "--target-tp", "1000"],
@@ -128,7 +128,7 @@ KVSPEC_LINES += [
 KVSPEC_LINES += [
     ["plan", "--source-tp", "4", "--target-tp", "2"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "6"],
-    ["plan", "--source-tp", "3", "--target-tp", "2", "--kv-heads", "6"],
+    ["plan", "--source-tp", "3", "--target-tp", "6", "--kv-heads", "4"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "0"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--dtype", "int8"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--policy", "x"],
