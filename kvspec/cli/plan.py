@@ -127,9 +127,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 SIDES: tuple[str, ...] = ("source", "target")
 
 
-def add_parallel_arguments(group: Any) -> None:
-    """``--{source,target}-{cp,dcp,dp}``, the token rules and the router's DP ranks, as
-    ``kvspec plan`` and ``python -m sim run`` take them [STAGE-2, CP-1, CP-3, DP-1]."""
+def add_parallel_arguments(group: Any, *, ranks: bool = True) -> None:
+    """``--{source,target}-{cp,dcp,dp}``, the token rules and (with ``ranks``) the router's
+    DP ranks, as ``kvspec plan`` and ``python -m sim run`` take them [STAGE-2, CP-1, CP-3,
+    DP-1]; the sim's router picks DP ranks per request itself."""
     for side in SIDES:
         who = "sender" if side == "source" else "receiver"
         group.add_argument(
@@ -164,7 +165,7 @@ def add_parallel_arguments(group: Any) -> None:
         group.add_argument(
             f"--{side}-cp-rule", default=None, metavar="RULE", help=f"{side} rule (--cp-rule)"
         )
-    for side in SIDES:
+    for side in SIDES if ranks else ():
         group.add_argument(
             f"--{side}-dp-rank",
             type=int_in(0, MAX_PARALLEL - 1),

@@ -397,9 +397,9 @@ def _outside(adapter: Adapter, args: dict[str, Any]) -> str | None:
             if layout.get(key, 1) != 1 and max(getattr(domain, sizes)) == 1:
                 return f"{side} {key} is outside the adapter's domain"
     tps = (args["source"].get("tp"), args["target"].get("tp"))
-    if all(isinstance(t, int) and t > 0 for t in tps) and not divides(*tps):
-        if not domain.non_dividing_tp:
-            return "TP pairs that do not divide are outside the adapter's domain"
+    positive = all(isinstance(t, int) and t > 0 for t in tps)
+    if positive and not divides(*tps) and not domain.non_dividing_tp:
+        return "TP pairs that do not divide are outside the adapter's domain"
     return None
 
 
