@@ -58,8 +58,26 @@ ROUTING_PINS: tuple[Example, ...] = (
     _case(4, 4, 2, layers=3, pp_s=2, pp_t=1),  # replicated heads from two pipeline stages
     TransferCase(StageLayout(4), StageLayout(8), ModelShape.mla(2, 4)).to_dict(),
     TransferCase(StageLayout(4, 2), StageLayout(2), ModelShape.mla(3, 2)).to_dict(),
+    _case(4, 6, 12),  # no TP divides the other: heads by range, some no equal slice
+    _case(6, 4, 12, layers=3, pp_t=2),
+    TransferCase(
+        StageLayout(4, cp=2, cp_rule="interleave:2"),
+        StageLayout(6),
+        ModelShape(2, 12, 2),
+        seq_len=9,
+    ).to_dict(),
+    TransferCase(  # PCP -> DCP: token sets on both sides
+        StageLayout(4, cp=2, cp_rule="zigzag"),
+        StageLayout(8, dcp=2, cp_rule="interleave:1"),
+        ModelShape(2, 2, 2),
+        seq_len=9,
+    ).to_dict(),
+    TransferCase(  # a request on DP group 1 of the source, group 0 of the target
+        StageLayout(8, dp=2), StageLayout(4, dp=2), ModelShape(2, 2, 2), source_dp=1
+    ).to_dict(),
 )
-"""Configurations where routing bugs of the field show: replicas, fan-out, PP, MLA."""
+"""Configurations where routing bugs of the field show: replicas, fan-out, PP, MLA, TP
+sizes that do not divide, token shards, attention-DP groups."""
 
 POLICY_PINS: tuple[Example, ...] = (
     _case(8, 4, 2, policy="balanced"),  # four receivers share two heads of four replicas

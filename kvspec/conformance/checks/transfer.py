@@ -495,7 +495,7 @@ def scales_travel(ctx: Context, example: Example) -> None:
     "an MLA latent (no V, no head axis) moves intact",
     needs=("sender", "receiver"),
     strategy=lambda adapter: tensor_examples(adapter, attention=("mla",)),
-    examples=_pins(ROUTING_PINS[-2], ROUTING_PINS[-1]),
+    examples=_pins(*(c for c in ROUTING_PINS if c["model"]["attention"] == "mla")),
     weight=TENSOR_WEIGHT,
     missing=lambda a: None if "mla" in a.domain.attention else "the adapter's domain has no MLA",
     covers=("MODEL-2.1",),
