@@ -41,6 +41,16 @@ SIM_LINES: list[list[str]] = [
     for bad in BAD_INTS
     if not (flag == "--kv-heads" and bad == "")  # covered by the missing-value case below
 ]
+SIM_LINES += [  # attention groups and token shards [STAGE-2, CP-1..3]
+    [*RUN, *OK, "--source-cp", "3"],  # 3 does not divide the source's tp 4
+    [*RUN, *OK, "--target-dp", "0"],
+    [*RUN, *OK, "--source-dcp", "2"],  # 4 heads over 4 ranks: no replica to share tokens
+    [*RUN, *OK, "--source-cp", "2", "--cp-rule", "ring"],
+    [*RUN, *OK, "--source-cp", "2", "--cp-rule", "interleave:5"],  # blocks of 16
+    [*RUN, *OK, "--source-cp", "2", "--cp-rule", "round_robin_blocks:8"],
+    [*RUN, *OK, "--source-cp", "2", "--cp-rule", "zigzag", "--seq-len", "2:8"],
+    [*RUN, *OK, "--source-cp", "2", "--source-dp-rank", "1"],  # the router picks DP ranks
+]
 SIM_LINES += [
     [*RUN, *OK, "--seed", "-1"],
     [*RUN, *OK, "--seed", "x"],
