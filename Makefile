@@ -8,14 +8,16 @@
 # Also: make smoke (build the wheel, install it in a fresh venv, use it), make test-gpu
 # (everything on CUDA; fails without a GPU), make stress (the sim tests 20 times beside
 # a CPU hog; RUNS=N), make bench (the benchmark table, --quick), make vectors
-# (regenerate the golden vectors), make notebooks (execute and render the notebooks).
+# (regenerate the golden vectors), make notebooks (execute and render the notebooks),
+# make field (real engines through the suite: builds .venv-field, rewrites
+# docs/field-report.md; see field/run.sh).
 
 VENV ?= .venv
 TORCH ?=
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test smoke test-gpu stress bench vectors notebooks clean
+.PHONY: setup run test smoke test-gpu stress bench vectors notebooks field clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
@@ -52,6 +54,10 @@ notebooks: setup
 
 vectors: setup
 	$(VENV)/bin/kvspec vectors export kvspec/conformance/golden
+
+CONFORM_JSON ?= --json
+field:
+	CONFORM_JSON=$(CONFORM_JSON) field/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -2,7 +2,11 @@
 
 python -m benchmarks            full sizes
 python -m benchmarks --quick    small sizes, under two minutes
-python -m benchmarks --json PATH --only reshard
+python -m benchmarks --json PATH --only reshard --repeat 11
+
+Every speed runs interleaved with its baseline (a copy of the same bytes, or raw pyzmq
+for the sim) --repeat times each; the table shows medians, the measured range and the
+ratio of the medians.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import time
 
 import torch
 
-from benchmarks.figure import Figure
+from benchmarks.figure import Figure, set_repeat
+from kvspec.cli.args import int_in
 
 BENCHMARKS: tuple[str, ...] = (
     "benchmarks.reshard",
     "benchmarks.layouts",
+    "benchmarks.descriptors",
     "benchmarks.codec",
     "benchmarks.conformance",
     "benchmarks.sim",
@@ -29,13 +35,19 @@ BENCHMARKS: tuple[str, ...] = (
 
 
 def render(figures: list[Figure]) -> str:
-    header = f"{'figure':<46} {'value':>12} {'unit':<6} {'baseline':>12}  {'ratio':>6}  note"
+    """The table: each speed's median, its range over the runs, the baseline's median in
+    the same runs and the ratio of the medians."""
+    header = (
+        f"{'figure':<46} {'median':>10} {'min..max':>17} {'unit':<5} {'baseline':>9}  "
+        f"{'ratio':>6}  note"
+    )
     lines = [header, "-" * len(header)]
     for f in figures:
-        baseline = "" if f.baseline is None else f"{f.baseline:12.3f}"
+        spread = "" if f.value_range is None else f"{f.value_range[0]:.3g}..{f.value_range[1]:.3g}"
+        baseline = "" if f.baseline is None else f"{f.baseline:9.3g}"
         ratio = "" if f.ratio is None else f"{f.ratio:6.2f}"
         lines.append(
-            f"{f.name:<46} {f.value:12.3f} {f.unit:<6} {baseline:>12}  {ratio:>6}  "
+            f"{f.name:<46} {f.value:10.4g} {spread:>17} {f.unit:<5} {baseline:>9}  {ratio:>6}  "
             f"{f.baseline_name or ''} {f.note}".rstrip()
         )
     return "\n".join(lines)
@@ -50,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (under two minutes)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument(
+        "--repeat",
+        type=int_in(1, 1000),
+        default=7,
+        metavar="N",
+        help="timed runs of each side of a comparison, interleaved (7)",
+    )
+    parser.add_argument(
         "--only",
         metavar="NAME",
         action="append",
@@ -57,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run only benchmarks whose module name contains NAME",
     )
     args = parser.parse_args(argv)
+    set_repeat(args.repeat)
     chosen = [b for b in BENCHMARKS if not args.only or any(o in b for o in args.only)]
     figures: list[Figure] = []
     started = time.perf_counter()
@@ -73,7 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as out:
             json.dump(
-                {"quick": args.quick, "figures": [f.to_dict() for f in figures]}, out, indent=2
+                {
+                    "quick": args.quick,
+                    "repeat": args.repeat,
+                    "figures": [f.to_dict() for f in figures],
+                },
+                out,
+                indent=2,
             )
     return 0
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.figure import Figure, best_seconds, memcpy_seconds, speed_figure
+from benchmarks.figure import Figure, compare, memcpy
 from kvspec.tensors.kv import random_request_kv
 from kvspec.tensors.reshard import send, shard
 from kvspec.topology.model import ModelShape
@@ -47,16 +47,16 @@ def run(quick: bool) -> list[Figure]:
     (whole,) = _payloads(seq_len, 1)
     nbytes = _nbytes([whole])
     mib = f"{nbytes >> 20} MiB"
-    copy = memcpy_seconds(nbytes)
+    copy = memcpy(nbytes)
 
     def zero_copy() -> None:
         decode(encode(whole))
 
     figures.append(
-        speed_figure(
+        compare(
             f"codec encode+decode, zero copy ({mib})",
             nbytes,
-            best_seconds(zero_copy),
+            zero_copy,
             copy,
             "memcpy",
             note="frames are views; only the header is built and parsed",
@@ -75,11 +75,11 @@ def run(quick: bool) -> list[Figure]:
         decode(buffers)
 
     figures.append(
-        speed_figure(
+        compare(
             f"codec encode+copy+decode ({mib})",
             nbytes,
-            best_seconds(through_one_copy),
-            best_seconds(lambda: copy_frames(frames)),
+            through_one_copy,
+            lambda: copy_frames(frames),
             "frame copies",
             note="a transport's one copy of every frame, with and without the codec around it",
         )
@@ -88,11 +88,11 @@ def run(quick: bool) -> list[Figure]:
     halves = _payloads(seq_len, 2)  # sender-side slices of 4 of 8 heads: strided views
     strided = _nbytes(halves)
     figures.append(
-        speed_figure(
+        compare(
             f"codec encode+decode, strided source ({strided >> 20} MiB)",
             strided,
-            best_seconds(lambda: [decode(encode(p)) for p in halves]),
-            memcpy_seconds(strided),
+            lambda: [decode(encode(p)) for p in halves],
+            memcpy(strided),
             "memcpy",
             note="encode gathers non-contiguous head slices into fresh memory once",
         )
@@ -106,11 +106,11 @@ def run(quick: bool) -> list[Figure]:
             flat.to("cpu")
 
         figures.append(
-            speed_figure(
+            compare(
                 f"codec encode+decode from cuda ({mib})",
                 nbytes,
-                best_seconds(lambda: decode(encode(on_gpu))),
-                best_seconds(device_to_host),
+                lambda: decode(encode(on_gpu)),
+                device_to_host,
                 "cuda->cpu copy",
                 note="encode copies device memory to host once",
             )

@@ -1,19 +1,52 @@
-"""One measured figure, and the timing helper every benchmark uses."""
+"""One measured figure, and the timing helpers every benchmark uses.
+
+A speed is never measured alone: :func:`compare` runs the measured code and its
+baseline (usually one plain copy of the same bytes) *interleaved*, ``REPEAT`` times
+each (``--repeat``, default 7), alternating which goes first, so both see the same
+machine — a neighbour's load, the cache, the clock — and reports the median of each,
+their min..max, and the ratio of the medians.
+"""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+REPEAT = 7
+"""Timed runs of each side of a comparison; ``python -m benchmarks --repeat N`` sets it."""
+
+
+def set_repeat(n: int) -> None:
+    global REPEAT
+    if n < 1:
+        raise ValueError(f"--repeat must be >= 1, got {n}")
+    REPEAT = n
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Seconds of repeated runs: the fastest, the median and the slowest."""
+
+    low: float
+    median: float
+    high: float
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> Spread:
+        return cls(min(seconds), statistics.median(seconds), max(seconds))
 
 
 @dataclass(frozen=True)
 class Figure:
     """A named measurement; speeds carry the same-run baseline and the ratio.
 
-    ``ratio`` is baseline time / measured time for the same bytes (1.0 = as fast as
+    ``value`` is the median (of ``REPEAT`` interleaved runs for a speed); ``ratio`` is
+    baseline median time / measured median time for the same bytes (1.0 = as fast as
     the baseline, higher is faster); ``None`` when the figure is not a speed.
+    ``value_range`` is the measured value's (slowest, fastest) over the runs.
     """
 
     name: str
@@ -23,45 +56,71 @@ class Figure:
     baseline_name: str | None = None
     ratio: float | None = None
     note: str = ""
+    value_range: tuple[float, float] | None = None
+    repeats: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def best_seconds(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1) -> float:
-    """The fastest of ``repeat`` wall-clock timings of ``fn()``, after ``warmup`` runs."""
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved(
+    measured: Callable[[], object],
+    baseline: Callable[[], object],
+    *,
+    repeat: int | None = None,
+    warmup: int = 1,
+) -> tuple[Spread, Spread]:
+    """Run ``measured`` and ``baseline`` alternately ``repeat`` times each (who goes first
+    alternates too), after ``warmup`` runs of each; their :class:`Spread` s."""
+    n = REPEAT if repeat is None else repeat
     for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        measured()
+        baseline()
+    mine, theirs = [], []
+    for i in range(n):
+        if i % 2:
+            theirs.append(timed(baseline))
+            mine.append(timed(measured))
+        else:
+            mine.append(timed(measured))
+            theirs.append(timed(baseline))
+    return Spread.of(mine), Spread.of(theirs)
 
 
-def speed_figure(
+def compare(
     name: str,
     nbytes: int,
-    seconds: float,
-    baseline_seconds: float,
+    measured: Callable[[], object],
+    baseline: Callable[[], object],
     baseline_name: str,
     note: str = "",
+    *,
+    repeat: int | None = None,
 ) -> Figure:
-    """A throughput figure in GB/s with its baseline throughput and the time ratio."""
+    """A throughput figure in GB/s: ``measured`` against ``baseline`` moving the same
+    ``nbytes``, interleaved; the medians, the measured range, the ratio of medians."""
+    mine, theirs = interleaved(measured, baseline, repeat=repeat)
     return Figure(
         name=name,
         unit="GB/s",
-        value=nbytes / seconds / 1e9,
-        baseline=nbytes / baseline_seconds / 1e9,
+        value=nbytes / mine.median / 1e9,
+        baseline=nbytes / theirs.median / 1e9,
         baseline_name=baseline_name,
-        ratio=baseline_seconds / seconds,
+        ratio=theirs.median / mine.median,
         note=note,
+        value_range=(nbytes / mine.high / 1e9, nbytes / mine.low / 1e9),
+        repeats=REPEAT if repeat is None else repeat,
     )
 
 
-def memcpy_seconds(nbytes: int, *, device: str = "cpu", repeat: int = 5) -> float:
-    """Best time of one plain copy of ``nbytes`` between two buffers: the usual baseline."""
+def memcpy(nbytes: int, *, device: str = "cpu") -> Callable[[], None]:
+    """One plain copy of ``nbytes`` between two preallocated buffers: the usual baseline."""
     import torch
 
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
@@ -72,4 +131,4 @@ def memcpy_seconds(nbytes: int, *, device: str = "cpu", repeat: int = 5) -> floa
         if device != "cpu":
             torch.cuda.synchronize()
 
-    return best_seconds(copy, repeat=repeat)
+    return copy

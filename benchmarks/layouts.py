@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.figure import Figure, best_seconds, memcpy_seconds, speed_figure
+from benchmarks.figure import Figure, compare, memcpy
 from kvspec.memory.cache_layout import CacheShape, convert, empty_cache
 from kvspec.memory.paged import empty_paged_cache, gather_request, scatter_request
 
@@ -25,20 +25,17 @@ def run(quick: bool) -> list[Figure]:
     )
     dtype = "bfloat16"
     nbytes = shape.kv * shape.slots * shape.heads * shape.head_dim * 2
-    copy = memcpy_seconds(nbytes)
+    copy = memcpy(nbytes)
     label = f"{nbytes >> 20} MiB"
     figures = []
     for source, target, block_size in CONVERSIONS:
         cache = empty_cache(source, shape, dtype)
-        seconds = best_seconds(
-            lambda c=cache, s=source, t=target, b=block_size: convert(c, s, t, block_size=b)
-        )
         blocks = f", block 16->{block_size}" if block_size else ""
         figures.append(
-            speed_figure(
+            compare(
                 f"convert {source}->{target}{blocks}",
                 nbytes,
-                seconds,
+                lambda c=cache, s=source, t=target, b=block_size: convert(c, s, t, block_size=b),
                 copy,
                 "memcpy",
                 f"{label}, includes allocating the new cache",
@@ -68,23 +65,21 @@ def run(quick: bool) -> list[Figure]:
     send_ids = torch.randperm(shape.num_blocks, generator=generator).tolist()
     recv_ids = torch.randperm(shape.num_blocks // 2, generator=generator).tolist()
     request = gather_request(sender, send_ids, shape.slots)
-    seconds = best_seconds(lambda: gather_request(sender, send_ids, shape.slots))
     figures.append(
-        speed_figure(
+        compare(
             "gather from flash_attn_hnd, block 16",
             nbytes,
-            seconds,
+            lambda: gather_request(sender, send_ids, shape.slots),
             copy,
             "memcpy",
             f"{label}, shuffled block ids, includes allocating the request",
         )
     )
-    seconds = best_seconds(lambda: scatter_request(request, receiver, recv_ids))
     figures.append(
-        speed_figure(
+        compare(
             "scatter into flashinfer, block 32",
             nbytes,
-            seconds,
+            lambda: scatter_request(request, receiver, recv_ids),
             copy,
             "memcpy",
             f"{label}, shuffled block ids, in place",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.figure import Figure, best_seconds, memcpy_seconds, speed_figure
+from benchmarks.figure import Figure, compare, memcpy
 from kvspec.tensors.kv import random_request_kv
 from kvspec.tensors.reshard import reshard, shard
 from kvspec.topology.model import ModelShape
@@ -18,15 +18,14 @@ def run(quick: bool) -> list[Figure]:
     plan = plan_transfer(source, target, model)
     shards = shard(full, source, model)
     nbytes = plan.nbytes(seq_len)
-    copy = memcpy_seconds(nbytes)
+    copy = memcpy(nbytes)
     figures = []
     for slicing in ("sender", "receiver"):
-        seconds = best_seconds(lambda s=slicing: reshard(shards, plan, slicing=s))
         figures.append(
-            speed_figure(
+            compare(
                 f"reshard TP8->TP2 {slicing}-side ({nbytes >> 20} MiB)",
                 nbytes,
-                seconds,
+                lambda s=slicing: reshard(shards, plan, slicing=s),
                 copy,
                 "memcpy",
             )

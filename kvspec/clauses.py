@@ -24,6 +24,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.tensors.reshard",
     "kvspec.memory.cache_layout",
     "kvspec.memory.paged",
+    "kvspec.memory.descriptors",
     "kvspec.tensors.oracle",
     "kvspec.naming.keys",
     "kvspec.naming.ports",

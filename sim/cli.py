@@ -47,15 +47,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvspec import __version__
-from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, quote, seconds_in
+from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, seconds_in
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.cli.plan import add_parallel_arguments, groups_from_args, model_from_args
-from kvspec.memory.cache_layout import LAYOUTS
+from kvspec.memory.cache_layout import PRESETS
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.stage import StageLayout
 from sim.cluster import exposure, run_simulation, validate
-from sim.config import LIMITS, PORT_MODES, SimConfig, parse_seq_len, parse_stage
+from sim.config import LIMITS, PORT_MODES, TRANSFERS, SimConfig, parse_seq_len, parse_stage
 from sim.endpoints import find_free_base
 from sim.faults import parse_faults
 from sim.progress import ProgressBar
@@ -116,10 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="(bfloat16)")
     caches = run.add_argument_group("caches")
     caches.add_argument(
-        "--src-layout", choices=tuple(LAYOUTS), default=None, help="(flash_attn; mla for MLA)"
+        "--src-layout", choices=tuple(PRESETS), default=None, help="(flash_attn; mla for MLA)"
     )
     caches.add_argument(
-        "--dst-layout", choices=tuple(LAYOUTS), default=None, help="(flash_attn; mla for MLA)"
+        "--dst-layout", choices=tuple(PRESETS), default=None, help="(flash_attn; mla for MLA)"
+    )
+    caches.add_argument(
+        "--transfer",
+        choices=TRANSFERS,
+        default="push",
+        help="push payloads, or pull: receivers read byte ranges from the senders' caches (push)",
     )
     caches.add_argument(
         "--src-block-size", type=int_in(1, LIMITS.block_size), default=16, metavar="B", help="(16)"
@@ -262,19 +268,15 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         hold=args.hold,
         unsafe_reuse=args.unsafe_reuse,
         verify_after=args.verify_after,
+        transfer=args.transfer,
     )
 
 
 def _port(text: str) -> int:
     try:
-        if len(text) > 6:
-            raise ValueError
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"--base-port must be 1..65535 or 'auto', got {quote(text)}") from None
-    if not 1 <= value <= 65535:
-        raise ValueError(f"--base-port must be 1..65535 or 'auto', got {value}")
-    return value
+        return int_in(1, 65535)(text)
+    except argparse.ArgumentTypeError as error:
+        raise ValueError(f"--base-port: {error} (or 'auto')") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

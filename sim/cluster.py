@@ -49,7 +49,7 @@ from sim.auth import RunSecret
 from sim.config import SimConfig
 from sim.endpoints import RankId, all_ranks, check_ports
 from sim.rank import run_ranks
-from sim.report import SimReport, measured_edge_bytes, outcomes_from, planned_edge_bytes
+from sim.report import PULL_STATS, SimReport, measured_edge_bytes, outcomes_from, planned_edge_bytes
 from sim.sizing import check_fits
 from sim.workload import Workload
 
@@ -75,12 +75,19 @@ def validate(config: SimConfig) -> None:
             layout.check_block_size(config.layout_of(stage)[1])
         except ValueError as error:
             raise ValueError(f"stage {stage} ({layout.describe()}), {name}: {error}") from None
+    held = layouts_for(config.model.attention, cross_layer=True)
     for name in (config.src_layout, config.dst_layout):
-        get_layout(name)
-        if name not in layouts_for(config.model.attention):
+        if not get_layout(name).plain:
+            raise ValueError(
+                f"cache layout {name!r} keeps inline scales (a record of "
+                f"{len(get_layout(name).fields())} fields) that the coordinate-hash oracle does "
+                "not fill; the sim moves the "
+                f"presets whose cells are K and V or a latent: {', '.join(held)} [LAYOUT-6]"
+            )
+        if name not in held:
             raise ValueError(
                 f"cache layout {name!r} cannot hold an {config.model.attention} cache; use one "
-                f"of {', '.join(layouts_for(config.model.attention))} [LAYOUT-1]"
+                f"of {', '.join(held)} [LAYOUT-1]"
             )
     for name, size in (
         ("--src-block-size", config.src_block_size),
@@ -620,7 +627,12 @@ class Cluster:
         )
         for stats in self.rank_stats.values():
             report.receiver_stats.update(
-                {k: v for k, v in stats.items() if k in ("late_ignored", "unexpected_keys")}
+                {
+                    k: v
+                    for k, v in stats.items()
+                    # pull [sim.pull]: descriptors posted and the bytes they moved
+                    if k in ("late_ignored", "unexpected_keys", *PULL_STATS)
+                }
             )
         return report
 

@@ -12,6 +12,12 @@ from sim.faults import FaultSpec, check_rank_faults, parse_faults
 
 _LAYOUT = re.compile(r"^(?:PP(\d{1,5})X)?TP(\d{1,5})$")
 
+TRANSFERS: tuple[str, ...] = ("push", "pull")
+LIFECYCLE_KINDS: tuple[str, ...] = ("restart", "fail-nth")
+"""Rank faults that exercise a receiver's block pool [LIFE-1..7]: push only."""
+"""``push``: senders send payloads [PAYLOAD-1]; ``pull``: receivers read byte ranges from
+the senders' caches [DESC-1] (:mod:`sim.pull`)."""
+
 PORT_MODES: tuple[str, ...] = ("spec", "os")
 """``spec``: every sender binds the port of [PORT-1] (the run's ports are proven distinct
 first, [PORT-3]); ``os``: the operating system assigns each sender a free port, which
@@ -88,6 +94,7 @@ class SimConfig:
     hold: int = 2
     unsafe_reuse: bool = False
     verify_after: bool = False
+    transfer: str = "push"
 
     def __post_init__(self) -> None:
         if len(self.stages) < 2:
@@ -116,6 +123,32 @@ class SimConfig:
             )
         if self.transport not in ("tcp", "inproc"):
             raise ValueError(f"transport must be 'tcp' or 'inproc', got {self.transport!r}")
+        if self.transfer not in TRANSFERS:
+            raise ValueError(
+                f"--transfer must be one of {', '.join(TRANSFERS)}, got {self.transfer!r}"
+            )
+        if self.transfer == "pull" and self.slicing != "sender":
+            raise ValueError(
+                "--transfer pull with --slicing receiver: a pull reads exactly the receiver's "
+                "share [DESC-1]; there is no whole shard to slice"
+            )
+        if self.transfer == "pull":
+            lifecycle = [
+                name
+                for name, on in (
+                    ("abort", self.faults.abort),
+                    ("late", self.faults.late),
+                    *((f.kind, True) for f in self.faults.ranks if f.kind in LIFECYCLE_KINDS),
+                    ("--unsafe-reuse", self.unsafe_reuse),
+                )
+                if on
+            ]
+            if lifecycle:
+                raise ValueError(
+                    f"--transfer pull with {', '.join(lifecycle)}: these act on writes pushed into "
+                    "a receiver's block pool [LIFE-1..7]; a pull receiver holds its blocks from "
+                    "the start and reads them itself (use --transfer push)"
+                )
         if self.ports not in PORT_MODES:
             raise ValueError(f"--ports must be one of {', '.join(PORT_MODES)}, got {self.ports!r}")
         if not 0 < self.timeout <= LIMITS.timeout_s:  # NaN fails this too

@@ -65,14 +65,23 @@ def _crc(*fields: object) -> int:
 
 
 def envelope(
-    key: str, seq: int, sent_at: float, *, epoch: int = 0, checksum: bool = False
+    key: str,
+    seq: int,
+    sent_at: float,
+    *,
+    epoch: int = 0,
+    checksum: bool = False,
+    ranges_crc: int | None = None,
 ) -> bytes:
     """The envelope of a data message: its key, its place in the edge's order, its
     sender's epoch [LIFE-6] and when it was sent; with ``checksum``, a CRC-32 of its own
-    fields, so that a flipped bit there is refused like one in the payload."""
+    fields, so that a flipped bit there is refused like one in the payload. A pull answer
+    carries ``ranges_crc``, the CRC-32 of the byte ranges that follow [sim.pull]."""
     message: dict[str, Any] = {"key": key, "seq": seq, "epoch": epoch, "t": sent_at}
     if checksum:
         message["crc"] = _crc(key, seq, epoch, sent_at)
+    if ranges_crc is not None:
+        message["ranges_crc"] = ranges_crc
     return dump(message)
 
 

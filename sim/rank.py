@@ -36,7 +36,6 @@ import zmq
 
 from kvspec.lifecycle.machine import Lifecycle, LifecycleError, LifecycleRefusal
 from kvspec.lifecycle.trace import TraceVerdict, check_trace
-from kvspec.memory.cache_layout import kv_views
 from kvspec.memory.paged import (
     PagedCache,
     blocks_needed,
@@ -45,7 +44,7 @@ from kvspec.memory.paged import (
     scatter_request,
 )
 from kvspec.naming.keys import parse_key, recv_keys, send_keys
-from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
+from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
 from kvspec.topology.ownership import RankOwnership, rank_ownership
 from kvspec.transport.chunks import reassemble, split_chunks
@@ -63,7 +62,8 @@ from sim.config import SimConfig
 from sim.endpoints import RankId, bind_endpoint
 from sim.faults import FaultInjector
 from sim.pool import BlockPool
-from sim.sizing import max_receiver_message
+from sim.pull import PullAgent
+from sim.sizing import max_receiver_message, max_router_message
 from sim.workload import Request, Workload, edge_chunks
 
 POLL_MS = 20
@@ -189,6 +189,8 @@ class Rank:
             faults.late or faults.abort or any(f.kind == "restart" for f in faults.ranks)
         )  # a held request is verified again before its blocks go back
         self.corrupted: list[dict[str, Any]] = []
+        # pull [sim.pull]: receivers read byte ranges from the senders' caches
+        self.pull = PullAgent(self) if config.transfer == "pull" else None
 
     # -- setup -----------------------------------------------------------------------
     def _mine(self, request: Request) -> RankOwnership:
@@ -208,7 +210,9 @@ class Rank:
     def _make_cache(self) -> tuple[PagedCache, dict[str, list[int]]]:
         layout, block_size = self.config.layout_of(self.who.stage)
         num_blocks, tables = self.workload.block_table(self.who.stage, self.who.rank)
-        if self.who.stage > 0:  # a receiver allocates from its pool as requests arrive
+        if self.who.stage > 0 and self.config.transfer == "push":
+            # A pushed-to receiver allocates from its pool as requests arrive [LIFE-1]; a
+            # pull receiver holds the workload's table from the start: its reads name it.
             order = self.workload.block_order(self.who.stage, self.who.rank)
             self.pool = BlockPool(order, unsafe=self.config.unsafe_reuse)
             tables = self.pool.tables
@@ -264,7 +268,8 @@ class Rank:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.SNDHWM, KV_HWM)
         self.router.setsockopt(zmq.RCVHWM, KV_HWM)
-        self.router.setsockopt(zmq.MAXMSGSIZE, messages.MAX_HANDSHAKE)  # only hellos come in
+        # only hellos come in, and in a pull run reads [sim.pull]
+        self.router.setsockopt(zmq.MAXMSGSIZE, max_router_message(self.config))
         if self.config.transport == "tcp":
             self.monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED)
             self.poller.register(self.monitor, zmq.POLLIN)
@@ -370,6 +375,8 @@ class Rank:
             self._handshake()
             self._event({"ev": "ready", "sends": bool(self.targets)})
             self._await_command("go")
+            if self.pull is not None:  # pull [sim.pull]
+                self.pull.start()
             phase = "run"
             self.started = time.time()
             self._receive_nothing()
@@ -409,6 +416,8 @@ class Rank:
                 self._on_control(messages.load(self.control.recv()))
 
     def _step(self) -> None:
+        if self.pull is not None:  # pull [sim.pull]
+            self.pull.post_reads()
         self._pump(0 if self.outbox and not self.finishing else POLL_MS)
         if self.outbox and not self.finishing:
             self._send_request(self.outbox.pop(0))
@@ -523,6 +532,9 @@ class Rank:
     def _send_request(self, request_id: str) -> None:
         """Gather one request from the cache and send every chunk along every edge."""
         assert self.out_plan is not None
+        if self.pull is not None:  # pull [sim.pull]: answer its reads instead
+            self.pull.ready(request_id)
+            return
         request = self.requests[request_id]
         plan = self.out_plan.of(request)
         held = self._held(request)
@@ -765,6 +777,9 @@ class Rank:
 
     def _on_router(self, frames: list[bytes]) -> None:
         """What reaches a sender's KV socket: a receiver's signed hello, or a stranger."""
+        if self.pull is not None and len(frames) == 3:  # pull [sim.pull]: a read
+            self.pull.on_read(frames)
+            return
         if len(frames) != 2:
             self.strangers["kv messages"] += 1
             return
@@ -818,6 +833,8 @@ class Rank:
         self._put(dst, [messages.notice("ack", request)])
 
     def _nothing_left_to_forward(self) -> bool:
+        if self.pull is not None and not self.pull.all_served():  # pull [sim.pull]
+            return False
         if self.who.stage == 0:
             return True
         return all(state.done for state in self.incoming.values())
@@ -886,6 +903,9 @@ class Rank:
                 self._source_ended(src, message)
             else:
                 self._on_notice(src, message)
+            return
+        if self.pull is not None:  # pull [sim.pull]: an answer to a read
+            self.pull.on_answer(src, frames, received_at)
             return
         try:
             envelope = messages.read_envelope(frames[0].buffer)
@@ -984,7 +1004,7 @@ class Rank:
         handle = self.pool.handles[key]
         reused = [b for b in handle.blocks if self.pool.owner.get(b) not in (None, handle.request)]
         for layer in self.cache.layers:
-            for view in kv_views(layer, self.cache.layout):
+            for view in self.cache.views(layer):
                 for block in reused:
                     target = view[block]
                     repeats = -(-target.numel() // max(1, values.numel()))
@@ -1136,11 +1156,7 @@ class Rank:
     def _verify(self, state: Incoming) -> None:
         """Check every element of the stored request against the oracle [ORACLE-5]."""
         request = state.request
-        held = self._held(request)
-        stored = gather_request(self.cache, self.tables[request.request_id], held)
-        verdict = verify(
-            stored, self.model, request.request_id, **self._region(request), seed=self.config.seed
-        )
+        verdict = self._oracle_verdict(request.request_id)
         if not verdict.ok:
             self._fail(state, self._with_clobbers(verdict.message, request.request_id))
             return
@@ -1177,14 +1193,18 @@ class Rank:
                 self._recheck(oldest)
             self.pool.release(oldest)
 
+    def _oracle_verdict(self, request_id: str) -> Verdict:
+        """Every element this rank holds of ``request_id``, against the oracle: its own
+        tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]."""
+        request = self.requests[request_id]
+        stored = gather_request(self.cache, self.tables[request_id], self._held(request))
+        return verify(
+            stored, self.model, request_id, **self._region(request), seed=self.config.seed
+        )
+
     def _recheck(self, request_id: str) -> None:
         """Verify a held request again; a late write into its reused blocks shows here."""
-        state = self.incoming[request_id]
-        held = self._held(state.request)
-        stored = gather_request(self.cache, self.tables[request_id], held)
-        verdict = verify(
-            stored, self.model, request_id, **self._region(state.request), seed=self.config.seed
-        )
+        verdict = self._oracle_verdict(request_id)
         if not verdict.ok:
             self.corrupted.append(
                 {

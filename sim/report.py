@@ -15,6 +15,14 @@ from sim.config import SimConfig
 from sim.endpoints import RankId
 from sim.workload import Workload
 
+PULL_STATS: tuple[str, ...] = (
+    "descriptors",
+    "descriptor_bytes",
+    "requests_pulled",
+    "reads_refused",
+)
+"""Counters a pull run's receivers (and senders, for refused reads) report [sim.pull]."""
+
 
 @dataclass
 class RequestOutcome:
@@ -182,6 +190,23 @@ class SimReport:
             "errors": self.errors,
             "timed_out": self.timed_out,
             "interrupted": self.interrupted,
+            "transfer": self.config.transfer,
+            "descriptors": self.descriptor_summary(),
+        }
+
+    def descriptor_summary(self) -> dict[str, float] | None:
+        """A pull run's descriptors: in all, per request (over every receiving rank and
+        source) and bytes per descriptor [DESC-3]; None for a push run."""
+        if self.config.transfer != "pull":
+            return None
+        count = self.receiver_stats.get("descriptors", 0)
+        nbytes = self.receiver_stats.get("descriptor_bytes", 0)
+        requests = max(1, self.config.requests * self.config.replicas)
+        return {
+            "descriptors": count,
+            "per_request": count / requests,
+            "bytes_per_descriptor": nbytes / count if count else 0.0,
+            "reads_refused": self.receiver_stats.get("reads_refused", 0),
         }
 
     def render(self) -> str:
@@ -200,8 +225,9 @@ class SimReport:
         lines = [
             f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
             f"  {ranks} ranks as {where}; caches {c.src_layout} (block {c.src_block_size}) -> "
-            f"{c.dst_layout} (block {c.dst_block_size}); {c.slicing}-side slicing, replica "
-            f"policy {c.policy}, device {c.device}",
+            f"{c.dst_layout} (block {c.dst_block_size}); "
+            + ("pulled by descriptors" if c.transfer == "pull" else f"{c.slicing}-side slicing")
+            + f", replica policy {c.policy}, device {c.device}",
             f"  {c.requests} request(s) per group of {c.seq_len[0]}..{c.seq_len[1]} tokens in "
             f"{c.chunks} chunk(s); stage 0 fills its caches from the coordinate-hash oracle; "
             f"faults: {c.faults.describe()}",
@@ -239,6 +265,13 @@ class SimReport:
                 else f"{mismatched} differ from the plan"
             )
         )
+        pulled = self.descriptor_summary()
+        if pulled is not None:  # pull [sim.pull]
+            lines.append(
+                f"  pulled with {pulled['descriptors']} descriptors: "
+                f"{pulled['per_request']:.1f} per request, "
+                f"{pulled['bytes_per_descriptor']:.1f} bytes per descriptor"
+            )
         p50, p99 = self.percentile(50), self.percentile(99)
         latency = "n/a" if p50 is None else f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
         lines += [

@@ -12,6 +12,8 @@ import os
 
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.plan import plan_transfer
+from sim import messages
 from sim.config import SimConfig
 
 PROCESS_OVERHEAD = 80 << 20
@@ -88,4 +90,38 @@ def max_stream_message(config: SimConfig) -> int:
 
 def max_receiver_message(config: SimConfig) -> int:
     """ZMQ_MAXMSGSIZE of a receiver's KV socket (it limits every frame)."""
-    return max(max_data_frame(config), max_stream_message(config), 1 << 20)
+    return max(max_data_frame(config), max_stream_message(config), max_pull_range(config), 1 << 20)
+
+
+def max_pull_range(config: SimConfig) -> int:
+    """The largest range a pull answer can carry: one edge's whole share of the longest
+    request (ranges coalesce across fields, tokens and layers) [DESC-3]."""
+    if config.transfer != "pull":
+        return 0
+    longest = 0
+    for stage in range(config.last_stage):
+        plan = plan_transfer(
+            config.stages[stage], config.stages[stage + 1], config.model, policy=config.policy
+        )
+        longest = max(longest, *(e.nbytes(config.seq_len[1]) for e in plan.edges))
+    return longest + HEADER_SLACK
+
+
+def max_read_message(config: SimConfig) -> int:
+    """The largest read a pull receiver sends: a row per (layer, token, head, field) of one
+    edge's share of the longest request, the most a list can have [DESC-1]."""
+    rows = 0
+    for stage in range(config.last_stage):
+        plan = plan_transfer(
+            config.stages[stage], config.stages[stage + 1], config.model, policy=config.policy
+        )
+        for e in plan.edges:
+            rows = max(rows, len(e.layers) * len(e.heads) * config.seq_len[1] * 4)
+    return rows * 40 + HEADER_SLACK
+
+
+def max_router_message(config: SimConfig) -> int:
+    """ZMQ_MAXMSGSIZE of a sender's KV socket: hellos, and in a pull run reads."""
+    if config.transfer != "pull":
+        return messages.MAX_HANDSHAKE
+    return max(messages.MAX_HANDSHAKE, max_read_message(config))

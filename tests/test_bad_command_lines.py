@@ -104,6 +104,14 @@ SIM_LINES += [
     [*RUN, *OK, "--src-layout", "nonsense"],
     [*RUN, *OK, "--dst-layout", "mla"],
     [*RUN, *OK, "--dtype", "int4"],
+    [*RUN, *OK, "--transfer", "sideways"],
+    [*RUN, *OK, "--transfer", "pull", "--slicing", "receiver"],
+    [*RUN, *OK, "--transfer", "pull", "--faults", "abort=0.1"],
+    [*RUN, *OK, "--transfer", "pull", "--faults", "restart=sender:0@0.5"],
+    [*RUN, *OK, "--transfer", "pull", "--unsafe-reuse"],
+    [*RUN, *OK, "--src-layout", "vllm_pth_hnd"],  # inline scales the oracle does not fill
+    [*RUN, *OK, "--dst-layout", "flashmla_fp8"],
+    [*RUN, *OK, "--dst-layout", "sglang_mla"],  # an MHA model's cache in a latent pool
     [*RUN, *OK, "--attention", "linear"],
     [*RUN, "--attention", "mla", "--kv-heads", "4"],
     [*RUN, *OK, "--policy", "random"],
@@ -125,6 +133,8 @@ SIM_LINES += [
     ["walk"],
     [],
 ]
+
+DESC = ["desc", "--source-tp", "8", "--target-tp", "2", "--kv-heads", "4", "--seq-len", "64"]
 
 KVSPEC_LINES: list[list[str]] = [
     ["plan", "--source-tp", "4", "--target-tp", "2", flag, bad]
@@ -212,6 +222,34 @@ KVSPEC_LINES += [
     ["ports", "--stage", "tp=2,id=70000"],
     ["ports", "--stage", "tp=2", "--json", "/nonexistent-dir/p.json"],
     ["ports"],
+    ["layouts", "nonsense"],
+    ["layouts", "FlashInfer"],
+    ["layouts", "--convert", "flash_attn", "nope"],
+    ["layouts", "--convert", "vllm_pth_hnd", "vllm_packed_hnd"],  # inline scales
+    ["layouts", "--convert", "flash_attn", "mla"],  # K and V into a latent
+    ["layouts", "--convert", "flash_attn", "vllm_packed_hnd_layers"],  # one layer into many
+    ["layouts", "--convert", "flash_attn", "kv_tuple", "--blocks", "3", "--to-block-size", "32"],
+    ["layouts", "--convert", "vllm_pth_hnd", "vllm_pth_nhd", "--head-dim", "3"],  # misaligned
+    ["layouts", "--convert", "flash_attn"],
+    ["layouts", "--heads", "0"],
+    ["layouts", "--block-size", "x"],
+    ["layouts", "--dtype", "int4"],
+    ["layouts", "--json", "/nonexistent-dir/layouts.json"],
+    [*DESC, "--src-layout", "nope"],
+    [*DESC, "--dst-layout", "mla"],  # an MHA model's cache in a latent layout
+    [*DESC, "--src-layout", "vllm_pth_hnd"],  # an fp8 record for a bfloat16 model
+    [*DESC, "--edge", "9:9"],
+    [*DESC, "--edge", "1:0"],  # sender 1 sends nothing (its head goes from sender 0)
+    [*DESC, "--edge", "x"],
+    [*DESC, "--dst-region-bytes", "1000"],  # a region too small for the block ids
+    [*DESC, "--check", "list.json"],  # --check without --edge
+    [*DESC, "--edge", "0:0", "--check", "/nonexistent-dir/list.json"],
+    [*DESC, "--seq-len", "16000000", "--layers", "4096"],
+    [*DESC, "--src-block-size", "0"],
+    [*DESC, "--dst-block-size", "70000"],
+    [*DESC, "--show", "-1"],
+    ["desc", "--source-tp", "3", "--target-tp", "2", "--kv-heads", "6"],
+    ["desc", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--json", "/"],
     ["vectors", "check"],
     ["vectors", "check", "--impl", "nonsense"],
     ["vectors", "check", "--impl", "reference", "/nonexistent-dir"],

@@ -119,7 +119,8 @@ def test_every_pair_in_every_dtype(device: str) -> None:
 )
 def test_reading_is_a_view(device: str, layout: str, shape: CacheShape, dtype: str) -> None:
     """LAYOUT-2: K and V are views of the cache's own storage; writing them writes the cache."""
-    holds = 1 if layout == "mla" else 2 if LAYOUTS[layout].kv_tensors == 2 else shape.kv
+    holds = LAYOUTS[layout].kv_tensors or shape.kv
+    pool = shape.block_size if LAYOUTS[layout].merged_tokens else None  # not in the shape
     shape = CacheShape(
         holds,
         shape.slots if layout == "token_major" else shape.num_blocks,
@@ -128,15 +129,15 @@ def test_reading_is_a_view(device: str, layout: str, shape: CacheShape, dtype: s
         shape.head_dim,
     )
     cache = empty_cache(layout, shape, dtype, device)
-    views = kv_views(cache, layout)
+    views = kv_views(cache, layout, block_size=pool)
     assert len(views) == shape.kv
     for k, view in enumerate(views):
         assert view.shape == (shape.num_blocks, shape.block_size, shape.heads, shape.head_dim)
         assert view.untyped_storage().data_ptr() in storages(cache)
         view.view(raw_bits(view).dtype)[-1, -1, -1, -1] = k + 1  # a bit pattern, not a value
-    for k, view in enumerate(kv_views(cache, layout)):
+    for k, view in enumerate(kv_views(cache, layout, block_size=pool)):
         assert raw_bits(view)[-1, -1, -1, -1].item() == k + 1
-    assert cache_shape(cache, layout) == shape
+    assert cache_shape(cache, layout, block_size=pool) == shape
 
 
 @given(
@@ -186,7 +187,13 @@ def test_ambiguous_shapes_are_refused_by_name() -> None:
     latent = torch.empty(7, 16, 576, device="meta")
     assert detect_layout(latent, heads=1, head_dim=576) == "mla"
     request = torch.empty(9, 16, 128, device="meta")
-    assert detect_layout((request, request), heads=16, head_dim=128) == "token_major"
+    # A (K, V) pair of [rows, heads, head_dim] is also an SGLang token pool, whose page size
+    # is not in the shape: only a stated page size that does not divide the rows rules it out.
+    with pytest.raises(ValueError, match=r"'token_major', 'sglang_mha'"):
+        detect_layout((request, request), heads=16, head_dim=128)
+    assert detect_layout((request, request), heads=16, head_dim=128, block_size=16) == (
+        "token_major"
+    )
 
 
 def test_a_named_layout_must_fit() -> None:

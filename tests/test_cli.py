@@ -212,3 +212,83 @@ def test_console_script_runs() -> None:
         check=True,
     )
     assert "examples:" in done.stdout and "--source-tp S" in done.stdout
+
+
+def test_layouts_lists_every_preset_with_its_source(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvspec.memory.cache_layout import PRESETS
+
+    code, out, _ = run(capsys, "layouts")
+    assert code == 0 and f"{len(PRESETS)} cache layouts" in out
+    for name, layout in PRESETS.items():
+        assert f"\n{name:<24}{layout.shape}\n" in out
+    assert "stride order (0, 2, 1, 3) of logical [blocks, heads, slots, dim]; vllm 0.33.0" in out
+    code, out, _ = run(capsys, "layouts", "sglang_mha")
+    assert code == 0 and "sglang 0.5.23" in out and "not confirmed" in out
+    code, out, _ = run(capsys, "layouts", "--json", "-")
+    assert [entry["name"] for entry in json.loads(out)["layouts"]] == list(PRESETS)
+
+
+def test_layouts_convert_round_trips_bit_for_bit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "layouts", "--convert", "vllm_pth_hnd", "vllm_pth_nhd", "--json", "-"
+    )
+    report = json.loads(out)
+    assert code == 0 and report["round_trip_bit_exact"] is True
+    assert [f["field"] for f in report["fields"]] == ["k", "k_scale", "v", "v_scale"]
+    # [blocks, slots, heads, 2 * (head_dim + 4)] bytes of fp8 data and float32 scales
+    assert report["target_tensors"] == [[4, 16, 2, 24]]
+    code, out, _ = run(capsys, "layouts", "--convert", "trtllm_pool", "vllm_packed_hnd_layers")
+    assert code == 0 and "bit-identical" in out
+
+
+def _desc(capsys, *argv: str) -> dict:
+    code, out, err = run(capsys, "desc", *argv, "--json", "-")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_desc_counts_the_issue_example(capsys: pytest.CaptureFixture[str]) -> None:
+    """TP8 -> TP2, 4 KV heads: each sender holds one head; an SGLang row holds both of the
+    receiver's heads, so every (layer, token, K or V) of the head is its own 256-byte range."""
+    report = _desc(
+        capsys,
+        "--source-tp", "8", "--target-tp", "2", "--kv-heads", "4",
+        "--src-layout", "vllm_packed_hnd", "--dst-layout", "sglang_mha",
+    )  # fmt: skip
+    assert [(e["src"], e["dst"]) for e in report["edges"]] == [(0, 0), (2, 0), (4, 1), (6, 1)]
+    for edge in report["edges"]:
+        assert edge["descriptors"] == 32 * 1024 * 2
+        assert edge["bytes_per_descriptor"] == 128 * 2
+    assert report["totals"]["descriptors_per_1k_tokens"] == 4 * 32 * 1024 * 2 * 1000 / 1024
+
+
+def test_desc_one_range_per_layer_when_both_sides_match(capsys) -> None:
+    """Same layout, heads and block ids in order on both sides: each layer is one run."""
+    report = _desc(
+        capsys,
+        "--source-tp", "2", "--target-tp", "2", "--kv-heads", "4", "--contiguous",
+        "--src-layout", "vllm_packed_hnd", "--dst-layout", "vllm_packed_hnd",
+    )  # fmt: skip
+    assert [e["descriptors"] for e in report["edges"]] == [32, 32]
+
+
+def test_desc_check_judges_a_connectors_list(capsys, tmp_path) -> None:
+    """DESC-1, DESC-2: --check passes the plan's own list, refuses a wrong one by rule."""
+    args = ["--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--layers", "2"]
+    args += ["--seq-len", "40", "--edge", "2:1", "--dst-layout", "sglang_mha"]
+    listed = _desc(capsys, *args, "--show", "100000")["edges"][0]["first"]
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(listed[::-1]))
+    assert _desc(capsys, *args, "--check", str(good))["check"]["ok"] is True
+    first = listed[0]
+    wrong = {
+        "DESC-1.2": [*listed, first],
+        "DESC-1.1": listed[1:],
+        "DESC-2.1": [*listed[1:], [first[0], 10**9, first[2], first[3], first[4]]],
+    }
+    for rule, value in wrong.items():
+        path = tmp_path / "wrong.json"
+        path.write_text(json.dumps(value))
+        code, _, err = run(capsys, "desc", *args, "--check", str(path))
+        assert code == 2 and err.startswith("kvspec desc: refused: --check") and f"[{rule}]" in err
+        assert len(err.strip().splitlines()) == 1

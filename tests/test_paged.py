@@ -7,7 +7,6 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import kv_views
 from kvspec.memory.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
 from kvspec.strategies import PagedSide, models, paged_sides
 from kvspec.tensors.dtypes import DTYPES, bits_view, raw_bits
@@ -34,7 +33,7 @@ def paged_cache(
     )
     generator = torch.Generator().manual_seed(seed)
     for layer in cache.layers:
-        for view in kv_views(layer, layout):
+        for view in cache.views(layer):
             bits = bits_view(view)
             info = torch.iinfo(bits.dtype)
             noise = torch.randint(info.min, info.max, bits.shape, generator=generator)
@@ -43,7 +42,7 @@ def paged_cache(
 
 
 def snapshot(cache: PagedCache) -> list[list[torch.Tensor]]:
-    return [[raw_bits(v).cpu() for v in kv_views(layer, cache.layout)] for layer in cache.layers]
+    return [[raw_bits(v).cpu() for v in cache.views(layer)] for layer in cache.layers]
 
 
 def per_token(cache: PagedCache, block_ids: list[int], seq_len: int) -> torch.Tensor:
@@ -56,7 +55,7 @@ def per_token(cache: PagedCache, block_ids: list[int], seq_len: int) -> torch.Te
                     torch.stack([raw_bits(v)[block_ids[t // b], t % b] for t in range(seq_len)])
                     if seq_len
                     else raw_bits(v)[:0, 0]
-                    for v in kv_views(layer, cache.layout)
+                    for v in cache.views(layer)
                 ]
             )
             for layer in cache.layers

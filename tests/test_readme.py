@@ -54,10 +54,9 @@ def test_console_transcript(
     for line in shown:
         if line == "...":
             continue
-        if line.endswith("..."):
-            assert any(p.startswith(line[:-3]) for p in printed), line
-        else:
-            assert line in printed, line
+        # "..." inside a shown line stands for text that varies from run to run
+        pattern = re.compile(".*?".join(re.escape(part) for part in line.split("...")))
+        assert any(pattern.fullmatch(p) for p in printed), line
 
 
 def test_readme_shows_the_example_adapter_verbatim() -> None:

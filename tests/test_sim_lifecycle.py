@@ -71,9 +71,10 @@ def test_unsafe_reuse_corrupts_reused_blocks_and_the_checks_name_it() -> None:
 
 
 def test_blocks_are_really_reused() -> None:
-    """Without reuse the lifecycle rules would have nothing to protect."""
+    """Without reuse the lifecycle rules would have nothing to protect. One source, so
+    each request is one shard: it is admitted, verified and (hold=1) released in turn."""
     config = SimConfig(
-        stages=(StageLayout(2), StageLayout(1)),
+        stages=(StageLayout(1), StageLayout(1)),
         model=ModelShape(2, 2, 8),
         requests=12,
         seq_len=(16, 48),

@@ -5,7 +5,7 @@
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-20}
-TESTS=${TESTS:-tests/test_sim.py}
+TESTS=${TESTS:-tests/test_sim.py tests/test_sim_pull.py}
 cores=$(nproc)
 hogs=()
 cleanup() { for pid in "${hogs[@]}"; do kill "$pid" 2>/dev/null; done; }
@@ -18,7 +18,8 @@ echo "stress: $RUNS runs of $TESTS beside $cores busy process(es)"
 failed=0
 for run in $(seq "$RUNS"); do
   started=$(date +%s)
-  if CI=1 "$PY" -m pytest -q -p no:cacheprovider "$TESTS" >"/tmp/kvspec-stress-$$.log" 2>&1; then
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  if CI=1 "$PY" -m pytest -q -p no:cacheprovider $TESTS >"/tmp/kvspec-stress-$$.log" 2>&1; then
     echo "stress: run $run/$RUNS passed in $(( $(date +%s) - started )) s"
   else
     failed=$((failed + 1))

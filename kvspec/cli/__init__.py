@@ -7,10 +7,10 @@ import sys
 from collections.abc import Sequence
 
 from kvspec import __version__
-from kvspec.cli import clauses, conform, plan, ports, vectors
+from kvspec.cli import clauses, conform, desc, field_report, layouts, plan, ports, vectors
 from kvspec.cli.args import Parser
 
-SUBCOMMANDS = (plan, ports, conform, vectors, clauses)
+SUBCOMMANDS = (plan, ports, layouts, desc, conform, vectors, clauses, field_report)
 """Each module provides ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
 
 

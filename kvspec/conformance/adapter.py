@@ -51,8 +51,10 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "models": ("validate_model",),
     "layouts": ("read_layer",),
     "conversion": ("convert_layout",),
+    "fields": ("read_fields",),
     "detection": ("detect_layout",),
     "paged": ("gather", "scatter"),
+    "descriptors": ("descriptors",),
     "oracle": ("oracle_fill",),
     "verifier": ("oracle_verify",),
     "keys": ("rank_aware_key", "legacy_key"),
@@ -97,6 +99,8 @@ class Adapter:
       PLAN-2, PLAN-3 and determinism, and routing against the rule [PLAN-4].
     - ``slicing_modes``: which of ``"sender"``/``"receiver"`` slicing its sender
       transform can do [SLICE-2].
+    - ``coalesces``: its descriptor lists claim to be coalesced into maximal runs, so
+      they are held to the minimum count [DESC-3].
     """
 
     name: str = "unnamed"
@@ -105,6 +109,7 @@ class Adapter:
     policies: tuple[str, ...] = ()
     policy_rules: Mapping[str, ReplicaRule] = MappingProxyType({})
     slicing_modes: tuple[str, ...] = ("sender",)
+    coalesces: bool = False
 
     def supports(self, case: TransferCase) -> bool:
         """Whether ``case`` is inside the implementation's domain, beyond :attr:`domain`.
@@ -202,13 +207,39 @@ class Adapter:
         raise NotProvided
 
     # cache layouts ---------------------------------------------------------------
-    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
+    def read_layer(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> tuple[Any, ...]:
         """K and V (or the latent) of one layer's cache in the named ``layout``, each
-        ``[num_blocks, block_size, heads, head_dim]`` and a view of the cache [LAYOUT-1, 2]."""
+        ``[num_blocks, block_size, heads, head_dim]`` and a view of the cache [LAYOUT-1, 2];
+        a cross-layer cache reads ``[layers, ...]`` [LAYOUT-5].
+
+        ``page_size`` is given for a token pool (``sglang_mha``, ``sglang_mla``), whose
+        page size is not in its shape [LAYOUT-5]; an adapter whose method does not take it
+        is not asked to read token pools."""
         raise NotProvided
 
-    def convert_layout(self, cache: Any, source: str, target: str) -> Any:
-        """A new cache in ``target`` holding ``cache``'s slots bit for bit [LAYOUT-3]."""
+    def convert_layout(
+        self,
+        cache: Any,
+        source: str,
+        target: str,
+        *,
+        page_size: int | None = None,
+        block_size: int | None = None,
+    ) -> Any:
+        """A new cache in ``target`` holding ``cache``'s slots bit for bit [LAYOUT-3, 6], in
+        blocks of ``block_size`` (default: the source's); ``page_size`` is a token pool's
+        page size, as for :meth:`read_layer`. An adapter whose method does not take
+        ``block_size`` is not asked to re-block."""
+        raise NotProvided
+
+    def read_fields(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> dict[str, Any]:
+        """Every field of the cells of one layer's cache, inline scales included, by name
+        (``k``, ``v``, ``k_scale``, ``latent``, ``nope``, ...), each a view in its own dtype,
+        ``[num_blocks, block_size, heads, width]`` [LAYOUT-6]."""
         raise NotProvided
 
     def detect_layout(
@@ -229,6 +260,28 @@ class Adapter:
 
     def scatter(self, kv: RequestKV, cache: Any, block_ids: list[int]) -> None:
         """Write ``kv`` into the cache's blocks in place; refuse bad tables [PAGED-2..5]."""
+        raise NotProvided
+
+    # byte-range descriptors --------------------------------------------------------
+    def descriptors(
+        self,
+        case: TransferCase,
+        src: int,
+        dst: int,
+        source: Any,
+        source_ids: list[int],
+        target: Any,
+        target_ids: list[int],
+        tokens: range,
+    ) -> Sequence[Any]:
+        """The byte ranges a pull connector posts to realise edge ``src`` -> ``dst`` for
+        ``tokens`` [DESC-1, DESC-2]: each ``(src region, src offset, dst region, dst offset,
+        length)``. ``source`` and ``target`` are the two ranks'
+        :class:`~kvspec.memory.descriptors.RegisteredCache` (layout, block size, the heads
+        and layers each holds, region names and registered sizes); the ids are the
+        request's blocks on each side. Refuse (raise) what cannot be done inside the
+        registered regions. Lists are judged by what they write, in any order and any
+        granularity; set :attr:`coalesces` to be held to the minimum count [DESC-3]."""
         raise NotProvided
 
     # oracle ------------------------------------------------------------------------
@@ -360,6 +413,11 @@ class AdapterError(Exception):
 
 BUILTIN: dict[str, str] = {
     "reference": "kvspec.conformance.reference:ReferenceAdapter",
+    # Engines in the field: each imports the engine's installed package when created and
+    # refuses with what to install when it is missing (kvspec/adapters, `make field`).
+    "vllm-omni": "kvspec.adapters.vllm_omni:VllmOmniAdapter",
+    "vllm-nixl": "kvspec.adapters.vllm_nixl:VllmNixlAdapter",
+    "sglang": "kvspec.adapters.sglang:SglangAdapter",
 }
 """Adapters reachable by a built-in name."""
 
@@ -389,6 +447,8 @@ def load_adapter(spec: str) -> Adapter:
     if inspect.isclass(obj) or (callable(obj) and not isinstance(obj, Adapter)):
         try:
             obj = obj()
+        except AdapterError:
+            raise
         except Exception as error:
             raise AdapterError(f"calling {target} with no arguments failed: {error!r}") from error
     check_adapter(obj, where=target)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import LAYOUTS, get_layout, layouts_for
+from kvspec.memory.cache_layout import PRESETS, get_layout, layouts_for
 from kvspec.strategies import TP_SIZES, TransferCase, divides, dividing_pairs, transfer_cases
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, check_dtype
 from kvspec.topology.model import ATTENTION_KINDS, SCALE_FORMATS
@@ -53,7 +53,8 @@ class Domain:
     - ``replicated_heads``: whether ``H < tp`` (GQA replication) is in [HEAD-2].
     - ``attention``, ``dtypes``, ``scale_formats``: model facts [MODEL-1]; fp8 dtypes
       are in only with a scale format [DTYPE-3].
-    - ``layouts``, ``block_sizes``: cache layouts and block sizes [LAYOUT-1, PAGED-1].
+    - ``layouts``, ``block_sizes``: cache layouts (every preset by default: K/V ones,
+      cross-layer ones, inline-scale ones) and block sizes [LAYOUT-1, LAYOUT-5, PAGED-1].
     """
 
     tp_pairs: tuple[tuple[int, int], ...] | None = None
@@ -65,7 +66,7 @@ class Domain:
     attention: tuple[str, ...] = ATTENTION_KINDS
     dtypes: tuple[str, ...] = tuple(DTYPES)
     scale_formats: tuple[str, ...] = SCALE_FORMATS
-    layouts: tuple[str, ...] = tuple(LAYOUTS)
+    layouts: tuple[str, ...] = tuple(PRESETS)
     block_sizes: tuple[int, ...] = field(default=BLOCK_SIZES)
     non_dividing_tp: bool = False
     dp_sizes: tuple[int, ...] = (1,)
@@ -152,8 +153,24 @@ class Domain:
 
     def cache_layouts(self, attention: str | None = None) -> tuple[str, ...]:
         """The domain's layouts (that can hold ``attention``'s cache, when given)."""
-        fits = layouts_for(attention) if attention else tuple(LAYOUTS)
+        fits = (
+            layouts_for(attention, cross_layer=True)
+            if attention
+            else layouts_for("mha", cross_layer=True) + layouts_for("mla", cross_layer=True)
+        )
         return tuple(name for name in self.layouts if name in fits)
+
+    def plain_layouts(self, *, cross_layer: bool = True) -> tuple[str, ...]:
+        """The domain's layouts whose cells hold only K and V (or a latent) [LAYOUT-1]."""
+        return tuple(
+            n
+            for n in self.layouts
+            if get_layout(n).plain and (cross_layer or not get_layout(n).cross_layer)
+        )
+
+    def record_layouts(self) -> tuple[str, ...]:
+        """The domain's layouts whose cells carry inline scales or a fixed record [LAYOUT-6]."""
+        return tuple(n for n in self.layouts if not get_layout(n).plain)
 
     def holds(self, case: TransferCase) -> bool:
         """Whether a transfer case lies inside the domain (pinned examples may not)."""

@@ -11,7 +11,8 @@ from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.domain import EVERYTHING
 from kvspec.error_cases import OPERATIONS
 from kvspec.lifecycle.machine import Lifecycle
-from kvspec.memory.cache_layout import convert, detect_layout, kv_views
+from kvspec.memory.cache_layout import convert, detect_layout, field_views, kv_views
+from kvspec.memory.descriptors import RegisteredCache, plan_descriptors
 from kvspec.memory.paged import PagedCache, gather_request, scatter_request
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.naming.ports import PortScheme, port, rank_port
@@ -43,6 +44,7 @@ class ReferenceAdapter(Adapter):
     domain = EVERYTHING
     policies = POLICIES
     slicing_modes = SLICING_MODES
+    coalesces = True
 
     def plan(self, case: TransferCase) -> TransferPlan:
         """The spec's plan of ``case``, under a declared policy rule when it names one."""
@@ -86,11 +88,26 @@ class ReferenceAdapter(Adapter):
     def validate_model(self, config: dict[str, Any]) -> None:
         OPERATIONS["transfer"](config)
 
-    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
-        return kv_views(cache, layout)
+    def read_layer(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> tuple[Any, ...]:
+        return kv_views(cache, layout, block_size=page_size)
 
-    def convert_layout(self, cache: Any, source: str, target: str) -> Any:
-        return convert(cache, source, target)
+    def convert_layout(
+        self,
+        cache: Any,
+        source: str,
+        target: str,
+        *,
+        page_size: int | None = None,
+        block_size: int | None = None,
+    ) -> Any:
+        return convert(cache, source, target, block_size=block_size, source_block_size=page_size)
+
+    def read_fields(
+        self, cache: Any, layout: str, *, page_size: int | None = None
+    ) -> dict[str, Any]:
+        return field_views(cache, layout, block_size=page_size)
 
     def detect_layout(self, cache: Any, **known: int | None) -> str:
         return detect_layout(cache, **known)
@@ -100,6 +117,22 @@ class ReferenceAdapter(Adapter):
 
     def scatter(self, kv: RequestKV, cache: PagedCache, block_ids: list[int]) -> None:
         scatter_request(kv, cache, block_ids)
+
+    def descriptors(
+        self,
+        case: TransferCase,
+        src: int,
+        dst: int,
+        source: RegisteredCache,
+        source_ids: list[int],
+        target: RegisteredCache,
+        target_ids: list[int],
+        tokens: range,
+    ) -> Sequence[Any]:
+        plan = self.plan(case)
+        edge = plan.edge(src, dst)
+        made = plan_descriptors(plan, edge, source, source_ids, target, target_ids, tokens)
+        return made.descriptors
 
     def oracle_fill(self, model: ModelShape, request_id: str, **region: Any) -> RequestKV:
         return oracle_kv(model, request_id, **region)

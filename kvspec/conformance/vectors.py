@@ -29,18 +29,21 @@ from kvspec.conformance.checks.transfer import difference
 from kvspec.error_cases import ERROR_CASES
 from kvspec.memory.cache_layout import (
     LAYOUTS,
+    RECORDS,
     CacheShape,
     detect_layout,
     empty_cache,
+    field_views,
     get_layout,
     kv_views,
     layouts_for,
 )
+from kvspec.memory.descriptors import RegisteredCache, judge_descriptors, plan_descriptors
 from kvspec.memory.paged import PagedCache, empty_model_cache, gather_request, scatter_request
 from kvspec.naming.keys import legacy_key, rank_aware_key
 from kvspec.naming.ports import PortScheme, port, rank_port
 from kvspec.strategies import RULE_SIZES, TP_SIZES, TransferCase, divides
-from kvspec.tensors.dtypes import FP8_DTYPES, bits_view
+from kvspec.tensors.dtypes import FP8_DTYPES, bits_view, torch_dtype
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.oracle import oracle_kv, oracle_scales
 from kvspec.tensors.reshard import Shipment, edge_marker, send, shard
@@ -536,7 +539,8 @@ def _export_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
                 continue
             shape = CacheShape(kv, blocks, block_size if spec.paged else 1, heads, dim)
             cache = empty_cache(name, shape, "bfloat16")
-            for view in kv_views(cache, name):
+            page = shape.block_size if spec.merged_tokens else None  # not in a pool's shape
+            for view in kv_views(cache, name, block_size=page):
                 bits = bits_view(view)
                 bits.copy_(
                     torch.randint(
@@ -547,7 +551,7 @@ def _export_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
             i += 1
             layer, names = _layer_tensors(key, cache)
             tensors.update(layer)
-            views = kv_views(cache, name)
+            views = kv_views(cache, name, block_size=page)
             read = [f"{key}/read/{k}" for k in range(len(views))]
             tensors.update(dict(zip(read, (v.contiguous() for v in views), strict=True)))
             known = {"heads": heads, "head_dim": dim}
@@ -568,6 +572,7 @@ def _export_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
                         "head_dim": dim,
                     },
                     "cache": names,
+                    "page_size": page,
                     "read": read,
                     "detect": {"known": known, "answer": detected},
                 }
@@ -579,7 +584,8 @@ def _check_layouts(adapter: Adapter, case: Case, tensors: Tensors) -> str | None
     cache = _load_layer(tensors, case["cache"])
     provided = provided_capabilities(adapter)
     if "layouts" in provided:
-        got = adapter.read_layer(cache, case["layout"])
+        page = case.get("page_size")
+        got = adapter.read_layer(cache, case["layout"], **({"page_size": page} if page else {}))
         for k, name in enumerate(case["read"]):
             if k >= len(got) or not torch.equal(
                 bits_view(got[k].contiguous()), bits_view(tensors[name])
@@ -651,7 +657,10 @@ def _export_paged(rng: random.Random) -> tuple[list[Case], Tensors]:
 def _check_paged(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     scales = tensors[case["scales"]] if case["scales"] else None
     cache = PagedCache(
-        case["layout"], tuple(_load_layer(tensors, names) for names in case["layers"]), scales
+        case["layout"],
+        tuple(_load_layer(tensors, names) for names in case["layers"]),
+        scales,
+        block_size=case["block_size"],
     )
     got = adapter.gather(cache, list(case["block_ids"]), case["seq_len"])
     if not torch.equal(bits_view(got.data.contiguous()), bits_view(tensors[case["gathered"]])):
@@ -662,6 +671,178 @@ def _check_paged(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
         except Exception:
             continue
         return f"gather with block ids {bad} was accepted"
+    return None
+
+
+# records with inline scales -----------------------------------------------------------
+def _export_records(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases, tensors = [], {}
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    shapes = [(2, 3, 2, 4), (3, 2, 3, 8), (1, 4, 1, 4)]
+    for i, (layout, (blocks, block_size, heads, dim)) in enumerate(
+        (name, shape) for name in RECORDS for shape in shapes
+    ):
+        spec = get_layout(layout)
+        kv = spec.kv_tensors or 2
+        shape = CacheShape(
+            kv, blocks, block_size, 1 if kv == 1 else heads, spec.fixed_head_dim or dim
+        )
+        assert spec.dtypes is not None
+        cache = empty_cache(layout, shape, spec.dtypes[0])
+        assert isinstance(cache, torch.Tensor)
+        raw = cache.view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, generator=generator, dtype=torch.uint8))
+        key = f"records-{i:03d}"
+        tensors[f"{key}/cache"] = raw.clone()
+        fields = {}
+        for name, view in field_views(cache, layout).items():
+            fields[name] = f"{key}/field/{name}"
+            tensors[fields[name]] = bits_view(view.contiguous()).clone()
+        cases.append(
+            {
+                "id": key,
+                "clauses": ["LAYOUT-5", "LAYOUT-6"],
+                "layout": layout,
+                "dtype": spec.dtypes[0],
+                "shape": {
+                    "kv": kv,
+                    "num_blocks": blocks,
+                    "block_size": block_size,
+                    "heads": shape.heads,
+                    "head_dim": shape.head_dim,
+                },
+                "cache": f"{key}/cache",
+                "fields": fields,
+            }
+        )
+    return cases, tensors
+
+
+def _check_records(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    spec = get_layout(case["layout"])
+    element = torch_dtype(case["dtype"]) if spec.element is None else torch.uint8
+    cache = tensors[case["cache"]].clone().view(element)
+    got = adapter.read_fields(cache, case["layout"])
+    if sorted(got) != sorted(case["fields"]):
+        return f"read fields {sorted(got)}, expected {sorted(case['fields'])}"
+    for name, key in case["fields"].items():
+        if not torch.equal(bits_view(got[name].contiguous()), tensors[key]):
+            return f"field {name} differs from the vector"
+    return None
+
+
+# descriptors --------------------------------------------------------------------------
+DESC_LAYOUT_PAIRS = (
+    ("vllm_pth_hnd", "vllm_pth_nhd"),
+    ("vllm_packed_hnd", "sglang_mha"),
+    ("flash_attn", "vllm_packed_nhd"),
+    ("vllm_packed_hnd_layers", "trtllm_pool"),
+    ("flashinfer_hnd", "kv_tuple"),
+    ("mla", "sglang_mla"),
+)
+
+
+def _export_descriptors(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases = []
+    chosen = [
+        PINNED[0],
+        PINNED[2],
+        PINNED[3],
+        PINNED[4],
+        PINNED[5],
+        *_sample_cases(rng, 4, max_layers=3),
+    ]
+    for i, case in enumerate(chosen):
+        attention = case.model.attention
+        pairs = [
+            p for p in DESC_LAYOUT_PAIRS if get_layout(p[0]).kv_tensors == case.model.kv_tensors
+        ]
+        src_layout, dst_layout = pairs[i % len(pairs)]
+        model = case.model
+        if get_layout(src_layout).dtypes:  # an inline-scale record holds fp8
+            model = ModelShape(model.num_layers, model.num_kv_heads, 4, dtype="float8_e4m3fn")
+            case = TransferCase(case.source, case.target, model, case.policy)
+        plan = case.plan()
+        edge = plan.edges[rng.randrange(len(plan.edges))]
+        seq_len = rng.randint(1, 12)
+        start = rng.randrange(seq_len)
+        sides = []
+        for layout, stage, rank in (
+            (src_layout, case.source, edge.src),
+            (dst_layout, case.target, edge.dst),
+        ):
+            owner = stage_ownership(stage, model)[rank]
+            spec = get_layout(layout)
+            block_size = rng.randint(1, 5) if spec.paged else 1
+            needed = -(-seq_len // block_size)
+            num_blocks = needed + rng.randint(0, 2)
+            registered = RegisteredCache(
+                layout,
+                len(owner.layers),
+                num_blocks,
+                block_size,
+                len(owner.heads),
+                model.head_dim,
+                spec.dtypes[0] if spec.dtypes else model.dtype,
+                tensors_per_layer=model.kv_tensors,
+            )
+            sides.append((registered, rng.sample(range(num_blocks), needed)))
+        made = plan_descriptors(
+            plan, edge, sides[0][0], sides[0][1], sides[1][0], sides[1][1], range(start, seq_len)
+        )
+        cases.append(
+            {
+                "id": f"descriptors-{i:03d}",
+                "clauses": ["DESC-1", "DESC-2", "DESC-3"],
+                **case.to_dict(),
+                "attention": attention,
+                "edge": [edge.src, edge.dst],
+                "tokens": [start, seq_len],
+                "src_cache": {**sides[0][0].to_dict(), "block_ids": sides[0][1]},
+                "dst_cache": {**sides[1][0].to_dict(), "block_ids": sides[1][1]},
+                "regions": {
+                    "source": sides[0][0].regions(),
+                    "target": sides[1][0].regions(),
+                },
+                "descriptors": [d.to_list() for d in made.descriptors],
+                "share_bytes": made.share_bytes,
+            }
+        )
+    return cases, {}
+
+
+def _registered(entry: dict[str, Any]) -> tuple[RegisteredCache, list[int]]:
+    data = {k: v for k, v in entry.items() if k != "block_ids"}
+    return RegisteredCache.from_dict(data), list(entry["block_ids"])
+
+
+def _check_descriptors(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    transfer = TransferCase.from_dict(case)
+    if not adapter.supports(transfer):
+        raise NotApplicable("outside the adapter's declared domain")
+    (source, source_ids), (target, target_ids) = (
+        _registered(case["src_cache"]),
+        _registered(case["dst_cache"]),
+    )
+    reference = plan_descriptors(
+        transfer.plan(),
+        transfer.plan().edge(*case["edge"]),
+        source,
+        source_ids,
+        target,
+        target_ids,
+        range(*case["tokens"]),
+    )
+    if [d.to_list() for d in reference.descriptors] != case["descriptors"]:
+        return "the vector's list is not the spec's (regenerate the vectors)"
+    got = adapter.descriptors(
+        transfer, *case["edge"], source, source_ids, target, target_ids, range(*case["tokens"])
+    )
+    verdict = judge_descriptors(list(got), reference)
+    if not verdict.ok:
+        return verdict.problems[0]
+    if adapter.coalesces and verdict.count != verdict.minimum:
+        return f"{verdict.count} descriptors; the minimum is {verdict.minimum} [DESC-3.1]"
     return None
 
 
@@ -924,6 +1105,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("reshard", ("sender",), _export_reshard, _check_reshard),
     Family("layouts", ("layouts",), _export_layouts, _check_layouts),
     Family("paged", ("paged",), _export_paged, _check_paged),
+    Family("records", ("fields",), _export_records, _check_records),
+    Family("descriptors", ("descriptors",), _export_descriptors, _check_descriptors),
     Family("oracle", ("oracle",), _export_oracle, _check_oracle),
     Family("keys", ("keys",), _export_keys, _check_keys),
     Family("ports", ("ports",), _export_ports, _check_ports),

@@ -17,7 +17,31 @@ import torch
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
+from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout, Field
+from kvspec.memory.presets import PRESETS
 from kvspec.tensors.dtypes import bits_view, dtype_name, torch_dtype
+
+__all__ = [
+    "CLAUSES",
+    "CROSS_LAYER",
+    "LAYOUTS",
+    "PRESETS",
+    "RECORDS",
+    "CacheLayout",
+    "CacheShape",
+    "Field",
+    "LayerCache",
+    "cache_shape",
+    "convert",
+    "describe_cache",
+    "detect_layout",
+    "empty_cache",
+    "field_views",
+    "get_layout",
+    "kv_views",
+    "layer_views",
+    "layouts_for",
+]
 
 CLAUSES = (
     Clause(
@@ -86,6 +110,10 @@ CLAUSES = (
                 "a conversion between layouts that carry different information (K and V to a "
                 "latent)"
             ),
+            refuses(
+                "a target block size that does not divide the cache's slots (larger or smaller "
+                "than the source's)"
+            ),
         ),
     ),
     Clause(
@@ -106,109 +134,111 @@ CLAUSES = (
             refuses("a cache no layout fits, including one that contradicts a stated fact"),
         ),
     ),
+    Clause(
+        "LAYOUT-5",
+        "A layout is data, and presets cite their source",
+        "A cache layout is a value: the physical axes of each stored tensor (outermost "
+        "first), the engine's logical axis order (its stride order is the permutation from "
+        "logical to physical), where K and V live (their own axis, a tuple of tensors, packed "
+        "one after the other in the last axis, or one latent), the record each (slot, head) "
+        "cell holds in its last axis (fields with their dtype and width, inline scales among "
+        "them), an optional layers axis (one tensor holds every layer), and the element type. "
+        "A preset names such a value and cites the engine file and release it was read from, "
+        "saying what was not confirmed there. Field f of cell (layer, block, slot, head) is "
+        "at the byte these give: the dense strides of the physical order times the indices, "
+        "plus f's offset in the record; a token pool (blocks and slots on one axis) keeps "
+        "slot s of block b in row b * block_size + s, so its page size is stated, never read "
+        "from the shape, and must divide its rows. Layer i of a cross-layer tensor is index i "
+        "of its layers axis, read as the layout's per-layer preset through a view.",
+        obligations=(
+            must(
+                "each preset reads field f of (block, slot, head) from the byte its axes, stride "
+                "order and record address: K before V in a packed last axis, row "
+                "block * block_size + slot in a token pool"
+            ),
+            must(
+                "layer i of a cross-layer cache is index i of its layers axis, read as the "
+                "per-layer preset through a view"
+            ),
+            refuses(
+                "a token pool read without its page size, or with a page size that does not "
+                "divide its rows"
+            ),
+        ),
+    ),
+    Clause(
+        "LAYOUT-6",
+        "Inline scales unpack and repack bit for bit",
+        "A layout whose record carries inline scales (vLLM's per-token-head modes: a float32 "
+        "scale after each of K and V; FlashMLA's fp8 record: 512 fp8 NoPE values, 4 float32 "
+        "scales, 64 bfloat16 RoPE values) is read as one view per field, each in its own "
+        "dtype, [num_blocks, block_size, heads, width]; converting it moves every field of "
+        "every cell to the same cell of the target, so each scale stays with its token and "
+        "head, bit for bit. A field starts at a multiple of its dtype's size: a head_dim that "
+        "puts a scale off that alignment is refused. Two layouts convert into one another "
+        "only when their cells hold the same fields (name, dtype, width); a layout with inline "
+        "scales into one without them, or the reverse, is refused: the information differs.",
+        obligations=(
+            must(
+                "reading gives every field, inline scales included, as a view in its own dtype, "
+                "[num_blocks, block_size, heads, width]"
+            ),
+            must(
+                "conversion between two layouts with the same fields moves each scale with its "
+                "token and head, bit for bit"
+            ),
+            refuses(
+                "a conversion between a layout with inline scales and one without them, or with "
+                "another record"
+            ),
+            refuses("a head_dim that puts an inline scale off its dtype's alignment"),
+        ),
+    ),
 )
 
 LayerCache = torch.Tensor | tuple[torch.Tensor, ...]
 """One layer's cache as an engine holds it: one tensor, or a tuple of tensors [LAYOUT-1]."""
 
 # The per-tensor form every layout is read into [LAYOUT-2]: blocks, slots in a block,
-# heads, head_dim. A layout names its axes in this vocabulary, plus "kv" for a K/V axis.
-_CANONICAL = ("blocks", "slots", "heads", "dim")
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """A named cache layout [LAYOUT-1].
-
-    ``axes`` names the axes of each stored tensor (``kv`` is the K/V axis of a stacked
-    layout); ``kv_tensors`` is 2 (K and V), 1 (a latent), or ``None`` for token_major,
-    which holds whichever its tuple has. ``tuple_form`` layouts keep one tensor per K/V.
-    """
-
-    name: str
-    shape: str
-    axes: tuple[str, ...]
-    kv_tensors: int | None
-    tuple_form: bool
-
-    @property
-    def kv_axis(self) -> int | None:
-        return self.axes.index("kv") if "kv" in self.axes else None
-
-    @property
-    def paged(self) -> bool:
-        """False for token_major, whose block size is always 1 [LAYOUT-2]."""
-        return "slots" in self.axes
-
+# heads, head_dim (the record); a cross-layer tensor keeps its layers axis first.
+_CANONICAL = ("layers", "blocks", "slots", "heads", "dim")
 
 LAYOUTS: dict[str, CacheLayout] = {
-    layout.name: layout
-    for layout in (
-        CacheLayout(
-            "flash_attn",
-            "[2, num_blocks, block_size, heads, head_dim]",
-            ("kv", "blocks", "slots", "heads", "dim"),
-            2,
-            False,
-        ),
-        CacheLayout(
-            "flash_attn_hnd",
-            "[2, num_blocks, heads, block_size, head_dim]",
-            ("kv", "blocks", "heads", "slots", "dim"),
-            2,
-            False,
-        ),
-        CacheLayout(
-            "flashinfer",
-            "[num_blocks, 2, block_size, heads, head_dim]",
-            ("blocks", "kv", "slots", "heads", "dim"),
-            2,
-            False,
-        ),
-        CacheLayout(
-            "flashinfer_hnd",
-            "[num_blocks, 2, heads, block_size, head_dim]",
-            ("blocks", "kv", "heads", "slots", "dim"),
-            2,
-            False,
-        ),
-        CacheLayout(
-            "kv_tuple",
-            "(K, V), each [num_blocks, block_size, heads, head_dim]",
-            ("blocks", "slots", "heads", "dim"),
-            2,
-            True,
-        ),
-        CacheLayout(
-            "mla", "[num_blocks, block_size, latent]", ("blocks", "slots", "dim"), 1, False
-        ),
-        CacheLayout(
-            "token_major",
-            "(K, V), each [seq, heads, head_dim]; MLA: (latent,) as [seq, 1, latent]",
-            ("blocks", "heads", "dim"),
-            None,
-            True,
-        ),
-    )
+    name: layout for name, layout in PRESETS.items() if not layout.cross_layer and layout.plain
 }
-"""Every named layout [LAYOUT-1], in the order candidates are listed."""
+"""The per-layer presets whose cells hold only K and V (or a latent) in the cache's dtype
+[LAYOUT-1]: what a payload carries, gathered and scattered. :data:`PRESETS` has every
+preset, inline-scale and cross-layer ones included."""
+
+CROSS_LAYER: dict[str, CacheLayout] = {
+    name: layout for name, layout in PRESETS.items() if layout.cross_layer and layout.plain
+}
+"""The plain presets that keep every layer in one tensor [LAYOUT-5]."""
+
+RECORDS: dict[str, CacheLayout] = {
+    name: layout for name, layout in PRESETS.items() if not layout.plain
+}
+"""The presets whose cells are records with inline scales or fixed formats [LAYOUT-6]."""
 
 
 def get_layout(name: object) -> CacheLayout:
-    """The layout called ``name``; unknown names are refused with the known ones [LAYOUT-1]."""
+    """The preset called ``name``; unknown names are refused with the known ones [LAYOUT-1]."""
     if isinstance(name, CacheLayout):
         return name
-    if name not in LAYOUTS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(
-            f"unknown cache layout {name!r}; the layouts are {', '.join(LAYOUTS)} [LAYOUT-1]"
+            f"unknown cache layout {name!r}; the layouts are {', '.join(PRESETS)} [LAYOUT-1]"
         )
-    return LAYOUTS[name]  # type: ignore[index]
+    return PRESETS[name]
 
 
-def layouts_for(attention: str) -> tuple[str, ...]:
-    """The layouts that can hold a model of attention kind ``attention`` ('mha' or 'mla')."""
+def layouts_for(attention: str, *, cross_layer: bool = False) -> tuple[str, ...]:
+    """The layouts that can hold a model of attention kind ``attention`` ('mha' or 'mla'):
+    the per-layer :data:`LAYOUTS`, and with ``cross_layer`` the plain cross-layer presets
+    too (a paged cache holds those as one tensor) [LAYOUT-5]."""
     kv = 1 if attention == "mla" else 2
-    return tuple(n for n, layout in LAYOUTS.items() if layout.kv_tensors in (kv, None))
+    chosen = {**LAYOUTS, **(CROSS_LAYER if cross_layer else {})}
+    return tuple(n for n, layout in chosen.items() if layout.kv_tensors in (kv, None))
 
 
 @dataclass(frozen=True)
@@ -216,7 +246,8 @@ class CacheShape:
     """What a layer's cache holds, independent of its layout [LAYOUT-2].
 
     ``kv`` tensors (2: K and V; 1: a latent), each of ``num_blocks`` blocks of
-    ``block_size`` slots, ``heads`` heads and ``head_dim`` elements per head.
+    ``block_size`` slots, ``heads`` heads and ``head_dim`` elements per head; ``layers``
+    is more than 1 only for a cross-layer cache.
     """
 
     kv: int
@@ -224,6 +255,7 @@ class CacheShape:
     block_size: int
     heads: int
     head_dim: int
+    layers: int = 1
 
     def __post_init__(self) -> None:
         require_int("kv", self.kv, minimum=1)
@@ -231,6 +263,7 @@ class CacheShape:
         require_int("block_size", self.block_size, minimum=1)
         require_int("heads", self.heads, minimum=1)
         require_int("head_dim", self.head_dim, minimum=1)
+        require_int("layers", self.layers, minimum=1)
         if self.kv not in (1, 2):
             raise ValueError(f"kv must be 2 (K and V) or 1 (an MLA latent), got {self.kv}")
         if self.kv == 1 and self.heads != 1:
@@ -257,8 +290,25 @@ def describe_cache(cache: object) -> str:
     return f"{type(cache).__name__} (neither a tensor nor a tuple of tensors)"
 
 
-def _tensors(cache: object, layout: CacheLayout) -> tuple[torch.Tensor, ...]:
-    """The stored tensors of ``cache``, refusing the wrong container for ``layout`` [LAYOUT-1]."""
+def _cache_dtype(spec: CacheLayout, tensor: torch.Tensor, where: str) -> str:
+    """The cache dtype a tensor of ``spec`` holds: its own, or the record's [DTYPE-1]."""
+    if spec.element is not None:
+        if tensor.dtype != FIELD_DTYPES[spec.element]:
+            raise ValueError(
+                f"a {where} stores {spec.element} bytes; got a {tensor.dtype} tensor [LAYOUT-5]"
+            )
+        assert spec.dtypes is not None
+        return spec.dtypes[0]
+    name = dtype_name(tensor.dtype)  # refuses dtypes outside DTYPE-1
+    if spec.dtypes is not None and name not in spec.dtypes:
+        raise ValueError(
+            f"a {where} holds {', '.join(spec.dtypes)}; got a {name} tensor [LAYOUT-5]"
+        )
+    return name
+
+
+def _tensors(cache: object, layout: CacheLayout) -> tuple[tuple[torch.Tensor, ...], str]:
+    """The stored tensors of ``cache`` and its dtype, refusing the wrong container [LAYOUT-1]."""
     where = f"{layout.name} cache {layout.shape}"
     if layout.tuple_form:
         counts = (2,) if layout.kv_tensors == 2 else (1, 2)
@@ -288,8 +338,23 @@ def _tensors(cache: object, layout: CacheLayout) -> tuple[torch.Tensor, ...]:
                 f"K and V of a {where} must agree in shape, dtype and device; got "
                 f"{[(list(x.shape), str(x.dtype), str(x.device)) for x in tensors]} [LAYOUT-1]"
             )
-    dtype_name(first.dtype)  # refuses dtypes outside DTYPE-1
-    return tensors
+    return tensors, _cache_dtype(layout, first, where)
+
+
+def _check_alignment(spec: CacheLayout, dtype: str, head_dim: int) -> None:
+    """Every field starts at a multiple of its dtype's size [LAYOUT-6]."""
+    for part in spec.parts():
+        offset = 0
+        for f in part:
+            name, _ = f.resolve(dtype, head_dim)
+            size = FIELD_DTYPES[name].itemsize
+            if offset % size:
+                raise ValueError(
+                    f"a {spec.name} cell of head_dim {head_dim} ({dtype}) puts its {f.name} "
+                    f"({name}) at byte {offset}, not a multiple of {size}: head_dim must keep "
+                    "every field aligned [LAYOUT-6]"
+                )
+            offset += f.nbytes(dtype, head_dim)
 
 
 def cache_shape(
@@ -303,29 +368,52 @@ def cache_shape(
     """What ``cache`` holds when read as ``layout``; refuses a cache that does not fit [LAYOUT-1].
 
     ``heads``, ``head_dim`` and ``block_size``, when given, must match; token_major's block
-    size is 1 [LAYOUT-2].
+    size is 1 [LAYOUT-2]; a token pool's is not in its shape and must be given [LAYOUT-5].
     """
     spec = get_layout(layout)
-    tensors = _tensors(cache, spec)
+    tensors, dtype = _tensors(cache, spec)
     sizes = dict(zip(spec.axes, tensors[0].shape, strict=True))
     if spec.kv_axis is not None and sizes["kv"] != 2:
         raise ValueError(
             f"a {spec.name} cache {spec.shape} has a K/V axis of size 2 at dim {spec.kv_axis}; "
             f"got {describe_cache(cache)} [LAYOUT-1]"
         )
-    kv = sizes.get("kv", len(tensors) if spec.tuple_form else 1)
+    kv = sizes.get("kv", len(tensors) if spec.tuple_form else spec.kv_tensors or 1)
     if kv == 1 and "heads" in sizes and sizes["heads"] != 1:
         raise ValueError(
             f"a {spec.name} cache with one tensor holds an MLA latent, which has one head; got "
             f"{describe_cache(cache)} with {sizes['heads']} heads [LAYOUT-1, MODEL-2]"
         )
+    dim = spec.head_dim_of(sizes["dim"], dtype)
+    if dim is None:
+        raise ValueError(
+            f"a {spec.name} cache {spec.shape} of {dtype} has a last axis of "
+            f"{spec.record_bytes(0, dtype, 1) if not spec.plain else 'whole'} records; got "
+            f"{describe_cache(cache)}, whose last axis {sizes['dim']} fits no head_dim "
+            "[LAYOUT-1, LAYOUT-5]"
+        )
+    if spec.merged_tokens:
+        if block_size is None:
+            raise ValueError(
+                f"a {spec.name} pool {spec.shape} keeps blocks and slots on one axis: its page "
+                f"size is not in the shape {describe_cache(cache)}; state block_size [LAYOUT-5]"
+            )
+        require_int("block_size", block_size, minimum=1)
+        if sizes["tokens"] % block_size:
+            raise ValueError(
+                f"a {spec.name} pool of {sizes['tokens']} token rows cannot have pages of "
+                f"{block_size}: {block_size} does not divide {sizes['tokens']} [LAYOUT-5]"
+            )
+        sizes["blocks"], sizes["slots"] = sizes["tokens"] // block_size, block_size
     shape = CacheShape(
         kv=kv,
         num_blocks=sizes["blocks"],
         block_size=sizes.get("slots", 1),
         heads=sizes.get("heads", 1),
-        head_dim=sizes["dim"],
+        head_dim=dim,
+        layers=sizes.get("layers", 1),
     )
+    _check_alignment(spec, dtype, dim)
     stated = {"heads": heads, "head_dim": head_dim, "block_size": block_size}
     wrong = [
         f"{name} {getattr(shape, name)} != stated {value}"
@@ -340,29 +428,98 @@ def cache_shape(
     return shape
 
 
-def _canonical(tensor: torch.Tensor, axes: Sequence[str]) -> torch.Tensor:
-    """Permute ``tensor`` to [blocks, slots, heads, dim], inserting size-1 axes it lacks."""
-    view = tensor.permute([axes.index(a) for a in _CANONICAL if a in axes])
-    for i, axis in enumerate(_CANONICAL):
+def _canonical(tensor: torch.Tensor, axes: Sequence[str], block_size: int | None) -> torch.Tensor:
+    """Permute ``tensor`` to [layers?, blocks, slots, heads, dim], unmerging a token axis and
+    inserting size-1 axes it lacks (a layers axis only when it has one)."""
+    if "tokens" in axes:
+        assert block_size is not None
+        at = list(axes).index("tokens")
+        tensor = tensor.unflatten(at, (-1, block_size))
+        axes = [*axes[:at], "blocks", "slots", *axes[at + 1 :]]
+    order = [a for a in _CANONICAL if a in axes]
+    view = tensor.permute([list(axes).index(a) for a in order])
+    wanted = _CANONICAL if "layers" in axes else _CANONICAL[1:]
+    for i, axis in enumerate(wanted):
         if axis not in axes:
             view = view.unsqueeze(i)
     return view
 
 
-def kv_views(cache: LayerCache, layout: str | CacheLayout) -> tuple[torch.Tensor, ...]:
-    """K and V (or the latent) of ``cache``, each a view [LAYOUT-2].
+def _records(
+    cache: LayerCache, spec: CacheLayout, block_size: int | None
+) -> tuple[list[torch.Tensor], CacheShape, str]:
+    """Each part's cells as a view [layers?, blocks, slots, heads, dim]: whole records."""
+    shape = cache_shape(cache, spec, block_size=block_size)
+    tensors, dtype = _tensors(cache, spec)
+    if spec.kv_axis is not None:
+        axes = [a for a in spec.axes if a != "kv"]
+        stored = [tensors[0].select(spec.kv_axis, k) for k in range(2)]
+    else:
+        axes, stored = list(spec.axes), list(tensors)
+    page = shape.block_size if spec.merged_tokens else None
+    return [_canonical(t, axes, page) for t in stored], shape, dtype
 
-    Each is ``[num_blocks, block_size, heads, head_dim]``; nothing is copied: every
-    returned tensor shares the cache's storage.
+
+def field_views(
+    cache: LayerCache, layout: str | CacheLayout, *, block_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Every field of ``cache``'s cells, each a view in its own dtype [LAYOUT-5, LAYOUT-6].
+
+    Each view is ``[num_blocks, block_size, heads, width]`` (``[layers, ...]`` first for a
+    cross-layer cache); K and V of a stacked or tuple layout are the fields ``k`` and
+    ``v``, a latent ``latent``; inline scales are fields of their own. Nothing is copied.
     """
     spec = get_layout(layout)
+    records, shape, dtype = _records(cache, spec, block_size)
+    out: dict[str, torch.Tensor] = {}
+    for part, canon in zip(spec.parts(len(records)), records, strict=True):
+        resolved = [f.resolve(dtype, shape.head_dim) for f in part]
+        if all(FIELD_DTYPES[d] == canon.dtype for d, _ in resolved):
+            start = 0
+            for f, (_, width) in zip(part, resolved, strict=True):
+                out[f.name] = canon.narrow(-1, start, width)
+                start += width
+            continue
+        raw = canon.view(torch.uint8)  # the record's bytes: fields of several dtypes
+        start = 0
+        for f, (name, width) in zip(part, resolved, strict=True):
+            size = width * FIELD_DTYPES[name].itemsize
+            out[f.name] = raw.narrow(-1, start, size).view(FIELD_DTYPES[name])
+            start += size
+    return out
+
+
+def kv_views(
+    cache: LayerCache, layout: str | CacheLayout, *, block_size: int | None = None
+) -> tuple[torch.Tensor, ...]:
+    """K and V (or the latent) of ``cache``, each a view [LAYOUT-2].
+
+    Each is ``[num_blocks, block_size, heads, head_dim]`` (``[layers, ...]`` for a
+    cross-layer cache); nothing is copied: every returned tensor shares the cache's
+    storage. A token pool needs its ``block_size`` [LAYOUT-5]; inline scales are read with
+    :func:`field_views` [LAYOUT-6].
+    """
+    spec = get_layout(layout)
+    fields = field_views(cache, spec, block_size=block_size)
+    if "k" in fields:
+        return (fields["k"], fields["v"])
+    if "latent" in fields:
+        return (fields["latent"],)
+    raise ValueError(
+        f"a {spec.name} cell is a record of {', '.join(fields)}, not K and V or one latent "
+        "of one dtype; read its fields with field_views [LAYOUT-6]"
+    )
+
+
+def layer_views(cache: torch.Tensor, layout: str | CacheLayout) -> tuple[torch.Tensor, ...]:
+    """Each layer of a cross-layer ``cache``: index i of its layers axis, a view in the
+    layout's per-layer preset [LAYOUT-5]."""
+    spec = get_layout(layout)
+    if not spec.cross_layer:
+        raise ValueError(f"layout {spec.name} has no layers axis; it holds one layer [LAYOUT-5]")
     cache_shape(cache, spec)
-    if spec.kv_axis is not None:
-        assert isinstance(cache, torch.Tensor)
-        axes = [a for a in spec.axes if a != "kv"]
-        return tuple(_canonical(cache.select(spec.kv_axis, k), axes) for k in range(2))
-    tensors = tuple(cache) if spec.tuple_form else (cache,)  # type: ignore[arg-type]
-    return tuple(_canonical(t, spec.axes) for t in tensors)
+    at = spec.axes.index("layers")
+    return tuple(cache.select(at, i) for i in range(cache.shape[at]))
 
 
 def empty_cache(
@@ -380,16 +537,30 @@ def _allocate(
     factory: Callable[..., torch.Tensor],
 ) -> LayerCache:
     _check_holds(spec, shape)
+    dtype_name(torch_dtype(dtype))
+    if spec.dtypes is not None and dtype not in spec.dtypes:
+        raise ValueError(
+            f"layout {spec.name} holds {', '.join(spec.dtypes)} caches, not {dtype} [LAYOUT-5]"
+        )
+    _check_alignment(spec, dtype, shape.head_dim)
+    if spec.fixed_head_dim is not None and shape.head_dim != spec.fixed_head_dim:
+        raise ValueError(
+            f"layout {spec.name} holds a latent of {spec.fixed_head_dim}, not {shape.head_dim} "
+            "[LAYOUT-5]"
+        )
     sizes = {
         "kv": shape.kv,
+        "layers": shape.layers,
         "blocks": shape.num_blocks,
         "slots": shape.block_size,
+        "tokens": shape.slots,
         "heads": shape.heads,
-        "dim": shape.head_dim,
+        "dim": spec.dim_size(dtype, shape.head_dim),
     }
     dims = [sizes[a] for a in spec.axes]
+    element = FIELD_DTYPES[spec.element_dtype(dtype)]
     tensors = [
-        factory(dims, dtype=torch_dtype(dtype), device=device)
+        factory(dims, dtype=element, device=device)
         for _ in range(shape.kv if spec.tuple_form else 1)
     ]
     return tuple(tensors) if spec.tuple_form else tensors[0]
@@ -410,6 +581,11 @@ def _check_holds(spec: CacheLayout, shape: CacheShape) -> None:
             f"layout {spec.name} has block size 1 (block i is token i), not {shape.block_size} "
             "[LAYOUT-2, LAYOUT-3]"
         )
+    if not spec.cross_layer and shape.layers != 1:
+        raise ValueError(
+            f"layout {spec.name} holds one layer, not {shape.layers}; use a layout with a "
+            "layers axis [LAYOUT-5]"
+        )
 
 
 def convert(
@@ -418,14 +594,17 @@ def convert(
     target: str | CacheLayout,
     *,
     block_size: int | None = None,
+    source_block_size: int | None = None,
 ) -> LayerCache:
-    """``cache`` (in ``source``) as a new cache in ``target``, bit for bit [LAYOUT-3].
+    """``cache`` (in ``source``) as a new cache in ``target``, bit for bit [LAYOUT-3, LAYOUT-6].
 
     ``block_size`` is the target's block size: by default the source's (1 from token_major,
-    and always 1 into token_major). Slot ``s`` of K and V stays slot ``s``.
+    and always 1 into token_major); ``source_block_size`` is a token pool's page size.
+    Slot ``s`` of every field stays slot ``s``; the two layouts' cells must hold the same
+    fields.
     """
     src, dst = get_layout(source), get_layout(target)
-    shape = cache_shape(cache, src)
+    shape = cache_shape(cache, src, block_size=source_block_size)
     if block_size is None:
         block_size = shape.block_size if dst.paged else 1
     require_int("block_size", block_size, minimum=1)
@@ -437,16 +616,44 @@ def convert(
         )
     out_shape = replace(shape, num_blocks=shape.slots // block_size, block_size=block_size)
     _check_holds(dst, out_shape)
-    views = kv_views(cache, src)
+    if src.cross_layer != dst.cross_layer:
+        raise ValueError(
+            f"{src.name} and {dst.name}: one holds every layer, the other one layer; convert "
+            "the layers of a cross-layer cache one by one (layer_views) [LAYOUT-5]"
+        )
+    _, dtype = _tensors(cache, src)
+    have_info = src.information(dtype, shape.head_dim, shape.kv)
+    want_info = dst.information(dtype, shape.head_dim, shape.kv)
+    if have_info != want_info:
+        raise ValueError(
+            f"layout {src.name} cells hold {_fields_text(have_info)} but {dst.name} cells hold "
+            f"{_fields_text(want_info)}: they do not carry the same information, so nothing is "
+            "converted [LAYOUT-6]"
+        )
+    views = field_views(cache, src, block_size=source_block_size)
     # Uninitialised is safe: every slot of the target is written below.
-    out = _allocate(dst, out_shape, dtype_name(views[0].dtype), views[0].device, torch.empty)
-    for have, want in zip(views, kv_views(out, dst), strict=True):
-        _copy_slots(bits_view(have), bits_view(want))  # bits, not values [DTYPE-2]
+    out = _allocate(dst, out_shape, dtype, next(iter(views.values())).device, torch.empty)
+    page = block_size if dst.merged_tokens else None
+    if src.parts(shape.kv) == dst.parts(shape.kv) and src.element == dst.element:
+        # The same record in the same order: move whole cells, fewer and longer copies.
+        have_records, _, _ = _records(cache, src, source_block_size)
+        want_records, _, _ = _records(out, dst, page)
+        for have, want in zip(have_records, want_records, strict=True):
+            _copy_slots(bits_view(have), bits_view(want))  # bits, not values [DTYPE-2]
+        return out
+    targets = field_views(out, dst, block_size=page)
+    for name, have in views.items():
+        _copy_slots(bits_view(have), bits_view(targets[name]))  # bits, not values [DTYPE-2]
     return out
 
 
+def _fields_text(info: tuple[tuple[str, str, int], ...]) -> str:
+    return ", ".join(f"{name} ({width} x {dtype})" for name, dtype, width in info)
+
+
 def _copy_slots(have: torch.Tensor, want: torch.Tensor) -> None:
-    """Copy slot s of ``have`` to slot s of ``want``, both [blocks, slots, heads, dim] [LAYOUT-3].
+    """Copy slot s of ``have`` to slot s of ``want``, both [.., blocks, slots, heads, width]
+    [LAYOUT-3].
 
     Their block sizes may differ: the target is viewed in the source's blocks where its
     strides allow, so re-blocking costs no extra copy; otherwise the source is reshaped.
@@ -469,42 +676,50 @@ def detect_layout(
 
     Refuses, listing the candidates, when several layouts fit, and when none does.
     ``heads``, ``head_dim`` and (for paged layouts) ``block_size`` narrow the candidates;
-    state all that is known.
+    state all that is known. Every per-layer preset is a candidate; a token pool, whose
+    page size is not in its shape, fits with the stated block size or, unstated, with any.
     """
     stated = {"heads": heads, "head_dim": head_dim, "block_size": block_size}
     for name, value in stated.items():
         if value is not None:
             require_int(name, value, minimum=1)
     tensors = cache if isinstance(cache, (tuple, list)) else (cache,)
+    elements = {FIELD_DTYPES[s.element] for s in PRESETS.values() if s.element}
     for tensor in tensors:
-        if isinstance(tensor, torch.Tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.dtype not in elements:
             dtype_name(tensor.dtype)  # a disallowed dtype is named as such [DTYPE-1]
-    fits: list[tuple[str, CacheShape]] = []
-    for name, spec in LAYOUTS.items():
+    fits: list[tuple[str, CacheShape, bool]] = []
+    for name, spec in PRESETS.items():
+        if spec.cross_layer:
+            continue
+        guessed = spec.merged_tokens and block_size is None
         try:
             shape = cache_shape(
                 cache,
                 spec,
                 heads=heads,
                 head_dim=head_dim,
-                block_size=block_size if spec.paged else None,
+                block_size=(1 if guessed else block_size) if spec.paged else None,
             )
         except ValueError:
             continue
-        fits.append((name, shape))
+        fits.append((name, shape, guessed))
     known = ", ".join(f"{k}={v}" for k, v in stated.items() if v is not None)
     given = f"a {describe_cache(cache)}" + (f" with {known}" if known else "")
     if len(fits) == 1:
         return fits[0][0]
     if not fits:
-        shapes = "; ".join(f"{n} {spec.shape}" for n, spec in LAYOUTS.items())
+        shapes = "; ".join(f"{n} {spec.shape}" for n, spec in PRESETS.items())
         raise ValueError(f"{given} fits no cache layout; the layouts are: {shapes} [LAYOUT-4]")
     readings = "; ".join(
         f"{n} (num_blocks={s.num_blocks}, block_size={s.block_size}, heads={s.heads})"
-        for n, s in fits
+        if not guessed
+        else f"{n} (a token pool of {s.slots} rows: any page size that divides them, "
+        f"heads={s.heads})"
+        for n, s, guessed in fits
     )
     raise ValueError(
         f"{given} is ambiguous: it fits {len(fits)} layouts: {readings}. The shape cannot "
-        f"tell them apart, so name the layout (one of {', '.join(repr(n) for n, _ in fits)}) "
+        f"tell them apart, so name the layout (one of {', '.join(repr(n) for n, _, _ in fits)}) "
         "[LAYOUT-4]"
     )

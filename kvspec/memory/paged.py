@@ -33,6 +33,7 @@ from kvspec.memory.cache_layout import (
     empty_cache,
     get_layout,
     kv_views,
+    layer_views,
 )
 from kvspec.tensors.dtypes import bit_equal, bits_view, dtype_name, torch_dtype
 from kvspec.tensors.kv import RequestKV, check_scales
@@ -118,11 +119,15 @@ class PagedCache:
     ``layers[i]`` is the cache of the rank's i-th layer (which global layers those are
     is known from the plan); ``scales`` are fp8 scales ``[layers, kv]`` [PAGED-5]. The
     tensors are the engine's preallocated buffers: :func:`scatter_request` writes them.
+    ``block_size`` is a token pool's page size, which its shape does not say [LAYOUT-5];
+    for a cross-layer layout ``base`` is the one tensor every layer is a view of.
     """
 
     layout: str
     layers: tuple[LayerCache, ...]
     scales: torch.Tensor | None = None
+    block_size: int | None = None
+    base: torch.Tensor | None = None
     shape: CacheShape = field(init=False)
     dtype: str = field(init=False)
 
@@ -131,10 +136,15 @@ class PagedCache:
         object.__setattr__(self, "layers", tuple(self.layers))
         if not self.layers:
             raise ValueError("a paged cache holds at least one layer; got none")
-        shapes = [cache_shape(layer, spec) for layer in self.layers]
-        first = kv_views(self.layers[0], spec)[0]
+        if spec.cross_layer and self.base is None:
+            raise ValueError(
+                f"a {spec.name} paged cache is one tensor for every layer; build it with "
+                "PagedCache.cross_layer(tensor, layout) [LAYOUT-5]"
+            )
+        shapes = [self._shape(layer) for layer in self.layers]
+        first = self.views(self.layers[0])[0]
         for i, layer in enumerate(self.layers):
-            view = kv_views(layer, spec)[0]
+            view = self.views(layer)[0]
             if shapes[i] != shapes[0] or view.dtype != first.dtype or view.device != first.device:
                 raise ValueError(
                     f"every layer of a paged cache has the same shape, dtype and device; layer "
@@ -151,9 +161,36 @@ class PagedCache:
             where=f"a paged {self.dtype} cache",
         )
 
+    @classmethod
+    def cross_layer(
+        cls,
+        tensor: torch.Tensor,
+        layout: str | CacheLayout,
+        scales: torch.Tensor | None = None,
+    ) -> PagedCache:
+        """A paged cache over one cross-layer tensor: layer i is a view of index i of its
+        layers axis [LAYOUT-5]."""
+        spec = get_layout(layout)
+        return cls(spec.name, layer_views(tensor, spec), scales, base=tensor)
+
+    @property
+    def layer_layout(self) -> str:
+        """The layout each layer reads as: the per-layer preset of a cross-layer layout."""
+        return get_layout(self.layout).per_layer or self.layout
+
+    def _shape(self, layer: LayerCache) -> CacheShape:
+        return cache_shape(layer, self.layer_layout, block_size=self._pool())
+
+    def _pool(self) -> int | None:
+        return self.block_size if get_layout(self.layer_layout).merged_tokens else None
+
+    def views(self, layer: LayerCache) -> tuple[torch.Tensor, ...]:
+        """K and V (or the latent) of one of its layers, as views [LAYOUT-2]."""
+        return kv_views(layer, self.layer_layout, block_size=self._pool())
+
     @property
     def device(self) -> torch.device:
-        return kv_views(self.layers[0], self.layout)[0].device
+        return self.views(self.layers[0])[0].device
 
     @property
     def num_layers(self) -> int:
@@ -186,9 +223,15 @@ def empty_paged_cache(
                 f"layout {spec.name} holds K and V or a latent; state kv=2 or kv=1 [LAYOUT-1]"
             )
         kv = spec.kv_tensors
+    scales = None if scales is None else scales.to(device)
+    if spec.cross_layer:
+        shape = CacheShape(kv, num_blocks, block_size, heads, head_dim, layers=num_layers)
+        base = empty_cache(spec, shape, dtype, device)
+        assert isinstance(base, torch.Tensor)
+        return PagedCache.cross_layer(base, spec, scales)
     shape = CacheShape(kv, num_blocks, block_size, heads, head_dim)
     layers = tuple(empty_cache(spec, shape, dtype, device) for _ in range(num_layers))
-    return PagedCache(spec.name, layers, None if scales is None else scales.to(device))
+    return PagedCache(spec.name, layers, scales, block_size=block_size)
 
 
 def empty_model_cache(
@@ -330,7 +373,7 @@ def gather_request(
     )
     out_bits = bits_view(out)
     for layer, layer_cache in enumerate(cache.layers):
-        for k, view in enumerate(kv_views(layer_cache, cache.layout)):
+        for k, view in enumerate(cache.views(layer_cache)):
             source, target = bits_view(view), out_bits[layer, k]
             if len(blocks):
                 whole = target[:in_full].view(len(blocks), *source.shape[1:])
@@ -378,7 +421,7 @@ def scatter_request(
     blocks, last, in_full, rest = _block_split(ids, shape.block_size, seq_len, cache.device)
     bits = bits_view(data.to(cache.device))
     for layer, layer_cache in enumerate(cache.layers):
-        for k, view in enumerate(kv_views(layer_cache, cache.layout)):
+        for k, view in enumerate(cache.views(layer_cache)):
             target, source = bits_view(view), bits[layer, k]
             if len(blocks):
                 # Distinct ids [PAGED-2] make this index_put well defined.

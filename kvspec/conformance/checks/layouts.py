@@ -7,6 +7,8 @@ drawn from the adapter's domain.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from hypothesis import strategies as st
 
@@ -22,7 +24,7 @@ from kvspec.conformance.checks import (
     vacuous,
 )
 from kvspec.memory.cache_layout import (
-    LAYOUTS,
+    PRESETS,
     CacheShape,
     convert,
     detect_layout,
@@ -34,12 +36,38 @@ from kvspec.strategies import cache_shapes
 from kvspec.tensors.dtypes import bits_view
 
 
+def _pool(example: Example, layout: str | None = None) -> int | None:
+    """A token pool's page size, which its shape does not say [LAYOUT-5]; else None."""
+    return example["shape"]["block_size"] if _is_pool(layout or example["layout"]) else None
+
+
+def _is_pool(layout: str) -> bool:
+    return layout in PRESETS and get_layout(layout).merged_tokens
+
+
+def _facts(ctx: Context, method: str, example: Example, layout: str | None = None) -> dict:
+    """The keyword a token pool needs (its page size), for an adapter method that takes it;
+    an adapter whose method does not is not asked to read token pools [LAYOUT-5]."""
+    page = _pool(example, layout)
+    if page is None:
+        return {}
+    if not takes(ctx.adapter, method, "page_size"):
+        raise OutsideDomain
+    return {"page_size": page}
+
+
+def takes(adapter: Adapter, method: str, keyword: str) -> bool:
+    """Whether ``adapter.method`` accepts the keyword argument ``keyword``."""
+    parameters = inspect.signature(getattr(adapter, method)).parameters
+    return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
 def _random_cache(example: Example, device: str):
     """The example's cache, every element random bits (seeded)."""
     shape = CacheShape(**example["shape"])
     cache = empty_cache(example["layout"], shape, example["dtype"], device)
     generator = torch.Generator().manual_seed(example["seed"])
-    for view in kv_views(cache, example["layout"]):
+    for view in kv_views(cache, example["layout"], block_size=_pool(example)):
         bits = bits_view(view)
         info = torch.iinfo(bits.dtype)
         bits.copy_(
@@ -51,7 +79,7 @@ def _random_cache(example: Example, device: str):
 @st.composite
 def _cache_examples(draw: st.DrawFn, adapter: Adapter, *, min_blocks: int = 0) -> Example:
     domain = adapter.domain
-    layout = draw(st.sampled_from(domain.layouts))
+    layout = draw(st.sampled_from(domain.plain_layouts() or domain.layouts))
     spec = get_layout(layout)
     kinds = [k for k in (2, 1) if "mha" in domain.attention or k == 1]
     kinds = [k for k in kinds if "mla" in domain.attention or k == 2] or [2]
@@ -59,7 +87,8 @@ def _cache_examples(draw: st.DrawFn, adapter: Adapter, *, min_blocks: int = 0) -
     shape = draw(cache_shapes(kv=kv, min_blocks=min_blocks))
     block_sizes = [b for b in domain.block_sizes if b <= 4] or [min(domain.block_sizes)]
     block_size = draw(st.sampled_from(block_sizes)) if spec.paged else 1
-    shape = CacheShape(kv, shape.num_blocks, block_size, shape.heads, shape.head_dim)
+    layers = draw(st.integers(1, 3)) if spec.cross_layer else 1
+    shape = CacheShape(kv, shape.num_blocks, block_size, shape.heads, shape.head_dim, layers)
     return {
         "layout": layout,
         "shape": _shape_dict(shape),
@@ -75,6 +104,7 @@ def _shape_dict(shape: CacheShape) -> dict[str, int]:
         "block_size": shape.block_size,
         "heads": shape.heads,
         "head_dim": shape.head_dim,
+        **({"layers": shape.layers} if shape.layers > 1 else {}),
     }
 
 
@@ -106,6 +136,8 @@ LAYOUT_PINS = (
     _pin("kv_tuple", 2, 3, 2, 2, 3),
     _pin("token_major", 2, 3, 1, 2, 3),
     _pin("mla", 1, 3, 2, 1, 4),
+    _pin("vllm_packed_nhd", 2, 2, 3, 2, 2),  # stride order NHD under a logical HND shape
+    _pin("vllm_packed_hnd", 2, 2, 2, 3, 2),
 )
 
 
@@ -126,13 +158,13 @@ def _first_difference(have: torch.Tensor, want: torch.Tensor) -> str:
     needs=("layouts",),
     strategy=_cache_examples,
     examples=LAYOUT_PINS,
-    covers=("LAYOUT-1.1", "LAYOUT-2.2"),
+    covers=("LAYOUT-1.1", "LAYOUT-2.2", "LAYOUT-5.1"),
 )
 def read_named(ctx: Context, example: Example) -> None:
     _in_domain(ctx, example)
     cache = _random_cache(example, ctx.device)
-    expected = kv_views(cache, example["layout"])
-    got = ctx.adapter.read_layer(cache, example["layout"])
+    expected = kv_views(cache, example["layout"], block_size=_pool(example))
+    got = ctx.adapter.read_layer(cache, example["layout"], **_facts(ctx, "read_layer", example))
     expect(
         len(got) == len(expected),
         f"{_describe(example)}: read {len(got)} tensors, expected {len(expected)} [LAYOUT-1.1]",
@@ -218,7 +250,9 @@ def refuses_misshapen(ctx: Context, example: Example) -> None:
         "LAYOUT-1.3",
         f"a cache of shape {shapes} ({example['defect']}) read as {example['layout']} "
         f"{get_layout(example['layout']).shape}",
-        lambda: ctx.adapter.read_layer(bad, example["layout"]),
+        lambda: ctx.adapter.read_layer(
+            bad, example["layout"], **_facts(ctx, "read_layer", example)
+        ),
     )
 
 
@@ -236,7 +270,13 @@ def views_alias(ctx: Context, example: Example) -> None:
     cache = _random_cache(example, ctx.device)
     tensors = cache if isinstance(cache, tuple) else (cache,)
     storages = {t.untyped_storage().data_ptr() for t in tensors}
-    views = [v for v in ctx.adapter.read_layer(cache, example["layout"]) if v.numel()]
+    views = [
+        v
+        for v in ctx.adapter.read_layer(
+            cache, example["layout"], **_facts(ctx, "read_layer", example)
+        )
+        if v.numel()
+    ]
     if not views:
         vacuous()
     for view in views:
@@ -252,8 +292,9 @@ def _conversions(draw: st.DrawFn, adapter: Adapter) -> Example:
     """A cache and a target layout of the domain; sometimes one of other information."""
     example = draw(_cache_examples(adapter))
     kv = example["shape"]["kv"]
-    same = [n for n in adapter.domain.layouts if LAYOUTS[n].kv_tensors in (None, kv)]
-    other = [n for n in adapter.domain.layouts if LAYOUTS[n].kv_tensors not in (None, kv)]
+    plain = adapter.domain.plain_layouts()
+    same = [n for n in plain if get_layout(n).kv_tensors in (None, kv)]
+    other = [n for n in plain if get_layout(n).kv_tensors not in (None, kv)]
     target = draw(st.sampled_from(other)) if other and draw(st.integers(0, 4)) == 0 else None
     return {**example, "target": target or draw(st.sampled_from(same))}
 
@@ -278,16 +319,25 @@ def converts(ctx: Context, example: Example) -> None:
     if target not in ctx.adapter.domain.layouts:
         raise OutsideDomain
     try:
-        expected = convert(cache, source, target)
+        expected = convert(cache, source, target, source_block_size=_pool(example))
     except ValueError as why:
         expect_refused(
             "LAYOUT-3.3",
             f"{_describe(example)} converted to {target} ({why})",
-            lambda: ctx.adapter.convert_layout(cache, source, target),
+            lambda: ctx.adapter.convert_layout(
+                cache, source, target, **_facts(ctx, "convert_layout", example)
+            ),
         )
         return
-    got = ctx.adapter.convert_layout(cache, source, target)
-    for want, have in zip(kv_views(expected, target), kv_views(got, target), strict=True):
+    got = ctx.adapter.convert_layout(
+        cache, source, target, **_facts(ctx, "convert_layout", example)
+    )
+    page = _pool(example, target)
+    for want, have in zip(
+        kv_views(expected, target, block_size=page),
+        kv_views(got, target, block_size=page),
+        strict=True,
+    ):
         if tuple(have.shape) != tuple(want.shape):
             fail(
                 f"{_describe(example)} converted to {target} reads as {list(have.shape)}, not "
@@ -304,7 +354,7 @@ def converts(ctx: Context, example: Example) -> None:
     }
     outputs = {t.untyped_storage().data_ptr() for t in (got if isinstance(got, tuple) else (got,))}
     expect(
-        not inputs & outputs or not any(t.numel() for t in kv_views(got, target)),
+        not inputs & outputs or not any(t.numel() for t in kv_views(got, target, block_size=page)),
         f"{_describe(example)} converted to {target} shares storage with the input; the "
         "result is a new cache [LAYOUT-3.2]",
     )
@@ -347,6 +397,9 @@ def _detection_cache(example: Example, device: str):
         {**LAYOUT_PINS[2], "known": {"block_size": 2}},
         {**_pin("flash_attn", 2, 3, 4, 2, 3), "known": {"block_size": 4}},
         {**LAYOUT_PINS[0], "known": {"heads": 3}, "twist": "wrong-fact"},
+        # [3, 4, 5] fits mla alone by shape (a token pool's middle axis is 1): the stated
+        # head_dim contradicts it
+        {**_pin("mla", 1, 3, 4, 1, 5), "known": {"head_dim": 6}, "twist": "wrong-fact"},
     ),
     covers=("LAYOUT-4.1", "LAYOUT-4.2", "LAYOUT-4.3", "LAYOUT-4.4"),
 )

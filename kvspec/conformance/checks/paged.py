@@ -25,7 +25,7 @@ from kvspec.conformance.checks import (
     vacuous,
 )
 from kvspec.conformance.checks.transfer import no_fp8
-from kvspec.memory.cache_layout import get_layout, kv_views
+from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.paged import PagedCache, blocks_needed, empty_model_cache, gather_request
 from kvspec.memory.paged import scatter_request as spec_scatter
 from kvspec.strategies import models
@@ -120,7 +120,7 @@ def _cache(model: ModelShape, side: dict, device: str, *, fill_seed: int | None)
 
 def _cache_bits(cache: PagedCache, *, scales: bool = True) -> list[torch.Tensor]:
     """Every layer's K and V (or latent) as raw bits, then (with ``scales``) the scales."""
-    bits = [bits_view(v).clone() for layer in cache.layers for v in kv_views(layer, cache.layout)]
+    bits = [bits_view(v).clone() for layer in cache.layers for v in cache.views(layer)]
     if scales and cache.scales is not None:
         bits.append(bits_view(cache.scales).clone())
     return bits

@@ -13,10 +13,10 @@ from kvspec.memory.cache_layout import LAYOUTS, convert, detect_layout, get_layo
 class ReadsHndAsNhd(ReferenceAdapter):
     """Ignores the HND variants: reads heads where block slots are."""
 
-    def read_layer(self, cache, layout):
+    def read_layer(self, cache, layout, **facts):
         if layout.endswith("_hnd"):
-            return tuple(v.transpose(1, 2) for v in super().read_layer(cache, layout))
-        return super().read_layer(cache, layout)
+            return tuple(v.transpose(1, 2) for v in super().read_layer(cache, layout, **facts))
+        return super().read_layer(cache, layout, **facts)
 
 
 @mutant("LAYOUT-1.1")
@@ -24,13 +24,13 @@ class ReadsStackedByShape(ReferenceAdapter):
     """Reads a stacked cache by where the axis of size 2 is (the field's normalize_layer_kv),
     whatever the name says: a flashinfer cache of two blocks reads as flash_attn."""
 
-    def read_layer(self, cache, layout):
+    def read_layer(self, cache, layout, **facts):
         if isinstance(cache, torch.Tensor) and cache.dim() == 5 and layout != "mla":
             guess = "flash_attn" if cache.shape[0] == 2 else "flashinfer"
             if layout.endswith("_hnd"):
                 guess += "_hnd"
-            return kv_views(cache, guess)
-        return super().read_layer(cache, layout)
+            return kv_views(cache, guess, **facts)
+        return super().read_layer(cache, layout, **facts)
 
 
 @mutant("LAYOUT-1.2")
@@ -38,59 +38,59 @@ class UnknownNameReadAsFlashAttn(ReferenceAdapter):
     """Looks layouts up with a default: an unknown name reads as flash_attn (or the one
     the cache fits)."""
 
-    def read_layer(self, cache, layout):
+    def read_layer(self, cache, layout, **facts):
         if layout not in LAYOUTS:
             for name in ("flash_attn", *LAYOUTS):
                 try:
-                    return kv_views(cache, name)
+                    return kv_views(cache, name, **facts)
                 except ValueError:
                     continue
-        return super().read_layer(cache, layout)
+        return super().read_layer(cache, layout, **facts)
 
 
 @mutant("LAYOUT-1.3")
 class KvAxisSizeUnchecked(ReferenceAdapter):
     """Takes index 0 and 1 of the K/V axis without checking the axis has size 2."""
 
-    def read_layer(self, cache, layout):
+    def read_layer(self, cache, layout, **facts):
         spec = get_layout(layout)
         stacked = spec.kv_axis is not None and isinstance(cache, torch.Tensor)
         if stacked and cache.dim() == 5 and cache.shape[spec.kv_axis] > 2:
             cache = cache.narrow(spec.kv_axis, 0, 2)
-        return super().read_layer(cache, layout)
+        return super().read_layer(cache, layout, **facts)
 
 
 @mutant("LAYOUT-1.3")
 class TupleShapesUnchecked(ReferenceAdapter):
     """Reads a (K, V) tuple without comparing the two shapes (V read to K's shape)."""
 
-    def read_layer(self, cache, layout):
+    def read_layer(self, cache, layout, **facts):
         if isinstance(cache, tuple) and len(cache) == 2 and cache[0].shape != cache[1].shape:
             k, v = cache
             if v.dim() == k.dim():
                 v = v[tuple(slice(0, n) for n in k.shape)]
-                return super().read_layer((k, v), layout)
-        return super().read_layer(cache, layout)
+                return super().read_layer((k, v), layout, **facts)
+        return super().read_layer(cache, layout, **facts)
 
 
 @mutant("LAYOUT-1.3")
 class SqueezesLeadingDims(ReferenceAdapter):
     """Squeezes a leading axis of size 1 away, so a cache of the wrong rank is read."""
 
-    def read_layer(self, cache, layout):
+    def read_layer(self, cache, layout, **facts):
         if isinstance(cache, tuple):
             cache = tuple(t.squeeze(0) if t.dim() > 1 and t.shape[0] == 1 else t for t in cache)
         elif cache.dim() > 1 and cache.shape[0] == 1:
             cache = cache.squeeze(0)
-        return super().read_layer(cache, layout)
+        return super().read_layer(cache, layout, **facts)
 
 
 @mutant("LAYOUT-2.1")
 class ReadsByCopy(ReferenceAdapter):
     """Returns contiguous copies instead of views."""
 
-    def read_layer(self, cache, layout):
-        return tuple(v.clone() for v in super().read_layer(cache, layout))
+    def read_layer(self, cache, layout, **facts):
+        return tuple(v.clone() for v in super().read_layer(cache, layout, **facts))
 
 
 @mutant("LAYOUT-2.1")
@@ -98,16 +98,16 @@ class CopiesHndLayouts(ReferenceAdapter):
     """Calls ``.contiguous()`` on what it reads: a copy for every layout whose K and V are
     not already contiguous (the HND variants, flashinfer, a stacked cache's V)."""
 
-    def read_layer(self, cache, layout):
-        return tuple(v.contiguous() for v in super().read_layer(cache, layout))
+    def read_layer(self, cache, layout, **facts):
+        return tuple(v.contiguous() for v in super().read_layer(cache, layout, **facts))
 
 
 @mutant("LAYOUT-2.2")
 class TokenMajorReadAsOneBlock(ReferenceAdapter):
     """Reads a token-major cache as one block of seq slots, not seq blocks of one slot."""
 
-    def read_layer(self, cache, layout):
-        views = super().read_layer(cache, layout)
+    def read_layer(self, cache, layout, **facts):
+        views = super().read_layer(cache, layout, **facts)
         if layout == "token_major":
             return tuple(v.transpose(0, 1) for v in views)
         return views
@@ -118,34 +118,35 @@ class ConvertsHndByReshape(ReferenceAdapter):
     """Converts into an HND layout by reshaping the NHD result (heads and slots exchange
     sizes, not values): right only when one of them is 1."""
 
-    def convert_layout(self, cache, source, target):
+    def convert_layout(self, cache, source, target, **facts):
         if target.endswith("_hnd") and source != target:
-            nhd = super().convert_layout(cache, source, target[: -len("_hnd")])
-            reference = super().convert_layout(cache, source, target)
+            nhd = super().convert_layout(cache, source, target[: -len("_hnd")], **facts)
+            reference = super().convert_layout(cache, source, target, **facts)
             return nhd.reshape(reference.shape).clone()
-        return super().convert_layout(cache, source, target)
+        return super().convert_layout(cache, source, target, **facts)
 
 
 @mutant("LAYOUT-3.2")
 class SameLayoutNotCopied(ReferenceAdapter):
     """Returns the cache itself when source and target layouts are the same."""
 
-    def convert_layout(self, cache, source, target):
+    def convert_layout(self, cache, source, target, **facts):
         if source == target:
             return cache
-        return super().convert_layout(cache, source, target)
+        return super().convert_layout(cache, source, target, **facts)
 
 
 @mutant("LAYOUT-3.3")
 class KeyOnlyIntoLatent(ReferenceAdapter):
     """Converts K and V into a latent layout by keeping K (V is dropped)."""
 
-    def convert_layout(self, cache, source, target):
+    def convert_layout(self, cache, source, target, **facts):
         src, dst = get_layout(source), get_layout(target)
         if src.kv_tensors == 2 and dst.kv_tensors == 1:
-            k = kv_views(cache, source)[0]  # [blocks, slots, heads, dim]: heads x dim as latent
+            # [blocks, slots, heads, dim]: heads x dim as latent
+            k = kv_views(cache, source, **facts)[0]
             return convert(k.reshape(*k.shape[:2], -1).clone(), "mla", target)
-        return super().convert_layout(cache, source, target)
+        return super().convert_layout(cache, source, target, **facts)
 
 
 @mutant("LAYOUT-4.1")

@@ -6,7 +6,6 @@ import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.memory.cache_layout import kv_views
 from kvspec.memory.paged import PagedCache, blocks_needed, check_block_ids
 from kvspec.tensors.dtypes import bits_view, torch_dtype
 from kvspec.tensors.kv import RequestKV
@@ -22,7 +21,7 @@ def _write_block_by_block(kv: RequestKV, cache: PagedCache, block_ids: list) -> 
             raise ValueError(f"block id {block!r} out of range")
         tokens = range(position * b, min(seq, (position + 1) * b))
         for layer, layer_cache in enumerate(cache.layers):
-            for k, view in enumerate(kv_views(layer_cache, cache.layout)):
+            for k, view in enumerate(cache.views(layer_cache)):
                 bits_view(view)[block, : len(tokens)] = bits[layer, k, tokens.start : tokens.stop]
     if len(block_ids) != blocks_needed(seq, b):
         raise ValueError("wrong number of block ids")
@@ -54,7 +53,7 @@ class WritesWholeLastBlock(ReferenceAdapter):
         if seq % b:
             last = block_ids[seq // b]
             for layer_cache in cache.layers:
-                for view in kv_views(layer_cache, cache.layout):
+                for view in cache.views(layer_cache):
                     bits_view(view)[last, seq % b :] = 0
 
 
@@ -104,7 +103,7 @@ class RepeatedIdsAccepted(ReferenceAdapter):
         if _ints(block_ids) and len(set(block_ids)) < len(block_ids):
             b = cache.shape.block_size
             out = super().gather(cache, list(range(len(block_ids))), seq_len)  # the shape
-            views = [kv_views(layer, cache.layout) for layer in cache.layers]
+            views = [cache.views(layer) for layer in cache.layers]
             for t in range(seq_len):
                 for layer, pair in enumerate(views):
                     for k, view in enumerate(pair):

@@ -1,0 +1,59 @@
+"""SGLang 0.5.23: TP sizes that do not divide are accepted, and heads are lost.
+
+Prefill TP3 -> decode TP2 with 6 KV heads (2 per prefill rank, 3 per decode rank).
+`_resolve_rank_mapping` (sglang/srt/disaggregation/common/conn.py) checks nothing about
+the pair: `attn_tp_size // info.attn_tp_size`-style windows give decode rank 0 prefill
+rank [0] and decode rank 1 prefill rank [1]; prefill rank 2 is never read, and
+`compute_head_slice_params` sends 2 heads to each 3-head decode shard: decode rank 0's
+head 2 is never written, decode rank 1's heads land at 2..3, one past the end of its
+shard (in a real cache, the next token's slot). kvspec: PLAN-1.
+
+Run with sglang==0.5.23 importable; exits 1 while the defect is there.
+"""
+
+import sys
+from types import SimpleNamespace
+
+import _cpu  # noqa: F401  (torchvision stand-in on CPU-only machines)
+from sglang.srt.disaggregation.common.conn import CommonKVManager, PrefillServerInfo
+from sglang.srt.disaggregation.common.staging_buffer import compute_head_slice_params
+
+PREFILL_TP, DECODE_TP, KV_HEADS = 3, 2, 6
+written = {}
+for dst in range(DECODE_TP):
+    decode = SimpleNamespace(
+        is_mla_backend=False,
+        is_hybrid_mla_backend=False,
+        attn_tp_size=DECODE_TP,
+        kv_args=SimpleNamespace(engine_rank=dst),
+        attn_cp_size=1,
+        attn_cp_rank=0,
+        enable_all_cp_ranks_for_transfer=False,
+        pp_size=1,
+        pp_rank=0,
+    )
+    info = PrefillServerInfo(
+        attn_tp_size=PREFILL_TP,
+        attn_cp_size=1,
+        dp_size=1,
+        pp_size=1,
+        page_size=16,
+        kv_cache_dtype="auto",
+        follow_bootstrap_room=True,
+    )
+    try:
+        CommonKVManager._resolve_rank_mapping(decode, info)
+    except Exception as error:
+        print(f"refused: {error!r}")
+        sys.exit(0)
+    heads = set()
+    for src in info.target_tp_ranks:
+        _, count, dst_head, _ = compute_head_slice_params(PREFILL_TP, DECODE_TP, src, dst, KV_HEADS)
+        heads |= set(range(dst_head, dst_head + count))
+    written[dst] = sorted(heads)
+    print(
+        f"decode rank {dst} reads prefill ranks {info.target_tp_ranks} and writes heads "
+        f"{written[dst]} of its 0..{KV_HEADS // DECODE_TP - 1}"
+    )
+own = list(range(KV_HEADS // DECODE_TP))
+sys.exit(1 if any(h != own for h in written.values()) else 0)

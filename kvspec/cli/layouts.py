@@ -1,0 +1,241 @@
+"""List the cache layouts kvspec knows, with their shape, stride order and source.
+
+Every layout is a preset of one model: the physical axes of each stored tensor, the
+engine's logical order (its stride order), where K and V live, the record of each
+cell (inline scales included), an optional layers axis [LAYOUT-5, LAYOUT-6].
+
+examples:
+  kvspec layouts                                  every preset, one entry each
+  kvspec layouts vllm_pth_hnd                     one preset in full, with its source
+  kvspec layouts --convert vllm_packed_hnd sglang_mha --to-block-size 32
+  kvspec layouts --convert vllm_pth_hnd vllm_packed_hnd     # refused: inline scales
+  kvspec layouts --json -
+
+--convert converts a random cache of the stated size and back, and says whether the
+round trip is bit-exact. A pair that holds different information, or a block size that
+does not divide the slots, exits with status 2 and names the rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+
+from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, int_in
+from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
+from kvspec.memory.cache_layout import (
+    PRESETS,
+    CacheLayout,
+    CacheShape,
+    convert,
+    empty_cache,
+    field_views,
+    get_layout,
+)
+from kvspec.tensors.dtypes import DTYPES, bit_equal
+
+NAME = "layouts"
+HELP = "list the cache layout presets (shape, stride order, source); convert between two"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="show this preset in full")
+    parser.add_argument(
+        "--convert", nargs=2, metavar=("A", "B"), help="convert a cache from preset A to B"
+    )
+    size = parser.add_argument_group("the cache --convert makes")
+    size.add_argument("--heads", type=int_in(1, MAX_HEADS), default=2, help="KV heads (2)")
+    size.add_argument(
+        "--head-dim", type=int_in(1, MAX_HEAD_DIM), default=8, help="head_dim or latent (8)"
+    )
+    size.add_argument("--blocks", type=int_in(1, 4096), default=4, help="blocks (4)")
+    size.add_argument("--block-size", type=int_in(1, 4096), default=16, help="A's block size (16)")
+    size.add_argument(
+        "--to-block-size", type=int_in(1, 4096), help="B's block size (A's)", metavar="N"
+    )
+    size.add_argument("--layers", type=int_in(1, 64), default=2, help="cross-layer layers (2)")
+    size.add_argument("--dtype", choices=tuple(DTYPES), help="cache dtype (bfloat16, or A's)")
+    add_json_option(parser, "the presets (or the conversion)")
+
+
+def describe(layout: CacheLayout) -> dict[str, Any]:
+    """One preset as plain data: shape, stride order, placement, record and source."""
+    logical = layout.logical or layout.axes
+    return {
+        "name": layout.name,
+        "shape": layout.shape,
+        "physical_axes": list(layout.axes),
+        "logical_axes": list(logical),
+        "stride_order": list(layout.stride_order),
+        "kv": placement(layout),
+        "record": [
+            {"field": f.name, "dtype": f.dtype or "cache dtype", "width": f.width or "head_dim"}
+            for f in layout.fields()
+        ],
+        "cross_layer": layout.per_layer,
+        "dtypes": list(layout.dtypes) if layout.dtypes else "any cache dtype",
+        "source": layout.source.to_dict() if layout.source else None,
+    }
+
+
+def placement(layout: CacheLayout) -> str:
+    if layout.kv_axis is not None:
+        return "K/V axis"
+    if layout.tuple_form:
+        return "(K, V) tuple" if layout.kv_tensors == 2 else "tuple"
+    if layout.packed:
+        return "packed in the last axis"
+    return "one latent"
+
+
+def _order(layout: CacheLayout) -> str:
+    order = layout.stride_order
+    if order == tuple(range(len(order))):
+        return "identity"
+    return f"{order} of logical [{', '.join(layout.logical or ())}]"
+
+
+def _source(layout: CacheLayout) -> str:
+    if layout.source is None:
+        return "kvspec's own form"
+    return f"{layout.source.project} {layout.source.version}"
+
+
+def render_list() -> str:
+    lines = [f"{len(PRESETS)} cache layouts (kvspec layouts NAME for one in full):", ""]
+    for layout in PRESETS.values():
+        lines.append(f"{layout.name:<24}{layout.shape}")
+        lines.append(
+            f"{'':<24}{placement(layout)}; stride order {_order(layout)}; {_source(layout)}"
+        )
+    return "\n".join(lines)
+
+
+def render_one(layout: CacheLayout) -> str:
+    info = describe(layout)
+    lines = [
+        f"{layout.name}  {layout.shape}",
+        f"  physical axes   [{', '.join(info['physical_axes'])}]",
+        f"  logical axes    [{', '.join(info['logical_axes'])}] (stride order "
+        f"{tuple(info['stride_order'])})",
+        f"  K and V         {info['kv']}",
+        "  record          "
+        + " | ".join(f"{r['field']} ({r['width']} x {r['dtype']})" for r in info["record"]),
+        f"  cache dtypes    {', '.join(layout.dtypes) if layout.dtypes else 'any'}",
+    ]
+    if layout.per_layer:
+        lines.append(f"  each layer      reads as {layout.per_layer} (a view)")
+    if layout.source is None:
+        lines.append("  source          kvspec's own form (no engine's)")
+    else:
+        s = layout.source
+        lines += [
+            f"  source          {s.project} {s.version}: {s.file}",
+            f"  confirmed       {s.confirmed}",
+        ]
+        if s.unconfirmed:
+            lines.append(f"  not confirmed   {s.unconfirmed}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        check_writable(args.json)
+        if args.convert:
+            report = convert_report(args)
+            text = render_convert(report)
+        elif args.name:
+            layout = get_layout(args.name)
+            report, text = describe(layout), render_one(layout)
+        else:
+            report = {"layouts": [describe(lay) for lay in PRESETS.values()]}
+            text = render_list()
+    except ValueError as error:
+        print(f"kvspec layouts: refused: {error}", file=sys.stderr)
+        return 2
+    if args.json != STDOUT:
+        print(text)
+    if args.json:
+        write_json(args.json, report)
+    return 0
+
+
+def convert_report(args: argparse.Namespace) -> dict[str, Any]:
+    """Convert a random cache from A to B and back; what moved and whether it is bit-exact."""
+    source, target = (get_layout(name) for name in args.convert)
+    dtype = args.dtype or (source.dtypes[0] if source.dtypes else "bfloat16")
+    kv = source.kv_tensors or target.kv_tensors or 2
+    head_dim = source.fixed_head_dim or args.head_dim
+    block_size = args.block_size if source.paged else 1
+    blocks = args.blocks if source.paged else args.blocks * args.block_size
+    shape = CacheShape(
+        kv,
+        blocks,
+        block_size,
+        1 if kv == 1 else args.heads,
+        head_dim,
+        args.layers if source.cross_layer else 1,
+    )
+    cache = empty_cache(source, shape, dtype)
+    tensors = cache if isinstance(cache, tuple) else (cache,)
+    generator = torch.Generator().manual_seed(0)
+    for tensor in tensors:
+        raw = tensor.view(torch.uint8)
+        raw.copy_(torch.randint(0, 256, raw.shape, generator=generator, dtype=torch.uint8))
+    page = block_size if source.merged_tokens else None
+    to_block = args.to_block_size or (block_size if target.paged else 1)
+    out = convert(cache, source, target, block_size=to_block, source_block_size=page)
+    back = convert(
+        out,
+        target,
+        source,
+        block_size=block_size,
+        source_block_size=to_block if target.merged_tokens else None,
+    )
+    want = field_views(cache, source, block_size=page)
+    got = field_views(back, source, block_size=page)
+    exact = all(bit_equal(got[n].contiguous(), want[n].contiguous()) for n in want)
+    outs = out if isinstance(out, tuple) else (out,)
+    return {
+        "source": source.name,
+        "target": target.name,
+        "dtype": dtype,
+        "shape": {
+            "kv": shape.kv,
+            "num_blocks": shape.num_blocks,
+            "block_size": shape.block_size,
+            "heads": shape.heads,
+            "head_dim": shape.head_dim,
+            "layers": shape.layers,
+        },
+        "target_block_size": to_block,
+        "fields": [
+            {"field": n, "dtype": d, "width": w}
+            for n, d, w in source.information(dtype, head_dim, kv)
+        ],
+        "source_tensors": [list(t.shape) for t in tensors],
+        "target_tensors": [list(t.shape) for t in outs],
+        "bytes": sum(t.numel() * t.element_size() for t in tensors),
+        "round_trip_bit_exact": exact,
+    }
+
+
+def render_convert(report: dict[str, Any]) -> str:
+    s = report["shape"]
+    fields = ", ".join(f"{f['field']} ({f['width']} x {f['dtype']})" for f in report["fields"])
+    return "\n".join(
+        [
+            f"convert {report['source']} -> {report['target']}  ({report['dtype']}, "
+            f"{s['num_blocks']} blocks of {s['block_size']} -> blocks of "
+            f"{report['target_block_size']}, {s['heads']} heads, head_dim {s['head_dim']})",
+            f"  every cell holds  {fields}: the same in both, so slot s of each field "
+            "moves to slot s",
+            f"  source tensors    {report['source_tensors']}",
+            f"  target tensors    {report['target_tensors']}",
+            f"  checked           {report['bytes']} random bytes converted and back: "
+            + ("bit-identical" if report["round_trip_bit_exact"] else "DIFFERENT"),
+        ]
+    )

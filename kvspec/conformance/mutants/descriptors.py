@@ -1,0 +1,189 @@
+"""Mutants of the byte-range descriptors a pull connector posts [DESC-1..3].
+
+Each builds its list the way a connector does — head offsets, block addresses, the
+token range — with one of the mistakes the field shipped in 2026.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from kvspec.conformance.mutants import mutant
+from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.memory.descriptors import Descriptor, RegisteredCache, _coalesce
+from kvspec.topology.ownership import rank_ownership
+
+
+def _build(
+    adapter: ReferenceAdapter,
+    case,
+    src: int,
+    dst: int,
+    source: RegisteredCache,
+    source_ids: list[int],
+    target: RegisteredCache,
+    target_ids: list[int],
+    tokens: range,
+    *,
+    source_head=None,
+    target_block_size: int | None = None,
+    target_id_shift: int = 0,
+    stop: int | None = None,
+) -> tuple[Descriptor, ...]:
+    """A connector's list: every (layer, token, head, field) paired and merged, with the
+    hooks a mutant bends."""
+    plan = adapter.plan(case)
+    edge = plan.edge(src, dst)
+    so = rank_ownership(plan.source, plan.model, src)
+    do = rank_ownership(plan.target, plan.model, dst)
+    heads = torch.arange(edge.heads.start, edge.heads.stop).view(1, 1, -1)
+    src_head = source_head(edge, so, do, heads) if source_head else heads - so.heads.start
+    t = torch.arange(tokens.start, stop or tokens.stop).view(1, -1, 1)
+    sids = torch.tensor(source_ids)
+    dids = torch.tensor(target_ids) + target_id_shift
+    dst_bs = target_block_size or target.block_size
+    parts = []
+    for name, (_, _, size) in source.fields().items():
+        sr, s_off = source.addresses(
+            name,
+            torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - so.layers.start,
+            sids[t // source.block_size],
+            t % source.block_size,
+            src_head,
+        )
+        dr, d_off = target.addresses(
+            name,
+            torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - do.layers.start,
+            dids[torch.clamp(t // dst_bs, max=len(dids) - 1)],
+            t % dst_bs,
+            heads - do.heads.start,
+        )
+        parts.append((sr.flatten(), s_off.flatten(), dr.flatten(), d_off.flatten(), size))
+    cat = [torch.cat([p[i] for p in parts]) for i in range(4)]
+    lengths = torch.cat([torch.full_like(p[0], p[4]) for p in parts])
+    return _coalesce(*cat, lengths, list(source.regions()), list(target.regions()))
+
+
+@mutant("DESC-1.1")
+class SliceIndexTimesReceiverHeads(ReferenceAdapter):
+    """Finds the sender's heads at slice index x the receiver's head count: right when the
+    sender holds whole slices, wrong when heads are replicated (vllm#45330's remote block
+    length)."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        def head(edge, so, do, heads):
+            return heads - do.heads.start + edge.offset_in_shard * len(do.heads)
+
+        if case.model.num_kv_heads < max(case.source.tp, case.target.tp):
+            return _build(
+                self,
+                case,
+                src,
+                dst,
+                source,
+                source_ids,
+                target,
+                target_ids,
+                tokens,
+                source_head=head,
+            )
+        return super().descriptors(case, src, dst, source, source_ids, target, target_ids, tokens)
+
+
+@mutant("DESC-1.4")
+class SenderBlockSizeForBoth(ReferenceAdapter):
+    """Addresses the receiver's blocks with the sender's block size (the two sides are
+    assumed to page alike)."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        return _build(
+            self,
+            case,
+            src,
+            dst,
+            source,
+            source_ids,
+            target,
+            target_ids,
+            tokens,
+            target_block_size=source.block_size,
+        )
+
+
+@mutant("DESC-1.2")
+class RepostsTheFirstRange(ReferenceAdapter):
+    """Posts the first range again after splitting the list into batches (a retry that
+    overlaps what was already written)."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        made = list(
+            super().descriptors(case, src, dst, source, source_ids, target, target_ids, tokens)
+        )
+        return made + made[:1]
+
+
+@mutant("DESC-1.3")
+class WholeLastBlock(ReferenceAdapter):
+    """Moves whole sender blocks: the tail of the last block, past the token range, is
+    written into the receiver too."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        bs = source.block_size
+        stop = min(-(-tokens.stop // bs) * bs, len(target_ids) * target.block_size)
+        return _build(
+            self, case, src, dst, source, source_ids, target, target_ids, tokens, stop=stop
+        )
+
+
+@mutant("DESC-2.1")
+class SkipsThePaddingPageTwice(ReferenceAdapter):
+    """Adds one to every receiver block id, as if the pool's padding page were not yet
+    counted: the last block's ranges run past the region."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        return _build(
+            self,
+            case,
+            src,
+            dst,
+            source,
+            source_ids,
+            target,
+            target_ids,
+            tokens,
+            target_id_shift=1,
+        )
+
+
+@mutant("DESC-2.2")
+class ClipsToTheRegion(ReferenceAdapter):
+    """Drops the ranges that would leave a registered region instead of refusing the
+    request."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        whole = replace(target, region_bytes={})
+        made = super().descriptors(case, src, dst, source, source_ids, whole, target_ids, tokens)
+        sizes = target.regions()
+        return [d for d in made if d.dst_offset + d.length <= sizes[d.dst_region]]
+
+
+@mutant("DESC-3.1")
+class OnePerTokenAndHead(ReferenceAdapter):
+    """Declares its lists coalesced but posts one range per (layer, token, head, field),
+    as per-token RDMA does."""
+
+    coalesces = True
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        made = super().descriptors(case, src, dst, source, source_ids, target, target_ids, tokens)
+        piece = min(size for _, _, size in source.fields().values())
+        out = []
+        for d in made:
+            for at in range(0, d.length, piece):
+                n = min(piece, d.length - at)
+                out.append(
+                    Descriptor(d.src_region, d.src_offset + at, d.dst_region, d.dst_offset + at, n)
+                )
+        return out

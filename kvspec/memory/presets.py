@@ -1,0 +1,315 @@
+"""The named cache layouts: each a :class:`CacheLayout` value with the source it was read from.
+
+Every preset was checked against the engine's own shape code, in the release named
+in its :class:`Source` (wheels downloaded from PyPI and read, or the repository read
+through a code search where no wheel exists); what was not confirmed there is said in
+``unconfirmed``. Nothing here is engine code: each entry states, as data, the shape,
+the stride order and the record an engine's function produces [LAYOUT-5].
+
+Engines name layouts by stride order: NHD keeps a block's slots outside its heads
+(``[.., block_size, heads, head_dim]``), HND the reverse. vLLM ≥ 0.33 states one
+logical shape ``[L, B, H, N, C]`` (layers, blocks, heads, slots, content bytes) and a
+stride permutation per layout (``vllm/v1/kv_cache_layout.py``); kvspec stores every
+tensor in its physical order and keeps the engine's logical order beside it.
+"""
+
+from __future__ import annotations
+
+from kvspec.memory.layout_model import CacheLayout, Field, Source
+
+_VLLM_OLD = Source(
+    "vllm",
+    "vllm/v1/attention/backends/flash_attn.py: FlashAttentionBackend.get_kv_cache_shape, "
+    "get_kv_cache_stride_order",
+    "0.10.1 and 0.22.1",
+    "shape (2, num_blocks, block_size, num_kv_heads, head_size); stride order identity for "
+    "NHD, (0, 1, 3, 2, 4) for HND",
+)
+_FLASHINFER_OLD = Source(
+    "vllm",
+    "vllm/v1/attention/backends/flashinfer.py: FlashInferBackend.get_kv_cache_shape, "
+    "get_kv_cache_stride_order",
+    "0.10.1 and 0.22.1",
+    "shape (num_blocks, 2, block_size, num_kv_heads, head_size); stride order identity for "
+    "NHD, (0, 1, 3, 2, 4) for HND",
+    "0.22.1's nvfp4 variant (packed fp4 data and fp8 block scales in the last axis) is not "
+    "modelled",
+)
+_VLLM_PACKED = Source(
+    "vllm",
+    "vllm/v1/attention/backends/flash_attn.py: FlashAttentionImpl.forward; "
+    "vllm/v1/kv_cache_layout.py: KVCacheLayout; vllm/v1/kv_cache_interface.py: "
+    "AttentionSpec.state_content_size_bytes, compute_layout_strides, create_kv_cache_views",
+    "0.33.0",
+    "per-layer cache [num_blocks, num_kv_heads, block_size, 2 * head_size], K the first "
+    "head_size of the last axis and V the second (split(head_size, dim=-1)); logical "
+    "[L, B, H, N, C] with stride permutations LBHNC (HND), LBNHC (NHD), BLHNC and BLNHC "
+    "(blocks outermost: one cross-layer tensor)",
+    "the release that first packed K and V (FIELD.md says 0.23; 0.22.1 was still kv-first) "
+    "was not checked; LHBNC and BHLNC are not presets; page padding and kernel-block "
+    "splitting are not modelled",
+)
+_VLLM_PTH = Source(
+    "vllm",
+    "vllm/v1/attention/backends/triton_attn.py: TritonAttentionBackend.customize_spec, "
+    "TritonAttentionImpl._ensure_scale_caches",
+    "0.33.0",
+    "per-token-head int8/fp8 modes widen each K and V half of the last axis by one float32 "
+    "scale: [K (head_size) | K scale | V (head_size) | V scale] per (head, slot), 1-byte "
+    "elements; vLLM asserts head_size bytes are a multiple of 4",
+    "int8 data (kvspec's cache dtypes have no int8) and int4 (two values a byte) are not "
+    "modelled; that backends other than Triton use the same record was not checked",
+)
+_FLASHMLA_FP8 = Source(
+    "vllm",
+    "vllm/v1/attention/backends/mla/flashmla_sparse.py (the fp8_ds_mla format note); "
+    "vllm/model_executor/layers/attention/mla_attention.py: state_content_bytes",
+    "0.33.0",
+    "a 656-byte token record: 512 float8_e4m3 (NoPE), 4 float32 scales (one per 128), "
+    "64 bfloat16 (RoPE); one KV head slot, so the cache is [num_blocks, 1, block_size, 656]",
+    "the element type vLLM views the page as is kvspec's choice here (uint8); the DeepSeek "
+    "V4 (584 B), V4.1 (528 B) and nvfp4 (352 B) records are not modelled",
+)
+_VLLM_MLA_OLD = Source(
+    "vllm",
+    "vllm/v1/attention/backends/mla/common.py: MLACommonBackend.get_kv_cache_shape",
+    "0.10.1",
+    "shape (num_blocks, block_size, head_size), head_size the latent width (num_kv_heads 1)",
+)
+_VLLM_MLA = Source(
+    "vllm",
+    "vllm/v1/kv_cache_interface.py: MLAAttentionSpec (num_kv_heads 1, head_size_v 0), "
+    "create_kv_cache_views",
+    "0.33.0",
+    "per-layer view [num_blocks, 1, block_size, latent] in the dense (non-fp8_ds_mla) case",
+)
+_SGLANG_MHA = Source(
+    "sglang",
+    "sglang/srt/mem_cache/memory_pool.py: MHATokenToKVPool._kv_buffer_shapes, "
+    "_create_buffers_normal",
+    "0.5.23",
+    "per layer a K and a V buffer [size + page_size, head_num, head_dim] (row = token slot; "
+    "the first page is the padding page); under SGLANG_USE_HND_KVCACHE [num_pages, head_num, "
+    "page_size, head_dim]",
+    "the vectorized_5d layout is not modelled; when K and V shapes agree SGLang allocates "
+    "them as the two halves of one [2, rows, ...] tensor, which a connector may register as "
+    "one region: here each is its own region",
+)
+_SGLANG_MLA = Source(
+    "sglang",
+    "sglang/srt/mem_cache/memory_pool.py: MLATokenToKVPool._create_buffers",
+    "0.5.23",
+    "per layer [size + page_size, 1, kv_lora_rank + qk_rope_head_dim]",
+    "the fp8 DSA record (override_kv_cache_dim) was not checked and is not a preset",
+)
+_TRTLLM = Source(
+    "TensorRT-LLM",
+    "tensorrt_llm/_torch/pyexecutor/resource_manager.py: KVCacheManager.get_buffers; "
+    "cpp/tensorrt_llm/kernels/kvCacheUtils.h: KVBlockArray::getKVLocalIdx",
+    "main branch as indexed in 2026 (read through code search; the PyPI package is a stub)",
+    "primary pool [num_pages, num_layers, kv_factor, page_size * num_kv_heads * head_dim]; "
+    "the C++ kernels address a block as head * tokens_per_block * dims + token * dims + "
+    "channel (HND: tokens-per-block inside heads)",
+    "no release was pinned; get_buffers also offers an NHD view of the same bytes, which "
+    "some Python backends use; pools with per-layer head counts (VGQA) are not modelled",
+)
+
+
+def _presets() -> tuple[CacheLayout, ...]:
+    kv_first = ("kv", "blocks", "slots", "heads", "dim")
+    blocks_first = ("blocks", "kv", "slots", "heads", "dim")
+    packed = ("blocks", "heads", "slots", "dim")  # vLLM's logical per-layer order
+    packed_layers = ("layers", "blocks", "heads", "slots", "dim")
+    kv_packed = (Field("k"), Field("v"))
+    pth = (
+        Field("k"),
+        Field("k_scale", "float32", 1),
+        Field("v"),
+        Field("v_scale", "float32", 1),
+    )
+    flashmla = (
+        Field("nope", "float8_e4m3fn", 512),
+        Field("nope_scale", "float32", 4),
+        Field("rope", "bfloat16", 64),
+    )
+    return (
+        # kvspec's first seven: the 2025 forms, kept by name.
+        CacheLayout(
+            "flash_attn",
+            "[2, num_blocks, block_size, heads, head_dim]",
+            kv_first,
+            2,
+            False,
+            source=_VLLM_OLD,
+        ),
+        CacheLayout(
+            "flash_attn_hnd",
+            "[2, num_blocks, heads, block_size, head_dim]",
+            ("kv", "blocks", "heads", "slots", "dim"),
+            2,
+            False,
+            logical=kv_first,
+            source=_VLLM_OLD,
+        ),
+        CacheLayout(
+            "flashinfer",
+            "[num_blocks, 2, block_size, heads, head_dim]",
+            blocks_first,
+            2,
+            False,
+            source=_FLASHINFER_OLD,
+        ),
+        CacheLayout(
+            "flashinfer_hnd",
+            "[num_blocks, 2, heads, block_size, head_dim]",
+            ("blocks", "kv", "heads", "slots", "dim"),
+            2,
+            False,
+            logical=blocks_first,
+            source=_FLASHINFER_OLD,
+        ),
+        CacheLayout(
+            "kv_tuple",
+            "(K, V), each [num_blocks, block_size, heads, head_dim]",
+            ("blocks", "slots", "heads", "dim"),
+            2,
+            True,
+        ),
+        CacheLayout(
+            "mla",
+            "[num_blocks, block_size, latent]",
+            ("blocks", "slots", "dim"),
+            1,
+            False,
+            source=_VLLM_MLA_OLD,
+        ),
+        CacheLayout(
+            "token_major",
+            "(K, V), each [seq, heads, head_dim]; MLA: (latent,) as [seq, 1, latent]",
+            ("blocks", "heads", "dim"),
+            None,
+            True,
+        ),
+        # What engines run now.
+        CacheLayout(
+            "vllm_packed_hnd",
+            "[num_blocks, heads, block_size, 2*head_dim] (K | V in the last axis)",
+            packed,
+            2,
+            False,
+            record=kv_packed,
+            source=_VLLM_PACKED,
+        ),
+        CacheLayout(
+            "vllm_packed_nhd",
+            "[num_blocks, block_size, heads, 2*head_dim] (K | V in the last axis)",
+            ("blocks", "slots", "heads", "dim"),
+            2,
+            False,
+            record=kv_packed,
+            logical=packed,
+            source=_VLLM_PACKED,
+        ),
+        CacheLayout(
+            "vllm_mla",
+            "[num_blocks, 1, block_size, latent]",
+            ("blocks", "heads", "slots", "dim"),
+            1,
+            False,
+            source=_VLLM_MLA,
+        ),
+        CacheLayout(
+            "sglang_mha",
+            "(K, V), each [num_pages*page_size, heads, head_dim] (row = token slot)",
+            ("tokens", "heads", "dim"),
+            2,
+            True,
+            source=_SGLANG_MHA,
+        ),
+        CacheLayout(
+            "sglang_mha_hnd",
+            "(K, V), each [num_pages, heads, page_size, head_dim]",
+            ("blocks", "heads", "slots", "dim"),
+            2,
+            True,
+            source=_SGLANG_MHA,
+        ),
+        CacheLayout(
+            "sglang_mla",
+            "[num_pages*page_size, 1, latent] (row = token slot)",
+            ("tokens", "heads", "dim"),
+            1,
+            False,
+            source=_SGLANG_MLA,
+        ),
+        # Inline scales and fixed-format records [LAYOUT-6].
+        CacheLayout(
+            "vllm_pth_hnd",
+            "[num_blocks, heads, block_size, 2*(head_dim+4)] bytes: K | K scale | V | V scale",
+            packed,
+            2,
+            False,
+            record=pth,
+            source=_VLLM_PTH,
+            dtypes=("float8_e4m3fn",),
+        ),
+        CacheLayout(
+            "vllm_pth_nhd",
+            "[num_blocks, block_size, heads, 2*(head_dim+4)] bytes: K | K scale | V | V scale",
+            ("blocks", "slots", "heads", "dim"),
+            2,
+            False,
+            record=pth,
+            logical=packed,
+            source=_VLLM_PTH,
+            dtypes=("float8_e4m3fn",),
+        ),
+        CacheLayout(
+            "flashmla_fp8",
+            "[num_blocks, 1, block_size, 656] bytes: 512 fp8 NoPE | 4 fp32 scales | 64 bf16 RoPE",
+            ("blocks", "heads", "slots", "dim"),
+            1,
+            False,
+            record=flashmla,
+            element="uint8",
+            source=_FLASHMLA_FP8,
+            dtypes=("float8_e4m3fn",),
+            fixed_head_dim=576,
+        ),
+        # One tensor holds every layer [LAYOUT-5].
+        CacheLayout(
+            "vllm_packed_hnd_layers",
+            "[num_blocks, layers, heads, block_size, 2*head_dim] (BLHNC)",
+            ("blocks", "layers", "heads", "slots", "dim"),
+            2,
+            False,
+            record=kv_packed,
+            logical=packed_layers,
+            per_layer="vllm_packed_hnd",
+            source=_VLLM_PACKED,
+        ),
+        CacheLayout(
+            "vllm_packed_nhd_layers",
+            "[num_blocks, layers, block_size, heads, 2*head_dim] (BLNHC)",
+            ("blocks", "layers", "slots", "heads", "dim"),
+            2,
+            False,
+            record=kv_packed,
+            logical=packed_layers,
+            per_layer="vllm_packed_nhd",
+            source=_VLLM_PACKED,
+        ),
+        CacheLayout(
+            "trtllm_pool",
+            "[num_blocks, layers, 2, heads, block_size, head_dim]",
+            ("blocks", "layers", "kv", "heads", "slots", "dim"),
+            2,
+            False,
+            per_layer="flashinfer_hnd",
+            source=_TRTLLM,
+        ),
+    )
+
+
+PRESETS: dict[str, CacheLayout] = {layout.name: layout for layout in _presets()}
+"""Every named layout, in the order candidates are listed [LAYOUT-1, LAYOUT-5]."""

@@ -1,0 +1,396 @@
+"""``--transfer pull``: each receiver reads its descriptors from the senders' caches.
+
+A pull connector never sees tensors. In a pull run every rank registers its paged
+cache's memory as regions (:func:`kvspec.memory.descriptors.region_buffers`); for each
+(request, chunk, source) a receiver computes the spec's descriptor list [DESC-1..3]
+and sends it to the source as a *read*: ``[header, descriptors]``, the header a JSON
+object ``{"read": key, "seq": n, "n": count}`` (with a CRC-32 of both frames when
+checksums are on) and the descriptors ``count`` rows of five little-endian int64
+(src region index, src offset, dst region index, dst offset, length). The source
+checks the read came over a verified connection (:mod:`sim.auth`), names one of that
+receiver's keys, and asks for exactly the spec's list for it — nothing more of its
+cache is ever read — then answers ``[header, range 0, range 1, ...]``: each range the
+raw bytes straight from cache memory (zero-copy on the CPU), the header an envelope
+(:func:`sim.messages.read_envelope`: ``key``, ``seq``, ``t``) with ``ranges_crc``, the
+CRC-32 of the ranges, when checksums are on. The receiver writes each range
+straight into its own cache and, once every source of the request has answered,
+verifies every element against the oracle, as a push run does.
+
+Faults strike answers exactly as they strike push payloads, and are booked the same
+way (:mod:`sim.accounting`); a source ends each receiver's stream once it has
+answered or skipped every key of that receiver. Reads are bounded
+(:func:`sim.sizing.max_read_message`) and so are answers' frames.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import zlib
+from collections import defaultdict, deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import zmq
+
+from kvspec.memory.descriptors import (
+    Descriptor,
+    DescriptorPlan,
+    RegisteredCache,
+    judge_descriptors,
+    plan_descriptors,
+    region_buffers,
+)
+from kvspec.topology.ownership import rank_ownership
+from sim import messages
+
+if TYPE_CHECKING:
+    from sim.rank import Incoming, Rank
+
+READ_WINDOW = 8
+"""Reads a receiver keeps outstanding per source: memory and sockets stay bounded."""
+ROW = 5 * 8
+"""Bytes of one descriptor row on the wire."""
+
+
+def _crc(frames: list[Any]) -> int:
+    value = 0
+    for frame in frames:
+        value = zlib.crc32(frame, value)
+    return value
+
+
+def _write(target: torch.Tensor, data: memoryview) -> None:
+    """Write received bytes straight into cache memory (a read-only frame is never copied
+    first on the CPU)."""
+    if target.device.type == "cpu":
+        target.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the frame is read-only; it is only read
+        target.copy_(torch.frombuffer(data, dtype=torch.uint8))
+
+
+def registered_cache(rank: Rank, stage: int, who: int) -> RegisteredCache:
+    """The registration of rank ``who`` of ``stage`` in this run: every rank computes the
+    same, from the configuration and the workload [DESC-2]."""
+    config, model = rank.config, rank.config.model
+    layout, block_size = config.layout_of(stage)
+    num_blocks, _ = rank.workload.block_table(stage, who)
+    owner = rank_ownership(config.stages[stage], model, who)
+    return RegisteredCache(
+        layout,
+        len(owner.layers),
+        num_blocks,
+        block_size,
+        len(owner.heads),
+        model.head_dim,
+        model.dtype,
+        tensors_per_layer=model.kv_tensors,
+    )
+
+
+class PullAgent:
+    """The pull side of one rank: it posts reads (as a receiver) and answers them (as a
+    sender). :class:`sim.rank.Rank` hands it what arrives and asks it when it is done."""
+
+    def __init__(self, rank: Rank) -> None:
+        self.rank = rank
+        self.started = False
+        # receiver side
+        self.pending: dict[int, deque[tuple[str, str, int]]] = defaultdict(deque)
+        self.outstanding: dict[int, dict[str, tuple[int, DescriptorPlan]]] = defaultdict(dict)
+        self.read_seq: dict[int, int] = defaultdict(int)
+        # sender side
+        self.ready_requests: set[str] = set()
+        self.waiting_reads: dict[str, list[tuple[int, str, int, list[Descriptor]]]] = defaultdict(
+            list
+        )
+        self.keys_of: dict[str, tuple[str, int, int]] = {}  # key -> (request, chunk, dst)
+        self.answered: set[str] = set()
+        self._tables: dict[tuple[int, int], dict[str, list[int]]] = {}
+        self._registered: dict[tuple[int, int], RegisteredCache] = {}
+
+    # -- set-up ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Register this rank's regions and lay out every read it will post."""
+        rank = self.rank
+        self.own = RegisteredCache.of(rank.cache, head_dim=rank.model.head_dim)
+        self.buffers = region_buffers(rank.cache)
+        self.names = list(self.own.regions())
+        if rank.out_plan is not None:
+            for request in rank.workload.requests:
+                for chunk in range(len(request.chunks)):
+                    for key, dst in rank._send_keys(request.request_id, chunk):
+                        self.keys_of[key] = (request.request_id, chunk, dst)
+        if rank.in_plan is not None:
+            for key, (request_id, chunk, src) in rank.key_owner.items():
+                self.pending[src].append((key, request_id, chunk))
+            self.sources = {src: self._peer(rank.who.stage - 1, src) for src in rank.sources}
+            self.source_index = {
+                src: {name: i for i, name in enumerate(cache.regions())}
+                for src, cache in self.sources.items()
+            }
+            self.dealer_of = {src: sock for sock, src in rank.dealers.items()}
+        self.own_index = {name: i for i, name in enumerate(self.names)}
+        self.started = True
+
+    def _peer(self, stage: int, who: int) -> RegisteredCache:
+        if (stage, who) not in self._registered:
+            self._registered[(stage, who)] = registered_cache(self.rank, stage, who)
+        return self._registered[(stage, who)]
+
+    def _table(self, stage: int, who: int) -> dict[str, list[int]]:
+        if (stage, who) not in self._tables:
+            self._tables[(stage, who)] = self.rank.workload.block_table(stage, who)[1]
+        return self._tables[(stage, who)]
+
+    def _plan(
+        self, request_id: str, chunk: int, src: int, dst: int, *, as_sender: bool
+    ) -> DescriptorPlan:
+        """The spec's list for one (request, chunk, edge) [DESC-1..3]."""
+        rank = self.rank
+        request = rank.requests[request_id]
+        if as_sender:
+            plan, stage = rank.out_plan, rank.who.stage
+            source, source_ids = self.own, rank.tables[request_id]
+            target = self._peer(stage + 1, dst)
+            target_ids = self._table(stage + 1, dst)[request_id]
+        else:
+            plan, stage = rank.in_plan, rank.who.stage - 1
+            source = self.sources[src]
+            source_ids = self._table(stage, src)[request_id]
+            target, target_ids = self.own, rank.tables[request_id]
+        assert plan is not None
+        tokens = request.chunks[chunk]
+        # A chunk's descriptors address the blocks up to its last token [PAGED-3].
+        need_src = -(-tokens.stop // source.block_size)
+        need_dst = -(-tokens.stop // target.block_size)
+        return plan_descriptors(
+            plan,
+            plan.edge(src, dst),
+            source,
+            source_ids[:need_src],
+            target,
+            target_ids[:need_dst],
+            tokens,
+        )
+
+    # -- receiver: post reads, take answers --------------------------------------------------
+    def post_reads(self) -> None:
+        """Keep up to :data:`READ_WINDOW` reads outstanding on every source's connection."""
+        if not self.started or self.rank.in_plan is None:
+            return
+        for src, queue in self.pending.items():
+            if src in self.rank.dead_sources or src in self.rank.ended_sources:
+                continue
+            while queue and len(self.outstanding[src]) < READ_WINDOW:
+                key, request_id, chunk = queue.popleft()
+                state = self.rank.incoming[request_id]
+                if state.done:
+                    continue
+                made = self._plan(request_id, chunk, src, self.rank.who.rank, as_sender=False)
+                index = self.source_index[src]
+                rows = torch.tensor(
+                    [[index[a], b, self.own_index[c], d, n] for a, b, c, d, n in made.descriptors],
+                    dtype=torch.int64,
+                ).reshape(-1, 5)
+                body = rows.numpy().astype("<i8").tobytes()
+                seq = self.read_seq[src]
+                self.read_seq[src] += 1
+                head: dict[str, Any] = {"read": key, "seq": seq, "n": len(made.descriptors)}
+                if self.rank.config.checksum:
+                    head["crc"] = _crc([key.encode(), body])
+                try:  # a DEALER whose source is gone would block: never wait for it
+                    self.dealer_of[src].send_multipart(
+                        [messages.dump(head), body], flags=zmq.NOBLOCK
+                    )
+                except zmq.Again:
+                    self.read_seq[src] -= 1
+                    queue.appendleft((key, request_id, chunk))
+                    break
+                self.outstanding[src][key] = (seq, made)
+                self.rank.stats["reads_posted"] += 1
+
+    def on_answer(self, src: int, frames: list[zmq.Frame], received_at: float) -> None:
+        """An answer from ``src``: check it, write its ranges into the cache [DESC-1]."""
+        rank = self.rank
+        try:
+            head = messages.read_envelope(frames[0].buffer)
+        except messages.MessageError:
+            rank.stats["unreadable_envelopes"] += 1
+            return
+        key = head["key"]
+        owner = rank.key_owner.get(key)
+        if owner is None or owner[2] != src:
+            rank.stats["unexpected_keys"] += 1
+            return
+        if key in rank.seen:
+            rank.book.observe("dup", key)
+            return
+        rank.seen.add(key)
+        if head["seq"] < rank.max_seq.get(src, -1):
+            rank.book.observe("reorder", key)
+        else:
+            rank.max_seq[src] = head["seq"]
+        request_id, _, _ = owner
+        state = rank.incoming[request_id]
+        state.waiting.discard(key)
+        _, made = self.outstanding[src].pop(key, (None, None))
+        ranges = [f.buffer for f in frames[1:]]
+        if rank.config.checksum and head.get("ranges_crc") != _crc(ranges):
+            rank.book.observe("corrupt", key)
+            rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC-32")
+            return
+        if state.done:
+            rank.stats["late_ignored"] += 1
+            return
+        if (
+            made is None
+            or len(ranges) != len(made.descriptors)
+            or any(len(r) != d.length for r, d in zip(ranges, made.descriptors, strict=False))
+        ):
+            rank._fail(state, f"the answer to read {key} from source rank {src} does not fit it")
+            return
+        for d, data in zip(made.descriptors, ranges, strict=True):
+            _write(self.buffers[d.dst_region][d.dst_offset : d.dst_offset + d.length], data)
+        rank.stats["descriptors"] += len(made.descriptors)
+        rank.stats["descriptor_bytes"] += made.share_bytes
+        state.first_sent = min(state.first_sent, head["t"])
+        state.edge_bytes[src] += made.share_bytes
+        if not state.waiting:
+            self._landed(state, received_at)
+
+    def _landed(self, state: Incoming, received_at: float) -> None:
+        """Every range of the request is in the cache: verify now, or once all have landed."""
+        rank = self.rank
+        rank.stats["requests_pulled"] += 1
+        state.received_at = received_at
+        if not rank.config.verify_after:
+            rank._verify(state)
+            return
+        rank.unverified.append(state)
+        if all(s.done or s.received_at is not None for s in rank.incoming.values()):
+            for waiting in rank.unverified:
+                rank._verify(waiting)
+            rank.unverified.clear()
+
+    # -- sender: answer reads ----------------------------------------------------------------
+    def ready(self, request_id: str) -> None:
+        """``request_id`` is in this rank's cache (filled, or received and verified): answer
+        the reads that wait for it."""
+        self.ready_requests.add(request_id)
+        for dst, key, _seq, listed in self.waiting_reads.pop(request_id, []):
+            self._answer(dst, key, listed)
+
+    def on_read(self, frames: list[bytes]) -> None:
+        """A read on the sender's socket: from a verified receiver, for one of its keys,
+        asking exactly the spec's list; anything else is refused and counted."""
+        rank = self.rank
+        peer, head_frame, body = frames
+        dst = next((d for d, p in rank.peers.items() if p == peer), None)
+        if dst is None:
+            rank.strangers["kv reads refused"] += 1
+            return
+        try:
+            head = messages.load(head_frame, limit=messages.MAX_ENVELOPE)
+        except messages.MessageError:
+            rank.strangers["kv reads refused"] += 1
+            return
+        key, count, seq = head.get("read"), head.get("n"), head.get("seq")
+        known = self.keys_of.get(key) if isinstance(key, str) else None
+        if (
+            known is None
+            or known[2] != dst
+            or not isinstance(count, int)
+            or not isinstance(seq, int)
+            or len(body) != count * ROW
+            or (rank.config.checksum and head.get("crc") != _crc([key.encode(), body]))
+        ):
+            rank.stats["reads_refused"] += 1
+            return
+        request_id, chunk, _ = known
+        made = self._plan(request_id, chunk, rank.who.rank, dst, as_sender=True)
+        target_names = list(made.target.regions())
+        rows = torch.frombuffer(bytearray(body), dtype=torch.int64).reshape(-1, 5).tolist()
+        try:
+            listed = [Descriptor(self.names[a], b, target_names[c], d, n) for a, b, c, d, n in rows]
+        except IndexError:
+            rank.stats["reads_refused"] += 1
+            return
+        if not judge_descriptors(listed, made).ok:  # nothing beyond the share is ever read
+            rank.stats["reads_refused"] += 1
+            return
+        if key in rank.skipped[dst]:
+            return  # its request failed here; the end-of-stream says why
+        if request_id not in self.ready_requests:
+            self.waiting_reads[request_id].append((dst, key, seq, listed))
+            return
+        self._answer(dst, key, listed)
+
+    def _answer(self, dst: int, key: str, listed: list[Descriptor]) -> None:
+        """Send the ranges' bytes straight from cache memory, with the run's faults applied
+        and booked as for a push payload [sim.faults]."""
+        rank = self.rank
+        rank.sent_keys[dst].append(key)
+        self.answered.add(key)
+        rank._maybe_die(sending=True)
+        ranges = self._ranges(listed)
+        seq = rank.next_seq[dst]
+        rank.next_seq[dst] += 1
+        head = messages.envelope(
+            key,
+            seq,
+            time.time(),
+            epoch=rank.epoch,
+            checksum=rank.config.checksum,
+            ranges_crc=_crc(ranges) if rank.config.checksum else None,
+        )
+        frames: list[Any] = [head, *ranges]
+        faults, book = rank.faults, rank.book
+        if faults.hit("garbage"):
+            rank._put(dst, [faults.garbage()])
+            book.inject("garbage", rank._edge_name(rank.who.rank, dst, rank.who.stage))
+        if faults.hit("drop"):
+            book.inject("drop", key)
+            return
+        if faults.hit("corrupt"):
+            frames = faults.corrupt(frames, first=1)  # the header stays readable
+            book.inject("corrupt", key)
+        if rank.config.faults.delay_s:
+            time.sleep(rank.config.faults.delay_s)
+        if faults.hit("reorder"):
+            rank.held[dst].append((key, frames, seq))
+            return
+        rank._put(dst, frames)
+        if faults.hit("dup"):
+            rank._put(dst, frames)
+            book.inject("dup", key)
+        rank._release_held(dst, overtaken=True)
+
+    def _ranges(self, listed: list[Descriptor]) -> list[Any]:
+        """The bytes of each range: views of cache memory on the CPU; from a device cache,
+        one pinned host copy."""
+        views = [self.buffers[d.src_region][d.src_offset : d.src_offset + d.length] for d in listed]
+        if self.rank.device.type == "cpu":
+            return [memoryview(v.numpy()) for v in views]
+        host = torch.empty(sum(d.length for d in listed), dtype=torch.uint8, pin_memory=True)
+        at = 0
+        for view in views:
+            host[at : at + view.numel()].copy_(view, non_blocking=True)
+            at += view.numel()
+        torch.cuda.current_stream(self.rank.device).synchronize()
+        out, at = [], 0
+        for d in listed:
+            out.append(memoryview(host[at : at + d.length].numpy()))
+            at += d.length
+        return out
+
+    def all_served(self) -> bool:
+        """Whether every key of every receiver was answered (or skipped): the streams end."""
+        rank = self.rank
+        return all(
+            key in self.answered or key in rank.skipped[dst]
+            for key, (_, _, dst) in self.keys_of.items()
+        )

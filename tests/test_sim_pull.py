@@ -1,0 +1,231 @@
+"""``--transfer pull``: receivers read their descriptors from the senders' caches, between
+any two presets the sim moves, with TP pairs, PP, chunks, chains, faults and refusals."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvspec.memory.cache_layout import get_layout, layouts_for
+from kvspec.memory.descriptors import RegisteredCache, plan_descriptors
+from kvspec.naming.keys import parse_key
+from kvspec.strategies import transfer_cases
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
+from sim.cli import main as sim_main
+from sim.cluster import run_simulation
+from sim.config import SimConfig
+from sim.faults import parse_faults
+from sim.pull import PullAgent
+from sim.report import SimReport
+
+MHA = ModelShape(2, 4, 8)
+
+
+def make(stages, model, **overrides) -> SimConfig:
+    settings_ = {
+        "requests": 3,
+        "seq_len": (3, 24),
+        "timeout": 60.0,
+        "ports": "os",
+        "transfer": "pull",
+        **overrides,
+    }
+    return SimConfig(stages=stages, model=model, **settings_)
+
+
+def assert_all_verified(report: SimReport) -> None:
+    assert report.ok, report.render()
+    assert report.verified == report.config.requests * report.config.replicas
+    assert report.edge_bytes == report.planned_bytes, "bytes per edge equal the plan [PLAN-5]"
+
+
+@st.composite
+def pull_configs(draw: st.DrawFn) -> SimConfig:
+    case = draw(transfer_cases(sizes=(1, 2, 3, 4, 8), max_pp=2, max_layers=3, max_head_dim=4))
+
+    def side() -> tuple[str, int]:
+        layout = draw(st.sampled_from(layouts_for(case.model.attention, cross_layer=True)))
+        return layout, draw(st.integers(1, 5)) if get_layout(layout).paged else 1
+
+    (src_layout, src_bs), (dst_layout, dst_bs) = side(), side()
+    return make(
+        (case.source, case.target),
+        case.model,
+        policy=case.policy,
+        src_layout=src_layout,
+        src_block_size=src_bs,
+        dst_layout=dst_layout,
+        dst_block_size=dst_bs,
+        requests=2,
+        seq_len=(3, 12),
+        chunks=draw(st.integers(1, 3)),
+        seed=draw(st.integers(0, 1000)),
+        transport="inproc",
+        transfer=draw(st.sampled_from(["pull", "pull", "push"])),
+    )
+
+
+@given(pull_configs())
+@settings(max_examples=25, deadline=None)
+def test_in_process_pull_and_push_verify_every_element(config: SimConfig) -> None:
+    """Any two presets the sim moves, cross-layer tensors and token pools included, by
+    push or pull: all verified, and the bytes each edge moved are the plan's."""
+    report = run_simulation(config)
+    assert_all_verified(report)
+    if config.transfer == "pull":
+        summary = report.descriptor_summary()
+        assert summary is not None and summary["descriptors"] > 0
+        assert report.receiver_stats["descriptor_bytes"] == report.bytes_moved
+
+
+PULL_RUNS = {
+    "the issue's example TP8->TP2, packed HND -> SGLang pool": dict(
+        stages=(StageLayout(8), StageLayout(2)),
+        model=ModelShape(2, 4, 8),
+        src_layout="vllm_packed_hnd",
+        dst_layout="sglang_mha",
+        src_block_size=16,
+        dst_block_size=4,
+    ),
+    "fan-out TP2->TP8, replicated heads, TRT-LLM pool -> cross-layer NHD": dict(
+        stages=(StageLayout(2), StageLayout(8)),
+        model=MHA,
+        src_layout="trtllm_pool",
+        dst_layout="vllm_packed_nhd_layers",
+        chunks=2,
+    ),
+    "PP on both sides, uneven": dict(
+        stages=(StageLayout(2, 2), StageLayout(2, 3)),
+        model=ModelShape(5, 4, 8),
+        src_layout="flashinfer_hnd",
+        dst_layout="sglang_mha_hnd",
+        dst_block_size=3,
+    ),
+    "MLA TP4->TP2, SGLang pool -> vLLM MLA": dict(
+        stages=(StageLayout(4), StageLayout(2)),
+        model=ModelShape.mla(3, 16),
+        src_layout="sglang_mla",
+        dst_layout="vllm_mla",
+        src_block_size=2,
+    ),
+    "a chain TP4 -> TP2 -> TP1, fp8": dict(
+        stages=(StageLayout(4), StageLayout(2), StageLayout(1)),
+        model=ModelShape(2, 4, 8, dtype="float8_e4m3fn"),
+        src_layout="vllm_packed_nhd",
+        dst_layout="kv_tuple",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PULL_RUNS))
+def test_multi_process_pull_runs(name: str) -> None:
+    report = run_simulation(make(**PULL_RUNS[name]))
+    assert_all_verified(report)
+    assert report.descriptor_summary()["reads_refused"] == 0
+
+
+def _requests_of(keys: set[str]) -> set[str]:
+    return {parse_key(k).request_id for k in keys}
+
+
+FAULTS = {
+    "drop": "drop=0.2",
+    "dup": "dup=0.3",
+    "reorder": "reorder=0.4",
+    "corrupt": "corrupt=0.2",
+    "garbage": "garbage=0.3",
+    "kill": "kill=sender:1@0.5",
+}
+
+
+@pytest.mark.parametrize("kind", list(FAULTS))
+def test_pull_books_balance(kind: str) -> None:
+    """Each fault strikes answers as it strikes payloads; over ten seeds the books balance
+    key by key, and only the struck requests fail [sim.accounting]."""
+    for seed in range(10):
+        report = run_simulation(
+            make(
+                (StageLayout(2), StageLayout(2)),
+                MHA,
+                requests=4,
+                seq_len=(3, 8),
+                transport="inproc",
+                faults=parse_faults(FAULTS[kind]),
+                seed=seed,
+                src_layout="vllm_packed_hnd",
+                dst_layout="flashinfer",
+                dst_block_size=3,
+            )
+        )
+        assert not report.unbalanced_faults(), (seed, report.fault_counts())
+        injected = sorted(report.fault_keys["injected"].get(kind, []))
+        assert sorted(report.fault_keys["observed"].get(kind, [])) == injected, seed
+        assert report.verified + report.failed == 4
+        failed = {o.request_id for o in report.outcomes if not o.ok}
+        if kind in ("drop", "corrupt"):
+            assert failed == _requests_of(set(injected)), seed
+        if kind in ("dup", "reorder", "garbage"):
+            assert not failed, seed
+
+
+def test_a_read_is_served_only_to_a_verified_receiver_for_its_own_share() -> None:
+    """A read from an unknown connection is a stranger's; one naming another receiver's key,
+    or asking for other bytes than the spec's list, is refused [sim.auth, DESC-1]."""
+    plan = plan_transfer(StageLayout(2), StageLayout(2), MHA)
+    cache = RegisteredCache("flash_attn", 2, 3, 4, 2, 8, "bfloat16")
+    made = plan_descriptors(plan, plan.edge(0, 0), cache, [1, 2], cache, [0, 1], range(6))
+    rank = SimpleNamespace(
+        peers={0: b"verified"},
+        strangers=Counter(),
+        stats=Counter(),
+        config=SimpleNamespace(checksum=False),
+        skipped={0: {}},
+        who=SimpleNamespace(rank=0),
+    )
+    agent = PullAgent(rank)  # type: ignore[arg-type]
+    agent.names = list(cache.regions())
+    agent.keys_of = {"req_0_0_0_0": ("req", 0, 0), "req_0_0_0_1": ("req", 0, 1)}
+    agent._plan = lambda *a, **k: made  # type: ignore[method-assign]
+    answered = []
+    agent._answer = lambda dst, key, listed: answered.append((dst, key))  # type: ignore[method-assign]
+    agent.ready_requests.add("req")
+    rows = [
+        [agent.names.index(a), b, agent.names.index(c), d, n] for a, b, c, d, n in made.descriptors
+    ]
+
+    def read(peer: bytes, key: str, listed) -> None:
+        body = np.array(listed, dtype="<i8").reshape(-1, 5).tobytes()
+        head = json.dumps({"read": key, "seq": 0, "n": len(listed)}).encode()
+        agent.on_read([peer, head, body])
+
+    read(b"stranger", "req_0_0_0_0", rows)
+    assert rank.strangers["kv reads refused"] == 1 and not answered
+    read(b"verified", "req_0_0_0_1", rows)  # receiver 1's key
+    wider = [*rows[:-1], [rows[-1][0], rows[-1][1], rows[-1][2], rows[-1][3], rows[-1][4] + 8]]
+    read(b"verified", "req_0_0_0_0", wider)  # eight bytes past its share
+    assert rank.stats["reads_refused"] == 2 and not answered
+    read(b"verified", "req_0_0_0_0", rows)
+    assert answered == [(0, "req_0_0_0_0")]
+
+
+def test_cli_pull_reports_descriptors(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--quiet", "--ports", "os", "--transfer", "pull", "--kv-heads", "4"]
+    argv += ["--source-tp", "4", "--target-tp", "2", "--requests", "2", "--seq-len", "8:16"]
+    argv += ["--src-layout", "vllm_packed_hnd", "--dst-layout", "sglang_mha", "--json", "-"]
+    argv += ["--head-dim", "8"]
+    assert sim_main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["transfer"] == "pull" and report["requests"]["verified"] == 2
+    pulled = report["descriptors"]
+    assert pulled["descriptors"] > 0 and pulled["per_request"] == pulled["descriptors"] / 2
+    # An SGLang row holds both of the receiver's heads, a sender's block one head: each
+    # range is one token's K or V of one head, 8 bfloat16 values
+    assert pulled["bytes_per_descriptor"] == 8 * 2
