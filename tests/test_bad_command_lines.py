@@ -248,7 +248,8 @@ KVSPEC_LINES += [
     [*DESC, "--src-block-size", "0"],
     [*DESC, "--dst-block-size", "70000"],
     [*DESC, "--show", "-1"],
-    ["desc", "--source-tp", "3", "--target-tp", "2", "--kv-heads", "6"],
+    ["desc", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "6"],  # 6 heads over TP4
+    [*DESC, "--source-cp", "2", "--cp-rule", "interleave:16", "--src-block-size", "8"],  # CP-2
     ["desc", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--json", "/"],
     ["vectors", "check"],
     ["vectors", "check", "--impl", "nonsense"],

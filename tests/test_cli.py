@@ -292,3 +292,26 @@ def test_desc_check_judges_a_connectors_list(capsys, tmp_path) -> None:
         code, _, err = run(capsys, "desc", *args, "--check", str(path))
         assert code == 2 and err.startswith("kvspec desc: refused: --check") and f"[{rule}]" in err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_desc_with_token_shards_reads_each_ranks_own_tokens(capsys) -> None:
+    """A PCP2 interleave:16 sender: each edge carries half the tokens, and each side's block
+    ids cover only the tokens its rank holds [CP-1, DESC-1, PAGED-3]."""
+    report = _desc(
+        capsys,
+        "--source-tp", "4", "--source-cp", "2", "--cp-rule", "interleave:16",
+        "--target-tp", "6", "--kv-heads", "12", "--layers", "2", "--seq-len", "64",
+        "--src-layout", "vllm_packed_hnd", "--dst-layout", "sglang_mha",
+    )  # fmt: skip
+    assert len(report["edges"]) == 12
+    for edge in report["edges"]:
+        shard = edge["src"] // 2  # TP ranks 0-1 are CP rank 0, 2-3 CP rank 1 [STAGE-2]
+        assert edge["tokens"] == [
+            [0 + 16 * shard, 16 + 16 * shard],
+            [32 + 16 * shard, 48 + 16 * shard],
+        ]
+        heads = edge["heads"][1] - edge["heads"][0]
+        assert edge["bytes"] == heads * 2 * 32 * 2 * 128 * 2  # heads x layers x 32 tokens x K,V
+        # the sender's 32 tokens fill 2 blocks of 16; the receiver holds every token, and
+        # the share ends at token 47 + 16 * shard: blocks up to there
+        assert len(edge["src_block_ids"]) == 2 and len(edge["dst_block_ids"]) == 3 + shard

@@ -526,9 +526,10 @@ def plan_descriptors(
     shards, any token set; the edge carries those of them in its token set
     (:func:`share_positions`). ``source_ids`` / ``target_ids`` are the request's block
     ids on each side, exactly as many as the side's last position of the share needs
-    (``tokens.stop`` without token shards) [PAGED-3]. Bytes of each (layer, token, head, field) of
-    the share are paired, sorted by source address and merged where they continue in
-    both regions: the maximal runs, whose count no list of the same effect can beat.
+    (``tokens.stop`` without token shards) [PAGED-3]. Bytes of each (layer, token, head,
+    field) of the share are paired, sorted by source address and merged where they
+    continue in both regions: the maximal runs, whose count no list of the same effect
+    can beat.
     ``count_only`` counts them without building the list.
     """
     if not isinstance(tokens, range | Tokens):
