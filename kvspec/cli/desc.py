@@ -283,6 +283,7 @@ def render(report: dict[str, Any]) -> str:
             f"  {row['src']:>4} -> {row['dst']:<2} {plan_cli._span(row['heads']):>7}  "
             f"{plan_cli._span(row['layers']):>7}  {row['descriptors']:>11}  "
             f"{plan_cli.human_bytes(row['bytes']):>10}  {row['bytes_per_descriptor']:>10.1f}"
+            + (f"  tokens {plan_cli._tokens(row['tokens'])}" if "tokens" in row else "")
         )
         for d in row["first"]:
             lines.append(f"      {d}")
