@@ -3,15 +3,20 @@
 Throughput: a TP1 -> TP1 run moving large requests (verification deferred until every
 request has arrived, so the transfer window excludes it) against raw pyzmq PUSH/PULL
 between two processes moving the same messages, frame for frame, in the same run.
-Scale: TP64 -> TP8 with 8 KV heads (72 ranks, 8 per process); wall time and the peak
-of the summed resident memory of every process of the run.
+Scale: TP64 -> TP8 with 8 KV heads (72 ranks), one rank per process as deployed and 8
+per process; wall time, start-up per process and the peak proportional memory (PSS) of
+every process of the run. The full run fits a cost model — wall time and memory per
+rank, time per request — on 9..72 ranks, checks it against a 128-rank run and
+extrapolates it to 512 ranks.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import multiprocess
@@ -127,15 +132,31 @@ def _tree_pss_bytes(root: int) -> int:
     return total
 
 
-def _scale(quick: bool) -> list[Figure]:
+@dataclass(frozen=True)
+class ScaleRun:
+    """One TP -> TP run with 8 KV heads: its ranks, processes and costs."""
+
+    ranks: int
+    processes: int
+    requests: int
+    wall_s: float
+    startup_s: float
+    peak_bytes: int
+
+
+def _scale_run(
+    source_tp: int, target_tp: int, *, requests: int, ranks_per_process: int
+) -> ScaleRun:
+    """Run TP``source_tp`` -> TP``target_tp`` (8 KV heads, 4 layers x 64) with the peak
+    PSS of every process of the run sampled every 50 ms."""
     config = SimConfig(
-        stages=(StageLayout(64), StageLayout(8)),
+        stages=(StageLayout(source_tp), StageLayout(target_tp)),
         model=ModelShape(num_layers=4, num_kv_heads=8, head_dim=64),
-        requests=4 if quick else 16,
+        requests=requests,
         seq_len=(32, 256),
-        ranks_per_process=8,
+        ranks_per_process=ranks_per_process,
         ports="os",
-        timeout=600,
+        timeout=900,
     )
     peak = [0]
     done = threading.Event()
@@ -151,20 +172,101 @@ def _scale(quick: bool) -> list[Figure]:
     done.set()
     sampler.join()
     assert report.ok, report.render()
-    ranks = sum(s.world_size for s in config.stages)
-    return [
+    return ScaleRun(
+        ranks=sum(s.world_size for s in config.stages),
+        processes=report.processes,
+        requests=requests,
+        wall_s=report.wall_s,
+        startup_s=report.startup_s,
+        peak_bytes=peak[0],
+    )
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x``: (a, b)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    return my - b * mx, b
+
+
+def _scale(quick: bool) -> list[Figure]:
+    """TP64 -> TP8 as deployed (one rank per process) and grouped (8 per process); with
+    the full run, a cost model fitted on 9..72 ranks, checked against 128 ranks and
+    extrapolated to 512."""
+    requests = 4 if quick else 16
+    figures = []
+    runs = {}
+    for per_process in (8, 1):
+        run = _scale_run(64, 8, requests=requests, ranks_per_process=per_process)
+        runs[per_process] = run
+        how = "one rank per process" if per_process == 1 else f"{per_process} ranks per process"
+        figures += [
+            Figure(
+                name=f"sim TP64->TP8, 8 KV heads: {run.ranks} ranks, {how}",
+                unit="s",
+                value=run.wall_s,
+                note=f"{run.requests} requests verified; {run.processes} processes; goal < 60 s",
+            ),
+            Figure(
+                name=f"sim TP64->TP8 start-up per process, {how}",
+                unit="ms",
+                value=run.startup_s / run.processes * 1e3,
+                note=f"{run.startup_s:.2f} s until every rank bound, connected and handshook",
+            ),
+            Figure(
+                name=f"sim TP64->TP8 peak memory (PSS), {how}",
+                unit="MiB",
+                value=run.peak_bytes / 2**20,
+                note="every process of the run; goal < 12 GiB",
+            ),
+        ]
+    if quick:
+        return figures
+    # The cost model: wall time and memory per rank (one rank per process), per request.
+    series = [
+        *(_scale_run(tp, tp // 8, requests=requests, ranks_per_process=1) for tp in (8, 16, 32)),
+        runs[1],
+    ]
+    time_0, time_per_rank = _line([r.ranks for r in series], [r.wall_s for r in series])
+    mem_0, mem_per_rank = _line([r.ranks for r in series], [r.peak_bytes for r in series])
+    doubled = _scale_run(64, 8, requests=2 * requests, ranks_per_process=1)
+    time_per_request = (doubled.wall_s - runs[1].wall_s) / requests
+    check = _scale_run(112, 16, requests=requests, ranks_per_process=1)  # 128 ranks
+
+    def predict(ranks: int) -> tuple[float, float]:
+        return time_0 + time_per_rank * ranks, mem_0 + mem_per_rank * ranks
+
+    predicted_s, predicted_bytes = predict(check.ranks)
+    at_512_s, at_512_bytes = predict(512)
+    model_note = (
+        f"fit on {', '.join(str(r.ranks) for r in series)} ranks, {requests} requests: "
+        f"{time_0:.2f} s + {time_per_rank * 1e3:.0f} ms/rank (+{time_per_request * 1e3:.0f} "
+        f"ms/request at 72 ranks); {mem_0 / 2**20:.0f} MiB + {mem_per_rank / 2**20:.1f} MiB/rank"
+    )
+    figures += [
         Figure(
-            name=f"sim TP64->TP8, 8 KV heads: {ranks} ranks in {report.processes} processes",
-            unit="s",
-            value=report.wall_s,
-            note=f"{report.verified} requests verified",
+            name=f"sim cost model: wall time at {check.ranks} ranks, predicted / measured",
+            unit="x",
+            value=predicted_s / check.wall_s,
+            note=f"{predicted_s:.1f} s predicted, {check.wall_s:.1f} s measured; {model_note}",
         ),
         Figure(
-            name="sim TP64->TP8 peak memory (PSS), all processes",
-            unit="MiB",
-            value=peak[0] / 2**20,
+            name=f"sim cost model: memory at {check.ranks} ranks, predicted / measured",
+            unit="x",
+            value=predicted_bytes / check.peak_bytes,
+            note=f"{predicted_bytes / 2**20:.0f} MiB predicted, "
+            f"{check.peak_bytes / 2**20:.0f} MiB measured",
+        ),
+        Figure(
+            name="sim cost model: 512 ranks (TP448->TP64), one per process, extrapolated",
+            unit="s",
+            value=at_512_s,
+            note=f"{at_512_bytes / 2**30:.1f} GiB of memory; {model_note}",
         ),
     ]
+    return figures
 
 
 def run(quick: bool) -> list[Figure]:

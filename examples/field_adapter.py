@@ -88,12 +88,14 @@ class FieldAdapter(Adapter):
     def kv_port(self, base, stage, rank, replica):
         return kv.kv_zmq_port(base, stage, rank)  # the formula has no replica term
 
-    def validate_topology(self, config):  # TP sizes only: no model facts are compared
+    def validate_sizes(self, config):  # TP sizes and a rank: all KVTPTopology has
         if config["source"].get("pp", 1) != 1 or config["target"].get("pp", 1) != 1:
             raise ValueError("no pipeline parallelism in this API")
         rank = config.get("rank", {}).get("rank", 0)
         topo = kv.KVTPTopology(config["source"]["tp"], config["target"]["tp"], rank)
         kv.validate_kv_tp_topology(topo)
+
+    validate_topology = validate_sizes  # the same call refuses a pair it cannot map
 
 
 adapter = FieldAdapter()

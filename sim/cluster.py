@@ -172,6 +172,7 @@ class Cluster:
         self.route_of: dict[str, bytes] = {}
         self.endpoints: dict[str, str] = {}
         self.ready: set[str] = set()
+        self.startup_s = 0.0
         self.active_senders: set[str] = set()
         self.timed_out = self.interrupted = False
         self.results: dict[RankId, dict[str, dict[str, Any]]] = defaultdict(dict)
@@ -207,6 +208,7 @@ class Cluster:
             self._await_setup("bound", self._on_bound_all)
             self._broadcast({"cmd": "connect", "endpoints": self.endpoints})
             self._await_setup("ready", None)
+            self.startup_s = time.time() - started
             self._broadcast({"cmd": "go"})
             self.timed_out = not self._watch(time.time() + self.config.timeout)
             if self.timed_out:
@@ -610,6 +612,7 @@ class Cluster:
             sender_stats=self.sender_stats,
             wall_s=wall,
             transfer_s=max(0.0, end - start) if end else 0.0,
+            startup_s=self.startup_s,
             processes=sum(h.process is not None for h in self.hosts),
             errors=self.errors,
             setup_error=self.setup_error,

@@ -284,17 +284,8 @@ class PullAgent:
 
     def _landed(self, state: Incoming, received_at: float) -> None:
         """Every range of the request is in the cache: verify now, or once all have landed."""
-        rank = self.rank
-        rank.stats["requests_pulled"] += 1
-        state.received_at = received_at
-        if not rank.config.verify_after:
-            rank._verify(state)
-            return
-        rank.unverified.append(state)
-        if all(s.done or s.received_at is not None for s in rank.incoming.values()):
-            for waiting in rank.unverified:
-                rank._verify(waiting)
-            rank.unverified.clear()
+        self.rank.stats["requests_pulled"] += 1
+        self.rank.landed(state, received_at)
 
     # -- sender: answer reads ----------------------------------------------------------------
     def ready(self, request_id: str) -> None:

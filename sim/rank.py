@@ -1120,8 +1120,13 @@ class Rank:
         except ValueError as error:
             self._fail(state, f"refused on assembly: {error}")
             return
-        state.received_at = received_at
         state.chunks.clear()  # the frames can go: the cache holds the request now
+        self.landed(state, received_at)
+
+    def landed(self, state: Incoming, received_at: float) -> None:
+        """Every byte of the request is in the cache: verify now, or (``verify_after``)
+        once every request has landed."""
+        state.received_at = received_at
         if not self.config.verify_after:
             self._verify(state)
             return

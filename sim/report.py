@@ -47,6 +47,8 @@ class SimReport:
     receiver_stats: Counter[str] = field(default_factory=Counter)
     wall_s: float = 0.0
     transfer_s: float = 0.0
+    startup_s: float = 0.0
+    """From the start of the run until every rank had bound, connected and handshaken."""
     processes: int = 0
     errors: list[str] = field(default_factory=list)
     setup_error: str | None = None
@@ -178,6 +180,7 @@ class SimReport:
             "throughput_gbps": self.throughput_gbps,
             "latency_seconds": {"p50": self.percentile(50), "p99": self.percentile(99)},
             "wall_seconds": self.wall_s,
+            "startup_seconds": self.startup_s,
             "processes": self.processes,
             "faults": self.fault_counts(),
             "faults_unbalanced": self.unbalanced_faults(),
@@ -280,7 +283,8 @@ class SimReport:
             "first shard sent to the last received"
             + (" (verification after)" if c.verify_after else " (verifying as requests land)"),
             f"latency:    {latency} (first shard sent to request verified, end to end)",
-            f"wall time:  {self.wall_s:.2f} s, {self.processes} process(es)",
+            f"wall time:  {self.wall_s:.2f} s, {self.processes} process(es), "
+            f"{self.startup_s:.2f} s of it starting them up",
         ]
         counts = self.fault_counts()
         if counts:

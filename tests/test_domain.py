@@ -1,6 +1,7 @@
 """Domain-steered generation, effective example counts and inconclusive verdicts; open
 replica policies; capabilities as connectors have them."""
 
+import copy
 import json
 from pathlib import Path
 from types import MappingProxyType
@@ -199,7 +200,13 @@ def test_undeclared_policies_and_shadowing_rules_are_refused() -> None:
 # -- capabilities ----------------------------------------------------------------------
 
 
-def test_validation_is_two_capabilities_and_the_old_validate_provides_both() -> None:
+REFUSALS = {"sizes", "partitions", "topology", "models", "agreement"}
+
+
+def test_refusal_is_five_capabilities_and_the_old_validate_provides_all() -> None:
+    """An engine refuses sizes, partitions, the stage pair, model facts and the stages'
+    agreement in different places; an adapter provides only those its code makes."""
+
     class TopologyOnly(Adapter):
         def validate_topology(self, config):
             pass
@@ -208,10 +215,77 @@ def test_validation_is_two_capabilities_and_the_old_validate_provides_both() -> 
         def validate(self, config):
             pass
 
-    assert provided_capabilities(TopologyOnly()) & {"topology", "models"} == {"topology"}
-    assert provided_capabilities(OldStyle()) & {"topology", "models"} == {"topology", "models"}
-    report = run_suite(TopologyOnly(), patterns=["MODEL-3"])
-    assert report.results[0].verdict == NOT_PROVIDED
+    assert provided_capabilities(TopologyOnly()) & REFUSALS == {"topology"}
+    assert provided_capabilities(OldStyle()) & REFUSALS == REFUSALS
+    verdicts = {
+        r.check.id: r.verdict
+        for r in run_suite(
+            TopologyOnly(), patterns=["MODEL-3", "STAGE-1/refuses-*", "HEAD", "LAYER"]
+        ).results
+    }
+    assert verdicts and set(verdicts.values()) == {NOT_PROVIDED}, verdicts
+
+
+def test_a_validator_that_refuses_everything_fails_its_accept_check() -> None:
+    """Each refusal capability has its own accept check: refusing every configuration
+    would otherwise pass every refusal check of the capability [PLAN-1.2]."""
+
+    class RefusesEverything(ReferenceAdapter):
+        def validate_sizes(self, config):
+            raise ValueError("no")
+
+        def validate_agreement(self, config):
+            raise ValueError("no")
+
+    verdicts = {
+        r.check.id: r.verdict
+        for r in run_suite(
+            RefusesEverything(), patterns=["STAGE-1/refuses-*", "MODEL-3", "PLAN-1"]
+        ).results
+    }
+    assert verdicts["STAGE-1/refuses-rank-out-of-range"] == PASSED
+    assert verdicts["MODEL-3/refuses-mismatched-models"] == PASSED
+    assert verdicts["PLAN-1/sizes-accept-valid"] == FAILED
+    assert verdicts["PLAN-1/agreement-accepts-equal-models"] == FAILED
+    assert verdicts["PLAN-1/accepts-valid"] == PASSED
+
+
+def test_a_negative_example_never_changes_a_fact_the_domain_pins() -> None:
+    """Without PP in its domain an implementation has no way to be handed a PP of 0, so
+    STAGE-1 asks it about TP alone; with PP in the domain it is asked about both."""
+
+    class IgnoresPipeline(ReferenceAdapter):
+        """Its API has no PP: whatever PP the configuration says is never read."""
+
+        def validate_sizes(self, config):
+            config = copy.deepcopy(config)
+            for side in ("source", "target"):
+                config[side] = {**config[side], "pp": 1, "layer_partition": None}
+            super().validate_sizes(config)
+
+    class NoPipeline(IgnoresPipeline):
+        domain = Domain(pp_sizes=(1,), explicit_partitions=False)
+
+    pattern = ["STAGE-1/refuses-empty-stage"]
+    assert run_suite(NoPipeline(), patterns=pattern).results[0].verdict == PASSED
+    assert run_suite(IgnoresPipeline(), patterns=pattern).results[0].verdict == FAILED
+
+
+def test_repeated_deliveries_are_asked_only_where_they_can_happen() -> None:
+    """A receiver that keeps one copy of each shipment (as a store keyed by name does)
+    fails RESHARD-3 where repeats can arrive, and passes where its domain says none can."""
+
+    class KeepsOneCopy(ReferenceAdapter):
+        def receiver_combine(self, case, dst, shipments):
+            unique = {s.edge.src: s for s in shipments}
+            return super().receiver_combine(case, dst, list(unique.values()))
+
+    class KeyedStore(KeepsOneCopy):
+        domain = Domain(repeated_deliveries=False)
+
+    pattern = ["RESHARD-3/refuses-wrong-shipments"]
+    assert run_suite(KeepsOneCopy(), patterns=pattern).results[0].verdict == FAILED
+    assert run_suite(KeyedStore(), patterns=pattern).results[0].verdict == PASSED
 
 
 def test_the_marker_and_fp8_scales_are_capabilities_of_their_own() -> None:

@@ -218,6 +218,9 @@ def test_multi_process_runs(name: str) -> None:
     report = run_simulation(make(**PROCESS_RUNS[name]))
     assert_all_verified(report)
     assert report.processes >= 1
+    # start-up (bind, connect, handshake) is part of the run, before any KV moves
+    assert 0 < report.startup_s < report.wall_s
+    assert report.to_dict()["startup_seconds"] == report.startup_s
     _no_children_left()
 
 

@@ -63,10 +63,11 @@ V_OFFSET = 1 << 20
 # -- translation: kvspec <-> SGLang (pure) -------------------------------------------------
 
 
-DOMAIN = Domain(dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES))
+DOMAIN = Domain(dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES), repeated_deliveries=False)
 """SGLang's domain as data [PLAN-1]: fp8 is out, because kvspec's fp8 KV carries per-layer
 scales [DTYPE-3] and SGLang transfers KV pages only (scales are per-server config;
-sgl-project/sglang#20705)."""
+sgl-project/sglang#20705); a repeated delivery cannot happen, because prefill writes land at
+the decode's registered addresses [RESHARD-3]."""
 
 
 def pp_pair_supported(case: TransferCase) -> bool:
@@ -288,7 +289,8 @@ class SglangAdapter(Adapter):
         )
         return paired_writes([src_k, src_v], [dst_k, dst_v])
 
-    # topology refusals [PLAN-1, LAYER-1, LAYER-2]; model checks need its bootstrap server --
+    # refusals: the stage pair in its rank mapping [PLAN-1], layer partitions in its
+    # pipeline set-up [LAYER-1, LAYER-2]; model checks need its bootstrap server ----------
     def validate_topology(self, config: dict[str, Any]) -> None:
         case = SimpleNamespace(
             source=SimpleNamespace(**{"pp": 1, **config["source"]}),
@@ -299,6 +301,8 @@ class SglangAdapter(Adapter):
         dst = rank.get("rank", 0) if rank.get("side") == "target" else 0
         info = self.conn.PrefillServerInfo(**prefill_info_fields(case))  # type: ignore[arg-type]
         self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)  # type: ignore[arg-type]
+
+    def validate_partition(self, config: dict[str, Any]) -> None:
         for side in ("source", "target"):
             layout = config[side]
             pp, partition = layout.get("pp", 1), layout.get("layer_partition")

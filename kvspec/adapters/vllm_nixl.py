@@ -60,8 +60,12 @@ DOMAIN = Domain(
     pp_sizes=(1,),
     explicit_partitions=False,
     dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES),
+    repeated_deliveries=False,
 )
 """vLLM NIXL's pull domain as data [PLAN-1]; what the engine refuses on purpose is out:
+
+- a repeated delivery: a decode rank reads what it planned, nothing arrives unasked
+  [RESHARD-3];
 
 - decode (target) PP > 1: ``NotImplementedError`` in ``base_worker.py`` (consumer PP);
   prefill PP > 1 goes through the push connector, which this adapter does not cover
@@ -278,7 +282,7 @@ class VllmNixlAdapter(Adapter):
             topology, config["source"]["tp"], (self.specs.FullAttentionSpec,)
         )
 
-    def validate_model(self, config: dict[str, Any]) -> None:
+    def validate_agreement(self, config: dict[str, Any]) -> None:
         model = config["model"]
         if self._hash(config.get("target_model", model)) != self._hash(model):
             raise RuntimeError(

@@ -42,11 +42,14 @@ DOMAIN = Domain(
     explicit_partitions=False,
     dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES),
     layouts=READ_LAYOUTS,
+    repeated_deliveries=False,
 )
 """vLLM-Omni's domain [PLAN-1]: ``KVTPTopology`` has TP sizes and a rank only, so there is
 no pipeline parallelism; its payload (``KVCacheTransferData``) has no field for fp8 scales;
 ``normalize_layer_kv`` reads the layouts of :data:`READ_LAYOUTS`. Replicated heads and MLA
-are inside: the same API is used for them, and nothing refuses them."""
+are inside: the same API is used for them, and nothing refuses them. A repeated delivery
+cannot happen: the receiver gets payloads by key from its connector, where a repeat is the
+same entry [RESHARD-3]."""
 
 
 # -- translation: kvspec <-> vLLM-Omni (pure) ----------------------------------------------
@@ -355,6 +358,11 @@ class VllmOmniAdapter(Adapter):
         return shipment_of(shipment, sliced)
 
     # topology refusals [PLAN-1, STAGE-1]; it has no model facts to validate ------------
+    def validate_sizes(self, config: dict[str, Any]) -> None:
+        rank = config.get("rank", {}).get("rank", 0)
+        topo = self.kv.KVTPTopology(config["source"]["tp"], config["target"]["tp"], rank)
+        self.kv.validate_kv_tp_topology(topo)
+
     def validate_topology(self, config: dict[str, Any]) -> None:
         rank = config.get("rank", {}).get("rank", 0)
         topo = self.kv.KVTPTopology(config["source"]["tp"], config["target"]["tp"], rank)

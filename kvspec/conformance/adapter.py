@@ -47,8 +47,11 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "sender": ("sender_transform",),
     "receiver": ("receiver_combine",),
     "marker": ("apply_marker",),
+    "sizes": ("validate_sizes",),
+    "partitions": ("validate_partition",),
     "topology": ("validate_topology",),
     "models": ("validate_model",),
+    "agreement": ("validate_agreement",),
     "layouts": ("read_layer",),
     "conversion": ("convert_layout",),
     "fields": ("read_fields",),
@@ -73,12 +76,33 @@ DECLARED: dict[str, str] = {
 }
 """Capabilities an adapter has by what its domain declares, not by a method [DTYPE-3]."""
 
-_ALIASES: dict[str, tuple[str, ...]] = {
-    "validate_topology": ("validate",),
-    "validate_model": ("validate",),
+VALIDATORS: dict[str, str] = {
+    "validate_sizes": "sizes",
+    "validate_partition": "partitions",
+    "validate_topology": "topology",
+    "validate_model": "models",
+    "validate_agreement": "agreement",
 }
-"""Methods an older adapter may provide under another name: ``validate`` refused both
-invalid topologies and invalid models before the two were separate capabilities."""
+"""Each refusal method and its capability."""
+
+
+def validator_for(clause: str) -> str:
+    """The refusal method a configuration broken against ``clause`` is handed to."""
+    if clause == "MODEL-3":
+        return "validate_agreement"
+    family = clause.split("-")[0]
+    return {
+        "STAGE": "validate_sizes",
+        "LAYER": "validate_partition",
+        "HEAD": "validate_model",
+        "MODEL": "validate_model",
+        "DTYPE": "validate_model",
+    }.get(family, "validate_topology")
+
+
+_ALIASES: dict[str, tuple[str, ...]] = {method: ("validate",) for method in VALIDATORS}
+"""Methods an older adapter may provide under another name: ``validate`` refused every
+invalid configuration before the refusals were separate capabilities."""
 
 
 class Adapter:
@@ -177,33 +201,53 @@ class Adapter:
         raise NotProvided
 
     # rejection ------------------------------------------------------------------
-    def validate_topology(self, config: dict[str, Any]) -> None:
-        """Raise if the implementation refuses this transfer topology [STAGE-1, HEAD-1,
-        HEAD-2, LAYER-1, LAYER-2, PLAN-1].
+    # Engines refuse a bad configuration in different places: parallel sizes when they
+    # create process groups, layer partitions in their pipeline set-up, the pair of
+    # stages in the transfer code, model facts (heads over TP among them) when the model
+    # loads and its attention layers are built, the two stages' agreement in a
+    # handshake. One method each, so an adapter provides what its engine's transfer code
+    # really does. Every ``config`` is plain data: ``source`` and ``target`` (``tp``,
+    # ``pp``, ``layer_partition``, and where they apply ``dp``, ``cp``, ``dcp``,
+    # ``cp_rule``), ``model`` (ModelShape fields), optionally ``policy``, ``rank``
+    # (``{"side": "source" | "target", "rank": int}``), ``target_model`` (the receiver's
+    # model facts), the request's ``seq_len``, the router's ``source_dp`` and
+    # ``target_dp``, and cache block sizes ``source_block_size`` and ``target_block_size``
+    # [CP-2, DP-1]. Attention groups that do not fit TP are parallel sizes [STAGE-2];
+    # token rules, DCP and DP ranks are refused with the pair of stages [CP-1..3, DP-1,
+    # PLAN-6].
 
-        ``config`` is plain data: ``source`` and ``target`` (``tp``, ``pp``,
-        ``layer_partition``, and where they apply ``dp``, ``cp``, ``dcp``, ``cp_rule``),
-        ``model`` (ModelShape fields), optionally ``policy``, ``rank`` (``{"side": "source" |
-        "target", "rank": int}``), the request's ``seq_len``, the router's ``source_dp``
-        and ``target_dp``, and cache block sizes ``source_block_size`` and
-        ``target_block_size`` [CP-2, DP-1].
-        """
-        if _overrides(type(self), "validate"):
-            return self.validate(config)
-        raise NotProvided
+    def validate_sizes(self, config: dict[str, Any]) -> None:
+        """Raise if the implementation refuses these parallel sizes: TP and PP of at least
+        1, a rank inside its stage [STAGE-1]."""
+        return self._legacy_validate(config)
+
+    def validate_partition(self, config: dict[str, Any]) -> None:
+        """Raise if the implementation refuses these pipeline layer partitions
+        [LAYER-1, LAYER-2]."""
+        return self._legacy_validate(config)
+
+    def validate_topology(self, config: dict[str, Any]) -> None:
+        """Raise if the implementation refuses to transfer between these two stages
+        [PLAN-1]."""
+        return self._legacy_validate(config)
 
     def validate_model(self, config: dict[str, Any]) -> None:
-        """Raise if the implementation refuses these model facts [MODEL-1..3, DTYPE-1].
+        """Raise if the implementation refuses these model facts, its head count over
+        either side's TP included [MODEL-1, MODEL-2, DTYPE-1, HEAD-1, HEAD-2]."""
+        return self._legacy_validate(config)
 
-        ``config`` is as for :meth:`validate_topology`, optionally with ``target_model``
-        (the receiver's model facts).
-        """
-        if _overrides(type(self), "validate"):
-            return self.validate(config)
-        raise NotProvided
+    def validate_agreement(self, config: dict[str, Any]) -> None:
+        """Raise if the implementation refuses a receiver whose model facts
+        (``target_model``) differ from the sender's (``model``) [MODEL-3]."""
+        return self._legacy_validate(config)
 
     def validate(self, config: dict[str, Any]) -> None:
-        """Deprecated: one method for :meth:`validate_topology` and :meth:`validate_model`."""
+        """Deprecated: one method for every ``validate_*`` above."""
+        raise NotProvided
+
+    def _legacy_validate(self, config: dict[str, Any]) -> None:
+        if _overrides(type(self), "validate"):
+            return self.validate(config)
         raise NotProvided
 
     # cache layouts ---------------------------------------------------------------

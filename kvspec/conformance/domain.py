@@ -55,6 +55,11 @@ class Domain:
       are in only with a scale format [DTYPE-3].
     - ``layouts``, ``block_sizes``: cache layouts (every preset by default: K/V ones,
       cross-layer ones, inline-scale ones) and block sizes [LAYOUT-1, LAYOUT-5, PAGED-1].
+    - ``repeated_deliveries``: whether its receiver can be handed the same shipment twice
+      (a pushed message can arrive again); ``False`` where that cannot happen — a
+      receiver that reads what it planned (pull, RDMA), or one fed from a store keyed by
+      name, where a repeat is the same entry — and the repeat case of RESHARD-3 is
+      then not asked.
     """
 
     tp_pairs: tuple[tuple[int, int], ...] | None = None
@@ -73,6 +78,7 @@ class Domain:
     cp_sizes: tuple[int, ...] = (1,)
     dcp_sizes: tuple[int, ...] = (1,)
     cp_rules: tuple[str, ...] = RULE_KINDS
+    repeated_deliveries: bool = True
 
     def __post_init__(self) -> None:
         for name in (

@@ -82,10 +82,19 @@ class ReferenceAdapter(Adapter):
         )
         return Shipment(shipment.edge, marker, RequestKV(data, shipment.kv.scales))
 
+    def validate_sizes(self, config: dict[str, Any]) -> None:
+        OPERATIONS["transfer"](config)
+
+    def validate_partition(self, config: dict[str, Any]) -> None:
+        OPERATIONS["transfer"](config)
+
     def validate_topology(self, config: dict[str, Any]) -> None:
         OPERATIONS["transfer"](config)
 
     def validate_model(self, config: dict[str, Any]) -> None:
+        OPERATIONS["transfer"](config)
+
+    def validate_agreement(self, config: dict[str, Any]) -> None:
         OPERATIONS["transfer"](config)
 
     def read_layer(

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kvspec import __version__
-from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.adapter import VALIDATORS, Adapter, provided_capabilities, validator_for
 from kvspec.conformance.checks.transfer import difference
 from kvspec.error_cases import ERROR_CASES
 from kvspec.memory.cache_layout import (
@@ -412,10 +412,8 @@ def _check_errors(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     why = _outside(adapter, case["args"])
     if why:
         raise NotApplicable(why)
-    models = case["clause"].split("-")[0] in ("MODEL", "DTYPE")
-    capability, method = (
-        ("models", "validate_model") if models else ("topology", "validate_topology")
-    )
+    method = validator_for(case["clause"])
+    capability = VALIDATORS[method]
     if capability not in provided_capabilities(adapter):
         raise NotApplicable(f"needs {capability}")
     try:

@@ -1,11 +1,13 @@
 """Checks that invalid transfer configurations are refused and valid ones accepted.
 
-Two capabilities, as connectors have them: ``topology`` (``validate_topology``:
-ranks, head counts over each side's attention-TP size, pipeline partitions, attention
-groups, token rules and the caches and requests they need, DCP, DP ranks [STAGE-1,
-STAGE-2, PLAN-1, HEAD-1, HEAD-2, LAYER-1, LAYER-2, CP-1..3, DP-1]) and ``models``
-(``validate_model``: model facts, dtypes, and the agreement of the two stages
-[MODEL-1..3, DTYPE-1]).
+Five capabilities, one per place engines refuse a configuration: ``sizes``
+(``validate_sizes``: TP and PP sizes, ranks, attention groups that fit TP [STAGE-1,
+STAGE-2]), ``partitions`` (``validate_partition``: pipeline layer partitions [LAYER-1,
+LAYER-2]), ``topology`` (``validate_topology``: the pair of stages, their token rules
+and the caches and requests they need, DCP, the router's DP ranks [PLAN-1, CP-1..3,
+DP-1]), ``models`` (``validate_model``: model facts, dtypes, heads over TP [MODEL-1,
+MODEL-2, DTYPE-1, HEAD-1, HEAD-2]) and ``agreement`` (``validate_agreement``: the two
+stages' model facts agree [MODEL-3]).
 
 Every refusal check starts from a valid configuration inside the adapter's domain and
 changes one fact to step just outside the spec's domain — off by one, negative, of
@@ -22,7 +24,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import VALIDATORS, Adapter
 from kvspec.conformance.checks import (
     Context,
     Example,
@@ -129,11 +131,13 @@ Variant = tuple[str, str, Example]
 """(obligation, what was changed, the configuration)."""
 
 
-def _empty_stages(config: Example) -> list[Variant]:
-    """Every way to give one side a TP or PP size below 1 [STAGE-1]."""
+def _empty_stages(adapter: Adapter, config: Example) -> list[Variant]:
+    """Every way to give one side a TP or PP size below 1 [STAGE-1] — PP only when the
+    adapter's domain has PP: a fact its domain pins to 1 may have no way in at all."""
+    fields = ("tp", "pp") if max(adapter.domain.pp_sizes) > 1 else ("tp",)
     found = []
     for side in ("source", "target"):
-        for field in ("tp", "pp"):
+        for field in fields:
             for value in (0, -1):
                 changed = copy.deepcopy(config)
                 changed[side] = {**changed[side], field: value, "layer_partition": None}
@@ -150,7 +154,7 @@ def _fewer_layers_than_pp(draw: st.DrawFn, adapter: Adapter) -> Example:
     return config
 
 
-def _bad_partitions(config: Example) -> list[Variant]:
+def _bad_partitions(adapter: Adapter, config: Example) -> list[Variant]:
     """A valid explicit partition with one defect each: a sum off by one, a count of 0 or
     -1, one entry more or less than pp [LAYER-2]."""
     layers = max(config["model"]["num_layers"], 4)
@@ -196,10 +200,10 @@ def _refusal_check(
     covers: tuple[str, ...],
     strategy: Callable[[Adapter], st.SearchStrategy[Example]],
     *,
-    method: str = "validate_topology",
+    method: str,
     missing: Callable[[Adapter], str | None] | None = None,
     pins: tuple[Example, ...] | None = None,
-    variants: Callable[[Example], list[Variant]] | None = None,
+    variants: Callable[[Adapter, Example], list[Variant]] | None = None,
 ) -> None:
     """A check that ``method`` refuses each configuration, or (with ``variants``) every
     variant of each valid configuration, each one step outside the spec's domain."""
@@ -208,14 +212,14 @@ def _refusal_check(
         clause,
         slug,
         title,
-        needs=("topology" if method == "validate_topology" else "models",),
+        needs=(VALIDATORS[method],),
         strategy=strategy,
         examples=_pins(clause) if pins is None else pins,
         missing=missing,
         covers=covers,
     )
     def run(ctx: Context, config: Example) -> None:
-        probes = variants(config) if variants else [(covers[0], title, config)]
+        probes = variants(ctx.adapter, config) if variants else [(covers[0], title, config)]
         for obligation, what, probe in probes:
             expect_refused(
                 obligation,
@@ -234,6 +238,7 @@ _refusal_check(
     "a pair where one side alone cannot hold the model is refused",
     ("PLAN-1.1",),
     _one_side_invalid,
+    method="validate_topology",
 )
 _refusal_check(
     "HEAD-1",
@@ -242,6 +247,7 @@ _refusal_check(
     ("HEAD-1.2",),
     _uneven_split,
     missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 1 else "only TP1",
+    method="validate_model",
 )
 _refusal_check(
     "HEAD-2",
@@ -250,6 +256,7 @@ _refusal_check(
     ("HEAD-2.2",),
     _uneven_replication,
     missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 2 else "no TP above 2",
+    method="validate_model",
 )
 _refusal_check(
     "STAGE-1",
@@ -257,6 +264,7 @@ _refusal_check(
     "ranks are 0..tp*pp-1",
     ("STAGE-1.2",),
     _rank_out_of_range,
+    method="validate_sizes",
 )
 _refusal_check(
     "STAGE-1",
@@ -266,6 +274,7 @@ _refusal_check(
     _valid,
     pins=(),
     variants=_empty_stages,
+    method="validate_sizes",
 )
 _refusal_check(
     "LAYER-1",
@@ -274,6 +283,7 @@ _refusal_check(
     ("LAYER-1.2",),
     _fewer_layers_than_pp,
     missing=_needs_pipeline,
+    method="validate_partition",
 )
 _refusal_check(
     "LAYER-2",
@@ -288,6 +298,7 @@ _refusal_check(
         if max(a.domain.pp_sizes) > 1 and a.domain.explicit_partitions
         else "the adapter's domain has no explicit layer partitions"
     ),
+    method="validate_partition",
 )
 
 
@@ -310,7 +321,7 @@ UNKNOWN_RULES: tuple[str, ...] = (
 """Rule names one typo or one missing size away from a real rule [CP-1]."""
 
 
-def _bad_rules(config: Example) -> list[Variant]:
+def _bad_rules(adapter: Adapter, config: Example) -> list[Variant]:
     """One side with each malformed rule; with token shards so the rule matters [CP-1]."""
     found = []
     for side in ("source", "target"):
@@ -337,7 +348,7 @@ def _sharded_side(config: Example) -> str | None:
     return None
 
 
-def _unfit_rules(config: Example) -> list[Variant]:
+def _unfit_rules(adapter: Adapter, config: Example) -> list[Variant]:
     """A side with token shards given a request or a cache its rule cannot fit [CP-2]."""
     side = _sharded_side(config)
     if side is None:
@@ -364,7 +375,7 @@ def _unfit_rules(config: Example) -> list[Variant]:
     return found
 
 
-def _bad_dcp(config: Example) -> list[Variant]:
+def _bad_dcp(adapter: Adapter, config: Example) -> list[Variant]:
     """A side whose DCP does not divide its attention-TP size, or exceeds the ranks that
     hold each head [CP-3]."""
     found = []
@@ -388,7 +399,7 @@ def _bad_dcp(config: Example) -> list[Variant]:
     return found
 
 
-def _bad_groups(config: Example) -> list[Variant]:
+def _bad_groups(adapter: Adapter, config: Example) -> list[Variant]:
     """A side whose dp * cp does not divide tp [STAGE-2]."""
     found = []
     for side in ("source", "target"):
@@ -401,7 +412,7 @@ def _bad_groups(config: Example) -> list[Variant]:
     return found
 
 
-def _bad_dp_ranks(config: Example) -> list[Variant]:
+def _bad_dp_ranks(adapter: Adapter, config: Example) -> list[Variant]:
     """The router's DP rank outside 0..dp-1 on one side [DP-1]."""
     found = []
     for side in ("source", "target"):
@@ -432,6 +443,7 @@ _refusal_check(
     "an unknown token rule or a size below 1",
     ("CP-1.5",),
     _valid,
+    method="validate_topology",
     variants=_bad_rules,
     missing=lambda a: None if a.domain.token_shards else "the adapter's domain has no CP",
 )
@@ -441,6 +453,7 @@ _refusal_check(
     "a request or a cache block size the rule cannot fit",
     ("CP-2.1", "CP-2.2", "CP-2.3"),
     _with_shards,
+    method="validate_topology",
     variants=_unfit_rules,
     missing=lambda a: None if a.domain.token_shards else "the adapter's domain has no CP",
 )
@@ -450,6 +463,7 @@ _refusal_check(
     "DCP that does not divide attention TP or outnumbers each head's ranks",
     ("CP-3.3", "CP-3.4"),
     _valid,
+    method="validate_topology",
     variants=_bad_dcp,
     missing=_needs("dcp_sizes", "the adapter's domain has no decode context parallelism"),
 )
@@ -459,6 +473,7 @@ _refusal_check(
     "dp * cp must divide tp",
     ("STAGE-2.3",),
     _valid,
+    method="validate_sizes",
     variants=_bad_groups,
     missing=lambda a: (
         None
@@ -472,32 +487,51 @@ _refusal_check(
     "the router's DP rank must be one of the stage's",
     ("DP-1.3",),
     _valid,
+    method="validate_topology",
     variants=_bad_dp_ranks,
     missing=_needs("dp_sizes", "the adapter's domain has no attention DP"),
 )
 
 
-@check(
-    "PLAN-1",
-    "accepts-valid",
-    "every valid configuration is accepted",
-    needs=("topology",),
-    strategy=_valid,
-    covers=("PLAN-1.2",),
-)
-def accepts_valid(ctx: Context, config: Example) -> None:
-    OPERATIONS["transfer"](config)  # the reference accepts it
-    within_domain(ctx, TransferCase.from_dict(config))
-    try:
-        ctx.adapter.validate_topology(copy.deepcopy(config))
-    except Exception as error:
-        expect(False, f"valid configuration {config} was refused: {error!r} [PLAN-1.2]")
+def _accepts_check(slug: str, method: str, *, agreeing: bool = False, ranked: bool = False) -> None:
+    """A check that ``method`` accepts every valid configuration of the domain — a refusal
+    check alone would pass a validator that refuses everything [PLAN-1.2]; with
+    ``agreeing``, the receiver's model is stated and equal to the sender's; with
+    ``ranked``, the configuration names the last rank of one side (``tp * pp - 1``)."""
+
+    @check(
+        "PLAN-1",
+        slug,
+        f"every valid configuration passes {method}",
+        needs=(VALIDATORS[method],),
+        strategy=_valid,
+        covers=("PLAN-1.2",),
+    )
+    def run(ctx: Context, config: Example) -> None:
+        OPERATIONS["transfer"](config)  # the reference accepts it
+        within_domain(ctx, TransferCase.from_dict(config))
+        given = {**config, "target_model": dict(config["model"])} if agreeing else config
+        if ranked:
+            side = "source" if config["source"]["pp"] > 1 else "target"
+            last = config[side]["tp"] * config[side]["pp"] - 1
+            given = {**given, "rank": {"side": side, "rank": last}}
+        try:
+            getattr(ctx.adapter, method)(copy.deepcopy(given))
+        except Exception as error:
+            expect(False, f"valid configuration {given} was refused: {error!r} [PLAN-1.2]")
+
+
+_accepts_check("accepts-valid", "validate_topology")
+_accepts_check("sizes-accept-valid", "validate_sizes", ranked=True)
+_accepts_check("models-accept-valid", "validate_model")
+_accepts_check("partitions-accept-valid", "validate_partition")
+_accepts_check("agreement-accepts-equal-models", "validate_agreement", agreeing=True)
 
 
 # -- model facts -----------------------------------------------------------------------------
 
 
-def _bad_models(config: Example) -> list[Variant]:
+def _bad_models(adapter: Adapter, config: Example) -> list[Variant]:
     """The configuration with one model fact out of range, of another type or kind, for
     every fact [MODEL-1]."""
     model = config["model"]
@@ -521,7 +555,7 @@ def _bad_models(config: Example) -> list[Variant]:
     return found
 
 
-def _mismatched_models(config: Example) -> list[Variant]:
+def _mismatched_models(adapter: Adapter, config: Example) -> list[Variant]:
     """The configuration with a receiver's model that differs in exactly one fact, for every
     fact [MODEL-3]."""
     base = ModelShape.from_dict(config["model"])
@@ -575,7 +609,7 @@ _refusal_check(
     "stages must agree on every model fact",
     tuple(f"MODEL-3.{i}" for i in range(1, 6)),
     _valid,
-    method="validate_model",
+    method="validate_agreement",
     pins=(),
     variants=_mismatched_models,
 )
@@ -591,7 +625,7 @@ _refusal_check(
     ("DTYPE-1.1",),
     _valid,
     method="validate_model",
-    variants=lambda config: [
+    variants=lambda adapter, config: [
         (
             "DTYPE-1.1",
             f"dtype {d!r}",

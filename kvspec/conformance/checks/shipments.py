@@ -56,9 +56,10 @@ def _variants(setup: Setup, dst: int, rng: random.Random) -> list[Variant]:
             good[:i] + good[i + 1 :],
         )
     )
-    found.append(
-        ("RESHARD-3.3", f"the shipment from source {victim.edge.src} twice", [*good, victim])
-    )
+    if setup.ctx.adapter.domain.repeated_deliveries:
+        found.append(
+            ("RESHARD-3.3", f"the shipment from source {victim.edge.src} twice", [*good, victim])
+        )
     sources = set(setup.plan.sources_of(dst))
     others = [s for s in case.source.ranks() if s not in sources]
     if others:

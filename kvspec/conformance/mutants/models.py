@@ -93,39 +93,39 @@ class MlaHeadCountIgnored(ReferenceAdapter):
 class LayerCountNotCompared(ReferenceAdapter):
     """Compares every model fact of the two stages but num_layers (PP checks it "later")."""
 
-    def validate_model(self, config: Config) -> None:
-        super().validate_model(_without_fact(config, "num_layers"))
+    def validate_agreement(self, config: Config) -> None:
+        super().validate_agreement(_without_fact(config, "num_layers"))
 
 
 @mutant("MODEL-3.2")
 class HeadCountNotCompared(ReferenceAdapter):
     """Compares every model fact but num_kv_heads (each side derives its own heads per rank)."""
 
-    def validate_model(self, config: Config) -> None:
-        super().validate_model(_without_fact(config, "num_kv_heads"))
+    def validate_agreement(self, config: Config) -> None:
+        super().validate_agreement(_without_fact(config, "num_kv_heads"))
 
 
 @mutant("MODEL-3.3")
 class HeadDimNotCompared(ReferenceAdapter):
     """Compares every model fact but head_dim."""
 
-    def validate_model(self, config: Config) -> None:
-        super().validate_model(_without_fact(config, "head_dim"))
+    def validate_agreement(self, config: Config) -> None:
+        super().validate_agreement(_without_fact(config, "head_dim"))
 
 
 @mutant("MODEL-3.4")
 class AttentionKindNotCompared(ReferenceAdapter):
     """Compares head counts and widths; an MLA latent and one MHA head of its width pass."""
 
-    def validate_model(self, config: Config) -> None:
-        super().validate_model(_without_fact(config, "attention"))
+    def validate_agreement(self, config: Config) -> None:
+        super().validate_agreement(_without_fact(config, "attention"))
 
 
 @mutant("MODEL-3.5")
 class DtypeComparedByItemsize(ReferenceAdapter):
     """Compares the two stages' dtypes by element size: bfloat16 and float16 pass as equal."""
 
-    def validate_model(self, config: Config) -> None:
+    def validate_agreement(self, config: Config) -> None:
         given = copy.deepcopy(config)
         if "target_model" in given:
             ours, theirs = given["model"], given["target_model"]
@@ -136,7 +136,7 @@ class DtypeComparedByItemsize(ReferenceAdapter):
             ):
                 theirs["dtype"] = ours["dtype"]
                 theirs["scale_format"] = ours.get("scale_format")
-        super().validate_model(given)
+        super().validate_agreement(given)
 
 
 @mutant("DTYPE-1.1")
@@ -176,3 +176,14 @@ class OnlyE4m3Fp8(ReferenceAdapter):
         if any(m.get("dtype") == "float8_e5m2" for m in _models(config)):
             raise ValueError("unsupported dtype float8_e5m2")
         super().validate_model(config)
+
+
+@mutant("PLAN-1.2")
+class ComparesModelsByIdentity(ReferenceAdapter):
+    """The handshake compares the two model records as objects (``is``), not by their
+    facts: a receiver's identical but separately built record is refused [MODEL-3]."""
+
+    def validate_agreement(self, config: Config) -> None:
+        if "target_model" in config and config["target_model"] is not config["model"]:
+            raise ValueError("the receiver's model is not the sender's")
+        super().validate_agreement(config)
