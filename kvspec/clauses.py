@@ -17,6 +17,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.topology.model",
     "kvspec.tensors.dtypes",
     "kvspec.tensors.kv",
+    "kvspec.topology.tokens",
     "kvspec.topology.ownership",
     "kvspec.topology.plan",
     "kvspec.tensors.slicing",

@@ -46,12 +46,26 @@ def _transfer(args: dict[str, Any]) -> object:
     """A whole transfer configuration, as an adapter's ``validate`` receives it.
 
     Optional ``target_model`` (the receiver's model facts [MODEL-3]) and ``rank``
-    (``{"side": "source" | "target", "rank": int}`` [STAGE-1]) are checked too.
+    (``{"side": "source" | "target", "rank": int}`` [STAGE-1]) are checked too, and so
+    are the request's ``seq_len`` and the DP ranks the router chose (``source_dp``,
+    ``target_dp``) [PLAN-6, DP-1] and the sides' cache block sizes
+    (``source_block_size``, ``target_block_size``) [CP-2].
     """
     source, target, model = _stage(args["source"]), _stage(args["target"]), _model(args["model"])
     if "target_model" in args:
         check_compatible(model, _model(args["target_model"]))
-    plan = plan_transfer(source, target, model, policy=args.get("policy", "lowest"))
+    for side, layout in (("source", source), ("target", target)):
+        if f"{side}_block_size" in args:
+            layout.check_block_size(args[f"{side}_block_size"])
+    plan = plan_transfer(
+        source,
+        target,
+        model,
+        policy=args.get("policy", "lowest"),
+        seq_len=args.get("seq_len"),
+        source_dp=args.get("source_dp", 0),
+        target_dp=args.get("target_dp", 0),
+    )
     if "rank" in args:
         side = args["rank"]["side"]
         (source if side == "source" else target).coords(args["rank"]["rank"])
@@ -347,18 +361,18 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
         r"3 KV heads cannot be replicated over TP 8.*8 % 3 = 2",
     ),
     ErrorCase(
-        "tp-pair-3-2",
+        "tp-4-6-target-cannot-hold-heads",
         "PLAN-1",
         "transfer",
-        {"source": {"tp": 3}, "target": {"tp": 2}, "model": {**_M, "num_kv_heads": 6}},
-        r"source TP 3 and target TP 2 do not divide one another",
+        {"source": {"tp": 4}, "target": {"tp": 6}, "model": {**_M, "num_kv_heads": 8}},
+        r"target TP6: 8 KV heads cannot be split over TP 6",
     ),
     ErrorCase(
-        "tp-pair-6-4",
+        "tp-6-4-source-cannot-hold-heads",
         "PLAN-1",
         "transfer",
-        {"source": {"tp": 6}, "target": {"tp": 4}, "model": {**_M, "num_kv_heads": 12}},
-        r"source TP 6 and target TP 4 do not divide one another",
+        {"source": {"tp": 6}, "target": {"tp": 4}, "model": {**_M, "num_kv_heads": 4}},
+        r"source TP6: 4 KV heads cannot be replicated over TP 6",
     ),
     ErrorCase(
         "target-heads-invalid",
@@ -962,6 +976,130 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
         "decode",
         _wire(metadata__num_layers=10**9),
         r"metadata\.num_layers must be an integer 1\.\.1024, got 1000000000",
+    ),
+    ErrorCase(
+        "cp-unknown-rule",
+        "CP-1",
+        "stage",
+        {"tp": 2, "cp": 2, "cp_rule": "ring"},
+        r"unknown context-parallel rule 'ring'",
+    ),
+    ErrorCase(
+        "cp-interleave-without-size",
+        "CP-1",
+        "stage",
+        {"tp": 2, "cp": 2, "cp_rule": "interleave"},
+        r"interleave needs its size: interleave:I",
+    ),
+    ErrorCase(
+        "cp-interleave-zero",
+        "CP-1",
+        "stage",
+        {"tp": 2, "cp": 2, "cp_rule": "interleave:0"},
+        r"size of interleave must be >= 1, got 0",
+    ),
+    ErrorCase(
+        "zigzag-request-too-short",
+        "CP-2",
+        "transfer",
+        {
+            "source": {"tp": 4, "cp": 2, "cp_rule": "zigzag"},
+            "target": {"tp": 2},
+            "model": _M,
+            "seq_len": 3,
+        },
+        r"zigzag over 2 token shards .* at least 4 tokens; this request has 3",
+    ),
+    ErrorCase(
+        "interleave-not-dividing-block-size",
+        "CP-2",
+        "transfer",
+        {
+            "source": {"tp": 2},
+            "target": {"tp": 4, "cp": 2, "cp_rule": "interleave:16"},
+            "model": _M,
+            "seq_len": 64,
+            "target_block_size": 24,
+        },
+        r"interleave:16 needs a cache block size that is a multiple of 16; the block size is 24",
+    ),
+    ErrorCase(
+        "round-robin-blocks-other-block-size",
+        "CP-2",
+        "transfer",
+        {
+            "source": {"tp": 4, "cp": 2, "cp_rule": "round_robin_blocks:8"},
+            "target": {"tp": 2},
+            "model": _M,
+            "seq_len": 64,
+            "source_block_size": 16,
+        },
+        r"round_robin_blocks:8 distributes cache blocks of 8 tokens, but the cache block size "
+        r"is 16",
+    ),
+    ErrorCase(
+        "dp-cp-not-dividing-tp",
+        "STAGE-2",
+        "stage",
+        {"tp": 6, "dp": 2, "cp": 2},
+        r"dp 2 x cp 2 = 4 does not divide tp 6",
+    ),
+    ErrorCase(
+        "dcp-not-dividing-attention-tp",
+        "CP-3",
+        "stage",
+        {"tp": 6, "dcp": 4},
+        r"dcp 4 does not divide the attention-TP size 6",
+    ),
+    ErrorCase(
+        "dcp-without-replicated-heads",
+        "CP-3",
+        "transfer",
+        {"source": {"tp": 4, "dcp": 2}, "target": {"tp": 4}, "model": _M, "seq_len": 8},
+        r"dcp 2 needs every KV head held by at least 2 attention-TP ranks, but 4 heads over "
+        r"attention-TP 4 are held by 1",
+    ),
+    ErrorCase(
+        "dp-rank-out-of-range",
+        "DP-1",
+        "transfer",
+        {"source": {"tp": 4, "dp": 2}, "target": {"tp": 2}, "model": _M, "source_dp": 2},
+        r"source DP rank 2 is out of range: valid ranks are 0\.\.1",
+    ),
+    ErrorCase(
+        "cp-plan-without-length",
+        "PLAN-6",
+        "transfer",
+        {"source": {"tp": 4, "cp": 2}, "target": {"tp": 2}, "model": _M},
+        r"splits requests by tokens, so a plan is made for one request length; give seq_len",
+    ),
+    ErrorCase(
+        "slice-heads-and-offset",
+        "SLICE-1",
+        "head_slice",
+        {
+            "target_rank": 0,
+            "from_tp": 4,
+            "to_tp": 6,
+            "offset_in_shard": 0,
+            "num_slices": 1,
+            "heads": [1, 3],
+        },
+        r"either offset_in_shard and num_slices or heads",
+    ),
+    ErrorCase(
+        "slice-tokens-unsorted",
+        "SLICE-4",
+        "head_slice",
+        {
+            "target_rank": 0,
+            "from_tp": 4,
+            "to_tp": 4,
+            "offset_in_shard": 0,
+            "num_slices": 1,
+            "tokens": [[8, 12], [0, 4]],
+        },
+        r"token ranges must be sorted, disjoint and apart",
     ),
 )
 """Every invalid input the reference must refuse, one per distinct rule violation."""

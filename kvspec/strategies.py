@@ -1,9 +1,12 @@
 """Hypothesis strategies for the spec's inputs, shared by kvspec's tests and its conformance suite.
 
-Draws are dependent, as the rules are: a source TP, then a target TP that divides
-or is divided by it [PLAN-1], then a head count valid for both [HEAD-1, HEAD-2],
-then pipeline layouts whose partitions fit the layer count [LAYER-1, LAYER-2].
-Validity is decided by the spec's own checks, never restated here.
+Draws are dependent, as the rules are: a source TP, then a target TP (one that divides
+or is divided by it, unless non-dividing pairs are asked for [PLAN-1]), then each
+side's attention-DP and context-parallel groups [STAGE-2], then a head count valid for
+both sides' attention-TP sizes [HEAD-1, HEAD-2], then decode context parallelism the
+heads can feed [CP-3], token rules [CP-1], a request length that fits them [CP-2], the
+router's DP ranks [DP-1], then pipeline layouts whose partitions fit the layer count
+[LAYER-1, LAYER-2]. Validity is decided by the spec's own checks, never restated here.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from kvspec.naming.keys import LegacyKey, RankAwareKey
 from kvspec.naming.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.model import ModelShape
-from kvspec.topology.ownership import check_heads
-from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan, check_tp_pair, plan_transfer
+from kvspec.topology.ownership import RankOwnership, check_heads, rank_ownership
+from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan, plan_transfer
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import RULE_KINDS
 
 TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 """TP sizes drawn by default: powers of two and the non-powers 3, 6, 12, 24."""
@@ -44,21 +48,37 @@ def head_counts_for(tps: tuple[int, ...], *, max_heads: int = 48) -> list[int]:
 
 @dataclass(frozen=True)
 class TransferCase:
-    """One generated transfer: two stage layouts, the model and a replica policy."""
+    """One generated transfer: two stage layouts, the model, a replica policy and, where
+    the stages split requests by tokens or serve them on attention-DP groups, the
+    request's length and the DP ranks the router chose [PLAN-6, DP-1]."""
 
     source: StageLayout
     target: StageLayout
     model: ModelShape
     policy: str = "lowest"
+    seq_len: int | None = None
+    source_dp: int = 0
+    target_dp: int = 0
+
+    @property
+    def sharded(self) -> bool:
+        """Whether a side has token shards (the plan is for one request length) [PLAN-6]."""
+        return self.source.token_shards > 1 or self.target.token_shards > 1
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form, for counterexamples and golden vectors."""
-        return {
+        """Plain-data form, for counterexamples and golden vectors (the first release's
+        keys, plus ``seq_len`` and the DP ranks where they apply)."""
+        data: dict[str, Any] = {
             "source": self.source.to_dict(),
             "target": self.target.to_dict(),
             "model": self.model.to_dict(),
             "policy": self.policy,
         }
+        if self.seq_len is not None:
+            data["seq_len"] = self.seq_len
+        if self.source.dp > 1 or self.target.dp > 1 or self.source_dp or self.target_dp:
+            data.update(source_dp=self.source_dp, target_dp=self.target_dp)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransferCase:
@@ -67,22 +87,50 @@ class TransferCase:
             StageLayout.from_dict(data["target"]),
             ModelShape.from_dict(data["model"]),
             data.get("policy", "lowest"),
+            data.get("seq_len"),
+            data.get("source_dp", 0),
+            data.get("target_dp", 0),
         )
 
     def plan(self, rule: ReplicaRule | None = None) -> TransferPlan:
         """The spec's plan; ``rule`` implements a policy that is not the spec's [PLAN-4]."""
-        return plan_transfer(self.source, self.target, self.model, policy=self.policy, rule=rule)
+        return plan_transfer(
+            self.source,
+            self.target,
+            self.model,
+            policy=self.policy,
+            rule=rule,
+            seq_len=self.seq_len,
+            source_dp=self.source_dp,
+            target_dp=self.target_dp,
+        )
+
+    def owner(self, side: str, rank: int) -> RankOwnership:
+        """What ``rank`` of the ``"source"`` or ``"target"`` side holds of this case's
+        request: its heads, layers and (with token shards) tokens; nothing on another DP
+        group [DP-1]."""
+        layout = self.source if side == "source" else self.target
+        dp_rank = self.source_dp if side == "source" else self.target_dp
+        return rank_ownership(layout, self.model, rank, seq_len=self.seq_len, dp_rank=dp_rank)
 
     def describe(self) -> str:
+        extra = "" if self.seq_len is None else f", {self.seq_len} tokens"
+        if self.source.dp > 1 or self.target.dp > 1:
+            extra += f", DP ranks {self.source_dp} -> {self.target_dp}"
         return (
             f"{self.source.describe()} -> {self.target.describe()}, {self.model.describe()}, "
-            f"policy {self.policy}"
+            f"policy {self.policy}{extra}"
         )
 
 
+def divides(source_tp: int, target_tp: int) -> bool:
+    """Whether two TP sizes divide one another (the first release's TP pairs)."""
+    return source_tp % target_tp == 0 or target_tp % source_tp == 0
+
+
 def dividing_pairs(sizes: tuple[int, ...] = TP_SIZES) -> list[tuple[int, int]]:
-    """Every (source TP, target TP) pair of ``sizes`` that divide one another [PLAN-1]."""
-    return [(s, t) for s in sizes for t in sizes if _valid(check_tp_pair, s, t)]
+    """Every (source TP, target TP) pair of ``sizes`` that divide one another."""
+    return [(s, t) for s in sizes for t in sizes if divides(s, t)]
 
 
 @st.composite
@@ -91,13 +139,14 @@ def tp_pairs(
     *,
     sizes: tuple[int, ...] = TP_SIZES,
     pairs: tuple[tuple[int, int], ...] | None = None,
+    non_dividing: bool = False,
 ) -> tuple[int, int]:
-    """A (source TP, target TP) pair that divide one another [PLAN-1], from ``pairs`` if
-    given (each must divide)."""
+    """A (source TP, target TP) pair from ``pairs`` if given, else of ``sizes``: any pair
+    with ``non_dividing``, else one that divide one another [PLAN-1]."""
     if pairs is not None:
         return draw(st.sampled_from(sorted(pairs)))
     source = draw(st.sampled_from(sizes))
-    target = draw(st.sampled_from([t for t in sizes if _valid(check_tp_pair, source, t)]))
+    target = draw(st.sampled_from([t for t in sizes if non_dividing or divides(source, t)]))
     return source, target
 
 
@@ -110,20 +159,47 @@ def stage_layouts(
     max_pp: int = 3,
     pp_sizes: tuple[int, ...] | None = None,
     explicit: bool = True,
+    groups: dict[str, Any] | None = None,
 ) -> StageLayout:
     """A stage at TP ``tp`` with 1..max_pp pipeline ranks (or one of ``pp_sizes`` that fit
-    ``num_layers``), default or (when ``explicit``) explicit partition."""
+    ``num_layers``), default or (when ``explicit``) explicit partition; ``groups`` gives
+    its ``dp``, ``cp``, ``dcp`` and ``cp_rule`` [STAGE-2, CP-1]."""
+    groups = groups or {}
     if pp_sizes is None:
         pp = draw(st.integers(1, min(max_pp, num_layers)))
     else:
         pp = draw(st.sampled_from([p for p in pp_sizes if p <= num_layers] or [1]))
     if pp == 1 or not explicit or draw(st.booleans()):
-        return StageLayout(tp=tp, pp=pp)
+        return StageLayout(tp=tp, pp=pp, **groups)
     cuts = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=pp - 1, max_size=pp - 1)))
     bounds = [0, *cuts, num_layers]
     return StageLayout(
-        tp=tp, pp=pp, layer_partition=tuple(b - a for a, b in itertools.pairwise(bounds))
+        tp=tp,
+        pp=pp,
+        layer_partition=tuple(b - a for a, b in itertools.pairwise(bounds)),
+        **groups,
     )
+
+
+RULE_SIZES: dict[str, tuple[int, ...]] = {
+    "contiguous": (1, 2, 4),
+    "interleave": (1, 2, 3, 4),
+    "round_robin_blocks": (1, 2, 4),
+    "zigzag": (1,),
+}
+"""Rule sizes drawn: small, so that a few tokens span several runs and blocks [CP-1]."""
+
+
+@st.composite
+def cp_rules(draw: st.DrawFn, *, kinds: tuple[str, ...] = RULE_KINDS) -> str:
+    """A token rule of one of ``kinds``, with a small size [CP-1]."""
+    kind = draw(st.sampled_from(kinds))
+    size = draw(st.sampled_from(RULE_SIZES[kind]))
+    return kind if kind == "zigzag" or (kind == "contiguous" and size == 1) else f"{kind}:{size}"
+
+
+def _groups(tp: int, dp_sizes: tuple[int, ...], cp_sizes: tuple[int, ...]) -> list[tuple[int, int]]:
+    return [(dp, cp) for dp in dp_sizes for cp in cp_sizes if tp % (dp * cp) == 0] or [(1, 1)]
 
 
 @st.composite
@@ -169,16 +245,28 @@ def transfer_cases(
     pp_sizes: tuple[int, ...] | None = None,
     replicated_heads: bool = True,
     explicit_partitions: bool = True,
+    non_dividing: bool = False,
+    dp_sizes: tuple[int, ...] = (1,),
+    cp_sizes: tuple[int, ...] = (1,),
+    dcp_sizes: tuple[int, ...] = (1,),
+    rules: tuple[str, ...] = RULE_KINDS,
+    max_seq_len: int = 12,
 ) -> TransferCase:
-    """A valid transfer: TP pair, a model valid for both, PP layouts on both sides.
+    """A valid transfer: TP pair, each side's attention groups, a model valid for both,
+    DCP and token rules, a request length and DP ranks where they apply, PP layouts.
 
-    ``pairs``, ``pp_sizes``, ``replicated_heads`` and ``explicit_partitions`` narrow the
-    draw to an implementation's declared domain; the defaults draw everything.
+    ``pairs``, ``pp_sizes``, ``replicated_heads``, ``explicit_partitions``,
+    ``non_dividing``, ``dp_sizes``, ``cp_sizes``, ``dcp_sizes`` and ``rules`` narrow the
+    draw to an implementation's declared domain; the defaults draw the first release's
+    layouts (TP and PP) and every TP pair that divides.
     """
-    source_tp, target_tp = draw(tp_pairs(sizes=sizes, pairs=pairs))
+    source_tp, target_tp = draw(tp_pairs(sizes=sizes, pairs=pairs, non_dividing=non_dividing))
+    source_dp, source_cp = draw(st.sampled_from(_groups(source_tp, dp_sizes, cp_sizes)))
+    target_dp, target_cp = draw(st.sampled_from(_groups(target_tp, dp_sizes, cp_sizes)))
+    attn = (source_tp // (source_dp * source_cp), target_tp // (target_dp * target_cp))
     model = draw(
         models(
-            tps=(source_tp, target_tp),
+            tps=attn,
             max_layers=max_layers,
             max_head_dim=max_head_dim,
             dtypes=dtypes,
@@ -187,15 +275,27 @@ def transfer_cases(
             min_layers=min(pp_sizes) if pp_sizes else 1,
         )
     )
-    layouts = {
+    sides = []
+    for dp, cp, width in ((source_dp, source_cp, attn[0]), (target_dp, target_cp, attn[1])):
+        dcps = [d for d in dcp_sizes if width % d == 0 and model.num_kv_heads * d <= width]
+        dcp = draw(st.sampled_from(dcps or [1]))
+        rule = draw(cp_rules(kinds=rules)) if cp * dcp > 1 else "contiguous"
+        sides.append({"dp": dp, "cp": cp, "dcp": dcp, "cp_rule": rule})
+    seq_len = None
+    if any(side["cp"] * side["dcp"] > 1 for side in sides):
+        shortest = max([1] + [2 * s["cp"] * s["dcp"] for s in sides if s["cp_rule"] == "zigzag"])
+        seq_len = draw(st.integers(shortest, max(shortest, max_seq_len)))
+    dp_ranks = [draw(st.integers(0, side["dp"] - 1)) for side in sides]
+    layouts: dict[str, Any] = {
         "num_layers": model.num_layers,
         "max_pp": max_pp,
         "pp_sizes": pp_sizes,
         "explicit": explicit_partitions,
     }
-    source = draw(stage_layouts(tp=source_tp, **layouts))
-    target = draw(stage_layouts(tp=target_tp, **layouts))
-    return TransferCase(source, target, model, draw(st.sampled_from(policies)))
+    source = draw(stage_layouts(tp=source_tp, groups=sides[0], **layouts))
+    target = draw(stage_layouts(tp=target_tp, groups=sides[1], **layouts))
+    policy = draw(st.sampled_from(policies))
+    return TransferCase(source, target, model, policy, seq_len, dp_ranks[0], dp_ranks[1])
 
 
 @st.composite

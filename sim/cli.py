@@ -12,6 +12,9 @@ examples:
       --dst-layout flash_attn_hnd --src-block-size 16 --dst-block-size 32 --dtype float8_e4m3fn
   python -m sim run --chain TP4,TP2,TP1 --kv-heads 4 --chunks 3
   python -m sim run --source-tp 2 --source-pp 2 --target-tp 4 --kv-heads 8 --replicas 2
+  python -m sim run --source-tp 4 --source-cp 2 --cp-rule interleave:16 --target-tp 6 \\
+      --kv-heads 12
+  python -m sim run --source-tp 8 --source-dp 2 --target-tp 4 --target-dp 2 --kv-heads 2
   python -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 \\
       --faults drop=0.05,dup=0.05,reorder=0.1,delay=1ms,corrupt=0.02,kill=sender:1@0.5
 
@@ -46,7 +49,7 @@ from dataclasses import replace
 from kvspec import __version__
 from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, seconds_in
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.cli.plan import model_from_args
+from kvspec.cli.plan import add_parallel_arguments, groups_from_args, model_from_args
 from kvspec.memory.cache_layout import PRESETS
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.plan import POLICIES
@@ -80,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     stages.add_argument("--target-tp", type=RANKS, default=2, metavar="T", help="receiver TP (2)")
     stages.add_argument("--source-pp", type=RANKS, default=1, metavar="P", help="sender PP (1)")
     stages.add_argument("--target-pp", type=RANKS, default=1, metavar="Q", help="receiver PP (1)")
+    add_parallel_arguments(run.add_argument_group("attention groups and token shards"), ranks=False)
     stages.add_argument(
         "--chain",
         metavar="TP4,TP2,TP1",
@@ -232,8 +236,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         stages = tuple(parse_stage(s) for s in args.chain.split(","))
     else:
         stages = (
-            StageLayout(args.source_tp, args.source_pp),
-            StageLayout(args.target_tp, args.target_pp),
+            StageLayout(args.source_tp, args.source_pp, **groups_from_args(args, "source")),
+            StageLayout(args.target_tp, args.target_pp, **groups_from_args(args, "target")),
         )
     model = model_from_args(args)
     default_layout = "mla" if args.attention == "mla" else "flash_attn"

@@ -43,7 +43,6 @@ import zmq
 
 from kvspec.memory.cache_layout import get_layout, layouts_for
 from kvspec.naming.keys import RankAwareKey, parse_key
-from kvspec.topology.plan import plan_transfer
 from sim import messages
 from sim.accounting import RANK_FAULTS, Ledger
 from sim.auth import RunSecret
@@ -52,6 +51,7 @@ from sim.endpoints import RankId, all_ranks, check_ports
 from sim.rank import run_ranks
 from sim.report import PULL_STATS, SimReport, measured_edge_bytes, outcomes_from, planned_edge_bytes
 from sim.sizing import check_fits
+from sim.workload import Workload
 
 BOOKS_TIMEOUT_S = 10.0
 """How long the parent waits for every rank's final books after *finish*."""
@@ -64,10 +64,17 @@ Progress = Callable[[int, int, int, float], None]
 
 def validate(config: SimConfig) -> None:
     """Refuse a run the spec refuses, before any process starts [PLAN-1, PORT-3, LAYOUT-1]."""
+    workload = Workload(config, 0)  # every group's requests have the same lengths
     for stage in range(config.last_stage):
-        plan_transfer(
-            config.stages[stage], config.stages[stage + 1], config.model, policy=config.policy
-        )
+        plans = workload.plans(stage)
+        for request in workload.requests:  # one plan per length and DP ranks [PLAN-6, DP-1]
+            plans.of(request)
+    for stage, layout in enumerate(config.stages):  # the rules fit the caches [CP-2]
+        name = "--src-block-size" if stage == 0 else "--dst-block-size"
+        try:
+            layout.check_block_size(config.layout_of(stage)[1])
+        except ValueError as error:
+            raise ValueError(f"stage {stage} ({layout.describe()}), {name}: {error}") from None
     held = layouts_for(config.model.attention, cross_layer=True)
     for name in (config.src_layout, config.dst_layout):
         if not get_layout(name).plain:

@@ -16,6 +16,11 @@ CRC-32 of the ranges, when checksums are on. The receiver writes each range
 straight into its own cache and, once every source of the request has answered,
 verifies every element against the oracle, as a push run does.
 
+Every request is read by its own plan (:class:`sim.workload.PlanBook`): with token
+shards or attention-DP groups an edge carries a token set [PLAN-6, DP-1], cut into
+chunks of its own tokens as a push payload is, and each token is read from and written
+to its position among each rank's own tokens (:func:`kvspec.memory.descriptors.share_positions`).
+
 Faults strike answers exactly as they strike push payloads, and are booked the same
 way (:mod:`sim.accounting`); a source ends each receiver's stream once it has
 answered or skipped every key of that receiver. Reads are bounded
@@ -41,9 +46,13 @@ from kvspec.memory.descriptors import (
     judge_descriptors,
     plan_descriptors,
     region_buffers,
+    share_positions,
 )
+from kvspec.memory.paged import blocks_needed
 from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.tokens import Tokens
 from sim import messages
+from sim.workload import edge_chunks
 
 if TYPE_CHECKING:
     from sim.rank import Incoming, Rank
@@ -91,6 +100,17 @@ def registered_cache(rank: Rank, stage: int, who: int) -> RegisteredCache:
     )
 
 
+def _pick(tokens: Tokens, positions: range) -> Tokens:
+    """The tokens at ``positions`` of ``tokens``' ascending order."""
+    out, before = [], 0
+    for r in tokens.ranges:
+        start, stop = max(positions.start - before, 0), min(positions.stop - before, len(r))
+        if start < stop:
+            out.append(range(r.start + start, r.start + stop))
+        before += len(r)
+    return Tokens.of(out)
+
+
 class PullAgent:
     """The pull side of one rank: it posts reads (as a receiver) and answers them (as a
     sender). :class:`sim.rank.Rank` hands it what arrives and asks it when it is done."""
@@ -121,9 +141,8 @@ class PullAgent:
         self.names = list(self.own.regions())
         if rank.out_plan is not None:
             for request in rank.workload.requests:
-                for chunk in range(len(request.chunks)):
-                    for key, dst in rank._send_keys(request.request_id, chunk):
-                        self.keys_of[key] = (request.request_id, chunk, dst)
+                for key, dst, chunk in rank._out_keys(request):
+                    self.keys_of[key] = (request.request_id, chunk, dst)
         if rank.in_plan is not None:
             for key, (request_id, chunk, src) in rank.key_owner.items():
                 self.pending[src].append((key, request_id, chunk))
@@ -149,32 +168,33 @@ class PullAgent:
     def _plan(
         self, request_id: str, chunk: int, src: int, dst: int, *, as_sender: bool
     ) -> DescriptorPlan:
-        """The spec's list for one (request, chunk, edge) [DESC-1..3]."""
+        """The spec's list for one (request, chunk, edge) [DESC-1..3]: the chunk is a piece
+        of the edge's own tokens, as a push payload's is [CHUNK-1, PLAN-6]."""
         rank = self.rank
         request = rank.requests[request_id]
+        book = rank.out_plan if as_sender else rank.in_plan
+        assert book is not None
+        plan = book.of(request)
         if as_sender:
-            plan, stage = rank.out_plan, rank.who.stage
+            stage = rank.who.stage
             source, source_ids = self.own, rank.tables[request_id]
             target = self._peer(stage + 1, dst)
             target_ids = self._table(stage + 1, dst)[request_id]
         else:
-            plan, stage = rank.in_plan, rank.who.stage - 1
+            stage = rank.who.stage - 1
             source = self.sources[src]
             source_ids = self._table(stage, src)[request_id]
             target, target_ids = self.own, rank.tables[request_id]
-        assert plan is not None
-        tokens = request.chunks[chunk]
-        # A chunk's descriptors address the blocks up to its last token [PAGED-3].
-        need_src = -(-tokens.stop // source.block_size)
-        need_dst = -(-tokens.stop // target.block_size)
+        edge = plan.edge(src, dst)
+        carried = Tokens.span(0, request.seq_len) if edge.tokens is None else edge.tokens
+        part = edge_chunks(len(carried), rank.config.chunks)[chunk]
+        tokens = _pick(carried, part)
+        # A chunk's descriptors address each side's blocks up to its last slot [PAGED-3].
+        share = share_positions(plan, edge, tokens)
+        need_src = blocks_needed(share.source_slots, source.block_size)
+        need_dst = blocks_needed(share.target_slots, target.block_size)
         return plan_descriptors(
-            plan,
-            plan.edge(src, dst),
-            source,
-            source_ids[:need_src],
-            target,
-            target_ids[:need_dst],
-            tokens,
+            plan, edge, source, source_ids[:need_src], target, target_ids[:need_dst], tokens
         )
 
     # -- receiver: post reads, take answers --------------------------------------------------

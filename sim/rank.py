@@ -39,20 +39,16 @@ from kvspec.lifecycle.trace import TraceVerdict, check_trace
 from kvspec.memory.paged import (
     PagedCache,
     blocks_needed,
-    blocks_of,
     empty_model_cache,
     gather_request,
     scatter_request,
 )
 from kvspec.naming.keys import parse_key, recv_keys, send_keys
-from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
-from kvspec.topology.ownership import rank_ownership
-from kvspec.topology.plan import TransferPlan, plan_transfer
-from kvspec.transport.chunks import reassemble
+from kvspec.topology.ownership import RankOwnership, rank_ownership
+from kvspec.transport.chunks import reassemble, split_chunks
 from kvspec.transport.payload import (
-    Chunk,
     Payload,
     merge_payloads,
     merge_to_request_kv,
@@ -68,7 +64,7 @@ from sim.faults import FaultInjector
 from sim.pool import BlockPool
 from sim.pull import PullAgent
 from sim.sizing import max_receiver_message, max_router_message
-from sim.workload import Request, Workload
+from sim.workload import Request, Workload, edge_chunks
 
 POLL_MS = 20
 HELLO_TIMEOUT_S = 60.0
@@ -146,8 +142,10 @@ class Rank:
         self.stage_layout = config.stages[who.stage]
         self.owner = rank_ownership(self.stage_layout, self.model, who.rank)
         self.device = device_for(config, who)
-        self.in_plan = self._plan(who.stage - 1) if who.stage > 0 else None
-        self.out_plan = self._plan(who.stage) if who.stage < config.last_stage else None
+        # The plans per request: one for all of them unless the stages split requests by
+        # tokens or serve them on attention-DP groups [PLAN-6, DP-1].
+        self.in_plan = self.workload.plans(who.stage - 1) if who.stage > 0 else None
+        self.out_plan = self.workload.plans(who.stage) if who.stage < config.last_stage else None
         self.targets = self.out_plan.targets_of(who.rank) if self.out_plan else ()
         self.sources = self.in_plan.sources_of(who.rank) if self.in_plan else ()
         self.faults = FaultInjector(config.faults, config.seed, who.replica, who.stage, who.rank)
@@ -195,9 +193,19 @@ class Rank:
         self.pull = PullAgent(self) if config.transfer == "pull" else None
 
     # -- setup -----------------------------------------------------------------------
-    def _plan(self, stage: int) -> TransferPlan:
-        c = self.config
-        return plan_transfer(c.stages[stage], c.stages[stage + 1], c.model, policy=c.policy)
+    def _mine(self, request: Request) -> RankOwnership:
+        """What this rank holds of ``request``: its tokens, or nothing on another DP group."""
+        return self.workload.owner(self.who.stage, self.who.rank, request)
+
+    def _held(self, request: Request) -> int:
+        """How many of ``request``'s tokens this rank holds [CP-1, DP-1]."""
+        return self.workload.held(self.who.stage, self.who.rank, request)
+
+    def _region(self, request: Request) -> dict[str, Any]:
+        """The oracle region of what this rank holds of ``request`` [ORACLE-4]."""
+        mine = self._mine(request)
+        tokens = request.seq_len if mine.tokens is None else mine.tokens
+        return {"tokens": tokens, "layers": self.owner.layers, "heads": self.owner.heads}
 
     def _make_cache(self) -> tuple[PagedCache, dict[str, list[int]]]:
         layout, block_size = self.config.layout_of(self.who.stage)
@@ -226,12 +234,12 @@ class Rank:
     def _fill_from_oracle(self) -> None:
         """Stage 0: every request's KV, as this rank holds it, from the oracle [ORACLE-4]."""
         for request in self.workload.requests:
+            if not self._held(request):
+                continue  # none of it lives here: another DP group's, or no token of it
             kv = oracle_kv(
                 self.model,
                 request.request_id,
-                tokens=request.seq_len,
-                layers=self.owner.layers,
-                heads=self.owner.heads,
+                **self._region(request),
                 seed=self.config.seed,
                 device=self.device,
             )
@@ -323,9 +331,15 @@ class Rank:
         chunked = self.config.chunks > 1
         for request in self.workload.requests:
             waiting = set()
+            plan = self.in_plan.of(request)
+            # An edge's payload is cut into chunks of its own tokens [CHUNK-1, SLICE-4].
+            counts = {
+                e.src: len(edge_chunks(e.token_count(request.seq_len), self.config.chunks))
+                for e in plan.edges_to(self.who.rank)
+            }
             for chunk_id in range(len(request.chunks)):
                 for key, src in recv_keys(
-                    self.in_plan,
+                    plan,
                     request.request_id,
                     self.who.rank,
                     from_stage=self.who.stage - 1,
@@ -333,6 +347,8 @@ class Rank:
                     chunk_id=chunk_id,
                     chunked=chunked,
                 ):
+                    if chunk_id >= counts[src]:
+                        continue
                     waiting.add(key)
                     self.key_owner[key] = (request.request_id, chunk_id, src)
             self.incoming[request.request_id] = Incoming(
@@ -363,6 +379,7 @@ class Rank:
                 self.pull.start()
             phase = "run"
             self.started = time.time()
+            self._receive_nothing()
             while not self.stopping:
                 self._step()
         except (Killed, Stopped):
@@ -519,28 +536,50 @@ class Rank:
             self.pull.ready(request_id)
             return
         request = self.requests[request_id]
-        kv = gather_request(self.cache, self.tables[request_id], request.seq_len)
+        plan = self.out_plan.of(request)
+        held = self._held(request)
+        kv = gather_request(self.cache, self.tables[request_id], held)
         _, block_size = self.config.layout_of(self.who.stage)
-        for chunk_id, tokens in enumerate(request.chunks):
-            part = RequestKV(kv.data[:, :, tokens.start : tokens.stop], kv.scales)
-            keys = {dst: key for key, dst in self._send_keys(request_id, chunk_id)}
-            blocks = blocks_of(self.tables[request_id], block_size, tokens)
-            for shipment in send(self.out_plan, self.who.rank, part, slicing=self.config.slicing):
-                payload = payload_from_shipment(
-                    self.out_plan,
-                    shipment,
-                    request_id,
-                    block_size=block_size,
-                    block_ids=blocks,
-                    chunk=Chunk(chunk_id, tokens.start, chunk_id == len(request.chunks) - 1),
-                )
-                self._transmit(shipment.edge.dst, keys[shipment.edge.dst], self._host(payload))
+        keys = {(dst, c): key for key, dst, c in self._out_keys(request)}
+        pieces = []  # per edge, its payload cut into chunks of its own tokens [CHUNK-1]
+        for shipment in send(plan, self.who.rank, kv, slicing=self.config.slicing):
+            whole = shipment.kv.seq_len == held  # the edge takes every token held here
+            payload = payload_from_shipment(
+                plan,
+                shipment,
+                request_id,
+                block_size=block_size,
+                block_ids=self.tables[request_id] if whole else (),
+            )
+            sizes = [len(r) for r in edge_chunks(payload.seq_len, self.config.chunks)]
+            chunks = split_chunks(payload, sizes) if len(sizes) > 1 else (payload,)
+            pieces.append((shipment.edge.dst, chunks))
+        for chunk_id in range(len(request.chunks)):  # chunk by chunk, edge by edge
+            for dst, chunks in pieces:
+                if chunk_id < len(chunks):
+                    self._transmit(dst, keys[(dst, chunk_id)], self._host(chunks[chunk_id]))
+
+    def _out_keys(self, request: Request) -> list[tuple[str, int, int]]:
+        """(key, target rank, chunk id) of everything this sender sends of ``request``
+        [KEY-4]: each edge's chunks of its own tokens."""
+        assert self.out_plan is not None
+        plan = self.out_plan.of(request)
+        counts = {
+            e.dst: len(edge_chunks(e.token_count(request.seq_len), self.config.chunks))
+            for e in plan.edges_from(self.who.rank)
+        }
+        return [
+            (key, dst, chunk_id)
+            for chunk_id in range(len(request.chunks))
+            for key, dst in self._send_keys(request.request_id, chunk_id)
+            if chunk_id < counts[dst]
+        ]
 
     def _send_keys(self, request_id: str, chunk_id: int) -> tuple[tuple[str, int], ...]:
         """(key, target rank) of every edge this sender sends one chunk on [KEY-4]."""
         assert self.out_plan is not None
         return send_keys(
-            self.out_plan,
+            self.out_plan.of(self.requests[request_id]),
             request_id,
             self.who.rank,
             from_stage=self.who.stage,
@@ -585,7 +624,7 @@ class Rank:
         """Send one data message, with the run's faults applied and booked [sim.faults]."""
         request = self.key_request(key)
         if (request, dst) in self.aborted_out:
-            self.skipped[dst][key] = "its receiver aborted the request"
+            self.skipped[dst][key] = "a receiver of the request aborted it"
             return
         self.sent_keys[dst].append(key)
         self._maybe_die(sending=True)
@@ -778,15 +817,18 @@ class Rank:
         except messages.MessageError:
             return  # a repeated hello, say
         self.book.observe("abort", f"{request} {self.who.rank}->{dst}")
-        self.aborted_out.add((request, dst))
-        held = self.held.pop(dst, [])
-        keep_held = [entry for entry in held if self.key_request(entry[0]) != request]
-        for key, frames, seq in held:
-            if self.key_request(key) == request:
-                self._send(dst, key, frames, seq)  # nothing overtook it: in order
-        if keep_held:
-            self.held[dst] = keep_held
-        self._flush_late(dst, request)
+        # The request has failed: nothing more of it goes to any receiver once the abort
+        # is acknowledged, so what is still held for each is flushed first [LIFE-4].
+        for target in self.targets:
+            self.aborted_out.add((request, target))
+            held = self.held.pop(target, [])
+            keep_held = [entry for entry in held if self.key_request(entry[0]) != request]
+            for key, frames, seq in held:
+                if self.key_request(key) == request:
+                    self._send(target, key, frames, seq)  # nothing overtook it: in order
+            if keep_held:
+                self.held[target] = keep_held
+            self._flush_late(target, request)
         self._record_send({"ev": "abort_ack", "request": request})
         self._put(dst, [messages.notice("ack", request)])
 
@@ -889,7 +931,9 @@ class Rank:
             self.max_seq[src] = envelope["seq"]
         state.waiting.discard(key)
         if self.pool is not None and request_id not in self.pool.tables and not state.done:
-            needed = blocks_needed(state.request.seq_len, self.config.layout_of(self.who.stage)[1])
+            needed = blocks_needed(
+                self._held(state.request), self.config.layout_of(self.who.stage)[1]
+            )
             self.pool.admit(request_id, needed, state.keys)
         landed = True
         if self.pool is not None and request_id in self.pool.tables:
@@ -989,7 +1033,7 @@ class Rank:
             self.seen.add(key)
             if owner[0] not in pool.tables and not state.done:
                 size = self.config.layout_of(self.who.stage)[1]
-                pool.admit(owner[0], blocks_needed(state.request.seq_len, size), state.keys)
+                pool.admit(owner[0], blocks_needed(self._held(state.request), size), state.keys)
             pool.fail(key)
             pool.quiesce(key)  # the sender says the failed send wrote nothing
             self._fail(state, f"the send of shard {key} failed at source rank {src}")
@@ -1055,13 +1099,20 @@ class Rank:
         verify every element now, or once every request has arrived (``verify_after``)."""
         assert self.in_plan is not None
         request = state.request
+        plan = self.in_plan.of(request)
         try:
             if len(state.chunks) == 1:  # one chunk: straight to the shard, one copy fewer
-                kv = merge_to_request_kv(self.in_plan, self.who.rank, state.chunks[0])
+                kv = merge_to_request_kv(plan, self.who.rank, state.chunks[0])
+            elif plan.seq_len is not None:  # edges chunk their own tokens: each, then merge
+                by_source: dict[int, list[Payload]] = defaultdict(list)
+                for pairs in state.chunks.values():
+                    for src, payload in pairs:
+                        by_source[src].append(payload)
+                whole = [(src, reassemble(chunks)) for src, chunks in by_source.items()]
+                kv = merge_to_request_kv(plan, self.who.rank, whole)
             else:
                 merged = [
-                    merge_payloads(self.in_plan, self.who.rank, pairs)
-                    for pairs in state.chunks.values()
+                    merge_payloads(plan, self.who.rank, pairs) for pairs in state.chunks.values()
                 ]
                 kv = reassemble(merged).to_request_kv()
             kv = kv.to(self.device)
@@ -1084,6 +1135,28 @@ class Rank:
             for waiting in self.unverified:
                 self._verify(waiting)
             self.unverified.clear()
+
+    def _receive_nothing(self) -> None:
+        """Requests this rank holds nothing of (none of their tokens, or another DP group's)
+        have no edge into it: they are verified at once, on no element [CP-1, DP-1]."""
+        now = time.time()
+        for state in self.incoming.values():
+            if not state.waiting and not state.done:
+                state.first_sent = state.received_at = now
+                state.done = True
+                self._event(
+                    {
+                        "ev": "result",
+                        "request": state.request.request_id,
+                        "ok": True,
+                        "first_sent": now,
+                        "received": now,
+                        "verified": now,
+                        "edge_bytes": {},
+                    }
+                )
+                if self.out_plan is not None:
+                    self.outbox.append(state.request.request_id)
 
     def _verify(self, state: Incoming) -> None:
         """Check every element of the stored request against the oracle [ORACLE-5]."""
@@ -1126,16 +1199,12 @@ class Rank:
             self.pool.release(oldest)
 
     def _oracle_verdict(self, request_id: str) -> Verdict:
-        """Every element this rank holds of ``request_id``, against the oracle [ORACLE-5]."""
-        seq_len = self.requests[request_id].seq_len
+        """Every element this rank holds of ``request_id``, against the oracle: its own
+        tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]."""
+        request = self.requests[request_id]
+        stored = gather_request(self.cache, self.tables[request_id], self._held(request))
         return verify(
-            gather_request(self.cache, self.tables[request_id], seq_len),
-            self.model,
-            request_id,
-            tokens=seq_len,
-            layers=self.owner.layers,
-            heads=self.owner.heads,
-            seed=self.config.seed,
+            stored, self.model, request_id, **self._region(request), seed=self.config.seed
         )
 
     def _recheck(self, request_id: str) -> None:
@@ -1190,9 +1259,8 @@ class Rank:
         self._event({"ev": "result", "request": rid, "ok": False, "reason": reason})
         if self.out_plan is not None:  # tell the next stage why it will not get this request
             why = f"it failed at stage {self.who.stage}: {reason}"[:MAX_REASON]
-            for chunk_id in range(len(state.request.chunks)):
-                for key, dst in self._send_keys(rid, chunk_id):
-                    self.skipped[dst][key] = why
+            for key, dst, _ in self._out_keys(state.request):
+                self.skipped[dst][key] = why
         self._maybe_die(sending=False)
 
     def _close(self) -> None:

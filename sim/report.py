@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.cli.plan import human_bytes
-from kvspec.topology.plan import plan_transfer
 from sim.accounting import MESSAGE_FAULTS, RANK_FAULTS
 from sim.config import SimConfig
 from sim.endpoints import RankId
@@ -342,17 +341,16 @@ class SimReport:
 
 def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int]:
     """(replica, stage, src, dst) -> bytes the plan says the run's requests move [PLAN-5]."""
-    planned = {}
-    for stage in range(config.last_stage):
-        plan = plan_transfer(
-            config.stages[stage], config.stages[stage + 1], config.model, policy=config.policy
-        )
-        for replica in range(config.replicas):
-            seqs = [r.seq_len for r in Workload(config, replica).requests]
-            for e in plan.edges:
-                total = sum(e.nbytes(n, slicing=config.slicing) for n in seqs)
-                planned[(replica, stage, e.src, e.dst)] = total
-    return planned
+    planned: dict[tuple[int, int, int, int], int] = defaultdict(int)
+    for replica in range(config.replicas):
+        workload = Workload(config, replica)
+        for stage in range(config.last_stage):
+            plans = workload.plans(stage)
+            for request in workload.requests:  # each request by its own plan [PLAN-6, DP-1]
+                for e in plans.of(request).edges:
+                    key = (replica, stage, e.src, e.dst)
+                    planned[key] += e.nbytes(request.seq_len, slicing=config.slicing)
+    return dict(planned)
 
 
 def outcomes_from(

@@ -12,9 +12,10 @@ import os
 
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.ownership import rank_ownership
-from kvspec.topology.plan import plan_transfer
+from kvspec.topology.plan import Edge
 from sim import messages
 from sim.config import SimConfig
+from sim.workload import Workload
 
 PROCESS_OVERHEAD = 80 << 20
 """Resident memory of one rank-hosting process beyond its caches (torch, zmq, Python)."""
@@ -93,30 +94,36 @@ def max_receiver_message(config: SimConfig) -> int:
     return max(max_data_frame(config), max_stream_message(config), max_pull_range(config), 1 << 20)
 
 
+def _edges(config: SimConfig) -> list[tuple[Edge, int]]:
+    """(edge, tokens it carries) of every plan the run's requests move by: one per request
+    length and DP groups where stages split requests by tokens or serve them on attention-DP
+    groups [PLAN-6, DP-1] (every replica group's requests have the same lengths)."""
+    workload, out = Workload(config, 0), []
+    for stage in range(config.last_stage):
+        book, seen = workload.plans(stage), set()
+        for request in workload.requests:
+            plan = book.of(request)
+            if id(plan) in seen:
+                continue
+            seen.add(id(plan))
+            length = config.seq_len[1] if plan.seq_len is None else request.seq_len
+            out += [(e, e.token_count(length)) for e in plan.edges]
+    return out
+
+
 def max_pull_range(config: SimConfig) -> int:
     """The largest range a pull answer can carry: one edge's whole share of the longest
     request (ranges coalesce across fields, tokens and layers) [DESC-3]."""
     if config.transfer != "pull":
         return 0
-    longest = 0
-    for stage in range(config.last_stage):
-        plan = plan_transfer(
-            config.stages[stage], config.stages[stage + 1], config.model, policy=config.policy
-        )
-        longest = max(longest, *(e.nbytes(config.seq_len[1]) for e in plan.edges))
+    longest = max((e.bytes_per_token * tokens for e, tokens in _edges(config)), default=0)
     return longest + HEADER_SLACK
 
 
 def max_read_message(config: SimConfig) -> int:
     """The largest read a pull receiver sends: a row per (layer, token, head, field) of one
     edge's share of the longest request, the most a list can have [DESC-1]."""
-    rows = 0
-    for stage in range(config.last_stage):
-        plan = plan_transfer(
-            config.stages[stage], config.stages[stage + 1], config.model, policy=config.policy
-        )
-        for e in plan.edges:
-            rows = max(rows, len(e.layers) * len(e.heads) * config.seq_len[1] * 4)
+    rows = max((len(e.layers) * len(e.heads) * t * 4 for e, t in _edges(config)), default=0)
     return rows * 40 + HEADER_SLACK
 
 

@@ -1,4 +1,5 @@
-"""The requests of a run and where each rank keeps them: ids, lengths, chunks, block tables.
+"""The requests of a run and where each rank keeps them: ids, lengths, chunks, block tables,
+the attention-DP groups a router puts them on and the plan that moves each of them.
 
 Everything is derived from the run's seed, so every rank computes the same workload
 on its own and nothing but KV travels.
@@ -6,11 +7,14 @@ on its own and nothing but KV travels.
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from kvspec.memory.paged import blocks_needed
+from kvspec.topology.ownership import RankOwnership, rank_ownership
+from kvspec.topology.plan import TransferPlan, plan_transfer
 from sim.config import SimConfig
 
 
@@ -49,6 +53,32 @@ class Workload:
             )
         return tuple(out)
 
+    def dp_rank(self, stage: int, request: Request) -> int:
+        """The attention-DP group the router puts ``request`` on at ``stage``: requests go
+        round the groups of each stage in turn, so every pair of groups meets [DP-1]."""
+        before = math.prod(layout.dp for layout in self.config.stages[:stage])
+        return (request.index // before) % self.config.stages[stage].dp
+
+    def owner(self, stage: int, rank: int, request: Request) -> RankOwnership:
+        """What ``rank`` of ``stage`` holds of ``request``: its heads, layers and tokens, or
+        nothing on another DP group [CP-1, DP-1]."""
+        return rank_ownership(
+            self.config.stages[stage],
+            self.config.model,
+            rank,
+            seq_len=request.seq_len,
+            dp_rank=self.dp_rank(stage, request),
+        )
+
+    def held(self, stage: int, rank: int, request: Request) -> int:
+        """How many of ``request``'s tokens ``rank`` of ``stage`` holds."""
+        owner = self.owner(stage, rank, request)
+        return owner.token_count(request.seq_len) if owner.active else 0
+
+    def plans(self, stage: int) -> PlanBook:
+        """The plans from ``stage`` to ``stage + 1`` for this group's requests."""
+        return PlanBook(self, stage)
+
     def block_order(self, stage: int, rank: int) -> list[int]:
         """Every block id of one rank's cache, shuffled: the order blocks are handed out,
         so block ids and token order never coincide by accident; a few spare blocks
@@ -68,7 +98,7 @@ class Workload:
         order = self.block_order(stage, rank)
         tables, start = {}, 0
         for request in self.requests:
-            n = blocks_needed(request.seq_len, block_size)
+            n = blocks_needed(self.held(stage, rank, request), block_size)
             tables[request.request_id] = order[start : start + n]
             start += n
         return len(order), tables
@@ -83,3 +113,54 @@ def split_tokens(seq_len: int, chunks: int) -> tuple[range, ...]:
         out.append(range(start, start + size))
         start += size
     return tuple(out)
+
+
+@dataclass
+class PlanBook:
+    """The plans of one stage pair (``stage`` -> ``stage + 1``) for a group's requests.
+
+    Stages without token shards or attention DP have one plan for every request; others
+    have one per request length and DP ranks [PLAN-6, DP-1], made once each.
+    """
+
+    workload: Workload
+    stage: int
+    _plans: dict[tuple[int | None, int, int], TransferPlan] = field(default_factory=dict)
+
+    def of(self, request: Request) -> TransferPlan:
+        """The plan that moves ``request``."""
+        config, stage = self.workload.config, self.stage
+        source, target = config.stages[stage], config.stages[stage + 1]
+        sharded = source.token_shards > 1 or target.token_shards > 1
+        key = (
+            request.seq_len if sharded else None,
+            self.workload.dp_rank(stage, request),
+            self.workload.dp_rank(stage + 1, request),
+        )
+        if key not in self._plans:
+            self._plans[key] = plan_transfer(
+                source,
+                target,
+                config.model,
+                policy=config.policy,
+                seq_len=request.seq_len,
+                source_dp=key[1],
+                target_dp=key[2],
+            )
+        return self._plans[key]
+
+    def sources_of(self, rank: int) -> tuple[int, ...]:
+        """Every source rank ``rank`` receives some request from, ascending [PLAN-3]."""
+        found = {s for r in self.workload.requests for s in self.of(r).sources_of(rank)}
+        return tuple(sorted(found))
+
+    def targets_of(self, rank: int) -> tuple[int, ...]:
+        """Every target rank ``rank`` sends some request to, ascending [PLAN-3]."""
+        found = {t for r in self.workload.requests for t in self.of(r).targets_of(rank)}
+        return tuple(sorted(found))
+
+
+def edge_chunks(tokens: int, chunks: int) -> tuple[range, ...]:
+    """The chunks of one edge's payload: ``chunks`` ranges of its token positions, fewer
+    when the edge carries fewer tokens (with token shards an edge may carry few)."""
+    return split_tokens(tokens, max(1, min(chunks, tokens)))

@@ -41,6 +41,16 @@ SIM_LINES: list[list[str]] = [
     for bad in BAD_INTS
     if not (flag == "--kv-heads" and bad == "")  # covered by the missing-value case below
 ]
+SIM_LINES += [  # attention groups and token shards [STAGE-2, CP-1..3]
+    [*RUN, *OK, "--source-cp", "3"],  # 3 does not divide the source's tp 4
+    [*RUN, *OK, "--target-dp", "0"],
+    [*RUN, *OK, "--source-dcp", "2"],  # 4 heads over 4 ranks: no replica to share tokens
+    [*RUN, *OK, "--source-cp", "2", "--cp-rule", "ring"],
+    [*RUN, *OK, "--source-cp", "2", "--cp-rule", "interleave:5"],  # blocks of 16
+    [*RUN, *OK, "--source-cp", "2", "--cp-rule", "round_robin_blocks:8"],
+    [*RUN, *OK, "--source-cp", "2", "--cp-rule", "zigzag", "--seq-len", "2:8"],
+    [*RUN, *OK, "--source-cp", "2", "--source-dp-rank", "1"],  # the router picks DP ranks
+]
 SIM_LINES += [
     [*RUN, *OK, "--seed", "-1"],
     [*RUN, *OK, "--seed", "x"],
@@ -111,7 +121,7 @@ SIM_LINES += [
     [*RUN, *OK, "--json", "/nonexistent-dir/report.json"],
     [*RUN, *OK, "--json", "/"],
     [*RUN, *OK, "--no-checksum", "--require-checksum"],
-    [*RUN, "--source-tp", "3", "--target-tp", "2", "--kv-heads", "6"],
+    [*RUN, "--source-tp", "4", "--target-tp", "6", "--kv-heads", "8"],
     [*RUN, "--source-tp", "4", "--target-tp", "2", "--kv-heads", "6"],
     [*RUN, "--source-tp", "2", "--target-tp", "2"],
     [*RUN, *OK, "--source-tp", "1000", "--target-tp", "1000"],
@@ -138,7 +148,7 @@ KVSPEC_LINES += [
 KVSPEC_LINES += [
     ["plan", "--source-tp", "4", "--target-tp", "2"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "6"],
-    ["plan", "--source-tp", "3", "--target-tp", "2", "--kv-heads", "6"],
+    ["plan", "--source-tp", "3", "--target-tp", "6", "--kv-heads", "4"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "0"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--dtype", "int8"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--policy", "x"],
@@ -238,7 +248,8 @@ KVSPEC_LINES += [
     [*DESC, "--src-block-size", "0"],
     [*DESC, "--dst-block-size", "70000"],
     [*DESC, "--show", "-1"],
-    ["desc", "--source-tp", "3", "--target-tp", "2", "--kv-heads", "6"],
+    ["desc", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "6"],  # 6 heads over TP4
+    [*DESC, "--source-cp", "2", "--cp-rule", "interleave:16", "--src-block-size", "8"],  # CP-2
     ["desc", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--json", "/"],
     ["vectors", "check"],
     ["vectors", "check", "--impl", "nonsense"],

@@ -77,27 +77,109 @@ def test_tp6_to_tp3_with_12_heads_matches_the_library(capsys: pytest.CaptureFixt
     ]
 
 
-def test_tp3_to_tp2_is_refused_with_reasons_and_alternatives(
+def test_tp4_to_tp6_is_planned_by_head_range_intersection(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = run(capsys, "plan", "--source-tp", "3", "--target-tp", "2", "--kv-heads", "6")
+    """PLAN-1, PLAN-6: 12 heads fit TP4 (3 each) and TP6 (2 each); no ratio is needed."""
+    report = plan_json(capsys, "--source-tp", "4", "--target-tp", "6", "--kv-heads", "12")
+    edges = {(e["src"], e["dst"]): e for e in report["edges"]}
+    assert sorted(edges) == [(0, 0), (0, 1), (1, 1), (1, 2), (2, 3), (2, 4), (3, 4), (3, 5)]
+    # Target rank 1 holds heads 2..3: head 2 is the last of source rank 0's three, head 3
+    # the first of source rank 1's; the equal-slice form names them where it can.
+    assert edges[(0, 1)]["heads"] == [2, 3] and edges[(0, 1)]["offset_in_shard"] == 2
+    assert edges[(1, 1)]["heads"] == [3, 4] and edges[(1, 1)]["num_slices"] == 3
+    # Heads 4..5 are heads 1..2 of source rank 1's shard: no equal slice names them.
+    assert edges[(1, 2)]["heads_in_shard"] == [1, 3] and edges[(1, 2)]["shard_heads"] == 3
+    assert "offset_in_shard" not in edges[(1, 2)]
+    totals = report["totals"]
+    assert totals["bytes_sender_side"] == totals["bytes_minimum"]
+    code, out, _ = run(capsys, "plan", "--source-tp", "4", "--target-tp", "6", "--kv-heads", "12")
+    assert code == 0 and "h1-2/3" in out
+
+
+def test_a_cp_receiver_gets_token_sets(capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's done-when: TP8 -> TP8 CP2 interleave:1 with 4 heads; edges carry tokens."""
+    argv = ["--source-tp", "8", "--target-tp", "8", "--target-cp", "2", "--kv-heads", "4"]
+    report = plan_json(capsys, *argv, "--cp-rule", "interleave:1", "--seq-len", "6")
+    assert report["seq_len"] == 6 and report["target"]["cp_rule"] == "interleave:1"
+    by_dst = {e["dst"]: e for e in report["edges"]}
+    # Target ranks 0..3 are CP group 0 (even tokens), 4..7 group 1 (odd tokens) [STAGE-2].
+    assert by_dst[0]["tokens"] == [[0, 1], [2, 3], [4, 5]]
+    assert by_dst[4]["tokens"] == [[1, 2], [3, 4], [5, 6]]
+    assert by_dst[0]["heads"] == by_dst[4]["heads"] == [0, 1]
+    code, out, _ = run(capsys, "plan", *argv, "--cp-rule", "interleave:1")
+    assert code == 0
+    assert "token shard cp_rank of 2 by interleave:1" in out
+    assert "0, 2, ... 1022 (512 runs of 1, every 2; 512 tokens)" in out
+
+
+def test_a_request_on_dp_groups_is_planned_between_the_routers_groups(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """DP-1: only the chosen groups' ranks appear in edges."""
+    report = plan_json(
+        capsys,
+        *("--source-tp", "8", "--source-dp", "2", "--source-dp-rank", "1"),
+        *("--target-tp", "4", "--target-dp", "2", "--kv-heads", "2"),
+    )
+    assert {e["src"] for e in report["edges"]} <= {4, 5, 6, 7}
+    assert {e["dst"] for e in report["edges"]} == {0, 1}
+    assert report["source_dp"] == 1 and report["target_dp"] == 0
+    assert [r["active"] for r in report["source_ranks"]] == [False] * 4 + [True] * 4
+
+
+def test_a_side_that_cannot_hold_the_model_is_refused_with_alternatives(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "plan", "--source-tp", "4", "--target-tp", "6", "--kv-heads", "8")
     assert code == 2 and out == ""
-    assert "source TP 3 and target TP 2 do not divide one another" in err
-    assert "[PLAN-1]" in err
-    assert "--source-tp 3 --target-tp 1 or 3 or 6" in err
-    for alternative in ("1", "3", "6"):
-        assert (
-            run(capsys, "plan", "--source-tp", "3", "--target-tp", alternative, "--kv-heads", "6")[
-                0
-            ]
-            == 0
-        )
+    assert "target TP6: 8 KV heads cannot be split over TP 6" in err and "[HEAD-1]" in err
+    assert "--source-tp 4 --target-tp 4 or 8 or 2" in err
+    for alternative in ("4", "8", "2"):
+        argv = ["plan", "--source-tp", "4", "--target-tp", alternative, "--kv-heads", "8"]
+        assert run(capsys, *argv)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message", "hint"),
+    [
+        (
+            ["--target-cp", "2", "--cp-rule", "interleave:24"],
+            "interleave:24 needs a cache block size that is a multiple of 24",
+            "--target-cp-rule interleave:16 or interleave:8 or interleave:4",
+        ),
+        (
+            ["--target-cp", "2", "--cp-rule", "zigzag", "--seq-len", "3"],
+            "zigzag over 2 token shards cuts a request into 4 segments",
+            "--seq-len 4 or more",
+        ),
+        (
+            ["--target-dcp", "4"],
+            "dcp 4 needs every KV head held by at least 4 attention-TP ranks",
+            "--target-dcp 2",
+        ),
+        (["--target-dp", "3"], "dp 3 x cp 1 = 3 does not divide tp 8", "--target-dp 2 or 4 or 1"),
+        (["--target-dp", "2", "--target-dp-rank", "2"], "target DP rank 2", "--target-dp-rank 1"),
+        (["--cp-rule", "ring", "--target-cp", "2"], "unknown context-parallel rule 'ring'", None),
+    ],
+)
+def test_a_layout_its_rules_do_not_fit_is_refused_with_alternatives(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str, hint: str | None
+) -> None:
+    code, out, err = run(
+        capsys, "plan", "--source-tp", "8", "--target-tp", "8", "--kv-heads", "4", *argv
+    )
+    assert code == 2 and out == ""
+    assert message in err
+    if hint is not None:
+        assert hint in err
 
 
 def test_all_problems_are_reported_together(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "plan", "--source-tp", "3", "--target-tp", "2", "--kv-heads", "4")
+    code, _, err = run(capsys, "plan", "--source-tp", "3", "--target-tp", "6", "--kv-heads", "4")
     assert code == 2
     assert "2 problems" in err and "4 KV heads cannot be split over TP 3" in err
+    assert "source TP3:" in err and "target TP6:" in err
 
 
 def test_mla_with_kv_heads_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,3 +292,26 @@ def test_desc_check_judges_a_connectors_list(capsys, tmp_path) -> None:
         code, _, err = run(capsys, "desc", *args, "--check", str(path))
         assert code == 2 and err.startswith("kvspec desc: refused: --check") and f"[{rule}]" in err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_desc_with_token_shards_reads_each_ranks_own_tokens(capsys) -> None:
+    """A PCP2 interleave:16 sender: each edge carries half the tokens, and each side's block
+    ids cover only the tokens its rank holds [CP-1, DESC-1, PAGED-3]."""
+    report = _desc(
+        capsys,
+        "--source-tp", "4", "--source-cp", "2", "--cp-rule", "interleave:16",
+        "--target-tp", "6", "--kv-heads", "12", "--layers", "2", "--seq-len", "64",
+        "--src-layout", "vllm_packed_hnd", "--dst-layout", "sglang_mha",
+    )  # fmt: skip
+    assert len(report["edges"]) == 12
+    for edge in report["edges"]:
+        shard = edge["src"] // 2  # TP ranks 0-1 are CP rank 0, 2-3 CP rank 1 [STAGE-2]
+        assert edge["tokens"] == [
+            [0 + 16 * shard, 16 + 16 * shard],
+            [32 + 16 * shard, 48 + 16 * shard],
+        ]
+        heads = edge["heads"][1] - edge["heads"][0]
+        assert edge["bytes"] == heads * 2 * 32 * 2 * 128 * 2  # heads x layers x 32 tokens x K,V
+        # the sender's 32 tokens fill 2 blocks of 16; the receiver holds every token, and
+        # the share ends at token 47 + 16 * shard: blocks up to there
+        assert len(edge["src_block_ids"]) == 2 and len(edge["dst_block_ids"]) == 3 + shard

@@ -59,10 +59,12 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "KEY-3/refuses-outside-domain": "any request id and field is joined with '_'",
         "PORT-3/deployment-distinct": "the port formula has no replica term",
         "PORT-2/refuses-outside-domain": "stage 16 of rank 0 is accepted (rank 1's port)",
+        "PLAN-1/refuses-one-invalid-side": "TP sizes alone are checked, never the heads",
     }
     assert {c: verdicts[c] for c in known_bugs} == {c: FAILED for c in known_bugs}
     assert verdicts["PLAN-3/inverse"] == PASSED
-    assert verdicts["PLAN-1/refuses-non-dividing-tp"] == PASSED
+    # Its own domain is the first release's: dividing TP pairs, which it accepts.
+    assert verdicts["PLAN-1/accepts-valid"] == PASSED
     assert verdicts["KEY-4/send-equals-recv"] == PASSED
     not_provided = {c for c, v in verdicts.items() if v == NOT_PROVIDED}
     lacking = {
@@ -82,12 +84,21 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "chunks",
         "wire",
         "lifecycle",
+        "tokens",
+        "dp-ports",
     }
-    # No policy names; its read_layer takes no page size, so it cannot read a token pool.
+    # No pipeline parallelism, attention groups or token shards in its domain; no policy
+    # names; its read_layer takes no page size, so it cannot read a token pool.
     assert not_provided == {c.id for c in all_checks() if lacking & set(c.needs)} | {
         "LAYOUT-5/token-pool",
         "PLAN-4/named-policy",
         "PLAN-4/refuses-unknown-policy",
+        "STAGE-2/refuses-bad-groups",
+        "CP-1/refuses-unknown-rule",
+        "CP-2/refuses-unfit-rule",
+        "CP-3/refuses-bad-dcp",
+        "DP-1/refuses-dp-rank",
+        "PLAN-6/request-length",
     }
     assert INCONCLUSIVE not in verdicts.values()
 

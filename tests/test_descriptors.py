@@ -15,6 +15,7 @@ from kvspec.memory.descriptors import (
     judge_descriptors,
     plan_descriptors,
     region_buffers,
+    share_positions,
 )
 from kvspec.memory.paged import blocks_needed, empty_model_cache, gather_request, scatter_request
 from kvspec.strategies import TransferCase, transfer_cases
@@ -24,6 +25,7 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens
 
 
 def _caches(case, edge, layouts, block_sizes, seq_len, seed):
@@ -202,3 +204,81 @@ def test_a_region_too_small_for_the_block_ids_is_refused(packed_to_pool) -> None
         RegisteredCache("sglang_mha", 2, 6, 2, 2, 2, "bfloat16", region_bytes={"L9": 1})
     with pytest.raises(ValueError, match=r"PAGED-3"):
         plan_descriptors(plan, edge, source, [3], target, [5, 0, 2, 4], range(7))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    case=transfer_cases(
+        sizes=(1, 2, 3, 4, 6, 8),
+        max_layers=3,
+        max_head_dim=3,
+        max_pp=2,
+        non_dividing=True,
+        dp_sizes=(1, 2),
+        cp_sizes=(1, 2),
+        dcp_sizes=(1, 2),
+    ),
+    data=st.data(),
+)
+def test_with_token_shards_each_token_moves_between_its_slots_on_both_ranks(case, data) -> None:
+    """DESC-1 with token shards [CP-1, PLAN-6]: each rank's cache holds its own tokens in
+    ascending order; the list writes the edge's tokens of the range, each from its slot
+    on the sender to its slot on the receiver, bit for bit, and the receiver's other
+    tokens keep what they held."""
+    model, plan = case.model, case.plan()
+    seq_len = case.seq_len if case.sharded else data.draw(st.integers(1, 11))
+    edge = data.draw(st.sampled_from(plan.edges))
+    start = data.draw(st.integers(0, seq_len - 1))
+    so, do = plan.owner("source", edge.src), plan.owner("target", edge.dst)
+    held = [Tokens.span(0, seq_len) if o.tokens is None else o.tokens for o in (so, do)]
+    layouts = [data.draw(st.sampled_from(layouts_for(model.attention))) for _ in range(2)]
+    caches, ids = [], []
+    for layout, owner, tokens in zip(layouts, (so, do), held, strict=True):
+        block_size = 1 if layout == "token_major" else data.draw(st.integers(1, 4))
+        needed = blocks_needed(len(tokens), block_size)
+        cache = empty_model_cache(
+            layout,
+            model,
+            num_blocks=needed + 1,
+            block_size=block_size,
+            layers=len(owner.layers),
+            heads=len(owner.heads),
+            scales=oracle_scales(model, layers=owner.layers) if model.dtype in FP8_DTYPES else None,
+        )
+        table = data.draw(st.permutations(range(needed + 1)))[:needed]
+        fill = oracle_kv(
+            model, f"rank{len(caches)}", tokens=tokens, layers=owner.layers, heads=owner.heads
+        )
+        scatter_request(fill, cache, table)
+        caches.append(cache)
+        ids.append(table)
+    share = share_positions(plan, edge, range(start, seq_len))
+    want_share = held[0].intersect(held[1]).intersect(Tokens.span(start, seq_len))
+    assert share.tokens == (
+        want_share if edge.tokens is None else want_share.intersect(edge.tokens)
+    )
+    src_ids = ids[0][: blocks_needed(share.source_slots, caches[0].shape.block_size)]
+    dst_ids = ids[1][: blocks_needed(share.target_slots, caches[1].shape.block_size)]
+    made = plan_descriptors(
+        plan,
+        edge,
+        RegisteredCache.of(caches[0]),
+        src_ids,
+        RegisteredCache.of(caches[1]),
+        dst_ids,
+        range(start, seq_len),
+    )
+    execute_descriptors(made.descriptors, region_buffers(caches[0]), region_buffers(caches[1]))
+    assert made.share_bytes == edge.bytes_per_token * len(share.tokens)
+    got = gather_request(caches[1], ids[1], len(held[1])).data
+    h = slice(edge.heads.start - do.heads.start, edge.heads.stop - do.heads.start)
+    l_ = slice(edge.layers.start - do.layers.start, edge.layers.stop - do.layers.start)
+    moved = set(share.tokens.tokens())
+    for slot, token in enumerate(held[1].tokens()):
+        name = "rank0" if token in moved else "rank1"  # moved from the sender, or kept
+        where = Tokens.span(token, token + 1)
+        want = oracle_kv(model, name, tokens=where, layers=do.layers, heads=do.heads).data
+        assert torch.equal(
+            got[l_, :, slot : slot + 1, h].contiguous().view(torch.uint8),
+            want[l_, :, :, h].contiguous().view(torch.uint8),
+        ), (token, slot)

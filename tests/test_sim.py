@@ -73,16 +73,41 @@ def _no_children_left() -> None:
     assert not multiprocess.active_children()
 
 
+def _cache_side(draw: st.DrawFn, attention: str, layout: StageLayout) -> tuple[str, int]:
+    """A cache layout and block size the stage's token rule fits [CP-2]."""
+    rule = layout.rule
+    if layout.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1):
+        paged = [n for n in layouts_for(attention) if get_layout(n).paged]
+        name = draw(st.sampled_from(paged))
+        if rule.kind == "interleave":
+            return name, rule.size * draw(st.integers(1, 2))
+        return name, rule.size
+    name = draw(st.sampled_from(layouts_for(attention)))
+    return name, draw(st.integers(1, 5)) if get_layout(name).paged else 1
+
+
 @st.composite
 def sim_configs(draw: st.DrawFn) -> SimConfig:
-    case = draw(transfer_cases(sizes=(1, 2, 3, 4, 6, 8), max_pp=2, max_layers=3, max_head_dim=4))
+    """Runs over the whole domain: any TP pair, attention DP, token shards on either side
+    (PCP and DCP, every rule), PP, chunks, both slicing modes [PLAN-1, CP-1, DP-1]."""
+    case = draw(
+        transfer_cases(
+            sizes=(1, 2, 3, 4, 6, 8),
+            max_pp=2,
+            max_layers=3,
+            max_head_dim=4,
+            non_dividing=True,
+            dp_sizes=(1, 2),
+            cp_sizes=(1, 2),
+            dcp_sizes=(1, 2),
+        )
+    )
     attention = case.model.attention
-
-    def side() -> tuple[str, int]:
-        layout = draw(st.sampled_from(layouts_for(attention)))
-        return layout, draw(st.integers(1, 5)) if get_layout(layout).paged else 1
-
-    (src_layout, src_bs), (dst_layout, dst_bs) = side(), side()
+    (src_layout, src_bs) = _cache_side(draw, attention, case.source)
+    (dst_layout, dst_bs) = _cache_side(draw, attention, case.target)
+    shortest = max(
+        [3] + [2 * x.token_shards for x in (case.source, case.target) if x.rule.kind == "zigzag"]
+    )
     return make(
         (case.source, case.target),
         case.model,
@@ -92,7 +117,7 @@ def sim_configs(draw: st.DrawFn) -> SimConfig:
         dst_layout=dst_layout,
         dst_block_size=dst_bs,
         requests=2,
-        seq_len=(3, 12),
+        seq_len=(shortest, shortest + 9),
         chunks=draw(st.integers(1, 3)),
         replicas=draw(st.integers(1, 2)),
         slicing=draw(st.sampled_from(["sender", "receiver"])),
@@ -143,6 +168,47 @@ PROCESS_RUNS = {
     ),
     "several ranks per process": dict(
         stages=(StageLayout(4), StageLayout(4)), model=MHA, ranks_per_process=3
+    ),
+    # The second release's layouts [PLAN-1, PLAN-6, CP-1..3, DP-1]:
+    "TP4 CP2 interleave:4 -> TP6, 12 heads by range": dict(
+        stages=(StageLayout(4, cp=2, cp_rule="interleave:4"), StageLayout(6)),
+        model=ModelShape(2, 12, 8),
+        chunks=2,
+    ),
+    "DCP on the source, MLA TP8 DCP8 -> TP2": dict(
+        stages=(StageLayout(8, dcp=8, cp_rule="interleave:1"), StageLayout(2)),
+        model=ModelShape.mla(2, 16),
+        src_layout="mla",
+        dst_layout="mla",
+        ranks_per_process=4,
+    ),
+    "DCP on the target, TP2 -> TP8 DCP2, receiver-side": dict(
+        stages=(StageLayout(2), StageLayout(8, dcp=2, cp_rule="round_robin_blocks:4")),
+        model=MHA,
+        dst_block_size=4,
+        slicing="receiver",
+        ranks_per_process=3,
+    ),
+    "PCP zigzag -> DCP interleave": dict(
+        stages=(
+            StageLayout(4, cp=2, cp_rule="zigzag"),
+            StageLayout(8, dcp=2, cp_rule="interleave:2"),
+        ),
+        model=MHA,
+        seq_len=(8, 24),
+        ranks_per_process=3,
+    ),
+    "DP2 attention groups on both sides": dict(
+        stages=(StageLayout(4, dp=2), StageLayout(8, dp=2)),
+        model=ModelShape(2, 2, 8),
+        requests=6,
+        ranks_per_process=3,
+    ),
+    "PP on both sides, uneven, with CP": dict(
+        stages=(StageLayout(2, 2, (1, 4)), StageLayout(4, 3, cp=2, cp_rule="contiguous")),
+        model=ModelShape(5, 4, 8),
+        chunks=2,
+        ranks_per_process=3,
     ),
 }
 
@@ -445,7 +511,18 @@ def test_cli_json_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "reason"),
     [
-        (["--source-tp", "3", "--target-tp", "2", "--kv-heads", "6"], "do not divide one another"),
+        (
+            ["--source-tp", "4", "--target-tp", "6", "--kv-heads", "8"],
+            "target TP6: 8 KV heads cannot be split over TP 6",
+        ),
+        (
+            ["--source-tp=4", "--source-cp=2", "--cp-rule=interleave:24", "--kv-heads=8"],
+            "needs a cache block size that is a multiple of 24",
+        ),
+        (
+            ["--target-tp=4", "--target-cp=2", "--cp-rule=zigzag", "--kv-heads=4", "--seq-len=3"],
+            "at least 4 tokens",
+        ),
         (["--source-tp", "2", "--target-tp", "2"], "--kv-heads is required"),
         (["--kv-heads", "2", "--faults", "drop=2"], "a probability must be in 0..1"),
         (["--kv-heads", "2", "--dst-layout", "mla"], "cannot hold an mha cache"),

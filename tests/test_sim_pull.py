@@ -1,5 +1,6 @@
 """``--transfer pull``: receivers read their descriptors from the senders' caches, between
-any two presets the sim moves, with TP pairs, PP, chunks, chains, faults and refusals."""
+any two presets the sim moves, with any TP pair, PP, token shards (PCP, DCP), attention-DP
+groups, chunks, chains, faults and refusals."""
 
 from __future__ import annotations
 
@@ -49,13 +50,37 @@ def assert_all_verified(report: SimReport) -> None:
 
 @st.composite
 def pull_configs(draw: st.DrawFn) -> SimConfig:
-    case = draw(transfer_cases(sizes=(1, 2, 3, 4, 8), max_pp=2, max_layers=3, max_head_dim=4))
+    """Pull (or push) runs over the whole domain: any TP pair, PP, token shards on either
+    side by every rule, attention-DP groups [PLAN-1, CP-1, DP-1, DESC-1]."""
+    case = draw(
+        transfer_cases(
+            sizes=(1, 2, 3, 4, 6, 8),
+            max_pp=2,
+            max_layers=3,
+            max_head_dim=4,
+            non_dividing=True,
+            dp_sizes=(1, 2),
+            cp_sizes=(1, 2),
+            dcp_sizes=(1, 2),
+        )
+    )
 
-    def side() -> tuple[str, int]:
-        layout = draw(st.sampled_from(layouts_for(case.model.attention, cross_layer=True)))
+    def side(stage: StageLayout) -> tuple[str, int]:
+        """A preset and a block size the stage's token rule fits [CP-2]."""
+        rule = stage.rule
+        fitted = stage.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1)
+        names = layouts_for(case.model.attention, cross_layer=True)
+        if fitted:
+            names = [n for n in names if get_layout(n).paged]
+        layout = draw(st.sampled_from(names))
+        if fitted:
+            return layout, rule.size * (draw(st.integers(1, 2)) if rule.kind == "interleave" else 1)
         return layout, draw(st.integers(1, 5)) if get_layout(layout).paged else 1
 
-    (src_layout, src_bs), (dst_layout, dst_bs) = side(), side()
+    (src_layout, src_bs), (dst_layout, dst_bs) = side(case.source), side(case.target)
+    shortest = max(
+        [3] + [2 * x.token_shards for x in (case.source, case.target) if x.rule.kind == "zigzag"]
+    )
     return make(
         (case.source, case.target),
         case.model,
@@ -65,7 +90,7 @@ def pull_configs(draw: st.DrawFn) -> SimConfig:
         dst_layout=dst_layout,
         dst_block_size=dst_bs,
         requests=2,
-        seq_len=(3, 12),
+        seq_len=(shortest, shortest + 9),
         chunks=draw(st.integers(1, 3)),
         seed=draw(st.integers(0, 1000)),
         transport="inproc",
@@ -115,6 +140,29 @@ PULL_RUNS = {
         src_layout="sglang_mla",
         dst_layout="vllm_mla",
         src_block_size=2,
+    ),
+    "TP4 PCP2 interleave:16 -> TP6 (the issue's example), 12 heads": dict(
+        stages=(StageLayout(4, cp=2, cp_rule="interleave:16"), StageLayout(6)),
+        model=ModelShape(2, 12, 8),
+        seq_len=(20, 80),
+        src_layout="vllm_packed_hnd",
+        dst_layout="sglang_mha",
+        dst_block_size=4,
+        chunks=2,
+    ),
+    "PCP zigzag -> DCP interleave:2, DP2 groups -> DP2 groups": dict(
+        stages=(
+            StageLayout(8, dp=2, cp=2, cp_rule="zigzag"),
+            StageLayout(8, dp=2, dcp=2, cp_rule="interleave:2"),
+        ),
+        model=ModelShape(2, 2, 8),
+        seq_len=(8, 30),
+        requests=4,
+        src_layout="flash_attn_hnd",
+        dst_layout="trtllm_pool",
+        src_block_size=4,
+        dst_block_size=4,
+        ranks_per_process=4,
     ),
     "a chain TP4 -> TP2 -> TP1, fp8": dict(
         stages=(StageLayout(4), StageLayout(2), StageLayout(1)),

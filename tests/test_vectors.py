@@ -1,10 +1,12 @@
 """Golden vectors: byte-identical export, the shipped copy up to date, replayable through
 adapters, and a malformed vector set refused with a message instead of a traceback."""
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvspec.cli import main
 from kvspec.conformance import load_adapter
@@ -25,6 +27,56 @@ def test_export_is_byte_identical_and_matches_the_shipped_vectors(tmp_path: Path
     for name in ("manifest.json", "tensors.safetensors"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
         assert (a / name).read_bytes() == (GOLDEN_DIR / name).read_bytes(), "run: make vectors"
+
+
+FIRST_RELEASE_VECTORS = {
+    # family: (cases the first release shipped, sha256 prefix of their canonical JSON)
+    "ownership": (72, "e53f9ea0240ee9be"),
+    "plan": (46, "f258750ea99526aa"),
+    "reshard": (15, "8ad72709ec351f83"),
+    "oracle": (10, "a88a41b7ee469d4e"),
+    "keys": (20, "5efe11188466dbbc"),
+    "ports": (24, "66dfa1fe129d626e"),
+    "wire": (6, "ff815a72434335f4"),
+}
+"""Digests of the vectors shipped before attention groups and token shards existed."""
+
+
+def test_the_first_release_vectors_are_unchanged() -> None:
+    """Defaults (cp = dcp = dp = 1, dividing TP) reproduce the first release's vectors
+    exactly: the new axes only append cases, and append tensors under new keys."""
+    manifest, tensors = load_vectors(GOLDEN_DIR)
+    for family, (count, digest) in FIRST_RELEASE_VECTORS.items():
+        cases = manifest["families"][family]
+        assert len(cases) > count or family in ("keys", "wire"), family
+        text = json.dumps(cases[:count], sort_keys=True)
+        assert hashlib.sha256(text.encode()).hexdigest()[:16] == digest, family
+    first = {c["id"] for c in manifest["families"]["reshard"][:15]}
+    names = sorted(k for k in tensors if k.split("/")[0] in first)
+    content = hashlib.sha256()
+    for name in names:
+        content.update(name.encode())
+        content.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
+    assert (len(names), content.hexdigest()[:16]) == (701, "08359fbd187b11e2")
+
+
+def test_the_vectors_cover_the_new_axes() -> None:
+    manifest, _ = load_vectors(GOLDEN_DIR)
+    families = manifest["families"]
+    plans = families["plan"]
+    assert any("heads_in_shard" in e for p in plans for e in p["edges"])  # TP4 <-> TP6
+    assert any("tokens" in e for p in plans for e in p["edges"])  # token shards
+    assert any(p["source"].get("dp", 1) > 1 and p.get("source_dp") for p in plans)
+    assert {r.split(":")[0] for c in families["tokens"] for r in [c["layout"]["cp_rule"]]} == {
+        "contiguous",
+        "interleave",
+        "round_robin_blocks",
+        "zigzag",
+    }
+    assert any(c["layout"].get("dcp", 1) > 1 for c in families["tokens"])
+    assert any(c["targets"].count(None) for c in [r["tensors"] for r in families["reshard"]])
+    assert any("layout" in c and c["dp_stride"] for c in families["ports"])
+    assert any(isinstance(c["region"]["tokens"][0], list) for c in families["oracle"])
 
 
 def test_the_reference_passes_every_vector() -> None:

@@ -37,6 +37,7 @@ from kvspec.memory.descriptors import (
     RegisteredCache,
     judge_descriptors,
     plan_descriptors,
+    share_positions,
 )
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.ownership import rank_ownership
@@ -75,7 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         check_writable(args.json)
-        plan = plan_transfer(*plan_cli._stages_and_model(args), policy=args.policy)
+        plan = plan_transfer(
+            *plan_cli._stages_and_model(args),
+            policy=args.policy,
+            seq_len=args.seq_len,  # the plan of this length where stages split by tokens
+            source_dp=args.source_dp_rank,
+            target_dp=args.target_dp_rank,
+        )
         report = desc_report(plan, args)
     except ValueError as error:
         print(f"kvspec desc: refused: {error}", file=sys.stderr)
@@ -121,14 +128,17 @@ def _edges(plan: TransferPlan, text: str | None) -> list:
 
 
 def _registered(
-    plan: TransferPlan, rank: int, side: str, layout: str, block_size: int, seq_len: int, args
+    plan: TransferPlan, rank: int, side: str, layout: str, block_size: int, slots: int, args
 ) -> tuple[RegisteredCache, list[int]]:
+    """The rank's registered cache and the request's first block ids, enough for ``slots``
+    token slots: the rank's own tokens up to the share's last [CP-1, PAGED-3]."""
     model = plan.model
     stage = plan.source if side == "src" else plan.target
     owner = rank_ownership(stage, model, rank)
     spec = get_layout(layout)
     block_size = block_size if spec.paged else 1
-    needed = blocks_needed(seq_len, block_size)
+    stage.check_block_size(block_size)  # the token rule fits the cache [CP-2]
+    needed = blocks_needed(slots, block_size)
     total = needed + 2  # a few blocks that hold other requests
     dtype = spec.dtypes[0] if spec.dtypes else model.dtype
     if spec.dtypes and model.dtype != dtype:
@@ -163,7 +173,7 @@ def desc_report(plan: TransferPlan, args: argparse.Namespace) -> dict[str, Any]:
     edges = _edges(plan, args.edge)
     if args.check and args.edge is None:
         raise ValueError("--check judges one edge's list: give --edge S:D as well")
-    cells = sum(len(e.heads) * len(e.layers) for e in edges) * seq_len * 4
+    cells = sum(len(e.heads) * len(e.layers) * e.token_count(seq_len) for e in edges) * 4
     if cells > MAX_ATOMS:
         raise ValueError(
             f"{len(edges)} edge(s) x {seq_len} tokens is {cells} cells to plan; at most "
@@ -171,11 +181,12 @@ def desc_report(plan: TransferPlan, args: argparse.Namespace) -> dict[str, Any]:
         )
     rows, plans = [], []
     for edge in edges:
+        share = share_positions(plan, edge, range(seq_len))
         source, src_ids = _registered(
-            plan, edge.src, "src", src_layout, args.src_block_size, seq_len, args
+            plan, edge.src, "src", src_layout, args.src_block_size, share.source_slots, args
         )
         target, dst_ids = _registered(
-            plan, edge.dst, "dst", dst_layout, args.dst_block_size, seq_len, args
+            plan, edge.dst, "dst", dst_layout, args.dst_block_size, share.target_slots, args
         )
         made = plan_descriptors(
             plan,
@@ -219,7 +230,7 @@ def _row(made: DescriptorPlan, src_ids: list[int], dst_ids: list[int], show: int
         "src_block_ids": src_ids,
         "dst_block_ids": dst_ids,
         "first": [d.to_list() for d in made.descriptors[:show]],
-    }
+    } | ({} if e.tokens is None else {"tokens": e.tokens.to_list()})
 
 
 def _totals(plans: list[DescriptorPlan], seq_len: int) -> dict[str, Any]:
@@ -272,6 +283,7 @@ def render(report: dict[str, Any]) -> str:
             f"  {row['src']:>4} -> {row['dst']:<2} {plan_cli._span(row['heads']):>7}  "
             f"{plan_cli._span(row['layers']):>7}  {row['descriptors']:>11}  "
             f"{plan_cli.human_bytes(row['bytes']):>10}  {row['bytes_per_descriptor']:>10.1f}"
+            + (f"  tokens {plan_cli._tokens(row['tokens'])}" if "tokens" in row else "")
         )
         for d in row["first"]:
             lines.append(f"      {d}")

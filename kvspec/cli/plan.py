@@ -1,14 +1,27 @@
 """Show the transfer plan between two stage layouts.
 
-Every receiver rank gets each (head, layer) it owns from exactly one sender [PLAN-2];
-the table lists the edges, what each rank sends and receives, and the bytes moved
-for one request compared with the minimum.
+Every receiver rank gets each (head, layer, token) it owns from exactly one sender
+[PLAN-2]; the table lists the edges, what each rank sends and receives, and the bytes
+moved for one request compared with the minimum. Any two layouts that each hold the
+model are planned, by intersecting what the ranks hold [PLAN-1, PLAN-6]: TP sizes that
+do not divide, context parallelism (token shards) on either side, attention-DP groups.
 
 examples:
   kvspec plan --source-tp 8 --target-tp 2 --kv-heads 4
   kvspec plan --source-tp 2 --source-pp 2 --target-tp 4 --kv-heads 8 --layers 61
   kvspec plan --source-tp 4 --target-tp 8 --attention mla --latent-dim 576
   kvspec plan --source-tp 6 --target-tp 3 --kv-heads 12 --policy balanced --json -
+  kvspec plan --source-tp 4 --target-tp 6 --kv-heads 12
+  kvspec plan --source-tp 8 --target-tp 8 --target-cp 2 --cp-rule interleave:1 --kv-heads 4
+  kvspec plan --source-tp 8 --source-dp 2 --target-tp 4 --target-dcp 2 --kv-heads 2 \\
+      --cp-rule interleave:16 --source-dp-rank 1
+
+A stage of tp ranks per pipeline stage may hold dp attention-DP groups of cp
+context-parallel groups (rank = pp_rank*tp + (dp_rank*cp + cp_rank)*attn_tp +
+attn_tp_rank [STAGE-2]); --*-dcp shares each head's tokens among the ranks that
+replicate it [CP-3]; --cp-rule names how tokens are split [CP-1]: contiguous[:B],
+interleave:I, round_robin_blocks:B, zigzag. A plan with token shards is for one
+request of --seq-len tokens; with attention DP, for the DP ranks the router chose.
 
 A configuration the spec refuses exits with status 2, says which rule it breaks and
 lists nearby configurations that are valid.
@@ -31,8 +44,9 @@ from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_jso
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import stage_ownership
-from kvspec.topology.plan import POLICIES, TransferPlan, check_plannable, plan_transfer
+from kvspec.topology.plan import POLICIES, TransferPlan, check_layouts, plan_transfer
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens
 
 NAME = "plan"
 HELP = "show which rank sends which heads and layers to which"
@@ -74,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stages.add_argument(
         "--target-partition", metavar="N,N,..", help="explicit layers per receiver PP rank"
     )
+    add_parallel_arguments(parser.add_argument_group("attention groups and token shards"))
     model = parser.add_argument_group("model")
     model.add_argument(
         "--kv-heads", type=int_in(1, MAX_HEADS), metavar="H", help="total KV heads (MHA/GQA)"
@@ -96,9 +111,79 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int_in(1, 1 << 24),
         default=1024,
         metavar="N",
-        help="request tokens for byte counts (1024)",
+        help="request tokens for byte counts and token shards (1024)",
     )
+    for side in SIDES:
+        out.add_argument(
+            f"--{side}-block-size",
+            type=int_in(1, 1 << 16),
+            default=16,
+            metavar="B",
+            help=f"the {side}'s cache block size, which its token rule must fit (16) [CP-2]",
+        )
     add_json_option(out, "the plan")
+
+
+SIDES: tuple[str, ...] = ("source", "target")
+
+
+def add_parallel_arguments(group: Any, *, ranks: bool = True) -> None:
+    """``--{source,target}-{cp,dcp,dp}``, the token rules and (with ``ranks``) the router's
+    DP ranks, as ``kvspec plan`` and ``python -m sim run`` take them [STAGE-2, CP-1, CP-3,
+    DP-1]; the sim's router picks DP ranks per request itself."""
+    for side in SIDES:
+        who = "sender" if side == "source" else "receiver"
+        group.add_argument(
+            f"--{side}-cp",
+            type=int_in(1, MAX_PARALLEL),
+            default=1,
+            metavar="C",
+            help=f"{who} context-parallel groups within TP (1)",
+        )
+        group.add_argument(
+            f"--{side}-dcp",
+            type=int_in(1, MAX_PARALLEL),
+            default=1,
+            metavar="D",
+            help=f"{who} decode context parallelism over each head's replicas (1)",
+        )
+        group.add_argument(
+            f"--{side}-dp",
+            type=int_in(1, MAX_PARALLEL),
+            default=1,
+            metavar="N",
+            help=f"{who} attention data-parallel groups within TP (1)",
+        )
+    group.add_argument(
+        "--cp-rule",
+        default=None,
+        metavar="RULE",
+        help="token rule of both sides: contiguous[:B], interleave:I, round_robin_blocks:B, "
+        "zigzag (contiguous)",
+    )
+    for side in SIDES:
+        group.add_argument(
+            f"--{side}-cp-rule", default=None, metavar="RULE", help=f"{side} rule (--cp-rule)"
+        )
+    for side in SIDES if ranks else ():
+        group.add_argument(
+            f"--{side}-dp-rank",
+            type=int_in(0, MAX_PARALLEL - 1),
+            default=0,
+            metavar="R",
+            help=f"the {side} DP group the router chose for the request (0)",
+        )
+
+
+def groups_from_args(args: argparse.Namespace, side: str) -> dict[str, Any]:
+    """The ``dp``, ``cp``, ``dcp`` and ``cp_rule`` of one side's :class:`StageLayout`."""
+    rule = getattr(args, f"{side}_cp_rule") or args.cp_rule or "contiguous"
+    return {
+        "dp": getattr(args, f"{side}_dp"),
+        "cp": getattr(args, f"{side}_cp"),
+        "dcp": getattr(args, f"{side}_dcp"),
+        "cp_rule": rule,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,7 +193,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvspec plan: refused: {error}", file=sys.stderr)
         return 2
     try:
-        plan = plan_transfer(*_stages_and_model(args), policy=args.policy)
+        source, target, model = _stages_and_model(args)
+        for side, layout in zip(SIDES, (source, target), strict=True):
+            layout.check_block_size(getattr(args, f"{side}_block_size"))
+        plan = plan_transfer(
+            source,
+            target,
+            model,
+            policy=args.policy,
+            seq_len=args.seq_len,
+            source_dp=args.source_dp_rank,
+            target_dp=args.target_dp_rank,
+        )
     except ValueError as error:
         print(f"kvspec plan: refused: {error}", file=sys.stderr)
         hints = nearby_valid(args)
@@ -142,8 +238,18 @@ def model_from_args(args: argparse.Namespace) -> ModelShape:
 
 def _stages_and_model(args: argparse.Namespace) -> tuple[StageLayout, StageLayout, ModelShape]:
     model = model_from_args(args)
-    source = StageLayout(args.source_tp, args.source_pp, _partition(args.source_partition))
-    target = StageLayout(args.target_tp, args.target_pp, _partition(args.target_partition))
+    source = StageLayout(
+        args.source_tp,
+        args.source_pp,
+        _partition(args.source_partition),
+        **groups_from_args(args, "source"),
+    )
+    target = StageLayout(
+        args.target_tp,
+        args.target_pp,
+        _partition(args.target_partition),
+        **groups_from_args(args, "target"),
+    )
     return source, target, model
 
 
@@ -156,41 +262,102 @@ def _partition(text: str | None) -> tuple[int, ...] | None:
         raise ValueError(f"a layer partition is comma-separated integers, got {text!r}") from None
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every refusal ``kvspec plan`` can meet, without making the plan: the layouts, the
+    model on both sides, the rules against the request and the caches, the DP ranks
+    [PLAN-1, STAGE-2, CP-1..3, DP-1]."""
+    source, target, model = _stages_and_model(args)
+    check_layouts(source, target, model)
+    for side, layout in zip(SIDES, (source, target), strict=True):
+        layout.check_block_size(getattr(args, f"{side}_block_size"))
+        if layout.token_shards > 1:
+            layout.rule.check_request(layout.token_shards, args.seq_len)
+        rank = getattr(args, f"{side}_dp_rank")
+        if rank >= layout.dp:
+            raise ValueError(f"{side} DP rank {rank} is out of range [DP-1]")
+
+
 def nearby_valid(args: argparse.Namespace, *, count: int = 3) -> list[str]:
-    """Closest valid alternatives that change one of source TP, target TP or head count."""
+    """Closest valid alternatives that change one thing: source TP, target TP or the head
+    count, and where they are given, a side's cp, dcp, dp, rule size, DP rank or the
+    request length."""
     heads = 1 if args.attention == "mla" else args.kv_heads
     if heads is None or heads < 1 or args.source_tp < 1 or args.target_tp < 1:
         return []
 
-    def valid(source_tp: int, target_tp: int, kv_heads: int) -> bool:
+    def valid(**changes: Any) -> bool:
         try:
-            check_plannable(source_tp, target_tp, kv_heads)
+            check_args(argparse.Namespace(**{**vars(args), **changes}))
         except ValueError:
             return False
         return True
 
-    def closest(values: range, key: int, ok) -> list[int]:
+    def closest(values: range | list[int], key: int, ok) -> list[int]:
         return sorted((v for v in values if v != key and ok(v)), key=lambda v: (abs(v - key), v))[
             :count
         ]
 
     limit = range(1, 2 * max(args.source_tp, args.target_tp, heads, 4) + 1)
     hints = []
-    targets = closest(limit, args.target_tp, lambda t: valid(args.source_tp, t, heads))
+    targets = closest(limit, args.target_tp, lambda t: valid(target_tp=t))
     if targets:
         tps = " or ".join(map(str, targets))
         hints.append(f"--source-tp {args.source_tp} --target-tp {tps}")
-    sources = closest(limit, args.source_tp, lambda s: valid(s, args.target_tp, heads))
+    sources = closest(limit, args.source_tp, lambda s: valid(source_tp=s))
     if sources:
         hints.append(f"--source-tp {' or '.join(map(str, sources))} --target-tp {args.target_tp}")
     if args.attention == "mha":
-        counts = closest(limit, heads, lambda h: valid(args.source_tp, args.target_tp, h))
+        counts = closest(limit, heads, lambda h: valid(kv_heads=h))
         if counts:
             hints.append(
                 f"--source-tp {args.source_tp} --target-tp {args.target_tp} "
                 f"--kv-heads {' or '.join(map(str, counts))}"
             )
+    for side in SIDES:
+        for knob in ("cp", "dcp", "dp", "dp_rank"):
+            name = f"{side}_{knob}"
+            value = getattr(args, name)
+            if value == (0 if knob == "dp_rank" else 1):
+                continue
+            low = 0 if knob == "dp_rank" else 1
+            found = closest(range(low, max(limit) + 1), value, lambda v, n=name: valid(**{n: v}))
+            if found:
+                hints.append(f"--{name.replace('_', '-')} {' or '.join(map(str, found))}")
+        rule = getattr(args, f"{side}_cp_rule") or args.cp_rule
+        kind, _, size = (rule or "").partition(":")
+        if size.isdigit() and kind:
+            sizes = closest(
+                range(1, 2 * max(int(size), getattr(args, f"{side}_block_size")) + 1),
+                int(size),
+                lambda v, k=kind, side=side: valid(**{f"{side}_cp_rule": f"{k}:{v}"}),
+            )
+            if sizes:
+                hints.append(f"--{side}-cp-rule " + " or ".join(f"{kind}:{v}" for v in sizes))
+    if "zigzag" in (args.cp_rule, args.source_cp_rule, args.target_cp_rule):
+        lengths = closest(range(1, 4 * MAX_PARALLEL), args.seq_len, lambda n: valid(seq_len=n))
+        if lengths:
+            hints.append(f"--seq-len {lengths[0]} or more")
     return hints
+
+
+def _rank_entry(plan: TransferPlan, side: str, rank: int) -> dict[str, Any]:
+    """One rank's row of the report: its coordinates and what it holds of the request."""
+    layout = plan.source if side == "source" else plan.target
+    owner = plan.owner(side, rank)
+    entry: dict[str, Any] = {
+        "rank": rank,
+        "pp_rank": owner.pp_rank,
+        "tp_rank": owner.tp_rank,
+        "heads": [owner.heads.start, owner.heads.stop],
+        "layers": [owner.layers.start, owner.layers.stop],
+    }
+    if not layout.first_release:
+        where = layout.locate(rank)
+        entry.update(dp_rank=where.dp_rank, cp_rank=where.cp_rank, dcp_rank=where.dcp_rank)
+        entry["active"] = owner.active
+    if plan.seq_len is not None:
+        entry["tokens"] = None if owner.tokens is None else owner.tokens.to_list()
+    return entry
 
 
 def plan_report(plan: TransferPlan, seq_len: int) -> dict[str, Any]:
@@ -200,29 +367,22 @@ def plan_report(plan: TransferPlan, seq_len: int) -> dict[str, Any]:
     for entry, edge in zip(report["edges"], plan.edges, strict=True):
         entry["bytes"] = edge.nbytes(seq_len)
         entry["bytes_receiver_side"] = edge.nbytes(seq_len, slicing="receiver")
+    stage_ownership(plan.source, plan.model)  # refuses a layout that cannot hold the model
     report["source_ranks"] = [
         {
-            "rank": r.rank,
-            "pp_rank": r.pp_rank,
-            "tp_rank": r.tp_rank,
-            "heads": [r.heads.start, r.heads.stop],
-            "layers": [r.layers.start, r.layers.stop],
-            "fan_out": len(plan.targets_of(r.rank)),
-            "bytes_out": sum(e.nbytes(seq_len) for e in plan.edges_from(r.rank)),
+            **_rank_entry(plan, "source", rank),
+            "fan_out": len(plan.targets_of(rank)),
+            "bytes_out": sum(e.nbytes(seq_len) for e in plan.edges_from(rank)),
         }
-        for r in stage_ownership(plan.source, plan.model)
+        for rank in plan.source.ranks()
     ]
     report["target_ranks"] = [
         {
-            "rank": r.rank,
-            "pp_rank": r.pp_rank,
-            "tp_rank": r.tp_rank,
-            "heads": [r.heads.start, r.heads.stop],
-            "layers": [r.layers.start, r.layers.stop],
-            "fan_in": len(plan.sources_of(r.rank)),
-            "bytes_in": sum(e.nbytes(seq_len) for e in plan.edges_to(r.rank)),
+            **_rank_entry(plan, "target", rank),
+            "fan_in": len(plan.sources_of(rank)),
+            "bytes_in": sum(e.nbytes(seq_len) for e in plan.edges_to(rank)),
         }
-        for r in stage_ownership(plan.target, plan.model)
+        for rank in plan.target.ranks()
     ]
     minimum = plan.minimum_nbytes(seq_len)
     report["totals"] = {
@@ -234,40 +394,85 @@ def plan_report(plan: TransferPlan, seq_len: int) -> dict[str, Any]:
     return report
 
 
+def rank_formula(layout: StageLayout) -> str:
+    """The stage-rank formula of a layout with its numbers [STAGE-1, STAGE-2, CP-3]."""
+    if layout.dp == 1 and layout.cp == 1:
+        text = f"rank = pp_rank*{layout.tp} + tp_rank"
+    else:
+        inner = "cp_rank" if layout.dp == 1 else f"dp_rank*{layout.cp} + cp_rank"
+        if layout.cp == 1:
+            inner = "dp_rank"
+        group = f"({inner})" if "+" in inner else inner
+        text = f"rank = pp_rank*{layout.tp} + {group}*{layout.attn_tp} + attn_tp_rank"
+    if layout.dcp > 1:
+        text += f"; dcp_rank = attn_tp_rank % {layout.dcp}"
+    if layout.token_shards > 1:
+        shard = (
+            "cp_rank"
+            if layout.dcp == 1
+            else ("dcp_rank" if layout.cp == 1 else f"cp_rank*{layout.dcp} + dcp_rank")
+        )
+        text += f"; token shard {shard} of {layout.token_shards} by {layout.cp_rule}"
+    return text
+
+
 def render(plan: TransferPlan, report: dict[str, Any]) -> str:
     """The human-readable form of :func:`plan_report`."""
     totals = report["totals"]
+    sharded = plan.seq_len is not None
     lines = [
         f"transfer plan  {plan.source.describe()} -> {plan.target.describe()}   "
         f"(replica policy: {plan.policy})",
         f"model          {plan.model.describe()}",
         f"request        {report['seq_len']} tokens",
+    ]
+    if not (plan.source.first_release and plan.target.first_release):
+        lines += [
+            f"source ranks   {rank_formula(plan.source)}",
+            f"target ranks   {rank_formula(plan.target)}",
+        ]
+    if plan.source.dp > 1 or plan.target.dp > 1:
+        lines.append(
+            f"router         the request lives on source DP rank {plan.source_dp} and target "
+            f"DP rank {plan.target_dp}"
+        )
+    lines += [
         "",
         f"edges ({totals['edges']}):",
         f"  {'src':>4} {'(pp,tp)':>8}    {'dst':>4} {'(pp,tp)':>8}  {'heads':>7}  {'layers':>7}  "
-        f"{'slice':>8}  {'bytes':>10}",
+        f"{'slice':>8}  {'bytes':>10}" + ("  tokens" if sharded else ""),
     ]
     coords_src = {r["rank"]: (r["pp_rank"], r["tp_rank"]) for r in report["source_ranks"]}
     coords_dst = {r["rank"]: (r["pp_rank"], r["tp_rank"]) for r in report["target_ranks"]}
     for e in report["edges"]:
-        piece = "whole" if e["num_slices"] == 1 else f"{e['offset_in_shard']} of {e['num_slices']}"
+        if "heads_in_shard" in e:
+            piece = f"h{_span(e['heads_in_shard'])}/{e['shard_heads']}"
+        else:
+            piece = (
+                "whole" if e["num_slices"] == 1 else f"{e['offset_in_shard']} of {e['num_slices']}"
+            )
+        tokens = f"  {_tokens(e.get('tokens'))}" if sharded else ""
         lines.append(
             f"  {e['src']:>4} {_coords(coords_src[e['src']]):>8} -> {e['dst']:>4} "
             f"{_coords(coords_dst[e['dst']]):>8}  {_span(e['heads']):>7}  {_span(e['layers']):>7}  "
-            f"{piece:>8}  {human_bytes(e['bytes']):>10}"
+            f"{piece:>8}  {human_bytes(e['bytes']):>10}{tokens}"
         )
-    lines += ["", "source ranks:", _rank_header("fan-out", "bytes out")]
+    lines += ["", "source ranks:", _rank_header("fan-out", "bytes out", sharded)]
     for r in report["source_ranks"]:
-        lines.append(_rank_line(r, r["fan_out"], r["bytes_out"]))
-    idle = [r["rank"] for r in report["source_ranks"] if r["fan_out"] == 0]
+        lines.append(_rank_line(r, r["fan_out"], r["bytes_out"], sharded))
+    idle = [
+        r["rank"]
+        for r in report["source_ranks"]
+        if r["fan_out"] == 0 and r.get("active", True) and r.get("tokens") != []
+    ]
     if idle:
         lines.append(
             f"  idle senders {idle}: every head they hold is sent by a replica (policy "
             f"{plan.policy})"
         )
-    lines += ["", "target ranks:", _rank_header("fan-in", "bytes in")]
+    lines += ["", "target ranks:", _rank_header("fan-in", "bytes in", sharded)]
     for r in report["target_ranks"]:
-        lines.append(_rank_line(r, r["fan_in"], r["bytes_in"]))
+        lines.append(_rank_line(r, r["fan_in"], r["bytes_in"], sharded))
     minimum = totals["bytes_minimum"]
     lines += [
         "",
@@ -281,14 +486,28 @@ def render(plan: TransferPlan, report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _rank_header(fan: str, nbytes: str) -> str:
-    return f"  {'rank':>4} {'(pp,tp)':>8}  {'heads':>7}  {'layers':>7}  {fan:>7}  {nbytes:>10}"
+def _tokens(ranges: list[list[int]] | None) -> str:
+    if ranges is None:
+        return "all"
+    return Tokens.from_list(ranges).describe(limit=3) if ranges else "none"
 
 
-def _rank_line(r: dict[str, Any], fan: int, nbytes: int) -> str:
+def _rank_header(fan: str, nbytes: str, sharded: bool = False) -> str:
+    return f"  {'rank':>4} {'(pp,tp)':>8}  {'heads':>7}  {'layers':>7}  {fan:>7}  {nbytes:>10}" + (
+        "  tokens" if sharded else ""
+    )
+
+
+def _rank_line(r: dict[str, Any], fan: int, nbytes: int, sharded: bool = False) -> str:
+    if not r.get("active", True):
+        return (
+            f"  {r['rank']:>4} {_coords((r['pp_rank'], r['tp_rank'])):>8}  another DP group "
+            f"(dp_rank {r['dp_rank']}): none of this request"
+        )
+    tokens = f"  {_tokens(r.get('tokens'))}" if sharded else ""
     return (
         f"  {r['rank']:>4} {_coords((r['pp_rank'], r['tp_rank'])):>8}  {_span(r['heads']):>7}  "
-        f"{_span(r['layers']):>7}  {fan:>7}  {human_bytes(nbytes):>10}"
+        f"{_span(r['layers']):>7}  {fan:>7}  {human_bytes(nbytes):>10}{tokens}"
     )
 
 

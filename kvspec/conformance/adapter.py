@@ -25,13 +25,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from kvspec.conformance.domain import EVERYTHING, Domain
+from kvspec.conformance.domain import FIRST_RELEASE, Domain
+from kvspec.naming.ports import PortScheme
 from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import SLICING_MODES, Shipment
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import POLICIES, ReplicaRule
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens
 
 
 class NotProvided(Exception):
@@ -40,6 +42,7 @@ class NotProvided(Exception):
 
 CAPABILITIES: dict[str, tuple[str, ...]] = {
     "ownership": ("owned",),
+    "tokens": ("owned_tokens",),
     "routing": ("sources", "targets"),
     "sender": ("sender_transform",),
     "receiver": ("receiver_combine",),
@@ -60,6 +63,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "keys": ("rank_aware_key", "legacy_key"),
     "edge-keys": ("send_keys", "recv_keys"),
     "ports": ("kv_port",),
+    "dp-ports": ("stage_port",),
     "payload": ("merge",),
     "chunks": ("reassemble",),
     "wire": ("encode", "decode"),
@@ -108,7 +112,9 @@ class Adapter:
 
     - ``name``, ``version``: shown in reports.
     - ``domain``: what the implementation handles (:class:`Domain`); every check draws
-      its examples inside it.
+      its examples inside it. The default is the first release's (TP and PP, dividing
+      TP pairs); declare attention DP, context parallelism and non-dividing TP pairs to
+      be checked on them.
     - ``policies``: the replica-choice policies [PLAN-4] it implements: the spec's names
       (``lowest``, ``balanced``) or names of ``policy_rules``; generated cases use only
       these, and the policy checks run only if any.
@@ -123,7 +129,7 @@ class Adapter:
 
     name: str = "unnamed"
     version: str = ""
-    domain: Domain = EVERYTHING
+    domain: Domain = FIRST_RELEASE
     policies: tuple[str, ...] = ()
     policy_rules: Mapping[str, ReplicaRule] = MappingProxyType({})
     slicing_modes: tuple[str, ...] = ("sender",)
@@ -140,7 +146,15 @@ class Adapter:
 
     # ownership ------------------------------------------------------------------
     def owned(self, layout: StageLayout, model: ModelShape, rank: int) -> tuple[range, range]:
-        """(heads, layers) stage-local ``rank`` holds [STAGE-1, HEAD-1..3, LAYER-1..2]."""
+        """(heads, layers) stage-local ``rank`` holds [STAGE-1, STAGE-2, HEAD-1..3,
+        LAYER-1..2]."""
+        raise NotProvided
+
+    def owned_tokens(
+        self, layout: StageLayout, model: ModelShape, rank: int, seq_len: int
+    ) -> Sequence[range]:
+        """The tokens of a ``seq_len``-token request stage-local ``rank`` holds, as ascending
+        ranges of global token positions [CP-1, CP-3]; every token without token shards."""
         raise NotProvided
 
     # routing --------------------------------------------------------------------
@@ -193,9 +207,14 @@ class Adapter:
     # loads and its attention layers are built, the two stages' agreement in a
     # handshake. One method each, so an adapter provides what its engine's transfer code
     # really does. Every ``config`` is plain data: ``source`` and ``target`` (``tp``,
-    # ``pp``, ``layer_partition``), ``model`` (ModelShape fields), optionally ``policy``,
-    # ``rank`` (``{"side": "source" | "target", "rank": int}``) and ``target_model``
-    # (the receiver's model facts).
+    # ``pp``, ``layer_partition``, and where they apply ``dp``, ``cp``, ``dcp``,
+    # ``cp_rule``), ``model`` (ModelShape fields), optionally ``policy``, ``rank``
+    # (``{"side": "source" | "target", "rank": int}``), ``target_model`` (the receiver's
+    # model facts), the request's ``seq_len``, the router's ``source_dp`` and
+    # ``target_dp``, and cache block sizes ``source_block_size`` and ``target_block_size``
+    # [CP-2, DP-1]. Attention groups that do not fit TP are parallel sizes [STAGE-2];
+    # token rules, DCP and DP ranks are refused with the pair of stages [CP-1..3, DP-1,
+    # PLAN-6].
 
     def validate_sizes(self, config: dict[str, Any]) -> None:
         """Raise if the implementation refuses these parallel sizes: TP and PP of at least
@@ -315,12 +334,13 @@ class Adapter:
         model: ModelShape,
         request_id: str,
         *,
-        tokens: range,
+        tokens: range | Tokens,
         layers: range,
         heads: range,
         seed: int,
     ) -> RequestKV:
-        """The coordinate-hash values of a region of one request [ORACLE-1..4]."""
+        """The coordinate-hash values of a region of one request [ORACLE-1..4]; ``tokens``
+        may be a token set (a context-parallel rank's tokens, in ascending order)."""
         raise NotProvided
 
     def oracle_verify(
@@ -363,6 +383,19 @@ class Adapter:
 
     def kv_port(self, base: int, stage: int, rank: int, replica: int) -> int:
         """The KV port of sender (stage, rank, replica); raise outside the domain [PORT-1..3]."""
+        raise NotProvided
+
+    def stage_port(
+        self,
+        base: int,
+        stage: int,
+        layout: StageLayout,
+        rank: int,
+        replica: int,
+        scheme: PortScheme,
+    ) -> int:
+        """The KV port of stage-local ``rank`` of a stage with attention-DP groups under a
+        port ``scheme`` (with or without a dp_stride) [PORT-1, STAGE-2]."""
         raise NotProvided
 
     # payloads and the wire ----------------------------------------------------------

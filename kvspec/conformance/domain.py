@@ -1,11 +1,17 @@
 """An implementation's domain, declared as data, and the example strategies drawn inside it.
 
-An adapter says what its implementation handles — which TP pairs (or ratios), which
-pipeline sizes, whether heads may be replicated (``H < tp``), which attention kinds,
-dtypes, fp8 scale formats, cache layouts and block sizes — as a :class:`Domain`. The
-checks draw their examples *inside* it, so a narrow implementation is checked on as
-many examples as a broad one; :meth:`Adapter.supports` stays as a final filter for
-what the data cannot say, and every example it turns away is counted [PLAN-1].
+An adapter says what its implementation handles — which TP pairs (or ratios), whether
+pairs that do not divide are in, which pipeline sizes, whether heads may be replicated
+(``H < tp``), which attention-DP and context-parallel sizes and token rules, which
+attention kinds, dtypes, fp8 scale formats, cache layouts and block sizes — as a
+:class:`Domain`. The checks draw their examples *inside* it, so a narrow implementation
+is checked on as many examples as a broad one; :meth:`Adapter.supports` stays as a
+final filter for what the data cannot say, and every example it turns away is counted
+[PLAN-1].
+
+The axes the second release added (non-dividing TP pairs, ``dp``, ``cp``, ``dcp``)
+are closed in ``Domain()``, so an adapter written before them is not drawn into them;
+:data:`EVERYTHING` opens every axis, and the reference declares it.
 
 Negative checks build their inputs from examples inside the domain and change one
 fact to step just outside the *spec's* domain, so they too stay relevant.
@@ -18,9 +24,11 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from kvspec.memory.cache_layout import PRESETS, get_layout, layouts_for
-from kvspec.strategies import TP_SIZES, TransferCase, dividing_pairs, transfer_cases
+from kvspec.strategies import TP_SIZES, TransferCase, divides, dividing_pairs, transfer_cases
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, check_dtype
 from kvspec.topology.model import ATTENTION_KINDS, SCALE_FORMATS
+from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import RULE_KINDS
 
 BLOCK_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5)
 """Block sizes drawn by default: small, so that few tokens fill several blocks."""
@@ -35,8 +43,11 @@ class Domain:
     """What an implementation handles; the default is everything the spec allows.
 
     - ``tp_pairs``: the (source TP, target TP) pairs it handles, or ``None`` for every
-      dividing pair of ``tp_sizes`` [PLAN-1]; ``tp_ratios`` keeps only pairs whose larger
-      TP is that multiple of the smaller (1 = equal TP).
+      pair of ``tp_sizes`` that divides (every pair with ``non_dividing_tp``) [PLAN-1];
+      ``tp_ratios`` keeps only pairs whose larger TP is that multiple of the smaller
+      (1 = equal TP).
+    - ``dp_sizes``, ``cp_sizes``, ``dcp_sizes``: attention-DP and context-parallel sizes
+      it handles on either side [STAGE-2, CP-3]; ``cp_rules`` the token rules [CP-1].
     - ``pp_sizes``: pipeline sizes it handles on either side (``(1,)``: no PP);
       ``explicit_partitions``: whether explicit layer partitions are in [LAYER-2].
     - ``replicated_heads``: whether ``H < tp`` (GQA replication) is in [HEAD-2].
@@ -62,10 +73,26 @@ class Domain:
     scale_formats: tuple[str, ...] = SCALE_FORMATS
     layouts: tuple[str, ...] = tuple(PRESETS)
     block_sizes: tuple[int, ...] = field(default=BLOCK_SIZES)
+    non_dividing_tp: bool = False
+    dp_sizes: tuple[int, ...] = (1,)
+    cp_sizes: tuple[int, ...] = (1,)
+    dcp_sizes: tuple[int, ...] = (1,)
+    cp_rules: tuple[str, ...] = RULE_KINDS
     repeated_deliveries: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("tp_sizes", "pp_sizes", "attention", "dtypes", "layouts", "block_sizes"):
+        for name in (
+            "tp_sizes",
+            "pp_sizes",
+            "attention",
+            "dtypes",
+            "layouts",
+            "block_sizes",
+            "dp_sizes",
+            "cp_sizes",
+            "dcp_sizes",
+            "cp_rules",
+        ):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
             if not getattr(self, name):
                 raise ValueError(f"Domain.{name} must not be empty")
@@ -73,15 +100,21 @@ class Domain:
         if self.tp_pairs is not None:
             pairs = tuple((int(s), int(t)) for s, t in self.tp_pairs)
             object.__setattr__(self, "tp_pairs", pairs)
-            bad = [p for p in pairs if p not in dividing_pairs(tuple(sorted({*p})))]
+            bad = [p for p in pairs if not divides(*p) and not self.non_dividing_tp]
             if bad:
-                raise ValueError(f"Domain.tp_pairs {bad} do not divide one another [PLAN-1]")
+                raise ValueError(
+                    f"Domain.tp_pairs {bad} do not divide one another; declare "
+                    "non_dividing_tp=True to hold such pairs [PLAN-1]"
+                )
         if self.tp_ratios is not None:
             object.__setattr__(self, "tp_ratios", _tuple(self.tp_ratios))
-        for name in ("tp_sizes", "pp_sizes", "block_sizes"):
+        for name in ("tp_sizes", "pp_sizes", "block_sizes", "dp_sizes", "cp_sizes", "dcp_sizes"):
             small = [v for v in getattr(self, name) if not isinstance(v, int) or v < 1]
             if small:
                 raise ValueError(f"Domain.{name} must be integers >= 1, got {small}")
+        unknown = set(self.cp_rules) - set(RULE_KINDS)
+        if unknown:
+            raise ValueError(f"Domain.cp_rules: unknown rules {sorted(unknown)} [CP-1]")
         unknown = set(self.attention) - set(ATTENTION_KINDS)
         if unknown:
             raise ValueError(f"Domain.attention: unknown kinds {sorted(unknown)} [MODEL-1]")
@@ -101,7 +134,12 @@ class Domain:
 
     def pairs(self) -> tuple[tuple[int, int], ...]:
         """The (source TP, target TP) pairs inside the domain."""
-        pairs = self.tp_pairs if self.tp_pairs is not None else dividing_pairs(self.tp_sizes)
+        if self.tp_pairs is not None:
+            pairs = self.tp_pairs
+        elif self.non_dividing_tp:
+            pairs = tuple((s, t) for s in self.tp_sizes for t in self.tp_sizes)
+        else:
+            pairs = tuple(dividing_pairs(self.tp_sizes))
         if self.tp_ratios is not None:
             pairs = [(s, t) for s, t in pairs if max(s, t) // min(s, t) in self.tp_ratios]
         return tuple(pairs)
@@ -154,7 +192,21 @@ class Domain:
             )
             and model.attention in self.attention
             and model.dtype in self.model_dtypes()
+            and all(self.holds_layout(layout) for layout in (case.source, case.target))
         )
+
+    def holds_layout(self, layout: StageLayout) -> bool:
+        return (
+            layout.dp in self.dp_sizes
+            and layout.cp in self.cp_sizes
+            and layout.dcp in self.dcp_sizes
+            and (layout.token_shards == 1 or layout.rule.kind in self.cp_rules)
+        )
+
+    @property
+    def token_shards(self) -> bool:
+        """Whether context parallelism (token shards) is inside the domain [CP-1]."""
+        return max(self.cp_sizes) > 1 or max(self.dcp_sizes) > 1
 
     # -- strategies inside it -------------------------------------------------------------
 
@@ -180,15 +232,19 @@ class Domain:
             policies=policies or ("lowest",),
             max_layers=max(max_layers, min(self.pp_sizes)),
             max_head_dim=max_head_dim,
+            non_dividing=self.non_dividing_tp and self.tp_pairs is None,
+            dp_sizes=self.dp_sizes,
+            cp_sizes=self.cp_sizes,
+            dcp_sizes=self.dcp_sizes,
+            rules=self.cp_rules,
         )
 
     def describe(self) -> str:
         """One line: how the domain differs from the whole spec."""
-        default = Domain()
         parts = [
             f"{name}={getattr(self, name)!r}"
             for name in self.__dataclass_fields__
-            if getattr(self, name) != getattr(default, name)
+            if getattr(self, name) != getattr(EVERYTHING, name)
         ]
         return ", ".join(parts) or "everything the spec allows"
 
@@ -197,5 +253,10 @@ def _explicit(case: TransferCase) -> bool:
     return case.source.layer_partition is not None or case.target.layer_partition is not None
 
 
-EVERYTHING = Domain()
-"""The whole spec's domain: the default of every adapter."""
+FIRST_RELEASE = Domain()
+"""The first release's domain: TP and PP, dividing TP pairs. The default of an adapter."""
+
+EVERYTHING = Domain(
+    non_dividing_tp=True, dp_sizes=(1, 2, 4), cp_sizes=(1, 2, 3, 4), dcp_sizes=(1, 2, 4)
+)
+"""The whole spec's domain, every axis open; the reference declares it."""

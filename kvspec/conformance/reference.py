@@ -8,13 +8,14 @@ from typing import Any
 
 from kvspec import __version__
 from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.domain import EVERYTHING
 from kvspec.error_cases import OPERATIONS
 from kvspec.lifecycle.machine import Lifecycle
 from kvspec.memory.cache_layout import convert, detect_layout, field_views, kv_views
 from kvspec.memory.descriptors import RegisteredCache, plan_descriptors
 from kvspec.memory.paged import PagedCache, gather_request, scatter_request
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
-from kvspec.naming.ports import port
+from kvspec.naming.ports import PortScheme, port, rank_port
 from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv, verify
@@ -40,6 +41,7 @@ class ReferenceAdapter(Adapter):
 
     name = "reference"
     version = __version__
+    domain = EVERYTHING
     policies = POLICIES
     slicing_modes = SLICING_MODES
     coalesces = True
@@ -51,6 +53,12 @@ class ReferenceAdapter(Adapter):
     def owned(self, layout: StageLayout, model: ModelShape, rank: int) -> tuple[range, range]:
         owner = rank_ownership(layout, model, rank)
         return owner.heads, owner.layers
+
+    def owned_tokens(
+        self, layout: StageLayout, model: ModelShape, rank: int, seq_len: int
+    ) -> Sequence[range]:
+        tokens = rank_ownership(layout, model, rank, seq_len=seq_len).tokens
+        return [range(seq_len)] if tokens is None else list(tokens.ranges)
 
     def sources(self, case: TransferCase, dst: int) -> Sequence[int]:
         return self.plan(case).sources_of(dst)
@@ -158,6 +166,17 @@ class ReferenceAdapter(Adapter):
 
     def kv_port(self, base: int, stage: int, rank: int, replica: int) -> int:
         return port("kv", base, stage, rank, replica)
+
+    def stage_port(
+        self,
+        base: int,
+        stage: int,
+        layout: StageLayout,
+        rank: int,
+        replica: int,
+        scheme: PortScheme,
+    ) -> int:
+        return rank_port("kv", base, stage, layout, rank, replica, scheme=scheme)
 
     def merge(
         self, case: TransferCase, dst: int, received: Sequence[tuple[int, Payload]]

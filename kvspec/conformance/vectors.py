@@ -41,17 +41,17 @@ from kvspec.memory.cache_layout import (
 from kvspec.memory.descriptors import RegisteredCache, judge_descriptors, plan_descriptors
 from kvspec.memory.paged import PagedCache, empty_model_cache, gather_request, scatter_request
 from kvspec.naming.keys import legacy_key, rank_aware_key
-from kvspec.naming.ports import port
-from kvspec.strategies import TP_SIZES, TransferCase
+from kvspec.naming.ports import PortScheme, port, rank_port
+from kvspec.strategies import RULE_SIZES, TP_SIZES, TransferCase, divides
 from kvspec.tensors.dtypes import FP8_DTYPES, bits_view, torch_dtype
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.oracle import oracle_kv, oracle_scales
-from kvspec.tensors.reshard import Shipment, send, shard
-from kvspec.tensors.slicing import HeadSlice
+from kvspec.tensors.reshard import Shipment, edge_marker, send, shard
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import stage_ownership
 from kvspec.topology.plan import check_plannable
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens, as_tokens
 from kvspec.transport.payload import payload_from_shipment
 from kvspec.transport.wire import encode
 
@@ -97,6 +97,8 @@ def _sample_cases(rng: random.Random, count: int, *, max_layers: int = 8) -> lis
         attention = rng.choice(["mha", "mha", "mha", "mla"])
         if attention == "mla":
             heads = 1
+        if not divides(source_tp, target_tp):
+            continue  # the first release's pairs: these vectors stay as they were
         try:
             check_plannable(source_tp, target_tp, heads)
         except ValueError:
@@ -132,6 +134,84 @@ PINNED: tuple[TransferCase, ...] = (
 )
 """Named configurations from the design and the historical bug classes."""
 
+PARALLEL: tuple[TransferCase, ...] = (
+    TransferCase(StageLayout(4), StageLayout(6), ModelShape(2, 12, 2)),
+    TransferCase(StageLayout(6), StageLayout(4), ModelShape(3, 12, 2), "balanced"),
+    TransferCase(
+        StageLayout(8), StageLayout(8, cp=2, cp_rule="interleave:1"), ModelShape(2, 4, 2), seq_len=9
+    ),
+    TransferCase(
+        StageLayout(4, cp=2, cp_rule="interleave:2"),
+        StageLayout(6),
+        ModelShape(2, 12, 2),
+        seq_len=11,
+    ),
+    TransferCase(
+        StageLayout(4, cp=2, cp_rule="zigzag"),
+        StageLayout(8, dcp=2, cp_rule="interleave:2"),
+        ModelShape(2, 2, 2),
+        seq_len=13,
+    ),
+    TransferCase(
+        StageLayout(8, dcp=2, cp_rule="interleave:1"),
+        StageLayout(2),
+        ModelShape.mla(2, 3),
+        seq_len=7,
+    ),
+    TransferCase(
+        StageLayout(8, dp=2), StageLayout(4, dp=2), ModelShape(2, 2, 2), source_dp=1, target_dp=0
+    ),
+    TransferCase(
+        StageLayout(2, 2, (1, 3)),
+        StageLayout(4, 3, (2, 1, 1), cp=2, cp_rule="contiguous:2"),
+        ModelShape(4, 4, 2),
+        seq_len=9,
+    ),
+    TransferCase(
+        StageLayout(4, cp=4, cp_rule="round_robin_blocks:2"),
+        StageLayout(4, cp=2, cp_rule="contiguous:4"),
+        ModelShape(2, 2, 2, dtype="float8_e4m3fn"),
+        seq_len=14,
+    ),
+)
+"""Configurations of the second release's axes: TP4 <-> TP6, token shards on either side
+and both (PCP -> DCP), attention-DP groups, PP on both sides with uneven partitions."""
+
+
+def _sample_layout(rng: random.Random, tp: int) -> dict[str, Any]:
+    """Attention groups and token shards for a stage of ``tp`` ranks per pipeline stage."""
+    groups = [(dp, cp) for dp in (1, 2) for cp in (1, 2, 3) if tp % (dp * cp) == 0]
+    dp, cp = rng.choice(groups)
+    dcp = rng.choice([d for d in (1, 2) if (tp // (dp * cp)) % d == 0])
+    kind = rng.choice(["contiguous", "interleave", "round_robin_blocks", "zigzag"])
+    size = rng.choice(RULE_SIZES[kind])
+    rule = kind if kind == "zigzag" or (kind == "contiguous" and size == 1) else f"{kind}:{size}"
+    return {"dp": dp, "cp": cp, "dcp": dcp, "cp_rule": rule}
+
+
+def _sample_parallel(rng: random.Random, count: int) -> list[TransferCase]:
+    """Valid cases over every axis (any TP pair, groups, token shards, DP ranks), seeded."""
+    cases: list[TransferCase] = []
+    while len(cases) < count:
+        tps = [rng.choice((1, 2, 3, 4, 6, 8)) for _ in range(2)]
+        sides = [_sample_layout(rng, tp) for tp in tps]
+        heads = rng.choice([1, 2, 3, 4, 6, 12])
+        num_layers = rng.randint(1, 4)
+        model = ModelShape(num_layers, heads, rng.randint(1, 3))
+        layouts = []
+        for tp, side in zip(tps, sides, strict=True):
+            pp = rng.randint(1, min(2, num_layers))
+            layouts.append(StageLayout(tp, pp, **side))
+        seq_len = rng.randint(4, 12) if any(x.token_shards > 1 for x in layouts) else None
+        dp_ranks = [rng.randrange(x.dp) for x in layouts]
+        case = TransferCase(layouts[0], layouts[1], model, "lowest", seq_len, *dp_ranks)
+        try:
+            case.plan()
+        except ValueError:
+            continue
+        cases.append(case)
+    return cases
+
 
 # ownership ----------------------------------------------------------------------------
 def _export_ownership(rng: random.Random) -> tuple[list[Case], Tensors]:
@@ -156,16 +236,107 @@ def _export_ownership(rng: random.Random) -> tuple[list[Case], Tensors]:
                     ],
                 }
             )
-    return cases, {}
+    return cases + _export_groups(len(PINNED) + 30), {}
+
+
+def _export_groups(start: int) -> list[Case]:
+    """Ownership of layouts with attention groups and token shards [STAGE-2, CP-3]."""
+    cases = []
+    for i, case in enumerate(PARALLEL, start):
+        for side, layout in (("source", case.source), ("target", case.target)):
+            if layout.first_release:
+                continue
+            cases.append(
+                {
+                    "id": f"ownership-{i:03d}-{side}",
+                    "clauses": ["STAGE-1", "STAGE-2", "HEAD-1", "HEAD-2", "HEAD-3", "CP-3"],
+                    "layout": layout.to_dict(),
+                    "model": case.model.to_dict(),
+                    "ranks": [
+                        {
+                            "rank": r.rank,
+                            "pp_rank": r.pp_rank,
+                            "tp_rank": r.tp_rank,
+                            "heads": _span(r.heads),
+                            "layers": _span(r.layers),
+                        }
+                        for r in stage_ownership(layout, case.model)
+                    ],
+                }
+            )
+    return cases
 
 
 def _check_ownership(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     layout, model = StageLayout.from_dict(case["layout"]), ModelShape.from_dict(case["model"])
+    if not adapter.domain.holds_layout(layout):
+        raise NotApplicable("outside the adapter's declared domain")
     for expected in case["ranks"]:
         heads, layers = adapter.owned(layout, model, expected["rank"])
         got = [[min(heads, default=0), max(heads, default=-1) + 1], [layers[0], layers[-1] + 1]]
         if got != [expected["heads"], expected["layers"]] or len(heads) != len(range(*got[0])):
             return f"rank {expected['rank']}: heads/layers {got}, expected {expected}"
+    return None
+
+
+# tokens -------------------------------------------------------------------------------
+TOKEN_LAYOUTS: tuple[tuple[StageLayout, ModelShape], ...] = tuple(
+    (StageLayout(tp, dp=dp, cp=cp, dcp=dcp, cp_rule=rule), ModelShape(1, heads, 1))
+    for tp, dp, cp, dcp, heads, rule in (
+        (4, 1, 2, 1, 4, "contiguous"),
+        (4, 1, 4, 1, 2, "contiguous:4"),
+        (6, 1, 3, 1, 2, "interleave:1"),
+        (4, 1, 2, 1, 2, "interleave:16"),
+        (8, 1, 2, 1, 4, "round_robin_blocks:8"),
+        (4, 1, 2, 1, 2, "zigzag"),
+        (8, 1, 4, 1, 2, "zigzag"),
+        (8, 1, 1, 2, 4, "interleave:1"),
+        (8, 1, 1, 4, 1, "interleave:16"),
+        (8, 1, 2, 2, 1, "contiguous:16"),
+        (12, 1, 1, 4, 2, "interleave:2"),
+        (8, 2, 2, 1, 2, "round_robin_blocks:4"),
+    )
+)
+"""Token rules over the cp axis, DCP, both, and beside attention DP [CP-1, CP-3]."""
+
+
+def _export_tokens(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases = []
+    for i, (layout, model) in enumerate(TOKEN_LAYOUTS):
+        for seq_len in sorted({2 * layout.token_shards, rng.randint(1, 40), rng.randint(41, 99)}):
+            if seq_len < 2 * layout.token_shards and layout.rule.kind == "zigzag":
+                continue
+            owners = stage_ownership(layout, model, seq_len=seq_len)
+            cases.append(
+                {
+                    "id": f"tokens-{i:03d}-{seq_len}",
+                    "clauses": ["CP-1", "CP-3", "STAGE-2"],
+                    "layout": layout.to_dict(),
+                    "model": model.to_dict(),
+                    "seq_len": seq_len,
+                    "ranks": [
+                        {
+                            "rank": r.rank,
+                            "token_shard": layout.token_shard(r.rank),
+                            "tokens": (
+                                Tokens.span(0, seq_len) if r.tokens is None else r.tokens
+                            ).to_list(),
+                        }
+                        for r in owners
+                    ],
+                }
+            )
+    return cases, {}
+
+
+def _check_tokens(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    layout, model = StageLayout.from_dict(case["layout"]), ModelShape.from_dict(case["model"])
+    if not adapter.domain.holds_layout(layout):
+        raise NotApplicable("outside the adapter's declared domain")
+    for expected in case["ranks"]:
+        got = as_tokens(adapter.owned_tokens(layout, model, expected["rank"], case["seq_len"]))
+        if got.to_list() != expected["tokens"]:
+            return f"rank {expected['rank']}: tokens {got.to_list()}, expected {expected['tokens']}"
     return None
 
 
@@ -182,6 +353,16 @@ def _export_plan(rng: random.Random) -> tuple[list[Case], Tensors]:
                 "edges": [e.to_dict() for e in plan.edges],
             }
         )
+    more = random.Random(f"{rng.random()}:parallel")
+    for i, case in enumerate([*PARALLEL, *_sample_parallel(more, 20)], len(cases)):
+        cases.append(
+            {
+                "id": f"plan-{i:03d}",
+                "clauses": ["PLAN-1", "PLAN-2", "PLAN-3", "PLAN-4", "PLAN-5", "PLAN-6", "DP-1"],
+                **case.to_dict(),
+                "edges": [e.to_dict() for e in case.plan().edges],
+            }
+        )
     return cases, {}
 
 
@@ -189,7 +370,7 @@ def _check_plan(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     transfer = TransferCase.from_dict(case)
     if transfer.policy not in adapter.policies:
         raise NotApplicable(f"policy {transfer.policy!r} not implemented by the adapter")
-    if not adapter.supports(transfer):
+    if not adapter.domain.holds(transfer) or not adapter.supports(transfer):
         raise NotApplicable("outside the adapter's declared domain")
     for dst in transfer.target.ranks():
         expected = sorted(e["src"] for e in case["edges"] if e["dst"] == dst)
@@ -207,9 +388,30 @@ def _export_errors(rng: random.Random) -> tuple[list[Case], Tensors]:
     ], {}
 
 
+_SECOND_RELEASE_AXES = {"cp": "cp_sizes", "dcp": "dcp_sizes", "dp": "dp_sizes"}
+
+
+def _outside(adapter: Adapter, args: dict[str, Any]) -> str | None:
+    """Why a transfer configuration uses an axis the adapter's domain leaves out, or None."""
+    domain = adapter.domain
+    for side in ("source", "target"):
+        layout = args.get(side, {})
+        for key, sizes in _SECOND_RELEASE_AXES.items():
+            if layout.get(key, 1) != 1 and max(getattr(domain, sizes)) == 1:
+                return f"{side} {key} is outside the adapter's domain"
+    tps = (args["source"].get("tp"), args["target"].get("tp"))
+    positive = all(isinstance(t, int) and t > 0 for t in tps)
+    if positive and not divides(*tps) and not domain.non_dividing_tp:
+        return "TP pairs that do not divide are outside the adapter's domain"
+    return None
+
+
 def _check_errors(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     if case["op"] != "transfer":
         raise NotApplicable(f"operation {case['op']!r} has no adapter capability")
+    why = _outside(adapter, case["args"])
+    if why:
+        raise NotApplicable(why)
     method = validator_for(case["clause"])
     capability = VALIDATORS[method]
     if capability not in provided_capabilities(adapter):
@@ -225,19 +427,24 @@ def _check_errors(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
 def _export_reshard(rng: random.Random) -> tuple[list[Case], Tensors]:
     cases, tensors = [], {}
     chosen = [*PINNED[:3], PINNED[4], PINNED[5], *_sample_cases(rng, 10, max_layers=4)]
+    more = random.Random(f"{rng.random()}:parallel")
+    chosen += [*PARALLEL, *_sample_parallel(more, 6)]
     for i, case in enumerate(chosen):
         key = f"reshard-{i:03d}"
-        seq_len = 1 + i % 3
+        seq_len = case.seq_len if case.sharded else 1 + i % 3
         full = random_request_kv(case.model, seq_len, seed=i)
         plan = case.plan()
         tensors[f"{key}/full"] = full.data
         if full.scales is not None:
             tensors[f"{key}/full_scales"] = full.scales
-        targets = shard(full, case.target, case.model)
+        targets = shard(full, case.target, case.model, dp_rank=case.target_dp)
+        held = [plan.sources_of(dst) != () for dst in case.target.ranks()]
         for dst, kv in enumerate(targets):
-            tensors[f"{key}/target/{dst}"] = kv.data.contiguous()
+            if held[dst]:
+                tensors[f"{key}/target/{dst}"] = kv.data.contiguous()
         edges = []
-        for src, local in enumerate(shard(full, case.source, case.model)):
+        sources = shard(full, case.source, case.model, dp_rank=case.source_dp)
+        for src, local in enumerate(sources):
             for slicing in ("sender", "receiver"):
                 for s in send(plan, src, local, slicing=slicing):
                     tensors[f"{key}/edge/{src}-{s.edge.dst}/{slicing}"] = s.kv.data.contiguous()
@@ -251,7 +458,9 @@ def _export_reshard(rng: random.Random) -> tuple[list[Case], Tensors]:
                 "tensors": {
                     "full": f"{key}/full",
                     "full_scales": f"{key}/full_scales" if full.scales is not None else None,
-                    "targets": [f"{key}/target/{d}" for d in range(len(targets))],
+                    "targets": [
+                        f"{key}/target/{d}" if held[d] else None for d in range(len(targets))
+                    ],
                     "edges": {
                         f"{e['src']}-{e['dst']}": {
                             s: f"{key}/edge/{e['src']}-{e['dst']}/{s}"
@@ -268,13 +477,13 @@ def _export_reshard(rng: random.Random) -> tuple[list[Case], Tensors]:
 
 def _check_reshard(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     transfer = TransferCase.from_dict(case)
-    if not adapter.supports(transfer):
+    if not adapter.domain.holds(transfer) or not adapter.supports(transfer):
         raise NotApplicable("outside the adapter's declared domain")
     names = case["tensors"]
     scales = tensors[names["full_scales"]] if names["full_scales"] else None
     full = RequestKV(tensors[names["full"]], scales)
-    sources = shard(full, transfer.source, transfer.model)
-    targets = shard(full, transfer.target, transfer.model)
+    sources = shard(full, transfer.source, transfer.model, dp_rank=transfer.source_dp)
+    targets = shard(full, transfer.target, transfer.model, dp_rank=transfer.target_dp)
     plan = transfer.plan()
     for slicing in adapter.slicing_modes:
         inbox: dict[int, list[Shipment]] = {t: [] for t in transfer.target.ranks()}
@@ -284,19 +493,13 @@ def _check_reshard(adapter: Adapter, case: Case, tensors: Tensors) -> str | None
                 want = tensors[names["edges"][f"{src}-{dst}"][slicing]]
                 if not torch.equal(kv.data.contiguous().view(torch.uint8), want.view(torch.uint8)):
                     return f"edge {src}->{dst} ({slicing}-side) differs from the vector"
-                marker = HeadSlice(
-                    dst,
-                    transfer.source.tp,
-                    transfer.target.tp,
-                    edge.offset_in_shard,
-                    edge.num_slices,
-                    slicing == "sender",
-                    "sender" if slicing == "sender" else None,
-                )
+                marker = edge_marker(plan, edge, applied=slicing == "sender")
                 inbox[dst].append(Shipment(edge, marker, kv))
         if "receiver" in provided_capabilities(adapter):
             marker = "marker" in provided_capabilities(adapter)
             for dst in transfer.target.ranks():
+                if names["targets"][dst] is None:
+                    continue  # holds none of the request
                 received = [
                     adapter.apply_marker(transfer, dst, s) if marker else s for s in inbox[dst]
                 ]
@@ -672,12 +875,37 @@ def _export_oracle(rng: random.Random) -> tuple[list[Case], Tensors]:
                 "scales": f"{key}/scales" if kv.scales is not None else None,
             }
         )
+    for i, (layout, _) in enumerate(TOKEN_LAYOUTS[:6], len(cases)):
+        # a context-parallel rank's token set: its k-th entry is its k-th token [ORACLE-4]
+        model = ModelShape(2, 2, 2, dtype=rng.choice(["bfloat16", "float8_e5m2"]))
+        tokens = layout.rule.tokens(1, layout.token_shards, 37)
+        request_id, seed = f"req_{i}-cp", rng.randrange(2**31)
+        kv = oracle_kv(model, request_id, seed=seed, tokens=tokens, layers=range(2))
+        key = f"oracle-{i:03d}"
+        tensors[f"{key}/data"] = kv.data
+        if kv.scales is not None:
+            tensors[f"{key}/scales"] = kv.scales
+        cases.append(
+            {
+                "id": key,
+                "clauses": ["ORACLE-1", "ORACLE-4", "CP-1"],
+                "model": model.to_dict(),
+                "request_id": request_id,
+                "seed": seed,
+                "region": {"tokens": tokens.to_list(), "layers": [0, 2], "heads": [0, 2]},
+                "data": f"{key}/data",
+                "scales": f"{key}/scales" if kv.scales is not None else None,
+            }
+        )
     return cases, tensors
 
 
 def _check_oracle(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     model = ModelShape.from_dict(case["model"])
-    region = {k: range(*v) for k, v in case["region"].items()}
+    region: dict[str, Any] = {
+        k: Tokens.from_list(v) if v and isinstance(v[0], list) else range(*v)
+        for k, v in case["region"].items()
+    }
     got = adapter.oracle_fill(model, case["request_id"], seed=case["seed"], **region)
     if not torch.equal(bits_view(got.data.contiguous()), bits_view(tensors[case["data"]])):
         return "the fill differs from the vector"
@@ -766,12 +994,46 @@ def _export_ports(rng: random.Random) -> tuple[list[Case], Tensors]:
         cases.append(
             {"id": f"port-{i:03d}", "clauses": ["PORT-1", "PORT-2"], "args": args, "port": number}
         )
+    for i in range(12):  # ranks of stages with attention-DP groups [PORT-1, STAGE-2]
+        layout = StageLayout(rng.choice([4, 8]), rng.randint(1, 2), dp=rng.choice([2, 4]))
+        scheme = PortScheme(dp_stride=rng.choice([None, 4096]))
+        args = {
+            "base": rng.choice([20000, 50000]),
+            "stage": rng.randint(0, 15),
+            "rank": rng.randrange(layout.world_size),
+            "replica": rng.randint(0, 1),
+        }
+        try:
+            number = rank_port("kv", layout=layout, scheme=scheme, **args)
+        except ValueError:
+            number = None
+        cases.append(
+            {
+                "id": f"port-dp-{i:03d}",
+                "clauses": ["PORT-1", "PORT-2", "STAGE-2"],
+                "args": args,
+                "layout": layout.to_dict(),
+                "dp_stride": scheme.dp_stride,
+                "port": number,
+            }
+        )
     return cases, {}
 
 
 def _check_ports(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     try:
-        got = adapter.kv_port(**case["args"])
+        if "layout" in case:
+            if "dp-ports" not in provided_capabilities(adapter):
+                raise NotApplicable("needs dp-ports")
+            got = adapter.stage_port(
+                layout=StageLayout.from_dict(case["layout"]),
+                scheme=PortScheme(dp_stride=case["dp_stride"]),
+                **case["args"],
+            )
+        else:
+            got = adapter.kv_port(**case["args"])
+    except NotApplicable:
+        raise
     except Exception as error:
         return None if case["port"] is None else f"refused {case['args']}: {error!r}"
     if got != case["port"]:
@@ -835,6 +1097,7 @@ def _check_wire(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
 
 FAMILIES: tuple[Family, ...] = (
     Family("ownership", ("ownership",), _export_ownership, _check_ownership),
+    Family("tokens", ("tokens",), _export_tokens, _check_tokens),
     Family("plan", ("routing",), _export_plan, _check_plan),
     Family("errors", (), _export_errors, _check_errors),
     Family("reshard", ("sender",), _export_reshard, _check_reshard),

@@ -30,6 +30,7 @@ from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.paged import PagedCache, check_block_ids
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import Edge, TransferPlan
+from kvspec.topology.tokens import Tokens, as_tokens
 
 CLAUSES = (
     Clause(
@@ -44,8 +45,12 @@ CLAUSES = (
         "the same (layer, token, head, field, byte), and no other byte of the receiver is "
         "written: not another request's block, not a slot past the range in a last block, not "
         "another head or layer. The two ranks' layouts, block sizes (larger or smaller, with a "
-        "partial last block) and head counts may differ. A list is judged by this effect "
-        "alone: any order and any granularity with the same effect is right.",
+        "partial last block) and head counts may differ. Where a stage splits requests by "
+        "tokens [CP-1], the edge carries the range's tokens that are in its token set "
+        "[PLAN-6], and a rank's cache holds its own tokens in ascending order: each token "
+        "lives at its position among that rank's tokens, not at its position in the request. "
+        "A list is judged by this effect alone: any order and any granularity with the same "
+        "effect is right.",
         obligations=(
             must(
                 "every byte of the receiver's share is written from the sender's byte holding "
@@ -346,7 +351,7 @@ class DescriptorPlan:
     """The spec's list for one edge and its context [DESC-1..3]."""
 
     edge: Edge
-    tokens: range
+    tokens: range | Tokens
     source: RegisteredCache
     target: RegisteredCache
     descriptors: tuple[Descriptor, ...]
@@ -377,10 +382,11 @@ def _atoms(
     source_ids: Sequence[int],
     target: RegisteredCache,
     target_ids: Sequence[int],
-    tokens: range,
+    tokens: range | Tokens,
 ) -> tuple[torch.Tensor, ...]:
     """Every (src region, src offset, dst region, dst offset, length) of the share, one per
     field of each (layer, token, head), all as int64 tensors [DESC-1]."""
+    share = share_positions(plan, edge, tokens)
     src_owner = rank_ownership(plan.source, plan.model, edge.src)
     dst_owner = rank_ownership(plan.target, plan.model, edge.dst)
     for side, cache, owner in (("sender", source, src_owner), ("receiver", target, dst_owner)):
@@ -396,7 +402,7 @@ def _atoms(
             source_ids,
             num_blocks=source.num_blocks,
             block_size=source.block_size,
-            seq_len=tokens.stop,
+            seq_len=share.source_slots,
         ),
         dtype=torch.int64,
     )
@@ -405,7 +411,7 @@ def _atoms(
             target_ids,
             num_blocks=target.num_blocks,
             block_size=target.block_size,
-            seq_len=tokens.stop,
+            seq_len=share.target_slots,
         ),
         dtype=torch.int64,
     )
@@ -413,14 +419,15 @@ def _atoms(
     layers_dst = _local(dst_owner.layers, edge.layers, "layers").view(-1, 1, 1)
     heads_src = _local(src_owner.heads, edge.heads, "heads").view(1, 1, -1)
     heads_dst = _local(dst_owner.heads, edge.heads, "heads").view(1, 1, -1)
-    t = torch.arange(tokens.start, tokens.stop, dtype=torch.int64).view(1, -1, 1)
+    ts = torch.tensor(share.source.tokens(), dtype=torch.int64).view(1, -1, 1)
+    td = torch.tensor(share.target.tokens(), dtype=torch.int64).view(1, -1, 1)
     parts = []
     for name, (_, _, size) in source.fields().items():
         sr, so = source.addresses(
-            name, layers_src, src_ids[t // source.block_size], t % source.block_size, heads_src
+            name, layers_src, src_ids[ts // source.block_size], ts % source.block_size, heads_src
         )
         dr, do = target.addresses(
-            name, layers_dst, dst_ids[t // target.block_size], t % target.block_size, heads_dst
+            name, layers_dst, dst_ids[td // target.block_size], td % target.block_size, heads_dst
         )
         parts.append((sr.flatten(), so.flatten(), dr.flatten(), do.flatten(), size))
     if not parts or not len(parts[0][0]):
@@ -433,6 +440,49 @@ def _atoms(
         torch.cat([p[3] for p in parts]),
         torch.cat([torch.full_like(p[0], p[4]) for p in parts]),
     )
+
+
+class SharePositions(NamedTuple):
+    """The tokens of one edge's share and where they sit on each side [DESC-1, CP-1].
+
+    ``tokens`` are the request's token positions the share carries; ``source`` and
+    ``target`` their positions in the sender's and the receiver's own tokens (the same as
+    ``tokens`` on a side without token shards), in the same order.
+    """
+
+    tokens: Tokens
+    source: Tokens
+    target: Tokens
+
+    @property
+    def source_slots(self) -> int:
+        """Cache slots the sender's block ids must cover: up to its last position."""
+        return self.source.ranges[-1].stop if self.source else 0
+
+    @property
+    def target_slots(self) -> int:
+        """Cache slots the receiver's block ids must cover: up to its last position."""
+        return self.target.ranges[-1].stop if self.target else 0
+
+
+def share_positions(plan: TransferPlan, edge: Edge, tokens: range | Tokens) -> SharePositions:
+    """The share of ``edge`` in ``tokens`` (a range of the request, or a token set) and
+    each token's position on both ranks [DESC-1, PLAN-6, CP-1].
+
+    The share is the edge's token set within ``tokens``; each rank keeps its own tokens in
+    ascending order, so a token's slot is its position among them (vLLM's prefill
+    context parallelism read another shard's blocks where it used the request's
+    position instead).
+    """
+    if isinstance(tokens, range) and (tokens.step != 1 or tokens.start < 0):
+        raise ValueError(f"tokens must be a range of token positions, got {tokens!r}")
+    wanted = as_tokens(tokens)
+    share = wanted if edge.tokens is None else wanted.intersect(edge.tokens)
+    sides = []
+    for side, rank in (("source", edge.src), ("target", edge.dst)):
+        held = plan.owner(side, rank).tokens
+        sides.append(share if held is None else share.positions_in(held))
+    return SharePositions(share, sides[0], sides[1])
 
 
 def _check_bounds(
@@ -466,20 +516,26 @@ def plan_descriptors(
     source_ids: Sequence[int],
     target: RegisteredCache,
     target_ids: Sequence[int],
-    tokens: range,
+    tokens: range | Tokens,
     *,
     count_only: bool = False,
 ) -> DescriptorPlan:
     """The minimal descriptor list realising ``edge`` for ``tokens`` [DESC-1..3].
 
-    ``source_ids`` / ``target_ids`` are the request's block ids on each side, exactly as
-    many as ``tokens.stop`` needs [PAGED-3]. Bytes of each (layer, token, head, field) of
-    the share are paired, sorted by source address and merged where they continue in
-    both regions: the maximal runs, whose count no list of the same effect can beat.
+    ``tokens`` is a range of the request's token positions or, where a stage has token
+    shards, any token set; the edge carries those of them in its token set
+    (:func:`share_positions`). ``source_ids`` / ``target_ids`` are the request's block
+    ids on each side, exactly as many as the side's last position of the share needs
+    (``tokens.stop`` without token shards) [PAGED-3]. Bytes of each (layer, token, head,
+    field) of the share are paired, sorted by source address and merged where they
+    continue in both regions: the maximal runs, whose count no list of the same effect
+    can beat.
     ``count_only`` counts them without building the list.
     """
-    if not isinstance(tokens, range) or tokens.step != 1 or tokens.start < 0:
-        raise ValueError(f"tokens must be a range of token positions, got {tokens!r}")
+    if not isinstance(tokens, range | Tokens):
+        raise ValueError(
+            f"tokens must be a range of token positions or a Tokens set, got {tokens!r}"
+        )
     sr, so, dr, do, ln = _atoms(plan, edge, source, source_ids, target, target_ids, tokens)
     _check_bounds(source, sr, so, ln, source_ids, "sender")
     _check_bounds(target, dr, do, ln, target_ids, "receiver")

@@ -37,8 +37,18 @@ CLAUSES = (
         "dp_rank*dp_stride + replica*replica_stride + rank*rank_stride + stage, rank being "
         "the stage-local rank [STAGE-1]. Compatible defaults: offsets kv 100, forward 0, "
         "orchestrator 200; rank_stride 16; replica_stride 1024; no dp term. An orchestrator "
-        "has one port per (dp_rank, replica, stage): its rank is 0.",
-        obligations=(must("the KV port is base + 100 + replica*1024 + rank*16 + stage"),),
+        "has one port per (dp_rank, replica, stage): its rank is 0. A rank of a stage with "
+        "attention-DP groups [STAGE-2] enters the formula, with a dp_stride, as its DP rank "
+        "and its rank within its group (pp_rank * tp / dp + its index in the group); without "
+        "one, as its stage-local rank (which carries the group) and dp_rank 0.",
+        obligations=(
+            must("the KV port is base + 100 + replica*1024 + rank*16 + stage"),
+            must(
+                "a rank of a stage with attention DP [STAGE-2] takes, with a dp_stride, its DP "
+                "rank as dp_rank and its rank within its DP group as rank; without one, its "
+                "stage-local rank"
+            ),
+        ),
     ),
     Clause(
         "PORT-2",
@@ -194,6 +204,35 @@ def port(
     return number
 
 
+def port_coords(layout: StageLayout, rank: int, scheme: PortScheme = COMPATIBLE) -> tuple[int, int]:
+    """``(dp_rank, rank)`` a stage-local rank enters the formula with [PORT-1, STAGE-2]:
+    with a dp_stride, its attention-DP rank and its rank within the group; else
+    ``(0, rank)``."""
+    if scheme.dp_stride is None or layout.dp == 1:
+        layout.coords(rank)  # refuses a rank outside the stage
+        return 0, rank
+    where = layout.locate(rank)
+    width = layout.tp // layout.dp
+    return where.dp_rank, where.pp_rank * width + where.tp_rank - where.dp_rank * width
+
+
+def rank_port(
+    purpose: str,
+    base: int,
+    stage: int,
+    layout: StageLayout,
+    rank: int,
+    replica: int = 0,
+    *,
+    scheme: PortScheme = COMPATIBLE,
+) -> int:
+    """The port of stage-local ``rank`` of ``layout`` [PORT-1, PORT-2]: its attention-DP
+    group is the formula's dp term when the scheme has a dp_stride."""
+    require_int("rank", rank, minimum=0)
+    dp_rank, local = port_coords(layout, rank, scheme)
+    return port(purpose, base, stage, local, replica, dp_rank, scheme=scheme)
+
+
 @dataclass(frozen=True)
 class DeployedStage:
     """One stage of a deployment: its id (the ``stage`` of the formula) and its size."""
@@ -209,6 +248,12 @@ class DeployedStage:
             raise ValueError(f"layout must be a StageLayout, got {self.layout!r}")
         require_int("replicas", self.replicas, minimum=1)
         require_int("dp", self.dp, minimum=1)
+        if self.dp > 1 and self.layout.dp > 1:
+            raise ValueError(
+                f"stage {self.stage_id}: give data parallelism either as the layout's attention "
+                f"DP groups (dp={self.layout.dp}) or as dp={self.dp} copies of the layout, not "
+                "both [PORT-3]"
+            )
 
     def describe(self) -> str:
         extra = "" if self.replicas == 1 else f" x{self.replicas} replicas"
@@ -295,7 +340,10 @@ def endpoints_of(deployment: Deployment) -> list[tuple[str, int, int, int, int]]
 def port_map(deployment: Deployment, *, scheme: PortScheme = COMPATIBLE) -> PortMap:
     """Every endpoint's port, with domain problems and colliding pairs listed [PORT-3]."""
     endpoints, problems = [], []
+    layouts = {s.stage_id: s.layout for s in deployment.stages}
     for purpose, stage, dp_rank, replica, rank in endpoints_of(deployment):
+        if layouts[stage].dp > 1:  # attention DP inside the layout [STAGE-2]
+            dp_rank, rank = port_coords(layouts[stage], rank, scheme)
         number = raw_port(scheme, purpose, deployment.base, stage, rank, replica, dp_rank)
         endpoint = Endpoint(purpose, stage, dp_rank, replica, rank, number)
         try:

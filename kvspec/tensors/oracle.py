@@ -25,6 +25,7 @@ from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
 from kvspec.tensors.kv import SCALES_DTYPE, RequestKV, check_request_kv
 from kvspec.topology.model import ModelShape
+from kvspec.topology.tokens import Tokens
 
 PRIME = 2_147_483_647
 """2**31 - 1: every hash state is below it, so a product of two fits in int64 [ORACLE-1]."""
@@ -79,16 +80,21 @@ CLAUSES = (
     Clause(
         "ORACLE-4",
         "A rank fills exactly its own shard",
-        "The oracle fill of any layers, heads and token range equals that part of the whole "
-        "request's fill, bit for bit, so a sender fills and a receiver checks its own shard "
-        "from its ranges alone [RESHARD-1]. A layer, head or token range outside the model "
-        "is refused.",
+        "The oracle fill of any layers, heads and token range (or token set, its tokens in "
+        "ascending order, as a context-parallel rank holds them [CP-1]) equals that part of "
+        "the whole request's fill, bit for bit, so a sender fills and a receiver checks its "
+        "own shard from its ranges alone [RESHARD-1]. A layer, head or token range outside "
+        "the model is refused.",
         obligations=(
             must(
                 "a fill of any layers, heads and tokens equals that part of the whole request's "
                 "fill"
             ),
             refuses("a layer, head or token range outside the model"),
+            must(
+                "a fill of a token set (a context-parallel rank's tokens [CP-1]) holds those "
+                "global tokens in ascending order, not positions 0..n-1"
+            ),
         ),
     ),
     Clause(
@@ -170,19 +176,38 @@ class Region:
 
     layers: range
     heads: range
-    tokens: range
+    tokens: range | Tokens
+
+    def token_list(self) -> list[int]:
+        """The region's global tokens, ascending."""
+        return list(self.tokens) if isinstance(self.tokens, range) else self.tokens.tokens()
+
+    @property
+    def token_count(self) -> int:
+        return len(self.tokens)
 
 
 def region(
     model: ModelShape,
     *,
-    tokens: range | int,
+    tokens: range | Tokens | int,
     layers: range | None = None,
     heads: range | None = None,
 ) -> Region:
-    """The region, defaulting to all layers and heads; ``tokens`` may be a seq_len [ORACLE-4]."""
+    """The region, defaulting to all layers and heads; ``tokens`` may be a seq_len or a
+    token set [ORACLE-4]."""
     if isinstance(tokens, int) and not isinstance(tokens, bool):
         tokens = range(require_int("seq_len", tokens, minimum=0))
+    if isinstance(tokens, Tokens):
+        return Region(
+            layers=_check_range(
+                "layers", range(model.num_layers) if layers is None else layers, model.num_layers
+            ),
+            heads=_check_range(
+                "heads", range(model.num_kv_heads) if heads is None else heads, model.num_kv_heads
+            ),
+            tokens=tokens,
+        )
     return Region(
         layers=_check_range(
             "layers", range(model.num_layers) if layers is None else layers, model.num_layers
@@ -197,9 +222,12 @@ def region(
 def _hashes(model: ModelShape, where: Region, start: int, device: torch.device) -> torch.Tensor:
     """Element hashes ``[layers, kv, tokens, heads, dim]``, broadcast one axis at a time."""
 
-    def axis(r: range, dim: int) -> torch.Tensor:
+    def axis(r: range | Tokens, dim: int) -> torch.Tensor:
         shape = [1, 1, 1, 1, 1]
         shape[dim] = len(r)
+        if isinstance(r, Tokens):
+            values = torch.tensor(r.tokens(), dtype=torch.int64, device=device)
+            return values.view(shape)
         return torch.arange(r.start, r.stop, dtype=torch.int64, device=device).view(shape)
 
     h = absorb(torch.full((1,) * 5, start, dtype=torch.int64, device=device), axis(where.layers, 0))
@@ -238,7 +266,7 @@ def oracle_kv(
     model: ModelShape,
     request_id: str,
     *,
-    tokens: range | int,
+    tokens: range | Tokens | int,
     layers: range | None = None,
     heads: range | None = None,
     seed: int = 0,
@@ -246,8 +274,9 @@ def oracle_kv(
 ) -> RequestKV:
     """The oracle's KV of ``request_id`` for the given global ranges [ORACLE-1..4].
 
-    ``tokens`` is a global token range (or a seq_len for ``range(seq_len)``); layers and
-    heads default to the whole model. fp8 models get their scales [ORACLE-3].
+    ``tokens`` is a global token range, a token set (its tokens in ascending order) or a
+    seq_len for ``range(seq_len)``; layers and heads default to the whole model. fp8
+    models get their scales [ORACLE-3].
     """
     where = region(model, tokens=tokens, layers=layers, heads=heads)
     device = torch.device(device)
@@ -319,7 +348,7 @@ def verify(
     model: ModelShape,
     request_id: str,
     *,
-    tokens: range | int,
+    tokens: range | Tokens | int,
     layers: range | None = None,
     heads: range | None = None,
     seed: int = 0,
@@ -333,9 +362,14 @@ def verify(
         kv, model, layers=len(where.layers), heads=len(where.heads), where="KV under verification"
     )
     if kv.seq_len != len(where.tokens):
+        shown = (
+            where.tokens.describe()
+            if isinstance(where.tokens, Tokens)
+            else f"{where.tokens.start}..{where.tokens.stop - 1}"
+        )
         raise ValueError(
-            f"KV under verification has {kv.seq_len} tokens but the token range "
-            f"{where.tokens.start}..{where.tokens.stop - 1} has {len(where.tokens)} [ORACLE-5]"
+            f"KV under verification has {kv.seq_len} tokens but the token range {shown} has "
+            f"{len(where.tokens)} [ORACLE-5]"
         )
     expected = oracle_kv(
         model,
@@ -362,7 +396,7 @@ def verify(
             layer=where.layers[layer],
             kv="latent" if model.attention == "mla" else "KV"[k],
             head=where.heads[head],
-            token=where.tokens[token],
+            token=where.token_list()[token],
             dim=dim,
             expected_bits=int(want[layer, k, token, head, dim]) & mask,
             got_bits=int(got[layer, k, token, head, dim]) & mask,

@@ -1,10 +1,12 @@
 """Executing a plan on tensors: shard a request's KV, send along edges, receive, compare.
 
 The whole model's KV for one request is a :class:`~kvspec.tensors.kv.RequestKV`; a rank's
-shard is the same restricted to the layers and heads it owns [RESHARD-1]. Senders
-turn their shard into one :class:`Shipment` per edge, receivers assemble their shard
-from the shipments they receive; the result equals sharding the whole KV for the
-target layout, bit for bit [RESHARD-2].
+shard is the same restricted to the layers, heads and tokens it owns, its tokens in
+ascending order [RESHARD-1, CP-1]. Senders turn their shard into one :class:`Shipment`
+per edge, receivers assemble their shard from the shipments they receive, placing
+heads, layers and tokens by the plan; the result equals sharding the whole KV for the
+target layout, bit for bit [RESHARD-2]. Ranks of an attention-DP group the request does
+not live on hold an empty shard, send nothing and receive nothing [DP-1].
 
 Everything here runs on whatever device the tensors are on.
 """
@@ -19,21 +21,22 @@ import torch
 from kvspec._checks import require_choice
 from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.copying import copy_bits
-from kvspec.tensors.dtypes import bit_equal
+from kvspec.tensors.dtypes import bit_equal, torch_dtype
 from kvspec.tensors.kv import RequestKV, check_request_kv
-from kvspec.tensors.slicing import HeadSlice, apply_head_slice, slice_heads
+from kvspec.tensors.slicing import HeadSlice, apply_head_slice, cut_heads
 from kvspec.topology.model import ModelShape
-from kvspec.topology.ownership import rank_ownership, stage_ownership
+from kvspec.topology.ownership import RankOwnership, stage_ownership
 from kvspec.topology.plan import Edge, TransferPlan
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens, put_tokens, take_tokens
 
 CLAUSES = (
     Clause(
         "RESHARD-1",
         "A rank's shard",
         "The shard of a stage rank is the request's KV [num_layers, kv, seq_len, "
-        "num_kv_heads, head_dim] restricted to the layers and heads the rank owns "
-        "[HEAD-1..3, LAYER-1..2], in global order, with the scales of those layers "
+        "num_kv_heads, head_dim] restricted to the layers, heads and tokens the rank owns "
+        "[HEAD-1..3, LAYER-1..2, CP-1], in global order, with the scales of those layers "
         "[DTYPE-3].",
         obligations=(
             must("a receiver's shard holds exactly the layers and heads it owns"),
@@ -55,8 +58,9 @@ CLAUSES = (
         "A receiver accepts exactly its plan's shipments",
         "A receiver refuses an assembly unless it has exactly one shipment from each of its "
         "plan sources and none from any other rank, each carrying the plan's edge to it, "
-        "marked for it [SLICE-3], and of the shape the edge implies (seq_len equal across "
-        "shipments). Nothing is dropped, padded or guessed.",
+        "marked for it [SLICE-3], and of the shape the edge implies (its token count [SLICE-4]; "
+        "seq_len equal across shipments when no stage has token shards). Nothing is dropped, "
+        "padded or guessed.",
         obligations=(
             refuses("an assembly missing one of its plan's shipments"),
             refuses("an extra shipment from a rank that is not one of the receiver's plan sources"),
@@ -73,6 +77,8 @@ CLAUSES = (
 
 HEAD_AXIS = 3
 """The head axis of ``RequestKV.data``: ``[layers, kv, seq, heads, dim]``."""
+TOKEN_AXIS = 2
+"""The token axis of ``RequestKV.data``."""
 
 SLICING_MODES: tuple[str, ...] = ("sender", "receiver")
 
@@ -90,27 +96,74 @@ class Shipment:
     kv: RequestKV
 
 
-def shard(full: RequestKV, layout: StageLayout, model: ModelShape) -> list[RequestKV]:
-    """The shard of every rank of ``layout``, in rank order [RESHARD-1]."""
+def shard(
+    full: RequestKV, layout: StageLayout, model: ModelShape, *, dp_rank: int = 0
+) -> list[RequestKV]:
+    """The shard of every rank of ``layout``, in rank order [RESHARD-1].
+
+    ``dp_rank`` is the attention-DP group the request lives on; the ranks of the other
+    groups get an empty shard [DP-1].
+    """
     check_request_kv(
         full, model, layers=model.num_layers, heads=model.num_kv_heads, where="the request's KV"
     )
-    return [
-        full.layer_slice(r.layers.start, r.layers.stop).head_slice(r.heads.start, r.heads.stop)
-        for r in stage_ownership(layout, model)
-    ]
+    owners = stage_ownership(layout, model, seq_len=full.seq_len, dp_rank=dp_rank)
+    return [own_part(full, owner) for owner in owners]
+
+
+def own_part(full: RequestKV, owner: RankOwnership) -> RequestKV:
+    """The part of a request's whole KV that ``owner`` holds: its layers, heads and tokens
+    [RESHARD-1]."""
+    part = full.layer_slice(owner.layers.start, owner.layers.stop).head_slice(
+        owner.heads.start, owner.heads.stop
+    )
+    if owner.tokens is None:
+        return part
+    return RequestKV(take_tokens(part.data, owner.tokens, axis=TOKEN_AXIS), part.scales)
+
+
+def edge_marker(plan: TransferPlan, edge: Edge, *, applied: bool) -> HeadSlice:
+    """The ``tp_head_slice`` marker of a shipment on ``edge`` [SLICE-1, SLICE-3, SLICE-4]:
+    the first release's form when the heads are an equal slice, ``heads`` otherwise,
+    ``tokens`` when a stage has token shards."""
+    heads = None
+    if edge.offset_in_shard is None:
+        heads = (edge.head_offset, edge.head_offset + len(edge.heads))
+    return HeadSlice(
+        target_rank=edge.dst,
+        from_tp=plan.source.tp,
+        to_tp=plan.target.tp,
+        offset_in_shard=edge.offset_in_shard,
+        num_slices=edge.num_slices,
+        applied=applied,
+        side="sender" if applied else None,
+        heads=heads,
+        tokens=edge.tokens,
+    )
+
+
+def _check_tokens(kv: RequestKV, owner: RankOwnership, want: int | None, where: str) -> None:
+    """Refuse KV whose token count is not the one its owner holds [RESHARD-3, SLICE-4]."""
+    if want is not None and kv.data.dim() == 5 and kv.seq_len != want:
+        raise ValueError(
+            f"{where} holds {kv.seq_len} tokens, but rank {owner.rank} owns {want} of the "
+            "request [RESHARD-3, SLICE-4]"
+        )
 
 
 def send(
     plan: TransferPlan, src: int, local: RequestKV, *, slicing: str = "sender"
 ) -> list[Shipment]:
-    """The shipments sender ``src`` puts on each of its edges [SLICE-1, SLICE-2].
+    """The shipments sender ``src`` puts on each of its edges [SLICE-1, SLICE-2, SLICE-4].
 
     Sender-side slicing sends only the edge's heads, marked applied by the sender;
-    receiver-side slicing sends the whole head shard, marked unapplied.
+    receiver-side slicing sends the whole head shard, marked unapplied. Layers and
+    tokens are always cut by the sender.
     """
     require_choice("slicing", slicing, SLICING_MODES)
-    owner = rank_ownership(plan.source, plan.model, src)
+    owner = plan.owner("source", src)
+    if not owner.active:
+        return []  # the request lives on another attention-DP group [DP-1]
     check_request_kv(
         local,
         plan.model,
@@ -118,23 +171,38 @@ def send(
         heads=len(owner.heads),
         where=f"source rank {src}'s shard",
     )
+    own = None if owner.tokens is None else len(owner.tokens)
+    _check_tokens(local, owner, own, f"source rank {src}'s shard")
     shipments = []
     for edge in plan.edges_from(src):
         first = edge.layers.start - owner.layers.start
         kv = local.layer_slice(first, first + len(edge.layers))
-        marker = HeadSlice(
-            target_rank=edge.dst,
-            from_tp=plan.source.tp,
-            to_tp=plan.target.tp,
-            offset_in_shard=edge.offset_in_shard,
-            num_slices=edge.num_slices,
-        )
+        if edge.tokens is not None and owner.tokens is not None and edge.tokens != owner.tokens:
+            positions = edge.tokens.positions_in(owner.tokens)
+            kv = RequestKV(take_tokens(kv.data, positions, axis=TOKEN_AXIS), kv.scales)
+        elif edge.tokens is not None and owner.tokens is None:
+            kv = RequestKV(take_tokens(kv.data, edge.tokens, axis=TOKEN_AXIS), kv.scales)
+        marker = edge_marker(plan, edge, applied=False)
         if slicing == "sender":
-            data = slice_heads(kv.data, edge.offset_in_shard, edge.num_slices, head_axis=HEAD_AXIS)
-            kv = RequestKV(data, kv.scales)
+            kv = RequestKV(cut_heads(kv.data, marker, head_axis=HEAD_AXIS), kv.scales)
             marker = replace(marker, applied=True, side="sender")
         shipments.append(Shipment(edge, marker, kv))
     return shipments
+
+
+def empty_shard(
+    plan: TransferPlan, owner: RankOwnership, *, device: str | torch.device = "cpu"
+) -> RequestKV:
+    """The shard of a receiver that holds no token of the request (or lives on another
+    attention-DP group): its layers and heads, no token, and no fp8 scales, since scales
+    travel with data and none came [CP-1, DP-1, DTYPE-3]."""
+    model = plan.model
+    data = torch.empty(
+        (len(owner.layers), model.kv_tensors, 0, len(owner.heads), model.head_dim),
+        dtype=torch_dtype(model.dtype),
+        device=device,
+    )
+    return RequestKV(data)
 
 
 def receive(
@@ -144,19 +212,28 @@ def receive(
     *,
     out: torch.Tensor | None = None,
 ) -> RequestKV:
-    """Assemble receiver ``dst``'s shard from its shipments [RESHARD-3, SLICE-3, DTYPE-3].
+    """Assemble receiver ``dst``'s shard from its shipments [RESHARD-3, SLICE-3, SLICE-4,
+    DTYPE-3].
 
     The order in which shipments arrive does not matter. When one shipment is the whole
-    shard, the result is (a view of) its data, not a copy. ``out``, a preallocated
-    ``[layers, kv, seq_len, heads, head_dim]`` tensor of the shipments' dtype and device,
-    receives the shard instead (always a copy, each byte moved once) and is the result's
-    data.
+    shard, the result is (a view of) its data, not a copy. A receiver with no edge (it
+    holds no token of the request, or it lives on another DP group) gets an empty shard.
+    ``out``, a preallocated ``[layers, kv, seq_len, heads, head_dim]`` tensor of the
+    shipments' dtype and device, receives the shard instead (always a copy, each byte
+    moved once) and is the result's data.
     """
-    owner = rank_ownership(plan.target, plan.model, dst)
+    owner = plan.owner("target", dst)
     by_src = _match_plan(plan, dst, shipments)
+    if not by_src:
+        return empty_shard(plan, owner)
     seq_lens = sorted({s.kv.data.shape[2] for s in by_src.values() if s.kv.data.dim() == 5})
-    if len(seq_lens) > 1:
+    if plan.seq_len is None and len(seq_lens) > 1:
         raise ValueError(f"shipments to target rank {dst} disagree on seq_len: {seq_lens}")
+    if plan.seq_len is None:
+        own = seq_lens[0] if seq_lens else 0  # every shipment carries every token
+    else:
+        own = plan.seq_len if owner.tokens is None else len(owner.tokens)
+    mine = owner.tokens if owner.tokens is not None else Tokens.span(0, own)
 
     data: torch.Tensor | None = None
     scales: torch.Tensor | None = None
@@ -164,35 +241,56 @@ def receive(
     for src in sorted(by_src):
         shipment = by_src[src]
         edge = shipment.edge
+        where = f"shipment from source rank {src} to target rank {dst}"
+        if shipment.marker.tokens != edge.tokens:
+            raise ValueError(
+                f"{where} is marked as carrying tokens "
+                f"{_shown(shipment.marker.tokens)}, but its edge carries "
+                f"{_shown(edge.tokens)} [SLICE-4]"
+            )
         sliced, _ = apply_head_slice(
             shipment.kv.data, shipment.marker, my_rank=dst, head_axis=HEAD_AXIS
         )
         piece = RequestKV(sliced, shipment.kv.scales)
         check_request_kv(
-            piece,
-            plan.model,
-            layers=len(edge.layers),
-            heads=len(edge.heads),
-            where=f"shipment from source rank {src} to target rank {dst}",
+            piece, plan.model, layers=len(edge.layers), heads=len(edge.heads), where=where
         )
+        if edge.tokens is not None and piece.seq_len != len(edge.tokens):
+            raise ValueError(
+                f"{where} holds {piece.seq_len} tokens; its edge carries {len(edge.tokens)} "
+                f"({edge.tokens.describe()}) [RESHARD-3, SLICE-4]"
+            )
         layers = slice(
             edge.layers.start - owner.layers.start, edge.layers.stop - owner.layers.start
         )
         heads = slice(edge.heads.start - owner.heads.start, edge.heads.stop - owner.heads.start)
-        whole = edge.heads == owner.heads and edge.layers == owner.layers
-        if len(by_src) == 1 and whole and out is None:
+        if (
+            len(by_src) == 1
+            and edge.heads == owner.heads
+            and edge.layers == owner.layers
+            and (edge.tokens is None or edge.tokens == mine)
+            and out is None
+        ):
             return piece  # one shipment is the whole shard: nothing to place, nothing to copy
         if data is None:
-            shape = (len(owner.layers), plan.model.kv_tensors, seq_lens[0], len(owner.heads))
+            shape = (len(owner.layers), plan.model.kv_tensors, own, len(owner.heads))
             shape += (plan.model.head_dim,)
             data = sliced.new_empty(shape) if out is None else _check_out(out, shape, sliced, dst)
             if piece.scales is not None:
                 scales = piece.scales.new_empty((len(owner.layers), plan.model.kv_tensors))
-        copy_bits(data[layers, :, :, heads], sliced)  # each byte once, as bits [DTYPE-2]
+        target = data[layers, :, :, heads]
+        if edge.tokens is None:
+            copy_bits(target, sliced)  # each byte once, as bits [DTYPE-2]
+        else:
+            put_tokens(target, edge.tokens.positions_in(mine), sliced, axis=TOKEN_AXIS)
         if scales is not None and piece.scales is not None:
             _merge_scales(scales, scales_given, layers, piece.scales, src, dst)
     assert data is not None, "exact cover [PLAN-2] gives every receiver at least one edge"
     return RequestKV(data, scales)
+
+
+def _shown(tokens: Tokens | None) -> str:
+    return "every token" if tokens is None else tokens.describe()
 
 
 def reshard(

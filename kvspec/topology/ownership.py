@@ -1,9 +1,13 @@
-"""Which rank owns which KV heads and which layers.
+"""Which rank owns which KV heads, which layers and which tokens.
 
-Heads are split over the TP ranks of a stage [HEAD-1], or replicated when there are
-fewer heads than ranks [HEAD-2]; MLA's latent is one head held by every TP rank
-[HEAD-3]. Layers are split over the PP ranks in contiguous partitions [LAYER-1,
-LAYER-2]. :func:`rank_ownership` combines both for one stage-local rank.
+Heads are split over the attention-TP ranks of a stage [HEAD-1, STAGE-2], or
+replicated when there are fewer heads than ranks [HEAD-2]; MLA's latent is one head
+held by every TP rank [HEAD-3]. Layers are split over the PP ranks in contiguous
+partitions [LAYER-1, LAYER-2]. Tokens are split over the token shards by the stage's
+rule [CP-1]; decode context parallelism gives the ranks that replicate a head
+disjoint tokens [CP-3]. A request lives on one attention-DP group of each stage; the
+ranks of the others hold nothing of it [DP-1]. :func:`rank_ownership` combines all of
+it for one stage-local rank.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from kvspec._checks import require_int, require_rank
 from kvspec.clause import Clause, must, refuses
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens
 
 CLAUSES = (
     Clause(
@@ -78,6 +83,26 @@ CLAUSES = (
             refuses("an explicit partition with another number of entries than pp"),
         ),
     ),
+    Clause(
+        "CP-3",
+        "Decode context parallelism shares a head's tokens among its replicas",
+        "With dcp > 1, dcp divides attn_tp and a rank's DCP rank is attn_tp_rank % dcp "
+        "(consecutive attention-TP ranks form a DCP group) [vLLM 0.33 parallel_state, SGLang "
+        "0.5.23 dcp_rank = tp_rank % dcp_size]. DCP needs every head held by at least dcp "
+        "ranks: H * dcp <= attn_tp (MLA: H = 1) [vLLM 0.33 config/model.py]. A rank's token "
+        "shard is cp_rank * dcp + dcp_rank of cp * dcp shards [CP-1], so the ranks of a DCP "
+        "group that hold one head hold disjoint tokens, and a head's replicas together hold "
+        "all its tokens. Anything else is refused with the values.",
+        obligations=(
+            must("a rank's token shard is cp_rank * dcp + dcp_rank, dcp_rank = attn_tp_rank % dcp"),
+            must(
+                "the ranks of a DCP group that hold a head hold disjoint tokens, and the head's "
+                "replicas together hold all of them"
+            ),
+            refuses("dcp that does not divide the attention-TP size"),
+            refuses("dcp greater than the ranks holding each head (H * dcp > attn_tp)"),
+        ),
+    ),
 )
 
 
@@ -95,6 +120,24 @@ def check_heads(num_kv_heads: int, tp: int) -> None:
             f"{num_kv_heads} KV heads cannot be replicated over TP {tp}: with heads < tp, "
             f"tp % heads must be 0, but {tp} % {num_kv_heads} = {tp % num_kv_heads} [HEAD-2]"
         )
+
+
+def check_dcp(num_kv_heads: int, layout: StageLayout) -> None:
+    """Refuse DCP that the heads cannot feed: each head needs dcp ranks [CP-3]."""
+    if layout.dcp > 1 and num_kv_heads * layout.dcp > layout.attn_tp:
+        held = max(1, layout.attn_tp // num_kv_heads)
+        raise ValueError(
+            f"dcp {layout.dcp} needs every KV head held by at least {layout.dcp} attention-TP "
+            f"ranks, but {num_kv_heads} heads over attention-TP {layout.attn_tp} are held by "
+            f"{held} rank(s) each (heads x dcp = {num_kv_heads * layout.dcp} > "
+            f"{layout.attn_tp}); use dcp <= {held} [CP-3]"
+        )
+
+
+def check_layout(layout: StageLayout, model: ModelShape) -> None:
+    """Refuse a layout that cannot hold the model's heads [HEAD-1, HEAD-2, STAGE-2, CP-3]."""
+    check_heads(model.num_kv_heads, layout.attn_tp)
+    check_dcp(model.num_kv_heads, layout)
 
 
 def owned_heads(num_kv_heads: int, tp: int, tp_rank: int) -> range:
@@ -165,29 +208,86 @@ def layer_ranges(layout: StageLayout, num_layers: int) -> tuple[range, ...]:
 
 @dataclass(frozen=True)
 class RankOwnership:
-    """What one stage-local rank holds: its coordinates, heads and layers."""
+    """What one stage-local rank holds of a request: its coordinates, heads, layers and
+    tokens.
+
+    ``tokens`` is None when the stage has no token shards (the rank holds every token)
+    or when no request length was given. A rank of another attention-DP group than the
+    request's holds nothing of it: ``active`` is False and its ranges are empty [DP-1].
+    """
 
     rank: int
     pp_rank: int
     tp_rank: int
     heads: range
     layers: range
+    tokens: Tokens | None = None
+    dp_rank: int = 0
+    active: bool = True
+
+    def token_count(self, seq_len: int) -> int:
+        """How many of a ``seq_len``-token request's tokens the rank holds."""
+        return seq_len if self.tokens is None else len(self.tokens)
 
 
-def rank_ownership(layout: StageLayout, model: ModelShape, rank: int) -> RankOwnership:
-    """The heads and layers stage-local ``rank`` owns [STAGE-1, HEAD-1..3, LAYER-1..2]."""
-    pp_rank, tp_rank = layout.coords(rank)
+def rank_ownership(
+    layout: StageLayout,
+    model: ModelShape,
+    rank: int,
+    *,
+    seq_len: int | None = None,
+    dp_rank: int | None = None,
+) -> RankOwnership:
+    """What stage-local ``rank`` owns [STAGE-1, STAGE-2, HEAD-1..3, LAYER-1..2, CP-1, CP-3].
+
+    With ``seq_len``, a stage with token shards gives the rank's tokens of a request
+    that long; with ``dp_rank`` (the request's attention-DP group), a rank of another
+    group owns nothing [DP-1].
+    """
+    where = layout.locate(rank)
+    check_dcp(model.num_kv_heads, layout)
+    if dp_rank is not None:
+        require_rank("dp_rank", dp_rank, layout.dp)
+        if where.dp_rank != dp_rank:
+            return RankOwnership(
+                rank,
+                where.pp_rank,
+                where.tp_rank,
+                range(0),
+                range(0),
+                Tokens(),
+                where.dp_rank,
+                active=False,
+            )
+    tokens = None
+    if seq_len is not None and layout.token_shards > 1:
+        tokens = layout.rule.tokens(layout.token_shard(rank), layout.token_shards, seq_len)
     return RankOwnership(
         rank=rank,
-        pp_rank=pp_rank,
-        tp_rank=tp_rank,
-        heads=owned_heads(model.num_kv_heads, layout.tp, tp_rank),
-        layers=layer_ranges(layout, model.num_layers)[pp_rank],
+        pp_rank=where.pp_rank,
+        tp_rank=where.tp_rank,
+        heads=owned_heads(model.num_kv_heads, layout.attn_tp, where.attn_tp_rank),
+        layers=layer_ranges(layout, model.num_layers)[where.pp_rank],
+        tokens=tokens,
+        dp_rank=where.dp_rank,
     )
 
 
-def stage_ownership(layout: StageLayout, model: ModelShape) -> tuple[RankOwnership, ...]:
+def stage_ownership(
+    layout: StageLayout,
+    model: ModelShape,
+    *,
+    seq_len: int | None = None,
+    dp_rank: int | None = None,
+) -> tuple[RankOwnership, ...]:
     """:func:`rank_ownership` for every rank of the stage, in rank order."""
-    check_heads(model.num_kv_heads, layout.tp)
+    check_layout(layout, model)
     layer_ranges(layout, model.num_layers)  # validate once, before the per-rank loop
-    return tuple(rank_ownership(layout, model, rank) for rank in layout.ranks())
+    if seq_len is not None:
+        require_int("seq_len", seq_len, minimum=0)
+        if layout.token_shards > 1:
+            layout.rule.check_request(layout.token_shards, seq_len)
+    return tuple(
+        rank_ownership(layout, model, rank, seq_len=seq_len, dp_rank=dp_rank)
+        for rank in layout.ranks()
+    )

@@ -28,7 +28,8 @@ CLAUSES = (
     Clause(
         "CHUNK-1",
         "Chunks are token ranges of one edge's payload",
-        "A chunk holds tokens [token_start, token_start + seq_len) of one edge's payload. "
+        "A chunk holds tokens [token_start, token_start + seq_len) of one edge's payload "
+        "(with token shards, positions along the edge's token set [SLICE-4]). "
         "The chunks of one request on one edge agree on request_id, num_layers, dtype, "
         "block_size, tp_head_slice, present layers, head shape and (fp8) scales. Sorted by "
         "token_start they have ids 0..n-1, the first starts at token 0, each starts where the "

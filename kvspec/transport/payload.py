@@ -50,8 +50,8 @@ from kvspec.tensors.dtypes import FP8_DTYPES, bit_equal, check_dtype, dtype_name
 from kvspec.tensors.kv import SCALES_DTYPE, RequestKV
 from kvspec.tensors.reshard import Shipment, receive
 from kvspec.tensors.slicing import HeadSlice, apply_head_slice
-from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import TransferPlan
+from kvspec.topology.tokens import Tokens
 
 CLAUSES = (
     Clause(
@@ -91,12 +91,13 @@ CLAUSES = (
     Clause(
         "PAYLOAD-3",
         "Merging payloads checks agreement, then places by the plan",
-        "The payloads a receiver merges must agree on request_id, seq_len, num_layers, "
+        "The payloads a receiver merges must agree on request_id, seq_len (when no stage has "
+        "token shards; else each carries its edge's tokens [SLICE-4]), num_layers, "
         "dtype, block_size and chunk, and each must carry exactly its edge's layers: a layer "
         "present on one shard and missing on another that should carry it is refused. They "
         "are then placed by RESHARD-3 in source-rank order, so arrival order does not matter. "
-        "The result is the receiver's shard as a payload: its layers, marker num_slices 1 "
-        "applied by the receiver, the lowest source rank's block_ids.",
+        "The result is the receiver's shard as a payload: its layers (and tokens), marker "
+        "num_slices 1 applied by the receiver, the lowest source rank's block_ids.",
         obligations=(
             must(
                 "merging in any arrival order gives the receiver's shard, placed in source-rank "
@@ -580,7 +581,7 @@ def merge_to_request_kv(
         require_int("source rank", src, minimum=0)
         if not isinstance(payload, Payload):
             raise ValueError(f"expected a Payload from source rank {src}, got {show(payload)}")
-    _check_agreement(dst, pairs)
+    _check_agreement(dst, pairs, tokens=plan.seq_len is not None)
     _check_layers(plan, dst, pairs)
     shipments = [shipment_from_payload(plan, src, dst, p) for src, p in pairs]
     return receive(plan, dst, shipments)
@@ -595,9 +596,14 @@ def merge_payloads(
     as they arrived); the result does not depend on it.
     """
     pairs = list(received)
+    if not pairs and not plan.sources_of(dst):
+        raise ValueError(
+            f"target rank {dst} has no edge in this plan (it holds no token of the request, or "
+            "the request lives on another DP group): there is nothing to merge [PAYLOAD-3]"
+        )
     kv = merge_to_request_kv(plan, dst, pairs)
     first = min(pairs, key=lambda pair: pair[0])[1]
-    owner = rank_ownership(plan.target, plan.model, dst)
+    owner = plan.owner("target", dst)
     fp8 = kv.scales is not None
     layers: dict[str, list[torch.Tensor | None]] = {
         name: [None] * plan.model.num_layers for name in TENSOR_FIELDS
@@ -607,6 +613,9 @@ def merge_payloads(
             layers[CACHE_FIELDS[j]][layer] = kv.data[i, j]
             if kv.scales is not None:
                 layers[SCALE_FIELDS[j]][layer] = kv.scales[i, j]
+    tokens = None
+    if plan.seq_len is not None:
+        tokens = owner.tokens if owner.tokens is not None else Tokens.span(0, plan.seq_len)
     marker = HeadSlice(
         target_rank=dst,
         from_tp=plan.source.tp,
@@ -615,9 +624,11 @@ def merge_payloads(
         num_slices=1,
         applied=True,
         side="receiver",
+        tokens=tokens,
     )
     return replace(
         first,
+        seq_len=kv.seq_len,
         key_cache=tuple(layers["key_cache"]),
         value_cache=tuple(layers["value_cache"]),
         key_scale=tuple(layers["key_scale"]) if fp8 else None,
@@ -626,10 +637,13 @@ def merge_payloads(
     )
 
 
-def _check_agreement(dst: int, pairs: list[tuple[int, Payload]]) -> None:
-    """Refuse shards that disagree on any fact of one request, naming every value."""
+def _check_agreement(dst: int, pairs: list[tuple[int, Payload]], *, tokens: bool = False) -> None:
+    """Refuse shards that disagree on any fact of one request, naming every value; with
+    token shards each payload carries its own edge's tokens, so seq_len may differ."""
     problems = []
     for fact in _AGREED:
+        if tokens and fact == "seq_len":
+            continue
         values = {src: getattr(p, fact) for src, p in sorted(pairs, key=lambda pair: pair[0])}
         if len({repr(v) for v in values.values()}) > 1:
             shown = ", ".join(f"source rank {src}: {v!r}" for src, v in values.items())

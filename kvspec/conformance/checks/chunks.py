@@ -51,11 +51,14 @@ CHUNK_PINS = tuple(
 
 def _whole_and_chunks(ctx: Context, example: Example) -> tuple[Setup, Payload, list[Payload]]:
     setup = Setup(ctx, example)
-    _, whole = inbox(setup, 0)[0]
-    cuts = sorted({c for c in example["cuts"] if 0 < c < setup.seq_len})
-    if not cuts:
-        cuts = [setup.seq_len // 2]
-    bounds = [0, *cuts, setup.seq_len]
+    _, whole = inbox(setup, setup.receivers()[0])[0]
+    # With token shards a payload holds its edge's tokens; chunks count positions along
+    # them [CHUNK-1, SLICE-4].
+    tokens = whole.seq_len
+    if tokens < 2:
+        vacuous()
+    cuts = sorted({c for c in example["cuts"] if 0 < c < tokens}) or [tokens // 2]
+    bounds = [0, *cuts, tokens]
     sizes = [b - a for a, b in itertools.pairwise(bounds)]
     return setup, whole, list(split_chunks(whole, sizes))
 

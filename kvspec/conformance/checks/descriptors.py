@@ -3,7 +3,9 @@
 An example is one edge of a transfer plan drawn inside the adapter's domain, a token
 range of a request, and both ranks' registered caches: layouts and block sizes drawn
 independently (so they differ, either way, with partial last blocks), shuffled block
-ids. The adapter's list is judged by its effect against the spec's plan: any list that
+ids. Where a stage splits requests by tokens [CP-1], the request is the case's length
+and each side holds its own tokens' blocks; the range is drawn to meet the edge's token
+set. The adapter's list is judged by its effect against the spec's plan: any list that
 writes the receiver's share once from the right bytes passes, and its count is
 reported against the minimum.
 """
@@ -30,6 +32,7 @@ from kvspec.memory.descriptors import (
     RegisteredCache,
     judge_descriptors,
     plan_descriptors,
+    share_positions,
 )
 from kvspec.memory.paged import blocks_needed
 from kvspec.strategies import TransferCase
@@ -39,11 +42,12 @@ from kvspec.topology.stage import StageLayout
 
 
 @st.composite
-def _side(draw: st.DrawFn, adapter: Adapter, attention: str, seq_len: int) -> dict[str, Any]:
+def _side(draw: st.DrawFn, adapter: Adapter, attention: str, slots: int) -> dict[str, Any]:
+    """A registered cache whose request holds ``slots`` token slots (its share's last)."""
     layout = draw(st.sampled_from(adapter.domain.cache_layouts(attention)))
     sizes = [b for b in adapter.domain.block_sizes if b <= 5] or [min(adapter.domain.block_sizes)]
     block_size = draw(st.sampled_from(sizes)) if get_layout(layout).paged else 1
-    needed = blocks_needed(seq_len, block_size)
+    needed = blocks_needed(slots, block_size)
     num_blocks = needed + draw(st.integers(0, 2))
     ids = draw(st.permutations(range(num_blocks)))[:needed]
     return {"layout": layout, "block_size": block_size, "num_blocks": num_blocks, "block_ids": ids}
@@ -61,9 +65,14 @@ def desc_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
     )
     plan = case.plan(adapter.policy_rules.get(case.policy))
     edge = draw(st.sampled_from(plan.edges))
-    seq_len = draw(st.integers(1, 9))
-    start = draw(st.integers(0, seq_len - 1))
-    sides = [draw(_side(adapter, case.model.attention, seq_len)) for _ in range(2)]
+    seq_len = case.seq_len if case.sharded else draw(st.integers(1, 9))
+    last = seq_len - 1 if edge.tokens is None else edge.tokens.ranges[-1].stop - 1
+    start = draw(st.integers(0, last))  # the range meets the edge's tokens [PLAN-6]
+    share = share_positions(plan, edge, range(start, seq_len))
+    sides = [
+        draw(_side(adapter, case.model.attention, slots))
+        for slots in (share.source_slots, share.target_slots)
+    ]
     return {
         "case": case.to_dict(),
         "edge": [edge.src, edge.dst],

@@ -43,12 +43,12 @@ def _apply(ctx: Context, setup: Setup, dst: int, shipment: Shipment, label: str)
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=TENSOR_WEIGHT,
-    covers=("SLICE-3.1", "SLICE-3.2"),
+    covers=("SLICE-3.1", "SLICE-3.2", "SLICE-1.3"),
 )
 def applied_once(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     where = setup.case.describe()
-    for dst in setup.case.target.ranks():
+    for dst in setup.receivers():
         sliced = setup.shipments_to(dst, "sender")
         whole = setup.shipments_to(dst, "receiver")
         for by_sender, unapplied in zip(sliced, whole, strict=True):
@@ -56,11 +56,16 @@ def applied_once(ctx: Context, example: Example) -> None:
             cut = _apply(ctx, setup, dst, unapplied, "an unapplied")
             want_marker = replace(unapplied.marker, applied=True, side="receiver")
             problem = difference(cut.kv, by_sender.kv)
+            which = (
+                f"offset {edge.offset_in_shard} of {edge.num_slices}) wrongly [SLICE-3.1]"
+                if edge.offset_in_shard is not None
+                else f"heads {list(unapplied.marker.heads or ())} of the sender's shard, no "
+                "equal slice) wrongly [SLICE-1.3, SLICE-3.1]"
+            )
             expect(
                 problem is None,
                 f"{where}: target rank {dst} cut the unapplied slice from source {edge.src} "
-                f"(offset {edge.offset_in_shard} of {edge.num_slices}) wrongly [SLICE-3.1]: "
-                f"{problem}",
+                f"({which}: {problem}",
             )
             expect(
                 cut.marker == want_marker,
@@ -93,7 +98,7 @@ def refuses_other_rank(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     world = setup.case.target.world_size
     rng = random.Random(setup.seed)
-    for dst in setup.case.target.ranks():
+    for dst in setup.receivers():
         for slicing in ("sender", "receiver"):
             shipment = rng.choice(setup.shipments_to(dst, slicing))
             other = rng.choice([r for r in range(world + 1) if r != dst])  # world: no such rank

@@ -28,7 +28,7 @@ from kvspec.conformance.checks.routing import (
     spec_plan,
 )
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
-from kvspec.naming.ports import port
+from kvspec.naming.ports import PortScheme, port, port_coords, rank_port
 from kvspec.strategies import TransferCase, request_ids
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
@@ -249,7 +249,7 @@ def refuses_outside_key_domain(ctx: Context, example: Example) -> None:
         TransferCase(StageLayout(1, 2), StageLayout(1), ModelShape(2, 2, 2)).to_dict(),
         TransferCase(StageLayout(1), StageLayout(1, 2), ModelShape(4, 2, 2)).to_dict(),
     ),
-    covers=("KEY-4.1", "KEY-4.2", "KEY-2.2"),
+    covers=("KEY-4.1", "KEY-4.2", "KEY-2.2", "DP-1.2"),
 )
 def send_equals_recv(ctx: Context, example: Example) -> None:
     case = TransferCase.from_dict(example)
@@ -296,14 +296,19 @@ def send_equals_recv(ctx: Context, example: Example) -> None:
     }
     foreign = sorted(set(keys) - reference)
     single = case.source.world_size == 1 and case.target.world_size == 1
+    if case.source.dp > 1 or case.target.dp > 1:
+        why = (
+            f"(a request on DP ranks {case.source_dp} -> {case.target_dp} is named by the "
+            "stage-local ranks of those groups, not ranks within a group) [DP-1.2, KEY-1.1]"
+        )
+    elif single:
+        why = "[KEY-2.1]"
+    else:
+        why = "(only two single-rank stages use the legacy key) [KEY-2.2, KEY-1.1]"
     expect(
         not foreign or not ctx.adapter.policies,
-        f"{case.describe()}: keys {foreign[:3]} are not the spec's keys for this plan "
-        + (
-            "[KEY-2.1]"
-            if single
-            else "(only two single-rank stages use the legacy key) [KEY-2.2, KEY-1.1]"
-        ),
+        f"{case.describe()}: keys {foreign[:3]} are not the spec's keys for this plan {why}; "
+        f"the spec's are {sorted(reference)[:3]}",
     )
 
 
@@ -342,6 +347,64 @@ def formula(ctx: Context, example: Example) -> None:
     want = port("kv", **example)
     got = ctx.adapter.kv_port(**example)
     expect(got == want, f"KV port of {example} is {got}; the spec's is {want} [PORT-1.1]")
+
+
+@st.composite
+def _dp_port_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A rank of a stage with attention-DP groups, under a scheme with or without a
+    dp_stride, whose port lies in the domain [PORT-1, STAGE-2]."""
+    dp = draw(st.sampled_from([d for d in adapter.domain.dp_sizes if d > 1] or [2]))
+    tp = dp * draw(st.sampled_from([1, 2, 4]))
+    layout = StageLayout(tp, draw(st.integers(1, 2)), dp=dp)
+    scheme = draw(st.sampled_from([PortScheme(), PortScheme(dp_stride=4096)]))
+    example = {
+        "base": draw(st.integers(1, 20000)),
+        "stage": draw(st.integers(0, 15)),
+        "layout": layout.to_dict(),
+        "rank": draw(st.integers(0, layout.world_size - 1)),
+        "replica": draw(st.integers(0, 2)),
+        "dp_stride": scheme.dp_stride,
+    }
+    return example
+
+
+@check(
+    "PORT-1",
+    "dp-term",
+    "a rank of an attention-DP stage binds its group's term with a dp_stride",
+    needs=("dp-ports",),
+    strategy=_dp_port_examples,
+    examples=(
+        {
+            "base": 20000,
+            "stage": 1,
+            "layout": StageLayout(8, dp=2).to_dict(),
+            "rank": 5,
+            "replica": 0,
+            "dp_stride": 4096,
+        },
+    ),
+    missing=lambda a: None if max(a.domain.dp_sizes) > 1 else "the domain has no attention DP",
+    covers=("PORT-1.2",),
+)
+def dp_term(ctx: Context, example: Example) -> None:
+    layout = StageLayout.from_dict(example["layout"])
+    scheme = PortScheme(dp_stride=example["dp_stride"])
+    args = {k: example[k] for k in ("base", "stage", "rank", "replica")}
+    want = rank_port("kv", layout=layout, scheme=scheme, **args)
+    got = ctx.adapter.stage_port(layout=layout, scheme=scheme, **args)
+    dp_rank, local = port_coords(layout, example["rank"], scheme)
+    how = (
+        f"dp_rank {dp_rank} and rank {local} within its group"
+        if scheme.dp_stride
+        else f"its stage-local rank {example['rank']}"
+    )
+    expect(
+        got == want,
+        f"{layout.describe()}, {scheme.describe()}: rank {example['rank']} "
+        f"({', '.join(f'{k} {v}' for k, v in args.items() if k != 'rank')}) binds {want}, by "
+        f"{how} [PORT-1.2]; the implementation says {got}",
+    )
 
 
 def _outside_port_domain(args: Example) -> list[tuple[str, str, Example]]:

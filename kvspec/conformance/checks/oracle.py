@@ -22,11 +22,12 @@ from kvspec.conformance.checks import (
     fail,
 )
 from kvspec.conformance.checks.transfer import no_fp8
-from kvspec.strategies import models
+from kvspec.strategies import cp_rules, models
 from kvspec.tensors.dtypes import FP8_DTYPES, bits_view
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
 from kvspec.topology.model import ModelShape
+from kvspec.topology.tokens import CPRule, Tokens
 
 
 @st.composite
@@ -124,6 +125,63 @@ def oracle_fill(ctx: Context, example: Example) -> None:
         f"{where['tokens'][token]}, dim {dim} [ORACLE-1.1, ORACLE-2.1"
         + (", ORACLE-4.1: every coordinate is global]" if regional else "]")
     )
+
+
+@st.composite
+def _token_sets(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A region whose tokens are a context-parallel rank's token set [CP-1, ORACLE-4]."""
+    example = draw(_regions(adapter))
+    rule = CPRule.parse(draw(cp_rules()))
+    shards = draw(st.integers(2, 4))
+    seq_len = draw(st.integers(2 * shards, 4 * shards + 12))
+    tokens = Tokens()
+    while not tokens:
+        tokens = rule.tokens(draw(st.integers(0, shards - 1)), shards, seq_len)
+        seq_len += 1
+    return {**example, "tokens": tokens.to_list()}
+
+
+@check(
+    "ORACLE-4",
+    "token-set",
+    "a fill of a token set holds those global tokens in ascending order",
+    needs=("oracle",),
+    strategy=_token_sets,
+    examples=(
+        {**_PINS[0], "tokens": [[2, 4], [6, 8], [10, 12]]},
+        {**_PINS[1], "tokens": [[1, 2], [5, 7]]},
+    ),
+    covers=("ORACLE-4.3",),
+)
+def oracle_token_set(ctx: Context, example: Example) -> None:
+    model = _model(ctx, example)
+    tokens = Tokens.from_list(example["tokens"])
+    where = {"layers": range(*example["layers"]), "heads": range(*example["heads"])}
+    expected = oracle_kv(
+        model,
+        example["request_id"],
+        tokens=tokens,
+        seed=example["seed"],
+        device=ctx.device,
+        **where,
+    )
+    got = ctx.adapter.oracle_fill(
+        model, example["request_id"], tokens=tokens, seed=example["seed"], **where
+    )
+    if tuple(got.data.shape) != tuple(expected.data.shape):
+        fail(
+            f"{model.describe()}, tokens {tokens.describe()}: the fill is "
+            f"{list(got.data.shape)}, not {list(expected.data.shape)} [ORACLE-4.3]"
+        )
+    differs = bits_view(got.data.contiguous()) != bits_view(expected.data)
+    if bool(differs.any()):
+        position = int(differs.nonzero()[0][2])
+        fail(
+            f"{model.describe()}, request {example['request_id']!r}: the fill of token set "
+            f"{tokens.describe()} differs at its position {position}, global token "
+            f"{tokens.tokens()[position]}; a token set's k-th entry is its k-th token, not "
+            f"token k [ORACLE-4.3]"
+        )
 
 
 @check(

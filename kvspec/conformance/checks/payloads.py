@@ -42,8 +42,8 @@ Inbox = list[tuple[int, Payload]]
 
 def inbox(setup: Setup, dst: int, slicing: str = "sender", request_id: str = "req-1") -> Inbox:
     """``(source rank, payload)`` into ``dst`` along the routed plan, each source with block
-    ids of its own (source s holds blocks 100*s, 100*s+1, ...)."""
-    blocks = blocks_needed(setup.seq_len, BLOCK_SIZE)
+    ids of its own (source s holds blocks 100*s, 100*s+1, ..., enough for the tokens its
+    edge carries)."""
     return [
         (
             s.edge.src,
@@ -52,7 +52,9 @@ def inbox(setup: Setup, dst: int, slicing: str = "sender", request_id: str = "re
                 s,
                 request_id,
                 block_size=BLOCK_SIZE,
-                block_ids=[100 * s.edge.src + i for i in range(blocks)],
+                block_ids=[
+                    100 * s.edge.src + i for i in range(blocks_needed(s.kv.seq_len, BLOCK_SIZE))
+                ],
             ),
         )
         for s in setup.shipments_to(dst, slicing)
@@ -89,7 +91,7 @@ def _describe_difference(got: object, want: Payload) -> str:
 def merge(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     rng = random.Random(setup.seed)
-    for dst in setup.case.target.ranks():
+    for dst in setup.receivers():
         received = inbox(setup, dst, rng.choice(["sender", "receiver"]))
         want = merge_payloads(setup.plan, dst, received)
         shuffled = rng.sample(received, len(received))
@@ -216,9 +218,12 @@ def disagreements(setup: Setup, received: Inbox, rng: random.Random) -> list[Pro
         )
         chunk = Chunk(chunk_id=0, token_start=0, final=False)
         probes.append(("PAYLOAD-3.7", "chunk", swap(replace(victim, chunk=chunk))))
-        if setup.seq_len > 1:
-            short = _tensors(victim, lambda t: t[:-1], seq_len=setup.seq_len - 1)
-            probes.append(("PAYLOAD-3.3", "seq_len", swap(short)))
+        if victim.seq_len > 1:
+            short = _tensors(victim, lambda t: t[:-1], seq_len=victim.seq_len - 1)
+            # With token shards each payload holds its own edge's tokens: one token fewer is
+            # one token short of its edge [SLICE-4].
+            obligation = "PAYLOAD-3.3" if setup.plan.seq_len is None else "SLICE-4.2"
+            probes.append((obligation, "seq_len", swap(short)))
         present = {s: set(p.layers) for s, p in received}
         for layer in victim.layers:
             if len(victim.layers) > 1 and any(layer in ls for s, ls in present.items() if s != src):
@@ -258,7 +263,7 @@ def disagreements(setup: Setup, received: Inbox, rng: random.Random) -> list[Pro
 def refuses_disagreement(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     rng = random.Random(setup.seed)
-    for dst in setup.case.target.ranks():
+    for dst in setup.receivers():
         received = inbox(setup, dst)
         for obligation, what, bad in disagreements(setup, received, rng):
             expect_refused(

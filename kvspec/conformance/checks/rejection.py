@@ -1,11 +1,13 @@
 """Checks that invalid transfer configurations are refused and valid ones accepted.
 
 Five capabilities, one per place engines refuse a configuration: ``sizes``
-(``validate_sizes``: TP and PP sizes, ranks [STAGE-1]), ``partitions``
-(``validate_partition``: pipeline layer partitions [LAYER-1, LAYER-2]), ``topology``
-(``validate_topology``: the pair of stages [PLAN-1]), ``models`` (``validate_model``:
-model facts, dtypes, heads over TP [MODEL-1, MODEL-2, DTYPE-1, HEAD-1, HEAD-2]) and
-``agreement`` (``validate_agreement``: the two stages' model facts agree [MODEL-3]).
+(``validate_sizes``: TP and PP sizes, ranks, attention groups that fit TP [STAGE-1,
+STAGE-2]), ``partitions`` (``validate_partition``: pipeline layer partitions [LAYER-1,
+LAYER-2]), ``topology`` (``validate_topology``: the pair of stages, their token rules
+and the caches and requests they need, DCP, the router's DP ranks [PLAN-1, CP-1..3,
+DP-1]), ``models`` (``validate_model``: model facts, dtypes, heads over TP [MODEL-1,
+MODEL-2, DTYPE-1, HEAD-1, HEAD-2]) and ``agreement`` (``validate_agreement``: the two
+stages' model facts agree [MODEL-3]).
 
 Every refusal check starts from a valid configuration inside the adapter's domain and
 changes one fact to step just outside the spec's domain — off by one, negative, of
@@ -17,7 +19,6 @@ judges that nothing is accepted silently, not the wording.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -66,17 +67,37 @@ def _valid(adapter: Adapter) -> st.SearchStrategy[Example]:
 
 
 @st.composite
-def _non_dividing_tp(draw: st.DrawFn, adapter: Adapter) -> Example:
-    sizes = sorted({t for pair in adapter.domain.pairs() for t in pair} | {2, 3})
-    source = draw(st.sampled_from(sizes))
-    target = draw(st.integers(2, 24).filter(lambda t: source % t and t % source))
-    heads = math.lcm(source, target) * draw(st.integers(1, 2))  # valid for both sides
-    return _config(source, target, _mha(heads=heads))
+def _one_side_invalid(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A valid configuration whose one side gets a TP size that cannot hold the model's
+    heads, while the other side still can [PLAN-1]."""
+    config = draw(
+        _valid(adapter).filter(
+            lambda e: e["model"]["attention"] == "mha" and e["model"]["num_kv_heads"] >= 2
+        )
+    )
+    side = draw(st.sampled_from(["source", "target"]))
+    heads = config["model"]["num_kv_heads"]
+    bad = [t for t in range(2, 4 * heads + 2) if heads % t and t % heads]
+    config[side] = {"tp": draw(st.sampled_from(bad)), "pp": 1, "layer_partition": None}
+    if f"{side}_dp" in config:
+        config[f"{side}_dp"] = 0
+    return config
+
+
+def _plain(config: Example) -> Example:
+    """The configuration without attention groups, token shards or a request: both sides
+    TP and PP only, so head rules apply to tp itself."""
+    plain = {k: v for k, v in config.items() if k not in ("seq_len", "source_dp", "target_dp")}
+    for side in ("source", "target"):
+        plain[side] = {k: config[side][k] for k in ("tp", "pp", "layer_partition")}
+    return plain
 
 
 @st.composite
 def _uneven_split(draw: st.DrawFn, adapter: Adapter) -> Example:
-    config = draw(_valid(adapter).filter(lambda e: max(e["source"]["tp"], e["target"]["tp"]) > 1))
+    config = _plain(
+        draw(_valid(adapter).filter(lambda e: max(e["source"]["tp"], e["target"]["tp"]) > 1))
+    )
     side = draw(st.sampled_from([s for s in ("source", "target") if config[s]["tp"] > 1]))
     tp = config[side]["tp"]
     heads = draw(st.integers(tp + 1, 4 * tp).filter(lambda h: h % tp))
@@ -86,7 +107,9 @@ def _uneven_split(draw: st.DrawFn, adapter: Adapter) -> Example:
 
 @st.composite
 def _uneven_replication(draw: st.DrawFn, adapter: Adapter) -> Example:
-    config = draw(_valid(adapter).filter(lambda e: max(e["source"]["tp"], e["target"]["tp"]) > 2))
+    config = _plain(
+        draw(_valid(adapter).filter(lambda e: max(e["source"]["tp"], e["target"]["tp"]) > 2))
+    )
     side = draw(st.sampled_from([s for s in ("source", "target") if config[s]["tp"] > 2]))
     tp = config[side]["tp"]
     heads = draw(st.integers(2, tp - 1).filter(lambda h: tp % h))
@@ -211,10 +234,10 @@ def _needs_pipeline(adapter: Adapter) -> str | None:
 
 _refusal_check(
     "PLAN-1",
-    "refuses-non-dividing-tp",
-    "TP sizes must divide",
+    "refuses-one-invalid-side",
+    "a pair where one side alone cannot hold the model is refused",
     ("PLAN-1.1",),
-    _non_dividing_tp,
+    _one_side_invalid,
     method="validate_topology",
 )
 _refusal_check(
@@ -276,6 +299,197 @@ _refusal_check(
         else "the adapter's domain has no explicit layer partitions"
     ),
     method="validate_partition",
+)
+
+
+# -- attention groups, token shards and DP ranks [STAGE-2, CP-1..3, DP-1] ---------------
+
+UNKNOWN_RULES: tuple[str, ...] = (
+    "ring",
+    "Interleave:4",
+    "interleave",
+    "interleave:0",
+    "interleave:-2",
+    "interleave:1.5",
+    "round_robin_blocks",
+    "round_robin_blocks:0",
+    "zigzag:2",
+    "contiguous:0",
+    "strided:2",
+    "",
+)
+"""Rule names one typo or one missing size away from a real rule [CP-1]."""
+
+
+def _bad_rules(adapter: Adapter, config: Example) -> list[Variant]:
+    """One side with each malformed rule; with token shards so the rule matters [CP-1]."""
+    found = []
+    for side in ("source", "target"):
+        layout = config[side]
+        shards = layout.get("cp", 1) * layout.get("dcp", 1)
+        changed_side = {**layout, "cp_rule": None}
+        if shards == 1:
+            changed_side = {"tp": 2 * layout["tp"], "pp": layout["pp"], "layer_partition": None}
+            changed_side.update(cp=2, dcp=1)
+        for rule in UNKNOWN_RULES:
+            changed = copy.deepcopy(config)
+            changed[side] = {**changed_side, "cp_rule": rule}
+            changed["seq_len"] = changed.get("seq_len") or 8
+            if f"{side}_dp" in changed:
+                changed[f"{side}_dp"] = 0
+            found.append(("CP-1.5", f"{side} rule {rule!r}", changed))
+    return found
+
+
+def _sharded_side(config: Example) -> str | None:
+    for side in ("source", "target"):
+        if config[side].get("cp", 1) * config[side].get("dcp", 1) > 1:
+            return side
+    return None
+
+
+def _unfit_rules(adapter: Adapter, config: Example) -> list[Variant]:
+    """A side with token shards given a request or a cache its rule cannot fit [CP-2]."""
+    side = _sharded_side(config)
+    if side is None:
+        return []
+    layout = config[side]
+    shards = layout.get("cp", 1) * layout.get("dcp", 1)
+    found = []
+    for n in (0, 2 * shards - 1):
+        changed = copy.deepcopy(config)
+        changed[side] = {**layout, "cp_rule": "zigzag"}
+        changed["seq_len"] = n
+        found.append(("CP-2.1", f"zigzag over {shards} shards, {n} tokens", changed))
+    for size, block in ((2, 3), (4, 6), (16, 24), (3, 1)):
+        changed = copy.deepcopy(config)
+        changed[side] = {**layout, "cp_rule": f"interleave:{size}"}
+        changed[f"{side}_block_size"] = block
+        found.append(("CP-2.2", f"interleave:{size} with cache blocks of {block}", changed))
+    for kind in ("round_robin_blocks", "contiguous"):
+        for size, block in ((2, 4), (4, 2), (16, 32)):
+            changed = copy.deepcopy(config)
+            changed[side] = {**layout, "cp_rule": f"{kind}:{size}"}
+            changed[f"{side}_block_size"] = block
+            found.append(("CP-2.3", f"{kind}:{size} with cache blocks of {block}", changed))
+    return found
+
+
+def _bad_dcp(adapter: Adapter, config: Example) -> list[Variant]:
+    """A side whose DCP does not divide its attention-TP size, or exceeds the ranks that
+    hold each head [CP-3]."""
+    found = []
+    heads = config["model"]["num_kv_heads"]
+    for side in ("source", "target"):
+        layout = config[side]
+        attn = layout["tp"] // (layout.get("dp", 1) * layout.get("cp", 1))
+        base = {**layout, "cp_rule": layout.get("cp_rule", "contiguous")}
+        changed = copy.deepcopy(config)
+        changed[side] = {**base, "dcp": attn + 1}
+        changed["seq_len"] = changed.get("seq_len") or 8
+        found.append(("CP-3.3", f"{side} dcp {attn + 1} over attention-TP {attn}", changed))
+        over = [d for d in range(2, attn + 1) if attn % d == 0 and heads * d > attn]
+        if over:
+            changed = copy.deepcopy(config)
+            changed[side] = {**base, "dcp": over[0]}
+            changed["seq_len"] = changed.get("seq_len") or 8
+            found.append(
+                ("CP-3.4", f"{side} dcp {over[0]}, {heads} heads over {attn} ranks", changed)
+            )
+    return found
+
+
+def _bad_groups(adapter: Adapter, config: Example) -> list[Variant]:
+    """A side whose dp * cp does not divide tp [STAGE-2]."""
+    found = []
+    for side in ("source", "target"):
+        tp = config[side]["tp"]
+        for field in ("dp", "cp"):
+            changed = copy.deepcopy(config)
+            changed[side] = {**changed[side], field: tp + 1, "dcp": 1}
+            changed["seq_len"] = changed.get("seq_len") or 8
+            found.append(("STAGE-2.3", f"{side} {field} {tp + 1} over tp {tp}", changed))
+    return found
+
+
+def _bad_dp_ranks(adapter: Adapter, config: Example) -> list[Variant]:
+    """The router's DP rank outside 0..dp-1 on one side [DP-1]."""
+    found = []
+    for side in ("source", "target"):
+        dp = config[side].get("dp", 1)
+        for rank in (dp, dp + 1, -1):
+            changed = copy.deepcopy(config)
+            changed.setdefault("source_dp", 0)
+            changed.setdefault("target_dp", 0)
+            changed[f"{side}_dp"] = rank
+            found.append(("DP-1.3", f"{side} DP rank {rank} of dp {dp}", changed))
+    return found
+
+
+def _needs(attribute: str, what: str) -> Callable[[Adapter], str | None]:
+    def why(adapter: Adapter) -> str | None:
+        return None if max(getattr(adapter.domain, attribute)) > 1 else what
+
+    return why
+
+
+def _with_shards(adapter: Adapter) -> st.SearchStrategy[Example]:
+    return _valid(adapter).filter(lambda e: _sharded_side(e) is not None)
+
+
+_refusal_check(
+    "CP-1",
+    "refuses-unknown-rule",
+    "an unknown token rule or a size below 1",
+    ("CP-1.5",),
+    _valid,
+    method="validate_topology",
+    variants=_bad_rules,
+    missing=lambda a: None if a.domain.token_shards else "the adapter's domain has no CP",
+)
+_refusal_check(
+    "CP-2",
+    "refuses-unfit-rule",
+    "a request or a cache block size the rule cannot fit",
+    ("CP-2.1", "CP-2.2", "CP-2.3"),
+    _with_shards,
+    method="validate_topology",
+    variants=_unfit_rules,
+    missing=lambda a: None if a.domain.token_shards else "the adapter's domain has no CP",
+)
+_refusal_check(
+    "CP-3",
+    "refuses-bad-dcp",
+    "DCP that does not divide attention TP or outnumbers each head's ranks",
+    ("CP-3.3", "CP-3.4"),
+    _valid,
+    method="validate_topology",
+    variants=_bad_dcp,
+    missing=_needs("dcp_sizes", "the adapter's domain has no decode context parallelism"),
+)
+_refusal_check(
+    "STAGE-2",
+    "refuses-bad-groups",
+    "dp * cp must divide tp",
+    ("STAGE-2.3",),
+    _valid,
+    method="validate_sizes",
+    variants=_bad_groups,
+    missing=lambda a: (
+        None
+        if max(a.domain.dp_sizes) > 1 or max(a.domain.cp_sizes) > 1
+        else "the adapter's domain has no attention groups"
+    ),
+)
+_refusal_check(
+    "DP-1",
+    "refuses-dp-rank",
+    "the router's DP rank must be one of the stage's",
+    ("DP-1.3",),
+    _valid,
+    method="validate_topology",
+    variants=_bad_dp_ranks,
+    missing=_needs("dp_sizes", "the adapter's domain has no attention DP"),
 )
 
 
@@ -357,7 +571,7 @@ def _mismatched_models(adapter: Adapter, config: Example) -> list[Variant]:
     differing("MODEL-3.3", "head_dim", config, head_dim=base.head_dim + 1)
     # MHA with one head and MLA of that width hold as many numbers per token; they still
     # differ in kind (K and V against one latent).
-    single = copy.deepcopy(config)
+    single = _plain(copy.deepcopy(config))
     single["model"] = {**single["model"], "num_kv_heads": 1}
     for side in ("source", "target"):
         single[side] = {**single[side], "tp": 1}

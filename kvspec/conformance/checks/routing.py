@@ -1,12 +1,10 @@
-"""Checks of who sends to whom [PLAN-2, PLAN-3, PLAN-4, HEAD-3].
+"""Checks of who sends to whom [PLAN-2, PLAN-3, PLAN-4, HEAD-3, DP-1].
 
 Cases are drawn inside the adapter's domain, under the policies it names (the spec's,
 or rules of its own declared in ``Adapter.policy_rules`` [PLAN-4]).
 """
 
 from __future__ import annotations
-
-from collections import Counter
 
 from hypothesis import strategies as st
 
@@ -22,9 +20,10 @@ from kvspec.conformance.checks import (
 )
 from kvspec.strategies import TransferCase
 from kvspec.topology.model import ModelShape
-from kvspec.topology.ownership import rank_ownership
-from kvspec.topology.plan import POLICIES, TransferPlan, edge_between
+from kvspec.topology.ownership import RankOwnership
+from kvspec.topology.plan import POLICIES, Edge, TransferPlan, edge_between
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens
 
 
 def case_examples(adapter: Adapter, **kwargs) -> st.SearchStrategy[Example]:
@@ -59,8 +58,26 @@ ROUTING_PINS: tuple[Example, ...] = (
     _case(4, 4, 2, layers=3, pp_s=2, pp_t=1),  # replicated heads from two pipeline stages
     TransferCase(StageLayout(4), StageLayout(8), ModelShape.mla(2, 4)).to_dict(),
     TransferCase(StageLayout(4, 2), StageLayout(2), ModelShape.mla(3, 2)).to_dict(),
+    _case(4, 6, 12),  # no TP divides the other: heads by range, some no equal slice
+    _case(6, 4, 12, layers=3, pp_t=2),
+    TransferCase(
+        StageLayout(4, cp=2, cp_rule="interleave:2"),
+        StageLayout(6),
+        ModelShape(2, 12, 2),
+        seq_len=9,
+    ).to_dict(),
+    TransferCase(  # PCP -> DCP: token sets on both sides
+        StageLayout(4, cp=2, cp_rule="zigzag"),
+        StageLayout(8, dcp=2, cp_rule="interleave:1"),
+        ModelShape(2, 2, 2),
+        seq_len=9,
+    ).to_dict(),
+    TransferCase(  # a request on DP group 1 of the source, group 0 of the target
+        StageLayout(8, dp=2), StageLayout(4, dp=2), ModelShape(2, 2, 2), source_dp=1
+    ).to_dict(),
 )
-"""Configurations where routing bugs of the field show: replicas, fan-out, PP, MLA."""
+"""Configurations where routing bugs of the field show: replicas, fan-out, PP, MLA, TP
+sizes that do not divide, token shards, attention-DP groups."""
 
 POLICY_PINS: tuple[Example, ...] = (
     _case(8, 4, 2, policy="balanced"),  # four receivers share two heads of four replicas
@@ -90,14 +107,52 @@ def _adapter_policies(adapter: Adapter) -> tuple[str, ...]:
     return tuple(adapter.policies) or ("lowest",)
 
 
+def _cover(
+    receiver: RankOwnership, edges: list[Edge], seq_len: int | None
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]], dict[tuple[int, int], list]]:
+    """Cells (head, layer, token) an edge set delivers twice and never, for ``receiver``;
+    a token of -1 stands for every token when no stage has token shards."""
+    twice: list[tuple[int, int, int]] = []
+    missing: list[tuple[int, int, int]] = []
+    senders: dict[tuple[int, int], list] = {}
+    if receiver.tokens is not None:
+        mine: Tokens | None = receiver.tokens
+    elif seq_len is not None:
+        mine = Tokens.span(0, seq_len)
+    else:
+        mine = None
+    for head in receiver.heads:
+        for layer in receiver.layers:
+            carried = [e for e in edges if head in e.heads and layer in e.layers]
+            senders[(head, layer)] = [e.src for e in carried]
+            if mine is None:
+                if len(carried) > 1:
+                    twice.append((head, layer, -1))
+                elif not carried:
+                    missing.append((head, layer, -1))
+                continue
+            seen: set[int] = set()
+            for e in carried:
+                tokens = e.tokens.tokens() if e.tokens is not None else mine.tokens()
+                twice += [(head, layer, t) for t in tokens if t in seen]
+                seen.update(tokens)
+            missing += [(head, layer, t) for t in mine.tokens() if t not in seen]
+    return twice, missing, senders
+
+
+def _cell(cell: tuple[int, int, int]) -> str:
+    head, layer, token = cell
+    return f"(head {head}, layer {layer}" + (")" if token < 0 else f", token {token})")
+
+
 @check(
     "PLAN-2",
     "exact-cover",
-    "every owned (head, layer) arrives once, from an owner",
+    "every owned (head, layer, token) arrives once, from an owner",
     needs=("routing",),
     strategy=_strategy,
     examples=ROUTING_PINS,
-    covers=("PLAN-2.1", "PLAN-2.2", "PLAN-2.3", "PLAN-2.4", "HEAD-3.2"),
+    covers=("PLAN-2.1", "PLAN-2.2", "PLAN-2.3", "PLAN-2.4", "HEAD-3.2", "DP-1.1"),
 )
 def exact_cover(ctx: Context, example: Example) -> None:
     case = TransferCase.from_dict(example)
@@ -106,40 +161,42 @@ def exact_cover(ctx: Context, example: Example) -> None:
     mla = " (an MLA latent: each layer from exactly one sender) [HEAD-3.2]" * (
         case.model.attention == "mla"
     )
+    dp = case.source.dp > 1 or case.target.dp > 1
     for dst in case.target.ranks():
-        receiver = rank_ownership(case.target, case.model, dst)
+        receiver = case.owner("target", dst)
         sources = _sources(ctx, case, dst)
         expect(
             len(sources) == len(set(sources)),
             f"{case.describe()}: target rank {dst} lists a source twice: {sources} [PLAN-2.4]",
         )
-        delivered: Counter[tuple[int, int]] = Counter()
-        senders: dict[tuple[int, int], list[int]] = {}
+        edges = []
         for src in sources:
-            sender = rank_ownership(case.source, case.model, src)
+            sender = case.owner("source", src)
+            if dp and not (sender.active and receiver.active):
+                fail(
+                    f"{case.describe()}: target rank {dst} (DP group {receiver.dp_rank}) lists "
+                    f"source {src} (DP group {sender.dp_rank}); the request lives on DP ranks "
+                    f"{case.source_dp} -> {case.target_dp}, and only those groups' ranks send "
+                    "and receive it [DP-1.1]"
+                )
             try:
-                edge = edge_between(sender, receiver, case.model)
+                edges.append(edge_between(sender, receiver, case.model))
             except ValueError as error:
                 fail(f"{case.describe()}: target rank {dst} lists source {src}: {error} [PLAN-2.3]")
-            for cell in ((h, lay) for h in edge.heads for lay in edge.layers):
-                delivered[cell] += 1
-                senders.setdefault(cell, []).append(src)
-        twice = sorted(cell for cell, n in delivered.items() if n > 1)
+        twice, missing, senders = _cover(receiver, edges, case.seq_len)
         expect(
             not twice,
-            f"{case.describe()}: target rank {dst} receives (head, layer) {twice[:1]} from "
-            f"source ranks {senders[twice[0]] if twice else []}; each (head, layer) must come "
-            f"from exactly one sender (replicas merged twice?) [PLAN-2.2]{mla}",
+            f"{case.describe()}: target rank {dst} receives {_cell(twice[0]) if twice else ''} "
+            f"from source ranks {senders[twice[0][:2]] if twice else []}; each (head, layer, "
+            f"token) must come from exactly one sender (replicas merged twice?) [PLAN-2.2]{mla}",
         )
-        missing = sorted(
-            (h, lay) for h in receiver.heads for lay in receiver.layers if (h, lay) not in delivered
-        )
+        holds = "" if receiver.tokens is None else f", tokens {receiver.tokens.describe()}"
         expect(
             not missing,
             f"{case.describe()}: target rank {dst} (heads {list(receiver.heads)}, layers "
-            f"{receiver.layers.start}..{receiver.layers.stop - 1}) never receives (head, layer) "
-            f"{missing[:3]}{' ...' if len(missing) > 3 else ''} from sources {sources} "
-            f"[PLAN-2.1]{mla}",
+            f"{receiver.layers.start}..{receiver.layers.stop - 1}{holds}) never receives "
+            f"{', '.join(_cell(c) for c in missing[:3])}{' ...' if len(missing) > 3 else ''} "
+            f"from sources {sources} [PLAN-2.1]{mla}",
         )
 
 

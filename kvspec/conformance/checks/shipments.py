@@ -29,9 +29,9 @@ from kvspec.conformance.checks.transfer import (
 )
 from kvspec.tensors.dtypes import FP8_DTYPES
 from kvspec.tensors.kv import RequestKV
-from kvspec.tensors.reshard import Shipment
-from kvspec.topology.ownership import rank_ownership
+from kvspec.tensors.reshard import Shipment, send
 from kvspec.topology.plan import edge_between
+from kvspec.topology.tokens import Tokens
 
 Variant = tuple[str, str, list[Shipment]]
 """(obligation, what was changed, the shipments)."""
@@ -64,18 +64,14 @@ def _variants(setup: Setup, dst: int, rng: random.Random) -> list[Variant]:
     others = [s for s in case.source.ranks() if s not in sources]
     if others:
         stranger = rng.choice(others)
-        receiver = rank_ownership(case.target, model, dst)
+        receiver = case.owner("target", dst)
         try:  # a replica the plan did not choose, sending what it holds
-            edge = edge_between(rank_ownership(case.source, model, stranger), receiver, model)
-            shard = setup.source_shards[stranger]
-            owner = rank_ownership(case.source, model, stranger)
-            first = edge.layers.start - owner.layers.start
-            kv = shard.layer_slice(first, first + len(edge.layers))
-            head = edge.heads.start - owner.heads.start
-            kv = kv.head_slice(head, head + len(edge.heads))
+            edge = edge_between(case.owner("source", stranger), receiver, model)
+            alone = replace(setup.plan, edges=(edge,))
+            [extra] = send(alone, stranger, setup.source_shards[stranger])
         except ValueError:  # a rank sharing nothing with dst, posing as a source
-            edge, kv = replace(victim.edge, src=stranger), victim.kv
-        extra = Shipment(edge, edge_marker(case, edge, "sender"), kv)
+            edge = replace(victim.edge, src=stranger)
+            extra = Shipment(edge, edge_marker(setup.plan, edge, "sender"), victim.kv)
         found.append(("RESHARD-3.2", f"an extra shipment from rank {stranger}", [*good, extra]))
     for elsewhere in setup.plan.targets_of(victim.edge.src):
         if elsewhere == dst:
@@ -92,7 +88,17 @@ def _variants(setup: Setup, dst: int, rng: random.Random) -> list[Variant]:
             )
         )
         break
-    if len(good) > 1 and setup.seq_len > 1:
+    if victim.edge.tokens is not None:
+        shifted = Tokens.of(range(r.start + 1, r.stop + 1) for r in victim.edge.tokens.ranges)
+        found.append(
+            (
+                "SLICE-4.2",
+                f"the shipment from source {victim.edge.src} marked as carrying tokens "
+                f"{shifted.describe()}, not its edge's {victim.edge.tokens.describe()}",
+                _swap(good, i, replace(victim, marker=replace(victim.marker, tokens=shifted))),
+            )
+        )
+    if len(good) > 1 and victim.kv.seq_len > 1:
         short = RequestKV(victim.kv.data[:, :, :-1], victim.kv.scales)
         found.append(
             (
@@ -131,12 +137,12 @@ def _variants(setup: Setup, dst: int, rng: random.Random) -> list[Variant]:
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=TENSOR_WEIGHT,
-    covers=tuple(f"RESHARD-3.{i}" for i in range(1, 7)),
+    covers=(*(f"RESHARD-3.{i}" for i in range(1, 7)), "SLICE-4.2"),
 )
 def refuses_wrong_shipments(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     rng = random.Random(setup.seed)
-    for dst in setup.case.target.ranks():
+    for dst in setup.receivers():
         for obligation, what, shipments in _variants(setup, dst, rng):
             expect_refused(
                 obligation,
@@ -229,7 +235,7 @@ def refuses_bad_scales(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     rng = random.Random(setup.seed)
     fp8 = setup.case.model.dtype in FP8_DTYPES
-    for dst in setup.case.target.ranks():
+    for dst in setup.receivers():
         variants = _scale_variants(setup, dst, rng) if fp8 else [_stray_scales(setup, dst)]
 
         def run(shipments: list[Shipment], dst: int = dst) -> object:

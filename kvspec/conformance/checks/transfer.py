@@ -1,8 +1,10 @@
 """Checks of what travels and how it is combined, on real tensors.
 
 A request's KV of random bits (NaN payloads and -0.0 included) is sharded by the
-reference for the source layout; the implementation's sender transform and receiver
-combine must reproduce the reference's target shards bit for bit [RESHARD-2].
+reference for the source layout (its heads, layers and, with token shards, tokens, on
+the request's DP group); the implementation's sender transform and receiver combine
+must reproduce the reference's target shards bit for bit [RESHARD-2]. Receivers that
+hold nothing of the request (no token of it, or another DP group) are not asked.
 Edges follow the implementation's own routing when it provides one, so any replica
 choice that satisfies the rules passes [PLAN-4]. Under receiver-side slicing the
 receiver's slice step is the adapter's :meth:`apply_marker` when it has one, else its
@@ -26,9 +28,9 @@ from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import FP8_DTYPES, raw_bits
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.reshard import Shipment, send, shard
+from kvspec.tensors.reshard import edge_marker as spec_marker
 from kvspec.tensors.slicing import HeadSlice
 from kvspec.topology.model import ModelShape
-from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import Edge, TransferPlan, edge_between
 from kvspec.topology.stage import StageLayout
 
@@ -36,7 +38,8 @@ TENSOR_WEIGHT = 0.5
 
 
 def tensor_examples(adapter: Adapter, **case_kwargs) -> st.SearchStrategy[Example]:
-    """A small valid case of the domain, a sequence length and a seed for data and order."""
+    """A small valid case of the domain, a sequence length and a seed for data and order
+    (a case with token shards brings its own length [PLAN-6])."""
     return st.fixed_dictionaries(
         {
             "case": case_examples(adapter, max_layers=4, max_head_dim=3, **case_kwargs),
@@ -73,13 +76,27 @@ class Setup:
         self.case = TransferCase.from_dict(example["case"])
         within_domain(ctx, self.case)
         policy_in_domain(ctx, self.case)
-        self.seq_len = example["seq_len"]
+        self.seq_len = self.case.seq_len if self.case.sharded else example["seq_len"]
         self.seed = example["seed"]
-        model = self.case.model
-        self.full = random_request_kv(model, self.seq_len, seed=self.seed, device=ctx.device)
-        self.source_shards = shard(self.full, self.case.source, model)
-        self.target_shards = shard(self.full, self.case.target, model)
+        self.full = random_request_kv(
+            self.case.model, self.seq_len, seed=self.seed, device=ctx.device
+        )
+        self.reshard_full()
         self.plan = routed_plan(ctx, self.case)
+
+    def reshard_full(self) -> None:
+        """The reference shards of :attr:`full` on both sides [RESHARD-1]."""
+        case, model = self.case, self.case.model
+        self.source_shards = shard(self.full, case.source, model, dp_rank=case.source_dp)
+        self.target_shards = shard(self.full, case.target, model, dp_rank=case.target_dp)
+
+    def receivers(self) -> list[int]:
+        """The target ranks that hold some of the request (a token of it, on its DP group)."""
+        return [
+            dst
+            for dst in self.case.target.ranks()
+            if self.target_shards[dst].data.numel() and self.target_shards[dst].seq_len
+        ]
 
     def shipments_to(self, dst: int, slicing: str) -> list[Shipment]:
         """Reference shipments along the routed plan's edges into ``dst``."""
@@ -116,21 +133,20 @@ class Setup:
                 )
         return out
 
-    def end_to_end(self, slicing: str) -> list[RequestKV]:
-        """The implementation's sender transform then its receiver, every rank."""
+    def end_to_end(self, slicing: str) -> dict[int, RequestKV]:
+        """The implementation's sender transform then its receiver, every receiver that
+        holds some of the request."""
         inbox: dict[int, list[Shipment]] = {t: [] for t in self.case.target.ranks()}
         for src in self.case.source.ranks():
             for dst, kv in self.sender_output(src, slicing).items():
                 edge = self.edge(src, dst)
-                inbox[dst].append(Shipment(edge, edge_marker(self.case, edge, slicing), kv))
-        return [
-            self.combine(dst, self.received(dst, inbox[dst])) for dst in self.case.target.ranks()
-        ]
+                inbox[dst].append(Shipment(edge, edge_marker(self.plan, edge, slicing), kv))
+        return {dst: self.combine(dst, self.received(dst, inbox[dst])) for dst in self.receivers()}
 
     def expect_end_to_end(self, obligation: str, what: str) -> None:
         """Every receiver's shard, in every slicing mode of the adapter, equals the spec's."""
         for slicing in self.ctx.adapter.slicing_modes:
-            for dst, got in enumerate(self.end_to_end(slicing)):
+            for dst, got in self.end_to_end(slicing).items():
                 problem = difference(got, self.target_shards[dst])
                 expect(
                     problem is None,
@@ -155,8 +171,8 @@ class Setup:
         return out
 
     def edge(self, src: int, dst: int) -> Edge:
-        sender = rank_ownership(self.case.source, self.case.model, src)
-        receiver = rank_ownership(self.case.target, self.case.model, dst)
+        sender = self.case.owner("source", src)
+        receiver = self.case.owner("target", dst)
         try:
             return edge_between(sender, receiver, self.case.model)
         except ValueError as error:
@@ -170,9 +186,9 @@ def routed_plan(ctx: Context, case: TransferCase) -> TransferPlan:
         return plan
     edges = []
     for dst in case.target.ranks():
-        receiver = rank_ownership(case.target, case.model, dst)
+        receiver = case.owner("target", dst)
         for src in ctx.adapter.sources(case, dst):
-            sender = rank_ownership(case.source, case.model, src)
+            sender = case.owner("source", src)
             try:
                 edges.append(edge_between(sender, receiver, case.model))
             except ValueError as error:
@@ -184,18 +200,9 @@ def routed_plan(ctx: Context, case: TransferCase) -> TransferPlan:
     return replace(plan, edges=tuple(edges))
 
 
-def edge_marker(case: TransferCase, edge: Edge, slicing: str) -> HeadSlice:
-    """The tp_head_slice marker of a shipment on ``edge`` [SLICE-3]."""
-    applied = slicing == "sender"
-    return HeadSlice(
-        target_rank=edge.dst,
-        from_tp=case.source.tp,
-        to_tp=case.target.tp,
-        offset_in_shard=edge.offset_in_shard,
-        num_slices=edge.num_slices,
-        applied=applied,
-        side="sender" if applied else None,
-    )
+def edge_marker(plan: TransferPlan, edge: Edge, slicing: str) -> HeadSlice:
+    """The tp_head_slice marker of a shipment on ``edge`` [SLICE-1, SLICE-3, SLICE-4]."""
+    return spec_marker(plan, edge, applied=slicing == "sender")
 
 
 def difference(got: RequestKV, want: RequestKV) -> str | None:
@@ -233,43 +240,52 @@ def difference(got: RequestKV, want: RequestKV) -> str | None:
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=TENSOR_WEIGHT,
-    covers=("SLICE-1.1", "SLICE-1.2", "SLICE-2.1"),
+    covers=("SLICE-1.1", "SLICE-1.2", "SLICE-1.3", "SLICE-2.1", "PLAN-6.1", "PLAN-6.2"),
 )
 def sender_content(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     for slicing in ctx.adapter.slicing_modes:
         for src in setup.case.source.ranks():
-            owner = rank_ownership(setup.case.source, setup.case.model, src)
+            owner = setup.case.owner("source", src)
             for dst, kv in setup.sender_output(src, slicing).items():
                 edge = setup.edge(src, dst)
-                expected = setup.source_shards[src].layer_slice(
-                    edge.layers.start - owner.layers.start, edge.layers.stop - owner.layers.start
-                )
-                if slicing == "sender":
-                    first = edge.heads.start - owner.heads.start
-                    expected = expected.head_slice(first, first + len(edge.heads))
+                [expected] = [
+                    s.kv
+                    for s in send(setup.plan, src, setup.source_shards[src], slicing=slicing)
+                    if s.edge.dst == dst
+                ]
                 problem = difference(kv, expected)
                 if problem is None:
                     continue
                 layers_wrong = kv.data.dim() == 5 and kv.data.shape[0] != len(edge.layers)
-                obligation = (
-                    "SLICE-1.2"
-                    if layers_wrong
-                    else "SLICE-1.1"
-                    if slicing == "sender"
-                    else "SLICE-2.1"
+                tokens_wrong = kv.data.dim() == 5 and kv.data.shape[2] != expected.seq_len
+                if layers_wrong:
+                    obligation = "SLICE-1.2"
+                elif tokens_wrong:
+                    obligation = "PLAN-6.2"
+                elif slicing == "receiver":
+                    obligation = "SLICE-2.1"
+                elif edge.offset_in_shard is None:
+                    obligation = "PLAN-6.1, SLICE-1.3"
+                else:
+                    obligation = "SLICE-1.1"
+                slice_of = (
+                    f"slice {edge.offset_in_shard} of {edge.num_slices}"
+                    if edge.offset_in_shard is not None
+                    else f"heads {edge.head_offset}..{edge.head_offset + len(edge.heads) - 1}"
                 )
                 heads = (
-                    f"heads {edge.heads.start}..{edge.heads.stop - 1} (slice "
-                    f"{edge.offset_in_shard} of {edge.num_slices} of the sender's heads)"
+                    f"heads {edge.heads.start}..{edge.heads.stop - 1} ({slice_of} of the "
+                    "sender's heads)"
                     if slicing == "sender"
                     else f"the sender's whole head shard {owner.heads.start}.."
                     f"{owner.heads.stop - 1} (receiver-side slicing)"
                 )
+                tokens = "" if edge.tokens is None else f", tokens {edge.tokens.describe()}"
                 fail(
                     f"{setup.case.describe()}, {slicing}-side slicing: edge {src}->{dst} should "
-                    f"carry layers {edge.layers.start}..{edge.layers.stop - 1} and {heads} "
-                    f"[{obligation}]: {problem}"
+                    f"carry layers {edge.layers.start}..{edge.layers.stop - 1} and {heads}"
+                    f"{tokens} [{obligation}]: {problem}"
                 )
 
 
@@ -307,7 +323,7 @@ def edge_bytes(ctx: Context, example: Example) -> None:
     strategy=tensor_examples,
     examples=TENSOR_PINS,
     weight=TENSOR_WEIGHT,
-    covers=("RESHARD-2.1",),
+    covers=("RESHARD-2.1", "SLICE-4.1"),
 )
 def round_trip(ctx: Context, example: Example) -> None:
     Setup(ctx, example).expect_end_to_end("RESHARD-2.1", "the shard differs from the spec's")
@@ -326,7 +342,7 @@ def round_trip(ctx: Context, example: Example) -> None:
 def arrival_order(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     rng = random.Random(setup.seed)
-    for dst in setup.case.target.ranks():
+    for dst in setup.receivers():
         shipments = setup.shipments_to(dst, "sender")
         shuffled = rng.sample(shipments, len(shipments))
         if [s.edge.src for s in shuffled] == [s.edge.src for s in shipments]:
@@ -354,13 +370,13 @@ def arrival_order(ctx: Context, example: Example) -> None:
 def shard_shape(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     model = setup.case.model
-    for dst in setup.case.target.ranks():
-        owner = rank_ownership(setup.case.target, model, dst)
+    for dst in setup.receivers():
+        owner = setup.case.owner("target", dst)
         got = setup.combine(dst, setup.shipments_to(dst, "sender"))
         want = [
             len(owner.layers),
             model.kv_tensors,
-            setup.seq_len,
+            owner.token_count(setup.seq_len),
             len(owner.heads),
             model.head_dim,
         ]
@@ -392,8 +408,8 @@ def modes_agree(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     by_sender = setup.end_to_end("sender")
     by_receiver = setup.end_to_end("receiver")
-    for dst, (a, b) in enumerate(zip(by_sender, by_receiver, strict=True)):
-        problem = difference(b, a)
+    for dst, a in by_sender.items():
+        problem = difference(by_receiver[dst], a)
         expect(
             problem is None,
             f"{setup.case.describe()}: target rank {dst} differs between sender-side and "
@@ -418,8 +434,7 @@ def _special_values(setup: Setup) -> None:
         nan, _NAN_WITH_PAYLOAD[data.dtype], _NEGATIVE_ZERO[data.element_size()]
     ).to(flat.dtype)
     flat[where.to(flat.device)] = values.to(flat.device)
-    setup.source_shards = shard(setup.full, setup.case.source, setup.case.model)
-    setup.target_shards = shard(setup.full, setup.case.target, setup.case.model)
+    setup.reshard_full()
 
 
 _SPECIAL_DTYPES = ("float32", "bfloat16", "float16")
@@ -460,7 +475,7 @@ def special_values(ctx: Context, example: Example) -> None:
 def scales_travel(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
     for slicing in ctx.adapter.slicing_modes:
-        for dst, got in enumerate(setup.end_to_end(slicing)):
+        for dst, got in setup.end_to_end(slicing).items():
             want = setup.target_shards[dst]
             problem = difference(got, want)
             if problem is None:
@@ -480,10 +495,51 @@ def scales_travel(ctx: Context, example: Example) -> None:
     "an MLA latent (no V, no head axis) moves intact",
     needs=("sender", "receiver"),
     strategy=lambda adapter: tensor_examples(adapter, attention=("mla",)),
-    examples=_pins(ROUTING_PINS[-2], ROUTING_PINS[-1]),
+    examples=_pins(*(c for c in ROUTING_PINS if c["model"]["attention"] == "mla")),
     weight=TENSOR_WEIGHT,
     missing=lambda a: None if "mla" in a.domain.attention else "the adapter's domain has no MLA",
     covers=("MODEL-2.1",),
 )
 def mla_latent(ctx: Context, example: Example) -> None:
     Setup(ctx, example).expect_end_to_end("MODEL-2.1", "the latent must arrive intact")
+
+
+@st.composite
+def _two_lengths(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A case with token shards and a second request length for the same layouts [PLAN-6]."""
+    example = draw(
+        tensor_examples(adapter).filter(lambda e: TransferCase.from_dict(e["case"]).sharded)
+    )
+    return {**example, "other": draw(st.integers(1, 9)) + example["case"]["seq_len"]}
+
+
+@check(
+    "PLAN-6",
+    "request-length",
+    "the same layouts move requests of two lengths, each by the plan of its length",
+    needs=("sender", "receiver"),
+    strategy=_two_lengths,
+    examples=(
+        {
+            "case": TransferCase(
+                StageLayout(4, cp=2, cp_rule="interleave:2"),
+                StageLayout(2),
+                ModelShape(2, 2, 2),
+                seq_len=5,
+            ).to_dict(),
+            "seq_len": 5,
+            "seed": 0,
+            "other": 11,
+        },
+    ),
+    weight=TENSOR_WEIGHT,
+    missing=lambda a: None if a.domain.token_shards else "the adapter's domain has no CP",
+    covers=("PLAN-6.3",),
+)
+def request_length(ctx: Context, example: Example) -> None:
+    first = example["case"]["seq_len"]
+    for n in (first, example["other"], first):
+        setup = Setup(ctx, {**example, "case": {**example["case"], "seq_len": n}})
+        setup.expect_end_to_end(
+            "PLAN-6.3", f"a request of {n} tokens after one of another length (same layouts)"
+        )

@@ -41,11 +41,7 @@ WEIGHT = 0.5
 
 def _payloads(setup: Setup) -> list[tuple[int, int, Payload]]:
     """``(source, target, payload)`` of every edge of the example's plan."""
-    return [
-        (src, dst, payload)
-        for dst in setup.case.target.ranks()
-        for src, payload in inbox(setup, dst)
-    ]
+    return [(src, dst, payload) for dst in setup.receivers() for src, payload in inbox(setup, dst)]
 
 
 def _one_payload(setup: Setup) -> Payload:

@@ -37,6 +37,7 @@ MUTANT_MODULES: tuple[str, ...] = (
     "kvspec.conformance.mutants.chunks",
     "kvspec.conformance.mutants.wire",
     "kvspec.conformance.mutants.lifecycle",
+    "kvspec.conformance.mutants.parallel",
 )
 
 

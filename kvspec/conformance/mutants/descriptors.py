@@ -12,7 +12,7 @@ import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.memory.descriptors import Descriptor, RegisteredCache, _coalesce
+from kvspec.memory.descriptors import Descriptor, RegisteredCache, _coalesce, share_positions
 from kvspec.topology.ownership import rank_ownership
 
 
@@ -31,16 +31,20 @@ def _build(
     target_block_size: int | None = None,
     target_id_shift: int = 0,
     stop: int | None = None,
+    request_positions: bool = False,
 ) -> tuple[Descriptor, ...]:
     """A connector's list: every (layer, token, head, field) paired and merged, with the
-    hooks a mutant bends."""
+    hooks a mutant bends. Tokens sit at their positions among each rank's own tokens
+    [CP-1], unless ``request_positions`` addresses both caches by the request's."""
     plan = adapter.plan(case)
     edge = plan.edge(src, dst)
     so = rank_ownership(plan.source, plan.model, src)
     do = rank_ownership(plan.target, plan.model, dst)
     heads = torch.arange(edge.heads.start, edge.heads.stop).view(1, 1, -1)
     src_head = source_head(edge, so, do, heads) if source_head else heads - so.heads.start
-    t = torch.arange(tokens.start, stop or tokens.stop).view(1, -1, 1)
+    share = share_positions(plan, edge, range(tokens.start, stop or tokens.stop))
+    held = (share.tokens, share.tokens) if request_positions else (share.source, share.target)
+    ts, td = (torch.tensor(h.tokens(), dtype=torch.int64).view(1, -1, 1) for h in held)
     sids = torch.tensor(source_ids)
     dids = torch.tensor(target_ids) + target_id_shift
     dst_bs = target_block_size or target.block_size
@@ -49,15 +53,15 @@ def _build(
         sr, s_off = source.addresses(
             name,
             torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - so.layers.start,
-            sids[t // source.block_size],
-            t % source.block_size,
+            sids[torch.clamp(ts // source.block_size, max=len(sids) - 1)],
+            ts % source.block_size,
             src_head,
         )
         dr, d_off = target.addresses(
             name,
             torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - do.layers.start,
-            dids[torch.clamp(t // dst_bs, max=len(dids) - 1)],
-            t % dst_bs,
+            dids[torch.clamp(td // dst_bs, max=len(dids) - 1)],
+            td % dst_bs,
             heads - do.heads.start,
         )
         parts.append((sr.flatten(), s_off.flatten(), dr.flatten(), d_off.flatten(), size))
@@ -187,3 +191,25 @@ class OnePerTokenAndHead(ReferenceAdapter):
                     Descriptor(d.src_region, d.src_offset + at, d.dst_region, d.dst_offset + at, n)
                 )
         return out
+
+
+@mutant("DESC-1.1")
+class RequestPositionsUnderTokenShards(ReferenceAdapter):
+    """Addresses both caches by a token's position in the request, not its position among
+    the rank's own tokens: right without token shards, another token's slot (or another
+    shard's block) with them, as vLLM's prefill context parallelism read another shard's
+    blocks (vllm#38433, FIELD.md)."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        return _build(
+            self,
+            case,
+            src,
+            dst,
+            source,
+            source_ids,
+            target,
+            target_ids,
+            tokens,
+            request_positions=True,
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 
 from kvspec.conformance.mutants import mutant
@@ -101,7 +102,7 @@ class SourcesInHeadMajorOrder(ReferenceAdapter):
 
 def _pick(case: TransferCase, dst: int, pick: Callable[[range, int], int]) -> list[int]:
     """Sources of ``dst`` where each replicated head's sender is ``pick(replicas, dst)``."""
-    lowest = TransferCase(case.source, case.target, case.model, "lowest")
+    lowest = replace(case, policy="lowest")
     chosen = set()
     for src in ReferenceAdapter().sources(lowest, dst):
         pp_rank = case.source.coords(src)[0]
@@ -134,7 +135,7 @@ class BalancedWithoutModulo(ReferenceAdapter):
     def sources(self, case, dst):
         if case.policy != "balanced" or case.model.num_kv_heads >= case.source.tp:
             return super().sources(case, dst)
-        lowest = TransferCase(case.source, case.target, case.model, "lowest")
+        lowest = replace(case, policy="lowest")
         reference = ReferenceAdapter()
         chosen = []
         for src in reference.sources(lowest, dst):
@@ -156,7 +157,7 @@ class BalancedCountsWholeStage(ReferenceAdapter):
         if case.policy != "balanced":
             return super().sources(case, dst)
         receiver = rank_ownership(case.target, case.model, dst)
-        lowest = TransferCase(case.source, case.target, case.model, "lowest")
+        lowest = replace(case, policy="lowest")
         chosen = []
         for src in super().sources(lowest, dst):
             pp_rank = case.source.coords(src)[0]
@@ -205,7 +206,7 @@ class UnknownPolicyReadAsLowest(ReferenceAdapter):
 
     def plan(self, case: TransferCase):
         if case.policy not in POLICIES and case.policy not in self.policy_rules:
-            case = TransferCase(case.source, case.target, case.model, "lowest")
+            case = replace(case, policy="lowest")
         return super().plan(case)
 
 

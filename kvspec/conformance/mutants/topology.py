@@ -1,23 +1,35 @@
-"""Mutants of refusing invalid parallel sizes, layer partitions and stage pairs [STAGE-1,
-HEAD-1, HEAD-2, LAYER-1, LAYER-2, PLAN-1].
+"""Mutants of refusing invalid parallel sizes, attention groups, layer partitions, stage
+pairs and token rules [STAGE-1, STAGE-2, HEAD-1, HEAD-2, LAYER-1, LAYER-2, PLAN-1, CP-1..3,
+DP-1].
 
 Each validates like the reference but lets one kind of invalid configuration through,
-the way a validator written for the common case does.
+the way a validator written for the common case does, or (PLAN-1.2) refuses one kind
+of valid configuration, the way the field's engines do.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.topology.tokens import CPRule
 
 Config = dict[str, Any]
 
 
 def _sides(config: Config) -> list[dict[str, Any]]:
     return [config["source"], config["target"]]
+
+
+def _attn(side: dict[str, Any]) -> int:
+    """The attention-TP size of a side given as plain data [STAGE-2]."""
+    groups = side.get("dp", 1) * side.get("cp", 1)
+    if not all(isinstance(v, int) and v > 0 for v in (side["tp"], groups)):
+        return side["tp"]
+    return side["tp"] // groups if side["tp"] % groups == 0 else side["tp"]
 
 
 @mutant("STAGE-1.2")
@@ -63,7 +75,7 @@ class HeadsFloorDivided(ReferenceAdapter):
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         heads = given["model"]["num_kv_heads"]
-        tps = [s["tp"] for s in _sides(given) if isinstance(s["tp"], int) and 0 < s["tp"] < heads]
+        tps = [_attn(s) for s in _sides(given) if isinstance(s["tp"], int) and 0 < _attn(s) < heads]
         if tps and given["model"].get("attention", "mha") == "mha":
             for tp in tps:
                 heads -= heads % tp
@@ -80,8 +92,9 @@ class ReplicationNotChecked(ReferenceAdapter):
         heads = given["model"]["num_kv_heads"]
         for side in _sides(given):
             tp = side["tp"]
-            if isinstance(tp, int) and heads < tp and tp % heads:
-                side["tp"] = tp - tp % heads
+            attn = _attn(side)
+            if isinstance(tp, int) and heads < attn and attn % heads:
+                side["tp"] = (attn - attn % heads) * (tp // attn)
         super().validate_model(given)
 
 
@@ -151,14 +164,22 @@ class PartitionLengthUnchecked(ReferenceAdapter):
 
 
 @mutant("PLAN-1.1")
-class AcceptsNonDividingTp(ReferenceAdapter):
-    """Plans TP3 -> TP2 anyway."""
+class TrustsTheSendersLayout(ReferenceAdapter):
+    """Checks the heads against the receiving side only, trusting the sender's layout."""
 
     def validate_topology(self, config: Config) -> None:
-        source, target = config["source"]["tp"], config["target"]["tp"]
-        if source > 0 and target > 0 and source % target and target % source:
-            return
-        super().validate_topology(config)
+        given = copy.deepcopy(config)
+        source = given["source"]
+        if isinstance(source.get("pp", 1), int) and source.get("pp", 1) >= 1:
+            given["source"] = {
+                "tp": 1,
+                "pp": source.get("pp", 1),
+                "layer_partition": source.get("layer_partition"),
+            }
+            given.pop("source_dp", None)
+            if "rank" in given and given["rank"].get("side") == "source":
+                given.pop("rank")
+        super().validate_topology(given)
 
 
 @mutant("PLAN-1.2")
@@ -210,3 +231,163 @@ class RefusesUnevenPipeline(ReferenceAdapter):
             if uneven and side.get("layer_partition") is None:
                 raise ValueError(f"{layers} layers do not split evenly over PP {pp}")
         super().validate_partition(config)
+
+
+@mutant("PLAN-1.2")
+class RefusesNonDividingTp(ReferenceAdapter):
+    """Plans only TP sizes that divide one another, as every engine (and kvspec's first
+    release) did: TP4 -> TP6 is refused even with 12 heads."""
+
+    def validate_topology(self, config: Config) -> None:
+        source, target = config["source"]["tp"], config["target"]["tp"]
+        if source > 0 and target > 0 and source % target and target % source:
+            raise ValueError(f"TP {source} and TP {target} do not divide one another")
+        super().validate_topology(config)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@mutant("PLAN-1.2")
+class PowerOfTwoOnly(ReferenceAdapter):
+    """Checks that the TP size of each DP group and the CP size are powers of two on both
+    sides (TensorRT-LLM's TLLM_CHECK(isPowerOfTwo) in cacheSplitConcat.cu)."""
+
+    def validate_topology(self, config: Config) -> None:
+        for side in _sides(config):
+            per_group = side["tp"] // max(1, side.get("dp", 1))
+            if not (_power_of_two(per_group) and _power_of_two(side.get("cp", 1))):
+                raise ValueError(f"TP per DP group {per_group} / CP must be powers of two")
+        super().validate_topology(config)
+
+
+@mutant("PLAN-1.2")
+class DcpOnlyNoneOrFull(ReferenceAdapter):
+    """Accepts decode context parallelism only of 1 or the whole TP size on either side
+    (vLLM's NIXL connector: dcp_size in {1, tp_size})."""
+
+    def validate_topology(self, config: Config) -> None:
+        for side in _sides(config):
+            if side.get("dcp", 1) not in (1, side["tp"]):
+                raise ValueError(f"dcp {side.get('dcp')} must be 1 or tp {side['tp']}")
+        super().validate_topology(config)
+
+
+@mutant("PLAN-1.2")
+class RefusesCpConsumer(ReferenceAdapter):
+    """Refuses a receiving stage with context-parallel ranks (vLLM #52779 takes PCP
+    producers and rejects PCP consumers)."""
+
+    def validate_topology(self, config: Config) -> None:
+        if config["target"].get("cp", 1) > 1:
+            raise ValueError("a context-parallel consumer is not supported")
+        super().validate_topology(config)
+
+
+@mutant("STAGE-2.3")
+class GroupsFloorDivided(ReferenceAdapter):
+    """Sizes the attention groups as tp // (dp * cp), never checking the remainder."""
+
+    def validate_sizes(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        for side in _sides(given):
+            groups = side.get("dp", 1) * side.get("cp", 1)
+            tp = side["tp"]
+            if isinstance(tp, int) and isinstance(groups, int) and groups > 0 and tp % groups:
+                side["tp"] = max(groups, tp - tp % groups)
+        super().validate_sizes(given)
+
+
+@mutant("CP-1.5")
+class UnknownRuleReadAsContiguous(ReferenceAdapter):
+    """Reads any rule it does not know, or a size it cannot parse, as contiguous."""
+
+    def validate_topology(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        for side in _sides(given):
+            try:
+                CPRule.parse(side.get("cp_rule", "contiguous"))
+            except ValueError:
+                side["cp_rule"] = "contiguous"
+        super().validate_topology(given)
+
+
+@mutant("CP-2.1")
+class ZigzagShortRequestAccepted(ReferenceAdapter):
+    """Splits a request shorter than 2n tokens contiguously instead of refusing zigzag."""
+
+    def validate_topology(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        for side in _sides(given):
+            shards = side.get("cp", 1) * side.get("dcp", 1)
+            if side.get("cp_rule") == "zigzag" and (given.get("seq_len") or 0) < 2 * shards:
+                side["cp_rule"] = "contiguous"
+        super().validate_topology(given)
+
+
+@mutant("CP-2.2")
+class InterleaveBlockSizeUnchecked(ReferenceAdapter):
+    """Never compares an interleave size with the cache block size."""
+
+    def validate_topology(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        for name in ("source", "target"):
+            if str(given[name].get("cp_rule", "")).startswith("interleave"):
+                given.pop(f"{name}_block_size", None)
+        super().validate_topology(given)
+
+
+@mutant("CP-2.3")
+class BlockRuleSizeUnchecked(ReferenceAdapter):
+    """Takes round_robin_blocks:B and contiguous:B at their word, whatever the cache's
+    block size."""
+
+    def validate_topology(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        for name in ("source", "target"):
+            if str(given[name].get("cp_rule", "")).startswith(("round_robin_blocks", "contiguous")):
+                given.pop(f"{name}_block_size", None)
+        super().validate_topology(given)
+
+
+@mutant("CP-3.3")
+class DcpRoundedToDivisor(ReferenceAdapter):
+    """Uses gcd(dcp, attention TP) when dcp does not divide the attention-TP size."""
+
+    def validate_topology(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        for side in _sides(given):
+            dcp = side.get("dcp", 1)
+            if isinstance(dcp, int) and dcp > 1:
+                side["dcp"] = math.gcd(dcp, _attn(side))
+        super().validate_topology(given)
+
+
+@mutant("CP-3.4")
+class DcpChecksTpOnly(ReferenceAdapter):
+    """Checks that dcp divides the attention TP, not that every head has dcp ranks to share
+    its tokens (H * dcp <= attn_tp)."""
+
+    def validate_topology(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        heads = given["model"].get("num_kv_heads", 1)
+        for side in _sides(given):
+            dcp = side.get("dcp", 1)
+            attn = _attn(side)
+            if isinstance(dcp, int) and dcp > 1 and attn % dcp == 0 and heads * dcp > attn:
+                side["dcp"] = 1
+        super().validate_topology(given)
+
+
+@mutant("DP-1.3")
+class DpRankWrapped(ReferenceAdapter):
+    """Takes the router's DP rank modulo dp, so DP rank 2 of DP2 lands on group 0."""
+
+    def validate_topology(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        for name in ("source", "target"):
+            dp = given[name].get("dp", 1)
+            if isinstance(given.get(f"{name}_dp"), int) and isinstance(dp, int) and dp > 0:
+                given[f"{name}_dp"] %= dp
+        super().validate_topology(given)

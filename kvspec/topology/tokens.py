@@ -1,0 +1,381 @@
+"""Which tokens of a request a rank holds: token sets and the context-parallel rules.
+
+Context parallelism (CP) splits a request's KV *by tokens*: the ``n`` token shards of a
+stage each hold a disjoint share of the request's tokens, and together all of them.
+Which share is a named rule [CP-1], stated here exactly and cited from the engine that
+runs it:
+
+- ``contiguous:B`` — TensorRT-LLM's default: the request's ``ceil(N/B)`` blocks of ``B``
+  tokens go to the shards in order, ``nb // n`` each, the first ``nb % n`` shards one
+  more (``getBlockNumAccountingForCP`` / ``getGlobalBlockIdAccountingForCP`` in
+  ``cpp/tensorrt_llm/executor/cache_transmission/cacheSplitConcat.cu``, commit 1a43c7d).
+  ``contiguous`` alone is ``contiguous:1``: whole tokens, split the same way.
+- ``round_robin_blocks:B`` — TensorRT-LLM's round-robin distribution (same file, the
+  ``getEnvUseRoundRobinBlockDistForCP`` branch): block ``b`` goes to shard ``b % n``.
+- ``interleave:I`` — vLLM's decode context parallelism (vLLM 0.33.0,
+  ``vllm/config/parallel.py`` ``cp_kv_cache_interleave_size`` and the slot mapping of
+  ``vllm/v1/worker/block_table.py``): token ``t`` goes to shard ``(t // I) % n``.
+  As a set it equals ``round_robin_blocks:I``; the two differ in the cache block size
+  they need [CP-2].
+- ``zigzag`` — SGLang's zigzag split (SGLang 0.5.23, ``sglang/srt/layers/cp/zigzag.py``):
+  the request is cut into ``2n`` segments, segment ``i`` of ``N // 2n`` tokens plus one
+  when ``i < N % 2n``; shard ``s`` holds segments ``s`` and ``2n - 1 - s``.
+
+A rank stores its tokens densely, in ascending token order: its ``k``-th local token is
+the ``k``-th token of its set. A :class:`Tokens` is such a set, kept as sorted,
+disjoint, non-adjacent ranges, so plans can intersect them [PLAN-6].
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvspec._checks import require_int, show
+from kvspec.clause import Clause, must, refuses
+from kvspec.tensors.dtypes import bits_view
+
+CLAUSES = (
+    Clause(
+        "CP-1",
+        "Token-distribution rules",
+        "A stage with n token shards (n = cp * dcp [STAGE-2, CP-3]) gives each shard s a "
+        "disjoint set of a request's N tokens, together all of them, by one named rule: "
+        "contiguous:B (the ceil(N/B) blocks of B tokens in order, nb // n per shard and one "
+        "more to each of the first nb % n shards; contiguous = contiguous:1) [TensorRT-LLM "
+        "cacheSplitConcat.cu]; round_robin_blocks:B (block b to shard b % n) [TensorRT-LLM]; "
+        "interleave:I (token t to shard (t // I) % n) [vLLM 0.33 cp_kv_cache_interleave_size]; "
+        "zigzag (2n segments of N // 2n tokens, one more for each of the first N % 2n; shard "
+        "s holds segments s and 2n-1-s) [SGLang 0.5.23 layers/cp/zigzag.py]. A rank stores "
+        "its tokens in ascending order. An unknown rule or a size below 1 is refused.",
+        obligations=(
+            must(
+                "contiguous:B gives shard s its nb // n blocks (one more for the first nb % n "
+                "shards) in order"
+            ),
+            must("interleave:I gives token t to shard (t // I) % n"),
+            must("round_robin_blocks:B gives block b (tokens b*B .. b*B+B-1) to shard b % n"),
+            must("zigzag gives shard s segments s and 2n-1-s of the 2n segments"),
+            refuses("an unknown rule name, or a rule size below 1 or not an integer"),
+        ),
+    ),
+    Clause(
+        "CP-2",
+        "A rule must fit the request and the cache",
+        "zigzag needs N >= 2n tokens (every segment non-empty) [SGLang zigzag.py]; "
+        "interleave:I needs the rank's cache block size to be a multiple of I [vLLM "
+        "config/parallel.py]; round_robin_blocks:B and contiguous:B with B > 1 distribute "
+        "cache blocks, so B must be the cache block size [TensorRT-LLM]. Anything else is "
+        "refused with the values. Shards of other rules may hold no token of a short request.",
+        obligations=(
+            refuses("a zigzag request of fewer than 2n tokens"),
+            refuses("interleave:I with a cache block size that is not a multiple of I"),
+            refuses(
+                "round_robin_blocks:B or contiguous:B (B > 1) with a cache block size other than B"
+            ),
+        ),
+    ),
+)
+
+RULE_KINDS: tuple[str, ...] = ("contiguous", "interleave", "round_robin_blocks", "zigzag")
+"""The named token-distribution rules [CP-1]."""
+
+_SIZED = {"contiguous": "B", "interleave": "I", "round_robin_blocks": "B"}
+_EXAMPLES = "contiguous, contiguous:16, interleave:16, round_robin_blocks:16, zigzag"
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A set of a request's token positions: sorted, disjoint, non-adjacent ranges of step 1.
+
+    Build one with :meth:`of` (which normalizes) or :meth:`span`; iterate :attr:`ranges`.
+
+    >>> Tokens.of([range(4, 6), range(0, 2), range(2, 3)]).describe()
+    '0-2, 4-5'
+    >>> len(Tokens.span(0, 8).intersect(Tokens.of([range(6, 12)])))
+    2
+    """
+
+    ranges: tuple[range, ...] = ()
+
+    def __post_init__(self) -> None:
+        previous = -1
+        for r in self.ranges:
+            if not isinstance(r, range) or r.step != 1 or r.start < 0 or len(r) == 0:
+                raise ValueError(f"token ranges are non-empty ranges of step 1 from 0, got {r!r}")
+            if r.start <= previous:
+                raise ValueError(f"token ranges must be sorted, disjoint and apart: {self.ranges}")
+            previous = r.stop
+
+    @classmethod
+    def of(cls, ranges: Iterable[range]) -> Tokens:
+        """The set of the given ranges (any order, overlapping or adjacent), normalized."""
+        merged: list[range] = []
+        for r in sorted((r for r in ranges if len(r)), key=lambda r: r.start):
+            if r.step != 1 or r.start < 0:
+                raise ValueError(f"token ranges are ranges of step 1 from 0, got {r!r}")
+            if merged and r.start <= merged[-1].stop:
+                merged[-1] = range(merged[-1].start, max(merged[-1].stop, r.stop))
+            else:
+                merged.append(r)
+        return cls(tuple(merged))
+
+    @classmethod
+    def span(cls, start: int, stop: int) -> Tokens:
+        """Tokens ``start .. stop-1`` (empty when ``stop <= start``)."""
+        return cls.of([range(start, stop)])
+
+    @classmethod
+    def from_list(cls, data: object) -> Tokens:
+        """Parse ``[[start, stop], ...]`` (sorted, disjoint, apart), refusing anything else."""
+        if not isinstance(data, list | tuple):
+            raise ValueError(f"tokens must be a list of [start, stop] pairs, got {show(data)}")
+        ranges = []
+        for i, pair in enumerate(data):
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise ValueError(f"tokens[{i}] must be a [start, stop] pair, got {show(pair)}")
+            start = require_int(f"tokens[{i}] start", pair[0], minimum=0)
+            stop = require_int(f"tokens[{i}] stop", pair[1], minimum=start + 1)
+            ranges.append(range(start, stop))
+        return cls(tuple(ranges))
+
+    def to_list(self) -> list[list[int]]:
+        """``[[start, stop], ...]``: the JSON form."""
+        return [[r.start, r.stop] for r in self.ranges]
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self.ranges)
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def __contains__(self, token: object) -> bool:
+        if not isinstance(token, int):
+            return False
+        i = bisect.bisect_right([r.start for r in self.ranges], token) - 1
+        return i >= 0 and token in self.ranges[i]
+
+    def tokens(self) -> list[int]:
+        """Every token, ascending."""
+        return [t for r in self.ranges for t in r]
+
+    def intersect(self, other: Tokens) -> Tokens:
+        """The tokens in both sets."""
+        out, i, j = [], 0, 0
+        a, b = self.ranges, other.ranges
+        while i < len(a) and j < len(b):
+            start, stop = max(a[i].start, b[j].start), min(a[i].stop, b[j].stop)
+            if start < stop:
+                out.append(range(start, stop))
+            if a[i].stop < b[j].stop:
+                i += 1
+            else:
+                j += 1
+        return Tokens(tuple(out))
+
+    def positions_in(self, outer: Tokens) -> Tokens:
+        """Where this set's tokens sit in ``outer``'s ascending order (their local positions
+        on a rank that holds ``outer``); refused unless this set lies inside ``outer``."""
+        out, j, before = [], 0, 0
+        for r in self.ranges:
+            while j < len(outer.ranges) and outer.ranges[j].stop <= r.start:
+                before += len(outer.ranges[j])
+                j += 1
+            if (
+                j == len(outer.ranges)
+                or r.start < outer.ranges[j].start
+                or (r.stop > outer.ranges[j].stop)
+            ):
+                raise ValueError(
+                    f"tokens {_compact(r)} are not all held by the set {outer.describe()}"
+                )
+            offset = before + r.start - outer.ranges[j].start
+            out.append(range(offset, offset + len(r)))
+        return Tokens.of(out)
+
+    def describe(self, limit: int = 4) -> str:
+        """A short form: ``0-7``, ``0-3, 8-11``, or ``0-1, 4-5, ... (64 runs of 2, every 4)``."""
+        if not self.ranges:
+            return "none"
+        if len(self.ranges) <= limit:
+            return ", ".join(_compact(r) for r in self.ranges)
+        lengths = {len(r) for r in self.ranges[:-1]}
+        gaps = {b.start - a.start for a, b in zip(self.ranges, self.ranges[1:], strict=False)}
+        head = ", ".join(_compact(r) for r in self.ranges[:2])
+        if len(lengths) == 1 and len(gaps) == 1:
+            return (
+                f"{head}, ... {_compact(self.ranges[-1])} ({len(self.ranges)} runs of "
+                f"{lengths.pop()}, every {gaps.pop()}; {len(self)} tokens)"
+            )
+        return (
+            f"{head}, ... {_compact(self.ranges[-1])} ({len(self.ranges)} runs, {len(self)} tokens)"
+        )
+
+
+def _compact(r: range) -> str:
+    return str(r.start) if len(r) == 1 else f"{r.start}-{r.stop - 1}"
+
+
+def take_tokens(tensor: torch.Tensor, positions: Tokens, *, axis: int) -> torch.Tensor:
+    """The entries of ``tensor`` at ``positions`` along ``axis``: a view when they are one
+    range, a gathered copy otherwise."""
+    if len(positions.ranges) == 1:
+        r = positions.ranges[0]
+        return tensor.narrow(axis, r.start, len(r))
+    if not positions.ranges:
+        return tensor.narrow(axis, 0, 0)
+    index = torch.tensor(positions.tokens(), dtype=torch.long, device=tensor.device)
+    # Gathered as raw bits: every dtype (fp8 included) on every device, bit for bit.
+    return bits_view(tensor).index_select(axis, index).view(tensor.dtype)
+
+
+def put_tokens(target: torch.Tensor, positions: Tokens, values: torch.Tensor, *, axis: int) -> None:
+    """Write ``values`` into ``target`` at ``positions`` along ``axis``, in order."""
+    if len(positions.ranges) == 1:
+        r = positions.ranges[0]
+        target.narrow(axis, r.start, len(r)).copy_(values)
+        return
+    if positions.ranges:
+        index = torch.tensor(positions.tokens(), dtype=torch.long, device=target.device)
+        bits_view(target).index_copy_(axis, index, bits_view(values.to(target.device)))
+
+
+@dataclass(frozen=True)
+class CPRule:
+    """A token-distribution rule and its size [CP-1]: ``str(rule)`` is its name.
+
+    >>> CPRule.parse("interleave:16").tokens(1, 2, 40).describe()
+    '16-31'
+    >>> CPRule.parse("zigzag").tokens(0, 2, 8).describe()
+    '0-1, 6-7'
+    """
+
+    kind: str = "contiguous"
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in RULE_KINDS:
+            raise ValueError(
+                f"unknown context-parallel rule {show(self.kind)}; the rules are {_EXAMPLES} [CP-1]"
+            )
+        try:
+            require_int(f"the size of {self.kind}", self.size, minimum=1)
+        except ValueError as error:
+            raise ValueError(f"{error} [CP-1]") from None
+        if self.kind == "zigzag" and self.size != 1:
+            raise ValueError(f"zigzag takes no size, got zigzag:{self.size} [CP-1]")
+
+    @classmethod
+    def parse(cls, text: object) -> CPRule:
+        """``contiguous``, ``contiguous:B``, ``interleave:I``, ``round_robin_blocks:B`` or
+        ``zigzag``; anything else is refused [CP-1]."""
+        if isinstance(text, CPRule):
+            return text
+        if not isinstance(text, str) or len(text) > 64:
+            raise ValueError(
+                f"a context-parallel rule is a name such as {_EXAMPLES}; got {show(text)} [CP-1]"
+            )
+        kind, colon, size = text.partition(":")
+        if kind not in RULE_KINDS:
+            raise ValueError(
+                f"unknown context-parallel rule {show(text)}; the rules are {_EXAMPLES} [CP-1]"
+            )
+        if not colon:
+            if kind in ("interleave", "round_robin_blocks"):
+                raise ValueError(
+                    f"{kind} needs its size: {kind}:{_SIZED[kind]}, e.g. {kind}:16 [CP-1]"
+                )
+            return cls(kind)
+        if kind == "zigzag" or not size.isdigit() or len(size) > 9 or size != str(int(size)):
+            raise ValueError(
+                f"context-parallel rule {show(text)}: expected {kind}"
+                + (
+                    ""
+                    if kind == "zigzag"
+                    else f":{_SIZED[kind]} with {_SIZED[kind]} a positive integer"
+                )
+                + " [CP-1]"
+            )
+        return cls(kind, int(size))
+
+    def __str__(self) -> str:
+        if self.kind == "zigzag" or (self.kind == "contiguous" and self.size == 1):
+            return self.kind
+        return f"{self.kind}:{self.size}"
+
+    def tokens(self, shard: int, shards: int, seq_len: int) -> Tokens:
+        """The tokens shard ``shard`` of ``shards`` holds of a request of ``seq_len`` [CP-1]."""
+        require_int("shards", shards, minimum=1)
+        require_int("shard", shard, minimum=0, maximum=shards - 1)
+        require_int("seq_len", seq_len, minimum=0)
+        if shards == 1:
+            return Tokens.span(0, seq_len)
+        if self.kind == "zigzag":
+            self.check_request(shards, seq_len)
+            segments = 2 * shards
+            base, extra = divmod(seq_len, segments)
+
+            def segment(i: int) -> range:
+                start = i * base + min(i, extra)
+                return range(start, start + base + (1 if i < extra else 0))
+
+            return Tokens.of([segment(shard), segment(segments - 1 - shard)])
+        size = self.size
+        blocks = -(-seq_len // size)
+        if self.kind == "contiguous":
+            each, extra = divmod(blocks, shards)
+            first = shard * each + min(shard, extra)
+            count = each + (1 if shard < extra else 0)
+            return Tokens.span(first * size, min((first + count) * size, seq_len))
+        # interleave:I and round_robin_blocks:B: runs of ``size`` tokens, every n-th.
+        return Tokens(
+            tuple(
+                range(b * size, min((b + 1) * size, seq_len)) for b in range(shard, blocks, shards)
+            )
+        )
+
+    def check_request(self, shards: int, seq_len: int) -> None:
+        """Refuse a request the rule cannot split over ``shards`` shards [CP-2]."""
+        if self.kind == "zigzag" and shards > 1 and seq_len < 2 * shards:
+            raise ValueError(
+                f"zigzag over {shards} token shards cuts a request into {2 * shards} segments, "
+                f"so it needs at least {2 * shards} tokens; this request has {seq_len} [CP-2]"
+            )
+
+    def check_block_size(self, block_size: int) -> None:
+        """Refuse a cache block size the rule cannot live in [CP-2]."""
+        require_int("block_size", block_size, minimum=1)
+        if self.kind == "interleave" and block_size % self.size:
+            raise ValueError(
+                f"interleave:{self.size} needs a cache block size that is a multiple of "
+                f"{self.size}; the block size is {block_size} ({block_size} % {self.size} = "
+                f"{block_size % self.size}) [CP-2]"
+            )
+        if (
+            self.kind in ("round_robin_blocks", "contiguous")
+            and self.size > 1
+            and (block_size != self.size)
+        ):
+            raise ValueError(
+                f"{self} distributes cache blocks of {self.size} tokens, but the cache block "
+                f"size is {block_size}; use {self.kind}:{block_size} [CP-2]"
+            )
+
+
+def as_tokens(value: Tokens | range | Sequence[range] | Any) -> Tokens:
+    """A :class:`Tokens` from a Tokens, a range or a sequence of ranges (an adapter's answer)."""
+    if isinstance(value, Tokens):
+        return value
+    if isinstance(value, range):
+        return Tokens.of([value])
+    if isinstance(value, Iterable):
+        items = list(value)
+        if all(isinstance(v, range) for v in items):
+            return Tokens.of(items)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+            return Tokens.of(range(v, v + 1) for v in items)
+    raise ValueError(f"expected token ranges, got {show(value)}")
