@@ -30,6 +30,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.naming.ports",
     "kvspec.transport.payload",
     "kvspec.transport.chunks",
+    "kvspec.transport.streaming",
     "kvspec.transport.wire",
     "kvspec.lifecycle.machine",
 )

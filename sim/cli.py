@@ -59,6 +59,7 @@ from sim.config import LIMITS, PORT_MODES, TRANSFERS, SimConfig, parse_seq_len, 
 from sim.endpoints import find_free_base
 from sim.faults import parse_faults
 from sim.progress import ProgressBar
+from sim.report import SimReport
 
 RANKS = int_in(1, LIMITS.ranks)
 PROG = "python -m sim run"
@@ -148,6 +149,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="K",
         help="chunks per request (1)",
+    )
+    work.add_argument(
+        "--stream",
+        default="off",
+        metavar="MODE",
+        help="layers: send each layer's KV as soon as it is computed; chunks:N: the layers "
+        "in N groups; whole: compute every layer, then send [STREAM-1]. A streamed run is "
+        "preceded by the same run with whole, and the report compares their KV-ready "
+        "latency (off)",
+    )
+    work.add_argument(
+        "--layer-compute-ms",
+        type=float,
+        default=1.0,
+        metavar="MS",
+        help="simulated compute per layer when streaming (1)",
     )
     work.add_argument(
         "--slicing", choices=("sender", "receiver"), default="sender", help="(sender)"
@@ -269,6 +286,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         unsafe_reuse=args.unsafe_reuse,
         verify_after=args.verify_after,
         transfer=args.transfer,
+        stream=args.stream,
+        layer_compute_ms=args.layer_compute_ms,
     )
 
 
@@ -288,6 +307,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _run_once(config: SimConfig, quiet: bool) -> SimReport:
+    bar = None if quiet else ProgressBar(config.requests * config.replicas)
+    try:
+        return run_simulation(config, progress=bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         check_writable(args.json)
@@ -301,12 +329,14 @@ def _run(args: argparse.Namespace) -> int:
     exposed = exposure(config)
     if exposed:
         print(f"{PROG}: exposed: {exposed}", file=sys.stderr)
-    bar = None if args.quiet else ProgressBar(config.requests * config.replicas)
-    try:
-        report = run_simulation(config, progress=bar.update if bar else None)
-    finally:
-        if bar:
-            bar.close()
+    baseline = None
+    if config.stream_groups:  # the whole-request twin, measured first [STREAM-1]
+        baseline = _run_once(replace(config, stream="whole"), args.quiet)
+        if baseline.interrupted:
+            print(baseline.render())
+            return 130
+    report = _run_once(config, args.quiet)
+    report.baseline = baseline
     if args.json != STDOUT:
         print(report.render())
     if args.json:

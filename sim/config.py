@@ -95,6 +95,11 @@ class SimConfig:
     unsafe_reuse: bool = False
     verify_after: bool = False
     transfer: str = "push"
+    stream: str = "off"
+    """``off``; ``whole``: compute every layer, then send the request; ``layers`` or
+    ``chunks:N``: send each layer group as soon as it is computed [STREAM-1]."""
+    layer_compute_ms: float = 1.0
+    """Simulated compute per layer a sender holds, when ``stream`` is not ``off``."""
 
     def __post_init__(self) -> None:
         if len(self.stages) < 2:
@@ -149,6 +154,7 @@ class SimConfig:
                     "a receiver's block pool [LIFE-1..7]; a pull receiver holds its blocks from "
                     "the start and reads them itself (use --transfer push)"
                 )
+        self._check_stream()
         if self.ports not in PORT_MODES:
             raise ValueError(f"--ports must be one of {', '.join(PORT_MODES)}, got {self.ports!r}")
         if not 0 < self.timeout <= LIMITS.timeout_s:  # NaN fails this too
@@ -161,6 +167,51 @@ class SimConfig:
                 "--require-checksum with --no-checksum: every message would be refused"
             )
         check_rank_faults(self.faults, tuple(s.world_size for s in self.stages))
+
+    def _check_stream(self) -> None:
+        groups = self.stream_groups  # refuses an unknown mode or a bad N
+        if self.stream == "off":
+            return
+        if not 0 <= self.layer_compute_ms <= 10_000:  # NaN fails this too
+            raise ValueError(f"--layer-compute-ms must be in 0..10000, got {self.layer_compute_ms}")
+        clashes = [
+            name
+            for name, on in (
+                (f"--chunks {self.chunks}", self.chunks > 1),
+                ("--transfer pull", self.transfer == "pull"),
+            )
+            if on
+        ]
+        if clashes and groups:
+            raise ValueError(
+                f"--stream {self.stream} with {', '.join(clashes)}: a streamed request moves "
+                "as layer groups of one token chunk, pushed [STREAM-1]"
+            )
+
+    @property
+    def stream_groups(self) -> int:
+        """Layer groups per request [STREAM-1.1]: 0 when the request moves whole."""
+        if self.stream in ("off", "whole"):
+            return 0
+        if self.stream == "layers":
+            return self.model.num_layers
+        match = re.fullmatch(r"chunks:([0-9]{1,6})", self.stream)
+        if match is None:
+            raise ValueError(
+                f"--stream must be off, whole, layers or chunks:N, got {self.stream!r}"
+            )
+        n = int(match.group(1))
+        if not 1 <= n <= self.model.num_layers:
+            raise ValueError(
+                f"--stream {self.stream}: N must be in 1..{self.model.num_layers} (the model's "
+                "layers) [STREAM-1]"
+            )
+        return n
+
+    @property
+    def compute_s(self) -> float:
+        """Simulated compute time per layer, in seconds (none unless streaming is on)."""
+        return 0.0 if self.stream == "off" else self.layer_compute_ms / 1000
 
     @property
     def last_stage(self) -> int:

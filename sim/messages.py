@@ -72,6 +72,7 @@ def envelope(
     epoch: int = 0,
     checksum: bool = False,
     ranges_crc: int | None = None,
+    started: float | None = None,
 ) -> bytes:
     """The envelope of a data message: its key, its place in the edge's order, its
     sender's epoch [LIFE-6] and when it was sent; with ``checksum``, a CRC-32 of its own
@@ -82,6 +83,8 @@ def envelope(
         message["crc"] = _crc(key, seq, epoch, sent_at)
     if ranges_crc is not None:
         message["ranges_crc"] = ranges_crc
+    if started is not None:
+        message["t0"] = started  # when the sender began computing the request [STREAM-1]
     return dump(message)
 
 

@@ -21,6 +21,7 @@ Every socket accepts messages no larger than the run can produce (:mod:`sim.sizi
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -53,6 +54,15 @@ from kvspec.transport.payload import (
     merge_payloads,
     merge_to_request_kv,
     payload_from_shipment,
+)
+from kvspec.transport.streaming import (
+    group_layers,
+    group_sources,
+    layer_groups,
+    layer_part,
+    merge_layers,
+    stream_chunk_id,
+    stream_key,
 )
 from kvspec.transport.wire import WireError, decode, encode
 from sim import messages
@@ -97,6 +107,11 @@ class Incoming:
     keys: dict[str, int] = field(default_factory=dict)  # every key of it -> its source
     arrived: int = 0
     abort_after: int | None = None  # abort=P: abort once this many shards arrived
+    groups: dict[int, list[tuple[int, Payload]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )  # streamed [STREAM-1]: each layer group's parts until every source's has arrived
+    started: float = float("inf")  # when the earliest source began computing it
+    ready_at: float | None = None  # every layer in the cache
 
 
 @dataclass
@@ -155,6 +170,9 @@ class Rank:
         self.incoming: dict[str, Incoming] = {}
         self.unverified: list[Incoming] = []
         self.key_owner: dict[str, tuple[str, int, int]] = {}  # key -> (request, chunk, src)
+        self.key_group: dict[str, int] = {}  # streamed [STREAM-1]: key -> its layer group
+        self.groups = config.stream_groups
+        self.layer_groups = layer_groups(self.model.num_layers, self.groups) if self.groups else ()
         self.outbox: list[str] = []  # request ids ready to send
         self.sent_keys: dict[int, list[str]] = defaultdict(list)
         self.skipped: dict[int, dict[str, str]] = defaultdict(dict)
@@ -337,7 +355,9 @@ class Rank:
                 e.src: len(edge_chunks(e.token_count(request.seq_len), self.config.chunks))
                 for e in plan.edges_to(self.who.rank)
             }
-            for chunk_id in range(len(request.chunks)):
+            if self.groups:
+                self._expect_groups(request, waiting)
+            for chunk_id in range(0 if self.groups else len(request.chunks)):
                 for key, src in recv_keys(
                     plan,
                     request.request_id,
@@ -357,6 +377,27 @@ class Rank:
                 keys={k: self.key_owner[k][2] for k in waiting},
                 abort_after=self.faults.abort_point(request.request_id, len(waiting)),
             )
+
+    def _expect_groups(self, request: Request, waiting: set[str]) -> None:
+        """A streamed request's keys: one per layer group and source carrying some of its
+        layers [STREAM-1.2]."""
+        assert self.in_plan is not None
+        plan = self.in_plan.of(request)
+        for g, group in enumerate(self.layer_groups):
+            sources = group_sources(plan, self.who.rank, group)
+            for key, src in recv_keys(
+                plan,
+                request.request_id,
+                self.who.rank,
+                from_stage=self.who.stage - 1,
+                to_stage=self.who.stage,
+                chunk_id=stream_chunk_id(0, g, self.groups),
+                chunked=True,
+            ):
+                if src in sources:
+                    waiting.add(key)
+                    self.key_owner[key] = (request.request_id, 0, src)
+                    self.key_group[key] = g
 
     # -- the loop --------------------------------------------------------------------
     def run(self) -> None:
@@ -554,16 +595,62 @@ class Rank:
             sizes = [len(r) for r in edge_chunks(payload.seq_len, self.config.chunks)]
             chunks = split_chunks(payload, sizes) if len(sizes) > 1 else (payload,)
             pieces.append((shipment.edge.dst, chunks))
+        started = time.time() if self.config.stream != "off" else None
+        if self.groups:
+            self._stream(request, pieces, started)
+            return
+        self._compute(len(self.owner.layers))  # whole: every layer first (none unless --stream)
         for chunk_id in range(len(request.chunks)):  # chunk by chunk, edge by edge
             for dst, chunks in pieces:
                 if chunk_id < len(chunks):
-                    self._transmit(dst, keys[(dst, chunk_id)], self._host(chunks[chunk_id]))
+                    self._transmit(
+                        dst, keys[(dst, chunk_id)], self._host(chunks[chunk_id]), started
+                    )
+
+    def _stream(
+        self, request: Request, pieces: list[tuple[int, Any]], started: float | None
+    ) -> None:
+        """Send each layer group of every edge as soon as this rank has computed its
+        layers of the group [STREAM-1]."""
+        done = self.owner.layers.start
+        for g, group in enumerate(self.layer_groups):
+            mine = group_layers(self.owner.layers, group)
+            if not len(mine):
+                continue
+            self._compute(mine.stop - done)
+            done = mine.stop
+            for dst, chunks in pieces:
+                part = layer_part(chunks[0], group)
+                if part is not None:
+                    key = stream_key(
+                        request.request_id, self.who.stage, 0, g, self.groups, self.who.rank, dst
+                    )
+                    self._transmit(dst, key, self._host(part), started)
+
+    def _compute(self, layers: int) -> None:
+        """The simulated prefill of ``layers`` layers; the rank serves its sockets meanwhile."""
+        end = time.monotonic() + layers * self.config.compute_s
+        while (left := end - time.monotonic()) > 0 and not self.stopping:
+            self._pump(math.ceil(left * 1000))
 
     def _out_keys(self, request: Request) -> list[tuple[str, int, int]]:
         """(key, target rank, chunk id) of everything this sender sends of ``request``
         [KEY-4]: each edge's chunks of its own tokens."""
         assert self.out_plan is not None
         plan = self.out_plan.of(request)
+        if self.groups:  # one key per layer group and edge carrying some of it [STREAM-1.2]
+            return [
+                (
+                    stream_key(
+                        request.request_id, self.who.stage, 0, g, self.groups, self.who.rank, e.dst
+                    ),
+                    e.dst,
+                    0,
+                )
+                for g, group in enumerate(self.layer_groups)
+                for e in plan.edges_from(self.who.rank)
+                if len(group_layers(e.layers, group))
+            ]
         counts = {
             e.dst: len(edge_chunks(e.token_count(request.seq_len), self.config.chunks))
             for e in plan.edges_from(self.who.rank)
@@ -620,7 +707,7 @@ class Rank:
         torch.cuda.current_stream(self.device).synchronize()
         return staged
 
-    def _transmit(self, dst: int, key: str, payload: Payload) -> None:
+    def _transmit(self, dst: int, key: str, payload: Payload, started: float | None = None) -> None:
         """Send one data message, with the run's faults applied and booked [sim.faults]."""
         request = self.key_request(key)
         if (request, dst) in self.aborted_out:
@@ -637,7 +724,7 @@ class Rank:
         seq = self.next_seq[dst]
         self.next_seq[dst] += 1
         head = messages.envelope(
-            key, seq, time.time(), epoch=self.epoch, checksum=self.config.checksum
+            key, seq, time.time(), epoch=self.epoch, checksum=self.config.checksum, started=started
         )
         frames: list[Any] = [head, *wire]
         if self.faults.hit("garbage"):
@@ -879,7 +966,11 @@ class Rank:
 
     def _progress(self, sending: bool) -> float:
         if sending:
-            total = len(self.requests) * self.config.chunks * max(1, len(self.targets))
+            total = (
+                len(self.requests)
+                * max(self.config.chunks, self.groups)
+                * max(1, len(self.targets))
+            )
             return sum(len(k) for k in self.sent_keys.values()) / total
         finished = sum(s.done for s in self.incoming.values())
         return finished / max(1, len(self.incoming))
@@ -969,18 +1060,55 @@ class Rank:
             )
             return
         state.first_sent = min(state.first_sent, envelope["t"])
+        if isinstance(envelope.get("t0"), (int, float)):
+            state.started = min(state.started, envelope["t0"])
         state.edge_bytes[src] += sum(
             t.numel() * t.element_size()
             for t in (*payload.key_cache, *payload.value_cache)
             if t is not None
         )
-        state.chunks[chunk_id].append((src, payload))
         state.arrived += 1
+        if self.groups:  # streamed: a layer group lands once every source's part is here
+            if not self._land_part(state, self.key_group[key], src, payload):
+                return
+        else:
+            state.chunks[chunk_id].append((src, payload))
         if state.abort_after is not None and state.arrived > state.abort_after and state.waiting:
             self._fail(state, f"aborted by the receiver after {state.arrived} shard(s) (abort)")
             return
         if not state.waiting:
-            self._complete(state, received_at)
+            if self.groups:
+                self.landed(state, received_at)
+            else:
+                self._complete(state, received_at)
+
+    def _land_part(self, state: Incoming, g: int, src: int, payload: Payload) -> bool:
+        """Keep one source's part of layer group ``g``; once every source's part is here,
+        place the group and scatter it into the cache's layers [STREAM-1.3, PAGED-4].
+        False when the group was refused (the request has failed)."""
+        assert self.in_plan is not None
+        parts = state.groups[g]
+        parts.append((src, payload))
+        plan = self.in_plan.of(state.request)
+        group = self.layer_groups[g]
+        if len(parts) < len(group_sources(plan, self.who.rank, group)):
+            return True
+        mine = group_layers(self.owner.layers, group)
+        first = mine.start - self.owner.layers.start
+        try:
+            kv = merge_layers(plan, self.who.rank, group, parts).to(self.device)
+            cache = self.cache
+            layers = replace(
+                cache,
+                layers=cache.layers[first : first + len(mine)],
+                scales=None if cache.scales is None else cache.scales[first : first + len(mine)],
+            )
+            scatter_request(kv, layers, self.tables[state.request.request_id])
+        except ValueError as error:
+            self._fail(state, f"layers {mine.start}..{mine.stop - 1} refused on assembly: {error}")
+            return False
+        del state.groups[g]  # the frames can go: the cache holds these layers now
+        return True
 
     def _stale_write(self, key: str, epoch: int, frames: list[zmq.Frame]) -> None:
         """A copy of a shard whose transfer already ended. The rules refuse it [LIFE-4];
@@ -1127,6 +1255,7 @@ class Rank:
         """Every byte of the request is in the cache: verify now, or (``verify_after``)
         once every request has landed."""
         state.received_at = received_at
+        state.ready_at = time.time()
         if not self.config.verify_after:
             self._verify(state)
             return
@@ -1175,6 +1304,8 @@ class Rank:
                 "first_sent": state.first_sent,
                 "received": state.received_at,
                 "verified": time.time(),
+                "started": None if state.started == float("inf") else state.started,
+                "ready": state.ready_at,
                 "edge_bytes": {str(src): n for src, n in state.edge_bytes.items()},
             }
         )

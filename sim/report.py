@@ -3,6 +3,7 @@ against the plan, throughput and latency; rendered for people and as JSON."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -33,6 +34,9 @@ class RequestOutcome:
     ok: bool
     reasons: list[str]
     latency_s: float | None = None
+    ready_s: dict[int, float] = field(default_factory=dict)
+    """Per stage pair (by its sending stage): from the first source starting to compute the
+    request to every receiver holding all its layers (``--stream`` runs) [STREAM-1]."""
 
 
 @dataclass
@@ -65,6 +69,8 @@ class SimReport:
     """Messages and connections from outside the run, dropped, by where they arrived."""
     lifecycle: dict[str, Any] = field(default_factory=dict)
     """Corruption found in held blocks, trace violations, traces checked [LIFE]."""
+    baseline: SimReport | None = None
+    """A streamed run's whole-request twin: the same run with ``--stream whole``."""
 
     @property
     def verified(self) -> int:
@@ -113,6 +119,46 @@ class SimReport:
         if len(values) == 1:
             return values[0]
         return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+    def kv_ready(self, stage: int) -> list[float]:
+        """KV-ready latencies of the verified requests on stage pair ``stage -> stage+1``."""
+        return sorted(o.ready_s[stage] for o in self.outcomes if o.ok and stage in o.ready_s)
+
+    def kv_ready_lines(self) -> list[str]:
+        """Per stage pair: KV-ready p50/p99, against the whole-request twin when there is one."""
+        c = self.config
+        if c.stream == "off":
+            return []
+        how = (
+            f"{c.stream}, {c.layer_compute_ms:g} ms compute per layer"
+            if c.stream == "whole"
+            else f"streamed as {c.stream_groups} layer group(s), {c.layer_compute_ms:g} ms "
+            "compute per layer"
+        )
+        lines = [
+            f"KV ready:   from the sender starting to compute a request to every layer in the "
+            f"receiver's cache ({how})"
+        ]
+        for stage in range(c.last_stage):
+            pair = f"{c.stages[stage].describe()}->{c.stages[stage + 1].describe()}"
+            got = self.kv_ready(stage)
+            if not got:
+                lines.append(f"  stage {stage}->{stage + 1} {pair}: n/a (no request verified)")
+                continue
+            p50, p99 = _pct(got, 50), _pct(got, 99)
+            text = (
+                f"  stage {stage}->{stage + 1} {pair}: p50 {p50 * 1e3:.1f} ms, "
+                f"p99 {p99 * 1e3:.1f} ms"
+            )
+            base = self.baseline.kv_ready(stage) if self.baseline is not None else []
+            if base:
+                b50 = _pct(base, 50)
+                text += (
+                    f"; whole-request {b50 * 1e3:.1f} ms p50 (measured: the same run with "
+                    f"--stream whole, just before): {b50 / max(p50, 1e-9):.2f}x sooner"
+                )
+            lines.append(text)
+        return lines
 
     def faulted_keys(self, name: str, side: str = "injected") -> set[str]:
         """The keys of the data messages fault ``name`` struck (``drop``, ``corrupt``, ...),
@@ -195,6 +241,21 @@ class SimReport:
             "interrupted": self.interrupted,
             "transfer": self.config.transfer,
             "descriptors": self.descriptor_summary(),
+            "stream": self.config.stream,
+            "kv_ready_seconds": {
+                str(stage): {
+                    "p50": _pct(got, 50) if (got := self.kv_ready(stage)) else None,
+                    "p99": _pct(got, 99) if got else None,
+                    "whole_request_p50": (
+                        _pct(base, 50)
+                        if self.baseline is not None and (base := self.baseline.kv_ready(stage))
+                        else None
+                    ),
+                }
+                for stage in range(self.config.last_stage)
+            }
+            if self.config.stream != "off"
+            else {},
         }
 
     def descriptor_summary(self) -> dict[str, float] | None:
@@ -283,6 +344,7 @@ class SimReport:
             "first shard sent to the last received"
             + (" (verification after)" if c.verify_after else " (verifying as requests land)"),
             f"latency:    {latency} (first shard sent to request verified, end to end)",
+            *self.kv_ready_lines(),
             f"wall time:  {self.wall_s:.2f} s, {self.processes} process(es), "
             f"{self.startup_s:.2f} s of it starting them up",
         ]
@@ -363,6 +425,8 @@ def outcomes_from(
     for replica in range(config.replicas):
         for request in Workload(config, replica).requests:
             reasons, first_sent, verified_at = [], [], []
+            started: dict[int, list[float]] = defaultdict(list)
+            ready: dict[int, list[float]] = defaultdict(list)
             for stage in range(1, len(config.stages)):
                 for rank in config.stages[stage].ranks():
                     who = RankId(replica, stage, rank)
@@ -374,13 +438,17 @@ def outcomes_from(
                     elif not event["ok"]:
                         reasons.append(f"stage {stage} rank {rank}: {event['reason']}")
                     else:
+                        if event.get("started") is not None and event.get("ready") is not None:
+                            started[stage - 1].append(event["started"])
+                            ready[stage - 1].append(event["ready"])
                         if stage == 1:
                             first_sent.append(event["first_sent"])
                         if stage == config.last_stage:
                             verified_at.append(event["verified"])
             latency = max(verified_at) - min(first_sent) if not reasons else None
+            spans = {s: max(ready[s]) - min(started[s]) for s in ready} if not reasons else {}
             outcomes.append(
-                RequestOutcome(replica, request.request_id, not reasons, reasons, latency)
+                RequestOutcome(replica, request.request_id, not reasons, reasons, latency, spans)
             )
     return outcomes
 
@@ -400,3 +468,8 @@ def measured_edge_bytes(
             start = min(start, event["first_sent"])
             end = max(end, event["received"])
     return dict(edges), start, end
+
+
+def _pct(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of sorted ``values`` (nearest rank)."""
+    return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]

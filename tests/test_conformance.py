@@ -82,6 +82,7 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "verifier",
         "payload",
         "chunks",
+        "streaming",  # sends a request whole [STREAM-1]
         "wire",
         "lifecycle",
         "tokens",

@@ -66,6 +66,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "dp-ports": ("stage_port",),
     "payload": ("merge",),
     "chunks": ("reassemble",),
+    "streaming": ("layer_groups", "stream_key", "merge_layers"),
     "wire": ("encode", "decode"),
     "lifecycle": ("lifecycle",),
 }
@@ -407,6 +408,32 @@ class Adapter:
     def reassemble(self, chunks: Sequence[Any]) -> Any:
         """One whole-request :class:`~kvspec.transport.payload.Payload` from its chunks
         [CHUNK-2]."""
+        raise NotProvided
+
+    def layer_groups(self, num_layers: int, groups: int) -> Sequence[range]:
+        """The model's layers in ``groups`` groups, in the order they are streamed
+        [STREAM-1.1]."""
+        raise NotProvided
+
+    def stream_key(
+        self,
+        request_id: str,
+        from_stage: int,
+        chunk_id: int,
+        group: int,
+        groups: int,
+        from_rank: int,
+        to_rank: int,
+    ) -> str:
+        """The key of layer group ``group`` of chunk ``chunk_id`` on one edge [STREAM-1.2]."""
+        raise NotProvided
+
+    def merge_layers(
+        self, case: TransferCase, dst: int, group: range, received: Sequence[tuple[int, Any]]
+    ) -> Any:
+        """Receiver ``dst``'s :class:`~kvspec.tensors.kv.RequestKV` on the layers it owns in
+        ``group``, from each source's part of the group (a Payload holding only the group's
+        layers), in arrival order [STREAM-1.3]."""
         raise NotProvided
 
     def encode(self, payload: Any) -> Sequence[Any]:

@@ -27,6 +27,7 @@ from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan
 from kvspec.topology.stage import StageLayout
 from kvspec.transport.chunks import reassemble
 from kvspec.transport.payload import Payload, merge_payloads
+from kvspec.transport.streaming import layer_groups, merge_layers, stream_key
 from kvspec.transport.wire import decode, encode
 
 
@@ -185,6 +186,17 @@ class ReferenceAdapter(Adapter):
 
     def reassemble(self, chunks: Sequence[Payload]) -> Payload:
         return reassemble(chunks)
+
+    def layer_groups(self, num_layers: int, groups: int) -> Sequence[range]:
+        return layer_groups(num_layers, groups)
+
+    def stream_key(self, *args: Any) -> str:
+        return stream_key(*args)
+
+    def merge_layers(
+        self, case: TransferCase, dst: int, group: range, received: Sequence[tuple[int, Payload]]
+    ) -> RequestKV:
+        return merge_layers(self.plan(case), dst, group, received)
 
     def encode(self, payload: Payload) -> Sequence[Any]:
         return encode(payload)

@@ -41,6 +41,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.naming",
     "kvspec.conformance.checks.payloads",
     "kvspec.conformance.checks.chunks",
+    "kvspec.conformance.checks.streaming",
     "kvspec.conformance.checks.wire",
     "kvspec.conformance.checks.lifecycle",
 )

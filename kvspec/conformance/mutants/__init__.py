@@ -35,6 +35,7 @@ MUTANT_MODULES: tuple[str, ...] = (
     "kvspec.conformance.mutants.naming",
     "kvspec.conformance.mutants.payloads",
     "kvspec.conformance.mutants.chunks",
+    "kvspec.conformance.mutants.streaming",
     "kvspec.conformance.mutants.wire",
     "kvspec.conformance.mutants.lifecycle",
     "kvspec.conformance.mutants.parallel",
