@@ -5,9 +5,9 @@ Five capabilities, one per place engines refuse a configuration: ``sizes``
 STAGE-2]), ``partitions`` (``validate_partition``: pipeline layer partitions [LAYER-1,
 LAYER-2]), ``topology`` (``validate_topology``: the pair of stages, their token rules
 and the caches and requests they need, DCP, the router's DP ranks [PLAN-1, CP-1..3,
-DP-1]), ``models`` (``validate_model``: model facts, dtypes, heads over TP [MODEL-1,
-MODEL-2, DTYPE-1, HEAD-1, HEAD-2]) and ``agreement`` (``validate_agreement``: the two
-stages' model facts agree [MODEL-3]).
+DP-1]), ``models`` (``validate_model``: model facts, dtypes, heads over either side's TP
+[MODEL-1, MODEL-2, DTYPE-1, HEAD-1, HEAD-2, PLAN-1.1]) and ``agreement``
+(``validate_agreement``: the two stages' model facts agree [MODEL-3]).
 
 Every refusal check starts from a valid configuration inside the adapter's domain and
 changes one fact to step just outside the spec's domain — off by one, negative, of
@@ -238,7 +238,7 @@ _refusal_check(
     "a pair where one side alone cannot hold the model is refused",
     ("PLAN-1.1",),
     _one_side_invalid,
-    method="validate_topology",
+    method="validate_model",  # heads over each side's TP: refused where the model loads
 )
 _refusal_check(
     "HEAD-1",

@@ -167,7 +167,7 @@ class PartitionLengthUnchecked(ReferenceAdapter):
 class TrustsTheSendersLayout(ReferenceAdapter):
     """Checks the heads against the receiving side only, trusting the sender's layout."""
 
-    def validate_topology(self, config: Config) -> None:
+    def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         source = given["source"]
         if isinstance(source.get("pp", 1), int) and source.get("pp", 1) >= 1:
@@ -179,7 +179,7 @@ class TrustsTheSendersLayout(ReferenceAdapter):
             given.pop("source_dp", None)
             if "rank" in given and given["rank"].get("side") == "source":
                 given.pop("rank")
-        super().validate_topology(given)
+        super().validate_model(given)
 
 
 @mutant("PLAN-1.2")
