@@ -51,9 +51,11 @@ CHUNK_PINS = tuple(
 
 def _whole_and_chunks(ctx: Context, example: Example) -> tuple[Setup, Payload, list[Payload]]:
     setup = Setup(ctx, example)
-    _, whole = inbox(setup, setup.receivers()[0])[0]
     # With token shards a payload holds its edge's tokens; chunks count positions along
-    # them [CHUNK-1, SLICE-4].
+    # them [CHUNK-1, SLICE-4]. The payload with the most tokens is chunked, so a case whose
+    # first receiver holds one token still has something to cut.
+    payloads = [p for dst in setup.receivers() for _, p in inbox(setup, dst)]
+    whole = max(payloads, key=lambda p: p.seq_len)
     tokens = whole.seq_len
     if tokens < 2:
         vacuous()
@@ -70,7 +72,7 @@ def _whole_and_chunks(ctx: Context, example: Example) -> tuple[Setup, Payload, l
     needs=("chunks",),
     strategy=chunk_examples,
     examples=CHUNK_PINS,
-    weight=0.5,
+    weight=1.0,  # token shards leave some cases nothing to cut: more draws
     covers=("CHUNK-2.1", "CHUNK-2.2"),
 )
 def reassembles(ctx: Context, example: Example) -> None:
@@ -166,7 +168,7 @@ def _incomplete(whole: Payload, chunks: list[Payload], rng: random.Random) -> li
     needs=("chunks",),
     strategy=chunk_examples,
     examples=CHUNK_PINS,
-    weight=0.5,
+    weight=1.0,  # token shards leave some cases nothing to cut: more draws
     covers=("CHUNK-2.3", "CHUNK-2.4", "CHUNK-2.5", "CHUNK-2.6"),
 )
 def refuses_incomplete(ctx: Context, example: Example) -> None:
@@ -240,7 +242,7 @@ def _disagreeing(whole: Payload, chunks: list[Payload], rng: random.Random) -> l
     needs=("chunks",),
     strategy=chunk_examples,
     examples=CHUNK_PINS,
-    weight=0.5,
+    weight=1.0,  # token shards leave some cases nothing to cut: more draws
     covers=("CHUNK-1.1", "CHUNK-1.2", "CHUNK-1.3"),
 )
 def refuses_disagreeing(ctx: Context, example: Example) -> None:
