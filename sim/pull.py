@@ -236,16 +236,11 @@ class PullAgent:
     def on_answer(self, src: int, frames: list[zmq.Frame], received_at: float) -> None:
         """An answer from ``src``: check it, write its ranges into the cache [DESC-1]."""
         rank = self.rank
-        try:
-            head = messages.read_envelope(frames[0].buffer)
-        except messages.MessageError:
-            rank.stats["unreadable_envelopes"] += 1
+        read = rank.expected_envelope(src, frames)
+        if read is None:
             return
+        head, owner = read
         key = head["key"]
-        owner = rank.key_owner.get(key)
-        if owner is None or owner[2] != src:
-            rank.stats["unexpected_keys"] += 1
-            return
         if key in rank.seen:
             rank.book.observe("dup", key)
             return

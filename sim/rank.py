@@ -976,6 +976,23 @@ class Rank:
         return finished / max(1, len(self.incoming))
 
     # -- receiving -------------------------------------------------------------------
+    def expected_envelope(
+        self, src: int, frames: list[zmq.Frame]
+    ) -> tuple[dict[str, Any], tuple[str, int, int]] | None:
+        """The envelope of a data message from ``src`` and the (request, chunk, source) its
+        key belongs to; ``None``, counted, when it is unreadable or not a key ``src`` sends
+        here (push and pull alike)."""
+        try:
+            envelope = messages.read_envelope(frames[0].buffer)
+        except messages.MessageError:
+            self.stats["unreadable_envelopes"] += 1
+            return None
+        owner = self.key_owner.get(envelope["key"])
+        if owner is None or owner[2] != src:
+            self.stats["unexpected_keys"] += 1
+            return None
+        return envelope, owner
+
     def _on_data(self, src: int, frames: list[zmq.Frame]) -> None:
         """One message from source ``src``: its welcome, a notice, an end-of-stream, or KV."""
         received_at = time.time()
@@ -998,16 +1015,11 @@ class Rank:
         if self.pull is not None:  # pull [sim.pull]: an answer to a read
             self.pull.on_answer(src, frames, received_at)
             return
-        try:
-            envelope = messages.read_envelope(frames[0].buffer)
-        except messages.MessageError:
-            self.stats["unreadable_envelopes"] += 1
+        read = self.expected_envelope(src, frames)
+        if read is None:
             return
+        envelope, owner = read
         key = envelope["key"]
-        owner = self.key_owner.get(key)
-        if owner is None or owner[2] != src:
-            self.stats["unexpected_keys"] += 1
-            return
         request_id, chunk_id, _ = owner
         state = self.incoming[request_id]
         if key in self.seen:  # a second copy: right after the first (dup) or later (late)
