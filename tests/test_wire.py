@@ -343,3 +343,37 @@ def test_checksums_are_optional_and_checked_only_when_present() -> None:
     header["crc32"]["frames"] = header["crc32"]["frames"][:-1]
     with pytest.raises(WireError, match=r"one CRC per tensor frame.*\[WIRE-6\]"):
         decode([json.dumps(header).encode(), *summed[1:]])
+
+
+@given(data=st.data())
+def test_with_crc32c_any_flipped_bit_is_refused(data: st.DataObject) -> None:
+    """WIRE-7: CRC-32Cs of the header and of every frame catch every single-bit flip."""
+    frames = [bytes(f) for f in encode(decode(_base()), checksum="crc32c")]
+    header = json.loads(frames[0])
+    assert "crc32c" in header and "crc32" not in header
+    assert payload_equal(decode(frames, require_checksum=True), decode(_base()))
+    which = data.draw(st.integers(0, len(frames) - 1))
+    if not frames[which]:
+        return
+    at = data.draw(st.integers(0, len(frames[which]) - 1))
+    damaged = bytearray(frames[which])
+    damaged[at] ^= 1 << data.draw(st.integers(0, 7))
+    frames[which] = bytes(damaged)
+    with pytest.raises(WireError):
+        decode(frames)
+
+
+def test_a_header_carries_one_checksum_key_and_encode_names_the_algorithm() -> None:
+    """WIRE-7: both crc32 and crc32c in one header is refused, even when both are right;
+    encode takes False, True (CRC-32), 'crc32' or 'crc32c' and names anything else."""
+    summed = [bytes(f) for f in encode(decode(_base()), checksum="crc32c")]
+    header = json.loads(summed[0])
+    header["crc32"] = json.loads(bytes(encode(decode(_base()), checksum=True)[0]))["crc32"]
+    with pytest.raises(WireError, match=r"both crc32 and crc32c.*\[WIRE-7\]"):
+        decode([json.dumps(header).encode(), *summed[1:]])
+    assert "crc32" in json.loads(bytes(encode(decode(_base()), checksum="crc32")[0]))
+    with pytest.raises(WireError, match=r"checksum must be .*'crc32c'; got 'xxh3'"):
+        encode(decode(_base()), checksum="xxh3")
+    plain = [bytes(f) for f in encode(decode(_base()))]
+    with pytest.raises(WireError, match=r"no crc32 or crc32c.*requires one"):
+        decode(plain, require_checksum=True)

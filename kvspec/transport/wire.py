@@ -20,7 +20,9 @@ Decoding trusts nothing [WIRE-4]: limits on header bytes, frame count, total byt
 layers are checked first, then the header is parsed strictly (JSON only: no pickle, no
 eval, nothing that runs data), every dtype is looked up in the allow-list by name and
 every frame's length must equal shape x itemsize before a tensor is made [WIRE-2,
-WIRE-3]. The decoded tensors are views of the received frames: no tensor memory is
+WIRE-3]. An optional ``crc32`` (zlib's CRC-32) or ``crc32c`` (CRC-32C, hardware-fast)
+key holds checksums of the header and every frame, checked before any tensor is made
+[WIRE-6, WIRE-7]. The decoded tensors are views of the received frames: no tensor memory is
 allocated. Every malformed input raises :class:`WireError`, a ``ValueError``.
 
 Decoded tensors share memory with the frames; when a frame is read-only (``bytes``)
@@ -34,7 +36,6 @@ import json
 import math
 import sys
 import warnings
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,7 @@ from kvspec._checks import INT64_MAX, require_int, show
 from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
+from kvspec.transport.checksums import ALGORITHMS
 from kvspec.transport.payload import CACHE_FIELDS, SCALE_FIELDS, TENSOR_FIELDS, Payload
 
 CLAUSES = (
@@ -134,12 +136,33 @@ CLAUSES = (
             refuses("a message with crc32 whose header or any frame was damaged (one flipped bit)"),
         ),
     ),
+    Clause(
+        "WIRE-7",
+        "Optional integrity, hardware-fast: CRC-32C instead of CRC-32",
+        "An encoder may add crc32c = {header, frames} instead of crc32: the same values over "
+        "the same bytes (the canonical header without the checksum key, each tensor frame), "
+        "computed with CRC-32C (Castagnoli, polynomial 0x1EDC6F41, reflected 0x82F63B78, as "
+        "iSCSI's RFC 3720 and the SSE 4.2 crc32 instruction; '123456789' gives 0xE3069283). "
+        "A decoder that finds crc32c checks every value before making any tensor and refuses "
+        "a mismatch. A header carries at most one of crc32 and crc32c: one with both is "
+        "refused, whatever their values.",
+        obligations=(
+            must(
+                "a message with correct CRC-32Cs of its canonical header and every frame is decoded"
+            ),
+            refuses(
+                "a message with crc32c whose header or any frame was damaged (one flipped bit)"
+            ),
+            refuses("a header carrying both crc32 and crc32c"),
+        ),
+    ),
 )
 
 FORMAT = "kvspec.payload"
 VERSION = 1
 _HEADER_KEYS = frozenset({"format", "version", "request_id", "block_ids", "metadata", "tensors"})
-_CHECKSUM_KEY = "crc32"
+_CHECKSUM_KEYS = ("crc32", "crc32c")
+"""The header keys that may carry checksums, each named after its algorithm [WIRE-6, WIRE-7]."""
 _TENSOR_KEYS = frozenset({"field", "layer", "dtype", "shape"})
 
 
@@ -220,20 +243,23 @@ def encode(
     payload: Payload,
     *,
     limits: WireLimits = DEFAULT_LIMITS,
-    checksum: bool = False,
+    checksum: bool | str = False,
     out: torch.Tensor | None = None,
 ) -> list[memoryview | bytes]:
     """The frames of one payload: a JSON header, then one frame per tensor [WIRE-1, WIRE-5].
 
     Refuses a payload that a decoder with the same ``limits`` would refuse [WIRE-2].
-    ``checksum`` adds CRC-32s of the header and of every frame [WIRE-6]; computing them
-    reads every byte once. ``out``, a contiguous CPU uint8 tensor of at least
+    ``checksum`` adds CRC-32s of the header and of every frame [WIRE-6] (``True`` or
+    ``"crc32"``), or CRC-32Cs (``"crc32c"``, hardware-fast where the ``crc32c`` package is
+    installed: :func:`kvspec.transport.checksums.fastest`) [WIRE-7]; computing them reads
+    every byte once. ``out``, a contiguous CPU uint8 tensor of at least
     :func:`staging_nbytes` bytes, receives the device and non-contiguous tensors (their
     frames are views of it, valid until it is reused) instead of fresh memory.
     """
     if not isinstance(payload, Payload):
         raise WireError(f"encode takes a Payload, got {type(payload).__name__} [WIRE-1]")
     _require_little_endian()
+    algorithm = _algorithm(checksum)
     if out is not None and (
         not isinstance(out, torch.Tensor)
         or out.dtype != torch.uint8
@@ -271,16 +297,31 @@ def encode(
         "metadata": payload.metadata(),
         "tensors": entries,
     }
-    if checksum:
-        header[_CHECKSUM_KEY] = {
-            "header": zlib.crc32(_canonical(header)),
-            "frames": [zlib.crc32(frame) for frame in frames],
+    if algorithm is not None:
+        crc = ALGORITHMS[algorithm]
+        header[algorithm] = {
+            "header": crc(_canonical(header), 0),
+            "frames": [crc(frame, 0) for frame in frames],
         }
     head = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("ascii")
     out: list[memoryview | bytes] = [head, *frames]
     total = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in out)
     _check_limits(len(out), len(head), total, payload.num_layers, limits, side="encode")
     return out
+
+
+def _algorithm(checksum: object) -> str | None:
+    """The checksum key ``encode(checksum=...)`` asks for, or None [WIRE-6, WIRE-7]."""
+    if checksum is False:
+        return None
+    if checksum is True:
+        return "crc32"
+    if isinstance(checksum, str) and checksum in _CHECKSUM_KEYS:
+        return checksum
+    raise WireError(
+        f"encode's checksum must be False, True, 'crc32' or 'crc32c'; got {show(checksum)} "
+        "[WIRE-6, WIRE-7]"
+    )
 
 
 # -- decode -----------------------------------------------------------------------------
@@ -311,10 +352,18 @@ def decode(
     _check_limits(len(views), views[0].nbytes, total, None, limits, side="decode")
     header = _parse_header(views[0])
     meta = _check_header(header, len(views) - 1, limits)
-    if _CHECKSUM_KEY in header:
-        _check_checksums(header, views)
+    present = [key for key in _CHECKSUM_KEYS if key in header]
+    if len(present) > 1:
+        raise WireError(
+            "the header carries both crc32 and crc32c; a message carries at most one [WIRE-7]"
+        )
+    if present:
+        _check_checksums(header, views, present[0])
     elif require_checksum:
-        raise WireError("the message carries no crc32, and this receiver requires it [WIRE-6]")
+        raise WireError(
+            "the message carries no crc32 or crc32c, and this receiver requires one "
+            "[WIRE-6, WIRE-7]"
+        )
     num_layers = meta["num_layers"]
     fp8 = meta["dtype"] in FP8_DTYPES
     fields = TENSOR_FIELDS if fp8 else CACHE_FIELDS
@@ -486,7 +535,7 @@ def _check_header(header: dict[str, Any], tensor_frames: int, limits: WireLimits
             f"unsupported version {show(header.get('version'))}; this decoder reads version "
             f"{VERSION} [WIRE-1]"
         )
-    keys = set(header) - {_CHECKSUM_KEY}
+    keys = set(header) - set(_CHECKSUM_KEYS)
     if keys != _HEADER_KEYS:
         missing, unknown = sorted(_HEADER_KEYS - keys), sorted(keys - _HEADER_KEYS)
         raise WireError(
@@ -512,13 +561,17 @@ def _check_header(header: dict[str, Any], tensor_frames: int, limits: WireLimits
 
 def _canonical(header: dict[str, Any]) -> bytes:
     """The header without its checksums, as canonical JSON: what its CRC covers [WIRE-6]."""
-    plain = {k: v for k, v in header.items() if k != _CHECKSUM_KEY}
+    plain = {k: v for k, v in header.items() if k not in _CHECKSUM_KEYS}
     return json.dumps(plain, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
 
 
-def _check_checksums(header: dict[str, Any], views: list[memoryview]) -> None:
-    """Refuse a message whose header or any frame differs from its CRC-32 [WIRE-6]."""
-    sums = header[_CHECKSUM_KEY]
+def _check_checksums(header: dict[str, Any], views: list[memoryview], algorithm: str) -> None:
+    """Refuse a message whose header or any frame differs from its CRC-32 or CRC-32C
+    (``algorithm``, the header key that carries them) [WIRE-6, WIRE-7]."""
+    clause = "WIRE-6" if algorithm == "crc32" else "WIRE-7"
+    name = "CRC-32" if algorithm == "crc32" else "CRC-32C"
+    crc = ALGORITHMS[algorithm]
+    sums = header[algorithm]
     frames = sums.get("frames") if isinstance(sums, dict) else None
     if (
         not isinstance(sums, dict)
@@ -527,17 +580,19 @@ def _check_checksums(header: dict[str, Any], views: list[memoryview]) -> None:
         or len(frames) != len(views) - 1
     ):
         raise WireError(
-            f"crc32 must be {{header, frames}} with one CRC per tensor frame ({len(views) - 1}), "
-            f"got {show(sums)} [WIRE-6]"
+            f"{algorithm} must be {{header, frames}} with one CRC per tensor frame "
+            f"({len(views) - 1}), got {show(sums)} [{clause}]"
         )
-    _int("crc32.header", sums["header"], 0, 2**32 - 1)
-    if zlib.crc32(_canonical(header)) != sums["header"]:
-        raise WireError("the header does not match its CRC-32: it was damaged on the way [WIRE-6]")
+    _int(f"{algorithm}.header", sums["header"], 0, 2**32 - 1)
+    if crc(_canonical(header), 0) != sums["header"]:
+        raise WireError(
+            f"the header does not match its {name}: it was damaged on the way [{clause}]"
+        )
     for i, (view, expected) in enumerate(zip(views[1:], frames, strict=True)):
-        _int(f"crc32.frames[{i}]", expected, 0, 2**32 - 1)
-        if zlib.crc32(view) != expected:
+        _int(f"{algorithm}.frames[{i}]", expected, 0, 2**32 - 1)
+        if crc(view, 0) != expected:
             raise WireError(
-                f"frame {i + 1} does not match its CRC-32: it was damaged on the way [WIRE-6]"
+                f"frame {i + 1} does not match its {name}: it was damaged on the way [{clause}]"
             )
 
 

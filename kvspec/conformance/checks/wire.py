@@ -1,4 +1,4 @@
-"""Checks of the wire format: interoperation, refusals, zero copy and checksums [WIRE-1..6,
+"""Checks of the wire format: interoperation, refusals, zero copy and checksums [WIRE-1..7,
 PAYLOAD-1].
 
 Interoperation: what the implementation encodes, the spec decodes to the same payload,
@@ -49,7 +49,7 @@ def _one_payload(setup: Setup) -> Payload:
     return rng.choice(_payloads(setup))[2]
 
 
-def _frames(payload: Payload, *, checksum: bool = False) -> list[bytes]:
+def _frames(payload: Payload, *, checksum: bool | str = False) -> list[bytes]:
     return [bytes(f) for f in encode(payload, checksum=checksum)]
 
 
@@ -494,25 +494,73 @@ def checksums(ctx: Context, example: Example) -> None:
         isinstance(got, Payload) and payload_equal(got, payload),
         f"{setup.case.describe()}: a message with CRC-32s decodes to another payload [WIRE-6.1]",
     )
-    rng = random.Random(where)
+    damage = _damaged(frames, random.Random(where))
+    if damage is None:
+        return
+    damaged, what = damage
+    expect_refused(
+        "WIRE-6.2",
+        f"{setup.case.describe()}: a message with crc32 and {what}",
+        lambda: ctx.adapter.decode(damaged),
+    )
+
+
+def _damaged(frames: list[bytes], rng: random.Random) -> tuple[list[bytes], str] | None:
+    """``frames`` with one thing a checksum covers changed — a block id added to the header
+    (valid JSON still) or one bit flipped in a tensor frame — and what; None when the
+    frame drawn is empty."""
     damaged = list(frames)
     if rng.random() < 0.3 or len(frames) == 1:  # the header: an edit that stays valid JSON
         header = _header(frames)
         header["block_ids"] = [*header["block_ids"], 7]
         damaged[0] = json.dumps(header).encode()
-        what = "a block id added to the header"
-    else:
-        i = rng.randrange(1, len(frames))
-        if not frames[i]:
-            return
-        frame = bytearray(frames[i])
-        byte = rng.randrange(len(frame))
-        frame[byte] ^= 1 << rng.randrange(8)
-        damaged[i] = bytes(frame)
-        what = f"one bit flipped in byte {byte} of frame {i}"
+        return damaged, "a block id added to the header"
+    i = rng.randrange(1, len(frames))
+    if not frames[i]:
+        return None
+    frame = bytearray(frames[i])
+    byte = rng.randrange(len(frame))
+    frame[byte] ^= 1 << rng.randrange(8)
+    damaged[i] = bytes(frame)
+    return damaged, f"one bit flipped in byte {byte} of frame {i}"
+
+
+@check(
+    "WIRE-7",
+    "crc32c-checksums",
+    "a message with correct CRC-32Cs decodes; one flipped bit under one is refused; so is a "
+    "header with both crc32 and crc32c",
+    needs=("wire",),
+    strategy=lambda adapter: st.tuples(tensor_examples(adapter), st.integers(0, 2**32)),
+    examples=((TENSOR_PINS[0], 0), (TENSOR_PINS[3], 5)),
+    weight=WEIGHT,
+    covers=("WIRE-7.1", "WIRE-7.2", "WIRE-7.3"),
+)
+def crc32c_checksums(ctx: Context, example: Example) -> None:
+    base, where = example
+    setup = Setup(ctx, base)
+    payload = _one_payload(setup)
+    frames = _frames(payload, checksum="crc32c")
+    what = f"{setup.case.describe()}: a message with CRC-32Cs"
+    got = _decoded(ctx, frames, what, "WIRE-7.1")
+    expect(
+        isinstance(got, Payload) and payload_equal(got, payload),
+        f"{what} decodes to another payload [WIRE-7.1]",
+    )
+    both = _header(frames)
+    both["crc32"] = _header(_frames(payload, checksum="crc32"))["crc32"]  # right values too
     expect_refused(
-        "WIRE-6.2",
-        f"{setup.case.describe()}: a message with crc32 and {what}",
+        "WIRE-7.3",
+        f"{setup.case.describe()}: a header with both crc32 and crc32c, each right",
+        lambda: ctx.adapter.decode(_with_header(frames, both)),
+    )
+    damage = _damaged(frames, random.Random(where))
+    if damage is None:
+        return
+    damaged, change = damage
+    expect_refused(
+        "WIRE-7.2",
+        f"{setup.case.describe()}: a message with crc32c and {change}",
         lambda: ctx.adapter.decode(damaged),
     )
 

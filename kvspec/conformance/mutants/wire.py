@@ -1,4 +1,4 @@
-"""Mutants of the wire codec [WIRE-1..6, PAYLOAD-1].
+"""Mutants of the wire codec [WIRE-1..7, PAYLOAD-1].
 
 Most are lenient decoders: they "repair" one kind of malformed message (normalise a
 version, drop an unknown key, fill a default, trust a length) and hand it to the
@@ -85,7 +85,16 @@ class FormatNotChecked(ReferenceAdapter):
         return super().decode(_rewritten(frames, edit))
 
 
-_HEADER_KEYS = ("format", "version", "request_id", "block_ids", "metadata", "tensors", "crc32")
+_HEADER_KEYS = (
+    "format",
+    "version",
+    "request_id",
+    "block_ids",
+    "metadata",
+    "tensors",
+    "crc32",
+    "crc32c",
+)
 
 
 @mutant("WIRE-1.3")
@@ -322,6 +331,51 @@ class HeaderCrcOnly(ReferenceAdapter):
             if zlib.crc32(canonical) == sums.get("header"):
                 return super().decode([json.dumps({**header, "crc32": sums}).encode(), *frames[1:]])
         return super().decode(frames)
+
+
+@mutant("WIRE-7.1")
+class Crc32cCheckedWithZlib(ReferenceAdapter):
+    """Reads crc32c as "the CRC-32" and checks it with zlib.crc32, the CRC it already had:
+    every message with CRC-32Cs is refused as damaged."""
+
+    def decode(self, frames):
+        frames = list(frames)
+        try:
+            header = json.loads(bytes(frames[0]))
+        except ValueError:
+            return super().decode(frames)
+        sums = header.get("crc32c") if isinstance(header, dict) else None
+        if isinstance(sums, dict) and isinstance(sums.get("frames"), list):
+            plain = {k: v for k, v in header.items() if k not in ("crc32", "crc32c")}
+            canonical = json.dumps(plain, separators=(",", ":"), sort_keys=True).encode()
+            if zlib.crc32(canonical) != sums.get("header"):
+                raise ValueError("the header does not match its CRC-32C")
+        return super().decode(frames)
+
+
+@mutant("WIRE-7.2")
+class Crc32cIgnored(ReferenceAdapter):
+    """Knows only the crc32 key and drops crc32c as an extension it does not check:
+    damaged messages protected by CRC-32C decode."""
+
+    def decode(self, frames):
+        return super().decode(
+            _rewritten(frames, lambda h, _: {k: v for k, v in h.items() if k != "crc32c"})
+        )
+
+
+@mutant("WIRE-7.3")
+class FirstChecksumWins(ReferenceAdapter):
+    """With both crc32 and crc32c in a header, checks the first it knows (crc32) and
+    ignores the other, instead of refusing the header."""
+
+    def decode(self, frames):
+        def first(header: Header, _: list) -> Header | None:
+            if "crc32" in header and "crc32c" in header:
+                return {k: v for k, v in header.items() if k != "crc32c"}
+            return None
+
+        return super().decode(_rewritten(frames, first))
 
 
 _META_KEYS = ("block_size", "num_layers", "dtype", "seq_len", "tp_head_slice", "chunk")
