@@ -1,8 +1,10 @@
 """The simulated cluster: end-to-end throughput against raw pyzmq, and a 72-rank run.
 
-Throughput: a TP1 -> TP1 run moving large requests (verification deferred until every
-request has arrived, so the transfer window excludes it) against raw pyzmq PUSH/PULL
-between two processes moving the same messages, frame for frame, in the same run.
+Throughput: TP1 -> TP1 and TP8 -> TP2 runs moving large requests (verification deferred
+until every request has arrived, so the transfer window excludes it), pushed as payloads
+and written as byte runs (``--transfer write``), without and with checksums (CRC-32C
+where the ``crc32c`` package computes it in hardware), each against raw pyzmq PUSH/PULL
+between as many processes moving the same messages in the same run.
 Scale: TP64 -> TP8 with 8 KV heads (72 ranks), one rank per process as deployed and 8
 per process; wall time, start-up per process and the peak proportional memory (PSS) of
 every process of the run. The full run fits a cost model — wall time and memory per
@@ -18,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import multiprocess
 import zmq
@@ -26,81 +29,133 @@ from benchmarks import figure
 from benchmarks.figure import Figure
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from kvspec.transport.checksums import fastest
 from sim.cluster import run_simulation
 from sim.config import SimConfig
 
 
-def _raw_zmq_seconds(message_bytes: int, frames: int, messages: int) -> float:
-    """Time from the first to the last message of PUSH/PULL between two processes."""
-    frame = message_bytes // frames
+def _raw_zmq_seconds(edges: list[tuple[int, int, int, int, int]]) -> float:
+    """Raw pyzmq PUSH/PULL moving the same messages between as many processes as the sim
+    runs ranks: ``edges`` are (sender, receiver, message bytes, frames, messages). Timed
+    as the sim is: from the first message sent to the last received, across processes
+    (wall clock)."""
+    senders = sorted({e[0] for e in edges})
+    receivers = sorted({e[1] for e in edges})
+    fork = multiprocess.get_context("fork")
+    results = fork.Queue()
 
-    def push(endpoint: str) -> None:
+    def pull(index: int, expected: int, port_out: Any) -> None:
         # No torch here: a forked child must not touch the parent's OpenMP thread pool.
         context = zmq.Context()
-        sock = context.socket(zmq.PUSH)
-        sock.connect(endpoint)
-        buffers = [bytearray(b"\1") * frame for _ in range(frames)]
-        for _ in range(messages):
-            sock.send_multipart([memoryview(b) for b in buffers], copy=False)
-        sock.close(linger=-1)
+        sock = context.socket(zmq.PULL)
+        port_out.send(sock.bind_to_random_port("tcp://127.0.0.1"))
+        for _ in range(expected):
+            sock.recv_multipart(copy=False)
+        results.put(("recv", time.time()))
+        sock.close(linger=0)
         context.term()
 
-    context = zmq.Context.instance()
-    pull = context.socket(zmq.PULL)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
-    child = multiprocess.get_context("fork").Process(target=push, args=(f"tcp://127.0.0.1:{port}",))
-    child.start()
-    pull.recv_multipart(copy=False)
-    started = time.perf_counter()
-    for _ in range(messages - 1):
-        pull.recv_multipart(copy=False)
-    seconds = time.perf_counter() - started
-    child.join()
-    pull.close(linger=0)
-    return seconds * messages / (messages - 1)
+    def push(mine: list[tuple[str, int, int, int]]) -> None:
+        context = zmq.Context()
+        socks, plans = {}, []
+        for endpoint, message_bytes, frames, messages in mine:
+            sock = socks.get(endpoint) or context.socket(zmq.PUSH)
+            sock.connect(endpoint)
+            socks[endpoint] = sock
+            frame = message_bytes // frames
+            buffers = [memoryview(bytearray(b"\1") * frame) for _ in range(frames)]
+            plans.append((sock, buffers, messages))
+        results.put(("send", time.time()))
+        for sock, buffers, messages in plans:
+            for _ in range(messages):
+                sock.send_multipart(buffers, copy=False)
+        for sock in socks.values():
+            sock.close(linger=-1)
+        context.term()
+
+    endpoints, children = {}, []
+    for r in receivers:
+        parent_end, child_end = fork.Pipe()
+        expected = sum(e[4] for e in edges if e[1] == r)
+        child = fork.Process(target=pull, args=(r, expected, child_end))
+        child.start()
+        children.append(child)
+        endpoints[r] = f"tcp://127.0.0.1:{parent_end.recv()}"
+    for s in senders:
+        mine = [(endpoints[e[1]], e[2], e[3], e[4]) for e in edges if e[0] == s]
+        child = fork.Process(target=push, args=(mine,))
+        child.start()
+        children.append(child)
+    stamps = [results.get(timeout=600) for _ in range(len(senders) + len(receivers))]
+    for child in children:
+        child.join()
+    first = min(t for kind, t in stamps if kind == "send")
+    last = max(t for kind, t in stamps if kind == "recv")
+    return last - first
+
+
+_CHECKSUM_NAMES = {"crc32": "CRC-32", "crc32c": "CRC-32C"}
+
+_CHECKSUM_NAMES = {"crc32": "CRC-32", "crc32c": "CRC-32C"}
+
+THROUGHPUT_PAIRS: tuple[tuple[int, int], ...] = ((1, 1), (8, 2))
+"""Stage pairs of the end-to-end figures (issue 18: TP1->TP1 and TP8->TP2)."""
 
 
 def _throughput(quick: bool) -> list[Figure]:
-    """Each run of the sim interleaved with a run of raw pyzmq moving the same messages;
-    ``REPEAT`` of each (three at most: a full run moves 64 MiB per run)."""
-    seq_len, requests = (256, 8) if quick else (1024, 8)
+    """Each run of the sim interleaved with a run of raw pyzmq moving the same messages
+    between as many processes; ``REPEAT`` of each (three at most: a full run moves
+    128 MiB per run). Push (payloads, WIRE-1) and write (byte runs straight from and
+    into the caches, sim.write), without and with checksums."""
+    seq_len, requests = (256, 4) if quick else (1024, 4)
     model = ModelShape(num_layers=8, num_kv_heads=8, head_dim=128)
-    message_bytes = seq_len * model.num_layers * model.num_kv_heads * model.head_dim * 2 * 2
-    frames = 2 * model.num_layers
+    request_bytes = seq_len * model.num_layers * model.num_kv_heads * model.head_dim * 2 * 2
     figures = []
-    for checksum in (False, True):
-        config = SimConfig(
-            stages=(StageLayout(1), StageLayout(1)),
-            model=model,
-            requests=requests,
-            seq_len=(seq_len, seq_len),
-            verify_after=True,
-            checksum=checksum,
-            ports="os",
-            timeout=600,
-        )
-        sim_seconds, raw_seconds = [], []
-        for _ in range(min(figure.REPEAT, 3)):
-            report = run_simulation(config)
-            moved = report.bytes_moved
-            assert report.ok and moved == requests * message_bytes, report.render()
-            sim_seconds.append(report.transfer_s)
-            raw_seconds.append(_raw_zmq_seconds(message_bytes, frames, requests))
-        mine, theirs = figure.Spread.of(sim_seconds), figure.Spread.of(raw_seconds)
-        label = "with CRC-32" if checksum else "no checksums"
-        figures.append(
-            Figure(
-                name=f"sim TP1->TP1 end to end, {label} ({moved >> 20} MiB)",
-                unit="GB/s",
-                value=moved / mine.median / 1e9,
-                baseline=moved / theirs.median / 1e9,
-                baseline_name="raw pyzmq PUSH/PULL",
-                ratio=theirs.median / mine.median,
-                note="verification after transfer",
-                value_range=(moved / mine.high / 1e9, moved / mine.low / 1e9),
-                repeats=len(sim_seconds),
-            )
-        )
+    for source_tp, target_tp in THROUGHPUT_PAIRS:
+        for transfer in ("push", "write"):
+            for checksum in (False, True):
+                config = SimConfig(
+                    stages=(StageLayout(source_tp), StageLayout(target_tp)),
+                    model=model,
+                    requests=requests,
+                    seq_len=(seq_len, seq_len),
+                    verify_after=True,
+                    checksum=checksum,
+                    transfer=transfer,
+                    ports="os",
+                    timeout=600,
+                )
+                # Each sender moves its share of every request to one receiver, in as many
+                # frames as a payload has tensors (K and V per layer).
+                share = request_bytes // source_tp
+                edges = [
+                    (s, s * target_tp // source_tp, share, 2 * model.num_layers, requests)
+                    for s in range(source_tp)
+                ]
+                sim_seconds, raw_seconds = [], []
+                for _ in range(min(figure.REPEAT, 3)):
+                    report = run_simulation(config)
+                    moved = report.bytes_moved
+                    assert report.ok and moved == requests * request_bytes, report.render()
+                    sim_seconds.append(report.transfer_s)
+                    raw_seconds.append(_raw_zmq_seconds(edges))
+                mine, theirs = figure.Spread.of(sim_seconds), figure.Spread.of(raw_seconds)
+                label = f"with {_CHECKSUM_NAMES[fastest()]}" if checksum else "no checksums"
+                figures.append(
+                    Figure(
+                        name=f"sim TP{source_tp}->TP{target_tp} {transfer}, {label} "
+                        f"({moved >> 20} MiB)",
+                        unit="GB/s",
+                        value=moved / mine.median / 1e9,
+                        baseline=moved / theirs.median / 1e9,
+                        baseline_name="raw pyzmq PUSH/PULL",
+                        ratio=theirs.median / mine.median,
+                        note="verification after transfer"
+                        + (", payloads [WIRE-1]" if transfer == "push" else ", zero-copy runs"),
+                        value_range=(moved / mine.high / 1e9, moved / mine.low / 1e9),
+                        repeats=len(sim_seconds),
+                    )
+                )
     return figures
 
 

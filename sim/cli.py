@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--transfer",
         choices=TRANSFERS,
         default="push",
-        help="push payloads, or pull: receivers read byte ranges from the senders' caches (push)",
+        help="push payloads; pull: receivers read byte ranges from the senders' caches; write: "
+        "senders write byte ranges from their caches into the receivers', zero-copy (push)",
     )
     caches.add_argument(
         "--src-block-size", type=int_in(1, LIMITS.block_size), default=16, metavar="B", help="(16)"

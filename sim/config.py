@@ -12,11 +12,12 @@ from sim.faults import FaultSpec, check_rank_faults, parse_faults
 
 _LAYOUT = re.compile(r"^(?:PP(\d{1,5})X)?TP(\d{1,5})$")
 
-TRANSFERS: tuple[str, ...] = ("push", "pull")
+TRANSFERS: tuple[str, ...] = ("push", "pull", "write")
 LIFECYCLE_KINDS: tuple[str, ...] = ("restart", "fail-nth")
 """Rank faults that exercise a receiver's block pool [LIFE-1..7]: push only."""
 """``push``: senders send payloads [PAYLOAD-1]; ``pull``: receivers read byte ranges from
-the senders' caches [DESC-1] (:mod:`sim.pull`)."""
+the senders' caches [DESC-1] (:mod:`sim.pull`); ``write``: senders write byte ranges from
+their caches into the receivers' (:mod:`sim.write`), the zero-copy path."""
 
 PORT_MODES: tuple[str, ...] = ("spec", "os")
 """``spec``: every sender binds the port of [PORT-1] (the run's ports are proven distinct
@@ -132,12 +133,17 @@ class SimConfig:
             raise ValueError(
                 f"--transfer must be one of {', '.join(TRANSFERS)}, got {self.transfer!r}"
             )
-        if self.transfer == "pull" and self.slicing != "sender":
+        if self.transfer != "push" and self.slicing != "sender":
             raise ValueError(
-                "--transfer pull with --slicing receiver: a pull reads exactly the receiver's "
-                "share [DESC-1]; there is no whole shard to slice"
+                f"--transfer {self.transfer} with --slicing receiver: a {self.transfer} moves "
+                "exactly the receiver's share [DESC-1]; there is no whole shard to slice"
             )
-        if self.transfer == "pull":
+        if self.transfer == "write" and self.device != "cpu":
+            raise ValueError(
+                f"--transfer write with --device {self.device}: the write path frames CPU cache "
+                "memory; use --transfer push or pull on a device"
+            )
+        if self.transfer != "push":
             lifecycle = [
                 name
                 for name, on in (
@@ -150,9 +156,9 @@ class SimConfig:
             ]
             if lifecycle:
                 raise ValueError(
-                    f"--transfer pull with {', '.join(lifecycle)}: these act on writes pushed into "
-                    "a receiver's block pool [LIFE-1..7]; a pull receiver holds its blocks from "
-                    "the start and reads them itself (use --transfer push)"
+                    f"--transfer {self.transfer} with {', '.join(lifecycle)}: these act on "
+                    "payloads pushed into a receiver's block pool [LIFE-1..7]; a pull or write "
+                    "receiver holds its blocks from the start (use --transfer push)"
                 )
         self._check_stream()
         if self.ports not in PORT_MODES:
@@ -178,7 +184,7 @@ class SimConfig:
             name
             for name, on in (
                 (f"--chunks {self.chunks}", self.chunks > 1),
-                ("--transfer pull", self.transfer == "pull"),
+                (f"--transfer {self.transfer}", self.transfer != "push"),
             )
             if on
         ]

@@ -72,17 +72,21 @@ def envelope(
     epoch: int = 0,
     checksum: bool = False,
     ranges_crc: int | None = None,
+    ranges_alg: str | None = None,
     started: float | None = None,
 ) -> bytes:
     """The envelope of a data message: its key, its place in the edge's order, its
     sender's epoch [LIFE-6] and when it was sent; with ``checksum``, a CRC-32 of its own
     fields, so that a flipped bit there is refused like one in the payload. A pull answer
-    carries ``ranges_crc``, the CRC-32 of the byte ranges that follow [sim.pull]."""
+    carries ``ranges_crc``, the CRC-32 of the byte ranges that follow [sim.pull]; a write
+    (:mod:`sim.write`) also names its algorithm, ``ranges_alg`` (``crc32`` or ``crc32c``)."""
     message: dict[str, Any] = {"key": key, "seq": seq, "epoch": epoch, "t": sent_at}
     if checksum:
         message["crc"] = _crc(key, seq, epoch, sent_at)
     if ranges_crc is not None:
         message["ranges_crc"] = ranges_crc
+    if ranges_alg is not None:
+        message["ranges_alg"] = ranges_alg
     if started is not None:
         message["t0"] = started  # when the sender began computing the request [STREAM-1]
     return dump(message)

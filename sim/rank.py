@@ -48,6 +48,7 @@ from kvspec.naming.keys import parse_key, recv_keys, send_keys
 from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
 from kvspec.topology.ownership import RankOwnership, rank_ownership
+from kvspec.transport.checksums import fastest
 from kvspec.transport.chunks import reassemble, split_chunks
 from kvspec.transport.payload import (
     Payload,
@@ -75,6 +76,7 @@ from sim.pool import BlockPool
 from sim.pull import PullAgent
 from sim.sizing import max_receiver_message, max_router_message
 from sim.workload import Request, Workload, edge_chunks
+from sim.write import WriteAgent
 
 POLL_MS = 20
 HELLO_TIMEOUT_S = 60.0
@@ -207,8 +209,10 @@ class Rank:
             faults.late or faults.abort or any(f.kind == "restart" for f in faults.ranks)
         )  # a held request is verified again before its blocks go back
         self.corrupted: list[dict[str, Any]] = []
-        # pull [sim.pull]: receivers read byte ranges from the senders' caches
-        self.pull = PullAgent(self) if config.transfer == "pull" else None
+        # pull [sim.pull]: receivers read byte ranges from the senders' caches; write
+        # [sim.write]: senders write them, the same agent's other side
+        agents = {"pull": PullAgent, "write": WriteAgent}
+        self.pull = agents[config.transfer](self) if config.transfer in agents else None
 
     # -- setup -----------------------------------------------------------------------
     def _mine(self, request: Request) -> RankOwnership:
@@ -720,7 +724,8 @@ class Rank:
             self.book.inject("fail-nth", key)
             self._put(dst, [messages.notice("failed", key)])
             return
-        wire = encode(payload, checksum=self.config.checksum)
+        # CRC-32C where compiled code computes it, else CRC-32 [WIRE-6, WIRE-7]
+        wire = encode(payload, checksum=fastest() if self.config.checksum else False)
         seq = self.next_seq[dst]
         self.next_seq[dst] += 1
         head = messages.envelope(

@@ -259,9 +259,9 @@ class SimReport:
         }
 
     def descriptor_summary(self) -> dict[str, float] | None:
-        """A pull run's descriptors: in all, per request (over every receiving rank and
-        source) and bytes per descriptor [DESC-3]; None for a push run."""
-        if self.config.transfer != "pull":
+        """A pull or write run's descriptors: in all, per request (over every receiving
+        rank and source) and bytes per descriptor [DESC-3]; None for a push run."""
+        if self.config.transfer == "push":
             return None
         count = self.receiver_stats.get("descriptors", 0)
         nbytes = self.receiver_stats.get("descriptor_bytes", 0)
@@ -290,7 +290,9 @@ class SimReport:
             f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
             f"  {ranks} ranks as {where}; caches {c.src_layout} (block {c.src_block_size}) -> "
             f"{c.dst_layout} (block {c.dst_block_size}); "
-            + ("pulled by descriptors" if c.transfer == "pull" else f"{c.slicing}-side slicing")
+            + {"pull": "pulled by descriptors", "write": "written by descriptors, zero-copy"}.get(
+                c.transfer, f"{c.slicing}-side slicing"
+            )
             + f", replica policy {c.policy}, device {c.device}",
             f"  {c.requests} request(s) per group of {c.seq_len[0]}..{c.seq_len[1]} tokens in "
             f"{c.chunks} chunk(s); stage 0 fills its caches from the coordinate-hash oracle; "
@@ -332,7 +334,8 @@ class SimReport:
         pulled = self.descriptor_summary()
         if pulled is not None:  # pull [sim.pull]
             lines.append(
-                f"  pulled with {pulled['descriptors']} descriptors: "
+                f"  {'pulled' if c.transfer == 'pull' else 'written'} with "
+                f"{pulled['descriptors']} descriptors: "
                 f"{pulled['per_request']:.1f} per request, "
                 f"{pulled['bytes_per_descriptor']:.1f} bytes per descriptor"
             )

@@ -114,7 +114,7 @@ def _edges(config: SimConfig) -> list[tuple[Edge, int]]:
 def max_pull_range(config: SimConfig) -> int:
     """The largest range a pull answer can carry: one edge's whole share of the longest
     request (ranges coalesce across fields, tokens and layers) [DESC-3]."""
-    if config.transfer != "pull":
+    if config.transfer not in ("pull", "write"):
         return 0
     longest = max((e.bytes_per_token * tokens for e, tokens in _edges(config)), default=0)
     return longest + HEADER_SLACK

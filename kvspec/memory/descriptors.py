@@ -509,6 +509,40 @@ def _check_bounds(
         )
 
 
+class Runs(NamedTuple):
+    """The spec's maximal runs of one edge as five int64 tensors, in source address order
+    [DESC-1..3]: region indices (into ``source.regions()`` and ``target.regions()``, in
+    their order), offsets and lengths. The same list as :func:`plan_descriptors`', with no
+    Python object per run: what a data path that moves the bytes needs."""
+
+    src_region: torch.Tensor
+    src_offset: torch.Tensor
+    dst_region: torch.Tensor
+    dst_offset: torch.Tensor
+    length: torch.Tensor
+
+
+def plan_runs(
+    plan: TransferPlan,
+    edge: Edge,
+    source: RegisteredCache,
+    source_ids: Sequence[int],
+    target: RegisteredCache,
+    target_ids: Sequence[int],
+    tokens: range | Tokens,
+) -> Runs:
+    """The minimal descriptor list realising ``edge`` for ``tokens`` [DESC-1..3], as
+    tensors (:class:`Runs`); the arguments and refusals are :func:`plan_descriptors`'."""
+    if not isinstance(tokens, range | Tokens):
+        raise ValueError(
+            f"tokens must be a range of token positions or a Tokens set, got {tokens!r}"
+        )
+    sr, so, dr, do, ln = _atoms(plan, edge, source, source_ids, target, target_ids, tokens)
+    _check_bounds(source, sr, so, ln, source_ids, "sender")
+    _check_bounds(target, dr, do, ln, target_ids, "receiver")
+    return Runs(*_runs(sr, so, dr, do, ln))
+
+
 def plan_descriptors(
     plan: TransferPlan,
     edge: Edge,
@@ -532,19 +566,13 @@ def plan_descriptors(
     can beat.
     ``count_only`` counts them without building the list.
     """
-    if not isinstance(tokens, range | Tokens):
-        raise ValueError(
-            f"tokens must be a range of token positions or a Tokens set, got {tokens!r}"
-        )
-    sr, so, dr, do, ln = _atoms(plan, edge, source, source_ids, target, target_ids, tokens)
-    _check_bounds(source, sr, so, ln, source_ids, "sender")
-    _check_bounds(target, dr, do, ln, target_ids, "receiver")
-    runs = _runs(sr, so, dr, do, ln)
+    runs = plan_runs(plan, edge, source, source_ids, target, target_ids, tokens)
     descriptors = (
         () if count_only else _descriptors(runs, list(source.regions()), list(target.regions()))
     )
-    count = len(runs[0])
-    return DescriptorPlan(edge, tokens, source, target, descriptors, int(ln.sum()), count)
+    count = len(runs.length)
+    share = int(runs.length.sum())
+    return DescriptorPlan(edge, tokens, source, target, descriptors, share, count)
 
 
 def _runs(

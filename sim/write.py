@@ -1,0 +1,199 @@
+"""``--transfer write``: senders write each edge's byte runs straight from their cache into
+the receivers' caches — the zero-copy data path.
+
+A write connector (NIXL's or Mooncake's WRITE, an RDMA write) moves the bytes the spec's
+descriptor list names [DESC-1..3] from the sender's registered memory into the
+receiver's, without building tensors on either side. Here both ranks compute the same
+runs (:func:`kvspec.memory.descriptors.plan_runs`) from the configuration and the
+workload, as a pull run does (:mod:`sim.pull`), so the message carries nothing but an
+envelope and the bytes: ``[envelope, frame 0, frame 1, ...]`` framed by
+:func:`sim.byteruns.framing` — long runs as views of the sender's cache (nothing is
+copied to send them), short runs packed by one vectorised gather — and the receiver
+copies each byte once, into its cache (:func:`sim.byteruns.land`). There is no payload
+assembly, no merge and no scatter: the bytes are where they belong on arrival.
+
+With checksums on, the envelope carries ``ranges_crc`` and ``ranges_alg``: the CRC of
+every frame in order, by the fastest algorithm here (:func:`kvspec.transport.checksums.
+fastest`: CRC-32C in hardware when the ``crc32c`` package is installed, else CRC-32)
+[WIRE-6, WIRE-7]; a receiver checks it before writing a byte. Faults strike these
+messages as they strike pull answers, and are booked the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from kvspec.memory.descriptors import plan_runs, region_buffers, share_positions
+from kvspec.memory.paged import blocks_needed
+from kvspec.topology.tokens import Tokens
+from kvspec.transport.checksums import ALGORITHMS, checksum_of, fastest
+from sim import messages
+from sim.byteruns import Framing, frames_from, framing, land
+from sim.pull import PullAgent, _pick
+from sim.workload import edge_chunks
+
+if TYPE_CHECKING:
+    from sim.rank import Rank
+
+
+class WriteAgent(PullAgent):
+    """The write side of one rank: as a sender it pushes each key's runs once the
+    request is in its cache; as a receiver it lands them. It posts no reads and answers
+    none (a read on its socket is refused and counted)."""
+
+    def __init__(self, rank: Rank) -> None:
+        super().__init__(rank)
+        self.algorithm = fastest()
+        self.keys_by_request: dict[str, list[str]] = defaultdict(list)
+
+    def start(self) -> None:
+        rank = self.rank
+        self.buffers = region_buffers(rank.cache)
+        self.regions = list(self.buffers.values())
+        super().start()
+        for key, (request_id, _, _) in self.keys_of.items():
+            self.keys_by_request[request_id].append(key)
+        self.pending.clear()  # nothing is read: the senders write
+
+    def _framing(
+        self, request_id: str, chunk: int, src: int, dst: int, *, as_sender: bool
+    ) -> Framing:
+        """The runs of one (request, chunk, edge), framed; both sides compute the same
+        [DESC-1..3, CHUNK-1, PLAN-6]."""
+        rank = self.rank
+        request = rank.requests[request_id]
+        book = rank.out_plan if as_sender else rank.in_plan
+        assert book is not None
+        plan = book.of(request)
+        if as_sender:
+            source, source_ids = self.own, rank.tables[request_id]
+            target = self._peer(rank.who.stage + 1, dst)
+            target_ids = self._table(rank.who.stage + 1, dst)[request_id]
+        else:
+            source = self.sources[src]
+            source_ids = self._table(rank.who.stage - 1, src)[request_id]
+            target, target_ids = self.own, rank.tables[request_id]
+        edge = plan.edge(src, dst)
+        carried = Tokens.span(0, request.seq_len) if edge.tokens is None else edge.tokens
+        tokens = _pick(carried, edge_chunks(len(carried), rank.config.chunks)[chunk])
+        share = share_positions(plan, edge, tokens)
+        need_src = blocks_needed(share.source_slots, source.block_size)
+        need_dst = blocks_needed(share.target_slots, target.block_size)
+        runs = plan_runs(
+            plan, edge, source, source_ids[:need_src], target, target_ids[:need_dst], tokens
+        )
+        return framing(runs)
+
+    # -- sender ------------------------------------------------------------------------------
+    def ready(self, request_id: str) -> None:
+        """``request_id`` is in this rank's cache: write every key of it, chunk by chunk."""
+        self.ready_requests.add(request_id)
+        for key in self.keys_by_request.get(request_id, []):
+            _, chunk, dst = self.keys_of[key]
+            if key in self.rank.skipped[dst]:
+                continue
+            self._write_key(dst, key, request_id, chunk)
+
+    def on_read(self, frames: list[bytes]) -> None:
+        self.rank.stats["reads_refused"] += 1  # a write run takes no reads
+
+    def _write_key(self, dst: int, key: str, request_id: str, chunk: int) -> None:
+        """Send one key's runs, with the run's faults applied and booked [sim.faults]."""
+        rank = self.rank
+        if (request_id, dst) in rank.aborted_out:
+            rank.skipped[dst][key] = "a receiver of the request aborted it"
+            return
+        rank.sent_keys[dst].append(key)
+        self.answered.add(key)
+        rank._maybe_die(sending=True)
+        made = self._framing(request_id, chunk, rank.who.rank, dst, as_sender=True)
+        data = self._frames(made)
+        seq = rank.next_seq[dst]
+        rank.next_seq[dst] += 1
+        checksum = rank.config.checksum
+        head = messages.envelope(
+            key,
+            seq,
+            time.time(),
+            epoch=rank.epoch,
+            checksum=checksum,
+            ranges_crc=checksum_of(self.algorithm, data) if checksum else None,
+            ranges_alg=self.algorithm if checksum else None,
+        )
+        frames: list[Any] = [head, *data]
+        faults, book = rank.faults, rank.book
+        if faults.hit("garbage"):
+            rank._put(dst, [faults.garbage()])
+            book.inject("garbage", rank._edge_name(rank.who.rank, dst, rank.who.stage))
+        if faults.hit("drop"):
+            book.inject("drop", key)
+            return
+        if faults.hit("corrupt"):
+            frames = faults.corrupt(frames, first=1)  # the envelope stays readable
+            book.inject("corrupt", key)
+        if rank.config.faults.delay_s:
+            time.sleep(rank.config.faults.delay_s)
+        if faults.hit("reorder"):
+            rank.held[dst].append((key, frames, seq))
+            return
+        rank._put(dst, frames)
+        if faults.hit("dup"):
+            rank._put(dst, frames)
+            book.inject("dup", key)
+        rank._release_held(dst, overtaken=True)
+
+    def _frames(self, made: Framing) -> list[Any]:
+        """The frames, from cache memory: views of it, or runs packed into fresh memory."""
+        return frames_from(made, self.regions)
+
+    # -- receiver ----------------------------------------------------------------------------
+    def post_reads(self) -> None:
+        return  # the senders write
+
+    def on_answer(self, src: int, frames: list[zmq.Frame], received_at: float) -> None:
+        """A write from ``src``: check it, land its bytes in the cache [DESC-1]."""
+        rank = self.rank
+        read = rank.expected_envelope(src, frames)
+        if read is None:
+            return
+        head, owner = read
+        key = head["key"]
+        if key in rank.seen:
+            rank.book.observe("dup", key)
+            return
+        rank.seen.add(key)
+        if head["seq"] < rank.max_seq.get(src, -1):
+            rank.book.observe("reorder", key)
+        else:
+            rank.max_seq[src] = head["seq"]
+        request_id, chunk, _ = owner
+        state = rank.incoming[request_id]
+        state.waiting.discard(key)
+        data = [f.buffer for f in frames[1:]]
+        if rank.config.checksum or "ranges_crc" in head:
+            algorithm = head.get("ranges_alg", "crc32")
+            if algorithm not in ALGORITHMS or head.get("ranges_crc") != checksum_of(
+                algorithm, data
+            ):
+                rank.book.observe("corrupt", key)
+                rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC")
+                return
+        if state.done:
+            rank.stats["late_ignored"] += 1
+            return
+        made = self._framing(request_id, chunk, src, rank.who.rank, as_sender=False)
+        try:
+            land(made, data, self.regions)
+        except ValueError as error:
+            rank._fail(state, f"the write {key} from source rank {src} does not fit: {error}")
+            return
+        rank.stats["descriptors"] += len(made.runs.length)
+        rank.stats["descriptor_bytes"] += made.nbytes
+        state.first_sent = min(state.first_sent, head["t"])
+        state.edge_bytes[src] += made.nbytes
+        if not state.waiting:
+            self._landed(state, time.time())
