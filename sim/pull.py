@@ -268,14 +268,40 @@ class PullAgent:
         ):
             rank._fail(state, f"the answer to read {key} from source rank {src} does not fit it")
             return
-        for d, data in zip(made.descriptors, ranges, strict=True):
-            _write(self.buffers[d.dst_region][d.dst_offset : d.dst_offset + d.length], data)
+        if rank.device.type == "cpu":
+            for d, data in zip(made.descriptors, ranges, strict=True):
+                _write(self.buffers[d.dst_region][d.dst_offset : d.dst_offset + d.length], data)
+        else:  # pragma: no cover - needs a GPU
+            self._land_staged(made.descriptors, ranges)
         rank.stats["descriptors"] += len(made.descriptors)
         rank.stats["descriptor_bytes"] += made.share_bytes
         state.first_sent = min(state.first_sent, head["t"])
         state.edge_bytes[src] += made.share_bytes
         if not state.waiting:
             self._landed(state, received_at)
+
+    def _land_staged(
+        self, listed: tuple[Descriptor, ...], ranges: list[Any]
+    ) -> None:  # pragma: no cover - needs a GPU
+        """Land ranges in a device cache from a pinned staging slot, not from the pageable
+        frames: one host copy into the slot, then device copies on the side stream that the
+        compute stream waits for [sim.staging]."""
+        rank = self.rank
+        assert rank.staging is not None
+        slot = rank.staging.acquire(sum(d.length for d in listed), wait=lambda: rank._pump(20))
+        rank.copy_stream.wait_stream(torch.cuda.current_stream(rank.device))
+        at = 0
+        with torch.cuda.stream(rank.copy_stream):
+            for d, data in zip(listed, ranges, strict=True):
+                host = slot.view(at + d.length)[at:]
+                host.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+                target = self.buffers[d.dst_region][d.dst_offset : d.dst_offset + d.length]
+                target.copy_(host, non_blocking=True)
+                at += d.length
+            event = torch.cuda.Event()
+            event.record(rank.copy_stream)
+        torch.cuda.current_stream(rank.device).wait_event(event)
+        slot.hold(event)
 
     def _landed(self, state: Incoming, received_at: float) -> None:
         """Every range of the request is in the cache: verify now, or once all have landed."""
@@ -342,7 +368,9 @@ class PullAgent:
         rank.sent_keys[dst].append(key)
         self.answered.add(key)
         rank._maybe_die(sending=True)
-        ranges = self._ranges(listed)
+        ranges, slot = self._ranges(listed)
+        if slot is not None and rank.config.faults.any:  # pragma: no cover - needs a GPU
+            ranges, slot = [bytes(r) for r in ranges], None  # faults keep frames back
         seq = rank.next_seq[dst]
         rank.next_seq[dst] += 1
         head = messages.envelope(
@@ -369,29 +397,41 @@ class PullAgent:
         if faults.hit("reorder"):
             rank.held[dst].append((key, frames, seq))
             return
-        rank._put(dst, frames)
+        rank._put(dst, frames, slot=slot)
         if faults.hit("dup"):
             rank._put(dst, frames)
             book.inject("dup", key)
         rank._release_held(dst, overtaken=True)
 
-    def _ranges(self, listed: list[Descriptor]) -> list[Any]:
-        """The bytes of each range: views of cache memory on the CPU; from a device cache,
-        one pinned host copy."""
+    def _ranges(self, listed: list[Descriptor]) -> tuple[list[Any], Any]:
+        """The bytes of each range, and the staging slot holding them: views of cache
+        memory on the CPU (no slot); from a device cache, one copy into a slot of the
+        rank's pinned staging ring [sim.staging] on its side stream, fenced by an event."""
         views = [self.buffers[d.src_region][d.src_offset : d.src_offset + d.length] for d in listed]
         if self.rank.device.type == "cpu":
-            return [memoryview(v.numpy()) for v in views]
-        host = torch.empty(sum(d.length for d in listed), dtype=torch.uint8, pin_memory=True)
+            return [memoryview(v.numpy()) for v in views], None
+        return self._stage_ranges(views)  # pragma: no cover - needs a GPU
+
+    def _stage_ranges(self, views: list[torch.Tensor]) -> tuple[list[Any], Any]:  # pragma: no cover
+        rank = self.rank
+        assert rank.staging is not None
+        total = sum(v.numel() for v in views)
+        slot = rank.staging.acquire(total, wait=lambda: rank._pump(20))
+        rank.copy_stream.wait_stream(torch.cuda.current_stream(rank.device))
+        out, at = [], 0
+        with torch.cuda.stream(rank.copy_stream):
+            for view in views:
+                slot.view(at + view.numel())[at:].copy_(view, non_blocking=True)
+                at += view.numel()
+            event = torch.cuda.Event()
+            event.record(rank.copy_stream)
+        event.synchronize()
+        slot.hold(event)
         at = 0
         for view in views:
-            host[at : at + view.numel()].copy_(view, non_blocking=True)
+            out.append(memoryview(slot.view(at + view.numel())[at:].numpy()))
             at += view.numel()
-        torch.cuda.current_stream(self.rank.device).synchronize()
-        out, at = [], 0
-        for d in listed:
-            out.append(memoryview(host[at : at + d.length].numpy()))
-            at += d.length
-        return out
+        return out, slot
 
     def all_served(self) -> bool:
         """Whether every key of every receiver was answered (or skipped): the streams end."""

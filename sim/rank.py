@@ -70,11 +70,12 @@ from sim import messages
 from sim.accounting import FaultBook
 from sim.auth import RunSecret, new_nonce
 from sim.config import SimConfig
-from sim.endpoints import RankId, bind_endpoint
+from sim.endpoints import RankId, all_ranks, bind_endpoint
 from sim.faults import FaultInjector
 from sim.pool import BlockPool
 from sim.pull import PullAgent
 from sim.sizing import max_receiver_message, max_router_message
+from sim.staging import Slot, StagingRing
 from sim.workload import Request, Workload, edge_chunks
 from sim.write import WriteAgent
 
@@ -88,11 +89,23 @@ KV_HWM = 64
 MAX_REASON = 300
 
 
-def device_for(config: SimConfig, who: RankId) -> torch.device:
-    """``cuda:(rank % device_count)`` for ``--device cuda``, else the CPU."""
+def global_rank(config: SimConfig, who: RankId) -> int:
+    """``who``'s place among every rank of the run: replica by replica, stage by stage."""
+    return all_ranks(config).index(who)
+
+
+def device_for(config: SimConfig, who: RankId, devices: int | None = None) -> torch.device:
+    """For ``--device cuda``: ranks placed by global rank over the ``devices`` visible
+    devices (``cuda:(global rank % devices)``), so two stages' rank 0 do not share a GPU
+    while another idles; else the CPU."""
     if config.device == "cuda":
-        return torch.device("cuda", who.rank % torch.cuda.device_count())
+        count = torch.cuda.device_count() if devices is None else devices
+        return torch.device("cuda", global_rank(config, who) % count)
     return torch.device("cpu")
+
+
+STAGING_SLOTS = 4
+"""Host staging buffers per rank on a device: messages in flight before a sender waits."""
 
 
 @dataclass
@@ -159,6 +172,14 @@ class Rank:
         self.stage_layout = config.stages[who.stage]
         self.owner = rank_ownership(self.stage_layout, self.model, who.rank)
         self.device = device_for(config, who)
+        self.staging: StagingRing | None = None
+        self.copy_stream: Any = None
+        if self.device.type == "cuda":  # pragma: no cover - needs a GPU
+            # Every CUDA call of this rank, allocations included, on its own device; copies
+            # to and from host memory on a side stream, through a reusable pinned ring.
+            torch.cuda.set_device(self.device)
+            self.staging = StagingRing(STAGING_SLOTS, 0)
+            self.copy_stream = torch.cuda.Stream(self.device)
         # The plans per request: one for all of them unless the stages split requests by
         # tokens or serve them on attention-DP groups [PLAN-6, DP-1].
         self.in_plan = self.workload.plans(who.stage - 1) if who.stage > 0 else None
@@ -607,9 +628,7 @@ class Rank:
         for chunk_id in range(len(request.chunks)):  # chunk by chunk, edge by edge
             for dst, chunks in pieces:
                 if chunk_id < len(chunks):
-                    self._transmit(
-                        dst, keys[(dst, chunk_id)], self._host(chunks[chunk_id]), started
-                    )
+                    self._transmit(dst, keys[(dst, chunk_id)], chunks[chunk_id], started)
 
     def _stream(
         self, request: Request, pieces: list[tuple[int, Any]], started: float | None
@@ -629,7 +648,7 @@ class Rank:
                     key = stream_key(
                         request.request_id, self.who.stage, 0, g, self.groups, self.who.rank, dst
                     )
-                    self._transmit(dst, key, self._host(part), started)
+                    self._transmit(dst, key, part, started)
 
     def _compute(self, layers: int) -> None:
         """The simulated prefill of ``layers`` layers; the rank serves its sockets meanwhile."""
@@ -679,37 +698,81 @@ class Rank:
             chunked=self.config.chunks > 1,
         )
 
-    def _host(self, payload: Payload) -> Payload:
-        """The payload in host memory: staged through pinned buffers from a device cache.
+    def _host(self, payload: Payload) -> tuple[Payload, Slot | None]:
+        """The payload in host memory, and the staging slot holding it (None on the CPU).
 
-        Each tensor is copied once, asynchronously, into page-locked memory; the wire
-        then sends that memory without another copy [WIRE-5].
+        From a device cache each tensor is copied once into a slot of the rank's pinned
+        staging ring [sim.staging], on the side stream after the compute stream's work,
+        fenced by an event; the wire then sends that memory without another copy
+        [WIRE-5]. The slot stays in flight until the socket is done with it.
         """
         if self.device.type == "cpu":
-            return payload
+            return payload, None
+        assert self.staging is not None  # pragma: no cover - needs a GPU
+        return self._stage_out(payload)  # pragma: no cover
 
-        def stage(values: tuple[torch.Tensor | None, ...] | None):
+    def _stage_out(self, payload: Payload) -> tuple[Payload, Slot]:  # pragma: no cover - GPU
+        assert self.staging is not None
+        align = 64
+        sizes = [(-(-t.nbytes // align)) * align for _, _, t in payload.tensors()]
+        slot = self.staging.acquire(sum(sizes), wait=lambda: self._pump(POLL_MS))
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        at = 0
+        staged: dict[tuple[str, int], torch.Tensor] = {}
+        with torch.cuda.stream(self.copy_stream):
+            for (name, layer, tensor), size in zip(payload.tensors(), sizes, strict=True):
+                host = slot.view(at + tensor.nbytes)[at:].view(tensor.dtype).view(tensor.shape)
+                host.copy_(tensor, non_blocking=True)
+                staged[(name, layer)] = host
+                at += size
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        event.synchronize()  # the frames must hold the bytes before they go on the wire
+        slot.hold(event)
+
+        def swap(name: str, values: tuple[torch.Tensor | None, ...] | None):
             if values is None:
                 return None
-            out = []
-            for t in values:
-                if t is None:
-                    out.append(None)
-                    continue
-                pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                pinned.copy_(t, non_blocking=True)
-                out.append(pinned)
-            return tuple(out)
+            return tuple(
+                None if t is None else staged[(name, layer)] for layer, t in enumerate(values)
+            )
 
-        staged = replace(
+        return replace(
             payload,
-            key_cache=stage(payload.key_cache),
-            value_cache=stage(payload.value_cache),
-            key_scale=stage(payload.key_scale),
-            value_scale=stage(payload.value_scale),
-        )
-        torch.cuda.current_stream(self.device).synchronize()
-        return staged
+            key_cache=swap("key_cache", payload.key_cache),
+            value_cache=swap("value_cache", payload.value_cache),
+            key_scale=swap("key_scale", payload.key_scale),
+            value_scale=swap("value_scale", payload.value_scale),
+        ), slot
+
+    def _to_device(self, kv: Any) -> Any:
+        """A received request's KV on this rank's device: on the CPU as it is; on a GPU
+        copied from a pinned staging slot (not from the pageable frames), on the side
+        stream, the compute stream waiting for its event."""
+        if self.device.type == "cpu":
+            return kv
+        return self._stage_in(kv)  # pragma: no cover - needs a GPU
+
+    def _stage_in(self, kv: Any) -> Any:  # pragma: no cover - needs a GPU
+        assert self.staging is not None
+        tensors = [kv.data.contiguous()] + ([] if kv.scales is None else [kv.scales.contiguous()])
+        sizes = [(-(-t.nbytes // 64)) * 64 for t in tensors]
+        slot = self.staging.acquire(sum(sizes), wait=lambda: self._pump(POLL_MS))
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        at, moved = 0, []
+        with torch.cuda.stream(self.copy_stream):
+            for tensor, size in zip(tensors, sizes, strict=True):
+                host = slot.view(at + tensor.nbytes)[at:].view(tensor.dtype).view(tensor.shape)
+                host.copy_(tensor)  # pageable frame -> pinned slot, on the CPU
+                moved.append(host.to(self.device, non_blocking=True))
+                at += size
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        torch.cuda.current_stream(self.device).wait_event(event)
+        for t in moved:
+            t.record_stream(torch.cuda.current_stream(self.device))
+        slot.hold(event)
+        return replace(kv, data=moved[0], scales=moved[1] if len(moved) > 1 else None)
 
     def _transmit(self, dst: int, key: str, payload: Payload, started: float | None = None) -> None:
         """Send one data message, with the run's faults applied and booked [sim.faults]."""
@@ -724,8 +787,13 @@ class Rank:
             self.book.inject("fail-nth", key)
             self._put(dst, [messages.notice("failed", key)])
             return
+        payload, slot = self._host(payload)
         # CRC-32C where compiled code computes it, else CRC-32 [WIRE-6, WIRE-7]
         wire = encode(payload, checksum=fastest() if self.config.checksum else False)
+        if slot is not None and self.config.faults.any:  # pragma: no cover - needs a GPU
+            # Faults keep frames back (reorder, late) or send them twice: they get their
+            # own memory, so that the staging slot is reused only when the socket is done.
+            wire, slot = [bytes(f) for f in wire], None
         seq = self.next_seq[dst]
         self.next_seq[dst] += 1
         head = messages.envelope(
@@ -746,7 +814,7 @@ class Rank:
         if self.faults.hit("reorder"):
             self.held[dst].append((key, frames, seq))  # booked once something overtakes it
             return
-        self._send(dst, key, frames, seq)
+        self._send(dst, key, frames, seq, slot=slot)
         if self.faults.hit("dup"):
             self._put(dst, frames)
             self.book.inject("dup", key)
@@ -757,11 +825,14 @@ class Rank:
         """The request a key of this rank's sends names [KEY-1]."""
         return parse_key(key).request_id
 
-    def _send(self, dst: int, key: str, frames: list[Any], seq: int) -> None:
+    def _send(
+        self, dst: int, key: str, frames: list[Any], seq: int, *, slot: Slot | None = None
+    ) -> None:
         """Put a data message on the wire, recorded as a send [LIFE-4]; ``late=P`` keeps a
-        copy back, to land after the next message on this edge."""
+        copy back, to land after the next message on this edge. Frames in a staging
+        ``slot`` keep it in flight until the socket is done with them [sim.staging]."""
         self._record_send({"ev": "send", "request": self.key_request(key)})
-        self._put(dst, frames)
+        self._put(dst, frames, slot=slot)
         top = self.top_seq[dst] = max(self.top_seq.get(dst, -1), seq)
         waiting = []
         for copy in self.late.pop(dst, []):
@@ -835,13 +906,18 @@ class Rank:
             if overtaken:
                 self.book.inject("reorder", key)
 
-    def _put(self, dst: int, frames: list[Any]) -> None:
-        """Queue frames for receiver ``dst``'s verified connection without blocking the loop."""
+    def _put(self, dst: int, frames: list[Any], *, slot: Slot | None = None) -> None:
+        """Queue frames for receiver ``dst``'s verified connection without blocking the loop;
+        frames in a staging ``slot`` are tracked, the slot held until zmq lets them go."""
         assert self.router is not None
         message = [self.peers[dst], *frames]
         while True:
             try:
-                self.router.send_multipart(message, copy=False, flags=zmq.NOBLOCK)
+                tracker = self.router.send_multipart(
+                    message, copy=False, flags=zmq.NOBLOCK, track=slot is not None
+                )
+                if slot is not None:  # pragma: no cover - needs a GPU
+                    slot.hold(tracker)
                 self.stats["messages_sent"] += 1
                 return
             except zmq.Again:  # the pipe is full: read what arrives so none fills both ways
@@ -1113,7 +1189,7 @@ class Rank:
         mine = group_layers(self.owner.layers, group)
         first = mine.start - self.owner.layers.start
         try:
-            kv = merge_layers(plan, self.who.rank, group, parts).to(self.device)
+            kv = self._to_device(merge_layers(plan, self.who.rank, group, parts))
             cache = self.cache
             layers = replace(
                 cache,
@@ -1260,7 +1336,7 @@ class Rank:
                     merge_payloads(plan, self.who.rank, pairs) for pairs in state.chunks.values()
                 ]
                 kv = reassemble(merged).to_request_kv()
-            kv = kv.to(self.device)
+            kv = self._to_device(kv)
             scatter_request(kv, self.cache, self.tables[request.request_id])
         except ValueError as error:
             self._fail(state, f"refused on assembly: {error}")
