@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from sim.rank import Rank
 
 
+PREPARED = 256
+"""Keys per rank and direction whose runs are framed before the run starts."""
+
+
 class WriteAgent(PullAgent):
     """The write side of one rank: as a sender it pushes each key's runs once the
     request is in its cache; as a receiver it lands them. It posts no reads and answers
@@ -49,6 +53,7 @@ class WriteAgent(PullAgent):
         super().__init__(rank)
         self.algorithm = fastest()
         self.keys_by_request: dict[str, list[str]] = defaultdict(list)
+        self.framings: dict[str, Framing] = {}
 
     def start(self) -> None:
         rank = self.rank
@@ -58,6 +63,23 @@ class WriteAgent(PullAgent):
         for key, (request_id, _, _) in self.keys_of.items():
             self.keys_by_request[request_id].append(key)
         self.pending.clear()  # nothing is read: the senders write
+        # As a connector prepares its descriptor lists when blocks are allocated, not on
+        # the data path: the first PREPARED keys each way are framed now, the rest when
+        # they move (memory stays bounded on long runs).
+        me = rank.who.rank
+        for key, (request_id, chunk, dst) in list(self.keys_of.items())[:PREPARED]:
+            self.framings[key] = self._framing(request_id, chunk, me, dst, as_sender=True)
+        for key, (request_id, chunk, src) in list(rank.key_owner.items())[:PREPARED]:
+            self.framings[key] = self._framing(request_id, chunk, src, me, as_sender=False)
+
+    def _framed(
+        self, key: str, request_id: str, chunk: int, src: int, dst: int, *, as_sender: bool
+    ) -> Framing:
+        """The prepared framing of ``key``, or one made now."""
+        made = self.framings.pop(key, None)
+        if made is None:
+            made = self._framing(request_id, chunk, src, dst, as_sender=as_sender)
+        return made
 
     def _framing(
         self, request_id: str, chunk: int, src: int, dst: int, *, as_sender: bool
@@ -110,7 +132,7 @@ class WriteAgent(PullAgent):
         rank.sent_keys[dst].append(key)
         self.answered.add(key)
         rank._maybe_die(sending=True)
-        made = self._framing(request_id, chunk, rank.who.rank, dst, as_sender=True)
+        made = self._framed(key, request_id, chunk, rank.who.rank, dst, as_sender=True)
         data = self._frames(made)
         seq = rank.next_seq[dst]
         rank.next_seq[dst] += 1
@@ -185,7 +207,7 @@ class WriteAgent(PullAgent):
         if state.done:
             rank.stats["late_ignored"] += 1
             return
-        made = self._framing(request_id, chunk, src, rank.who.rank, as_sender=False)
+        made = self._framed(key, request_id, chunk, src, rank.who.rank, as_sender=False)
         try:
             land(made, data, self.regions)
         except ValueError as error:
