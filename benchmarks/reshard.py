@@ -8,6 +8,8 @@ lands in its receiver's shard in runs of one head (256 B).
 
 from __future__ import annotations
 
+import torch
+
 from benchmarks.figure import Figure, compare, memcpy
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.reshard import reshard, shard
@@ -40,4 +42,32 @@ def run(quick: bool) -> list[Figure]:
                 "into preallocated target shards; each contiguous sender shard lands in 256 B runs",
             )
         )
+    if torch.cuda.is_available():  # pragma: no cover - needs a GPU
+        figures += _on_cuda(full, plan, source, target, model, nbytes)
     return figures
+
+
+def _on_cuda(full, plan, source, target, model, nbytes: int) -> list[Figure]:  # pragma: no cover
+    """The same reshard with every shard in device memory, against a device-to-device
+    copy of the same bytes (the baseline a GPU path is held to)."""
+    device = torch.device("cuda")
+    shards = [
+        RequestKV(s.data.contiguous().to(device), s.scales) for s in shard(full, source, model)
+    ]
+    outs = [t.data.to(device) for t in shard(full, target, model)]
+
+    def run(slicing: str) -> None:
+        reshard(shards, plan, slicing=slicing, out=outs)
+        torch.cuda.synchronize()
+
+    return [
+        compare(
+            f"reshard TP8->TP2 {slicing}-side on cuda ({nbytes >> 20} MiB)",
+            nbytes,
+            lambda s=slicing: run(s),
+            memcpy(nbytes, device="cuda"),
+            "cuda memcpy",
+            "device shards into preallocated device shards",
+        )
+        for slicing in ("sender", "receiver")
+    ]
