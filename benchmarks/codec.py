@@ -7,6 +7,8 @@
   the codec costs on top of the transport;
 - strided source: sender-side slicing leaves non-contiguous head slices, which encode
   copies once into the sender's reused staging buffer (``encode(out=...)``);
+- checksums: CRC-32C (hardware, the ``crc32c`` package) against zlib's CRC-32, in the
+  codec and alone [WIRE-6, WIRE-7];
 - from CUDA (when present): encode copies device memory to host, against a plain
   device-to-host copy of the same bytes.
 """
@@ -21,6 +23,7 @@ from kvspec.tensors.reshard import send, shard
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
+from kvspec.transport.checksums import FAST_CRC32C, crc32, crc32c, crc32c_hardware
 from kvspec.transport.payload import Payload, payload_from_shipment
 from kvspec.transport.wire import decode, encode, staging_nbytes
 
@@ -38,6 +41,34 @@ def _payloads(seq_len: int, target_tp: int, device: str = "cpu") -> list[Payload
 
 def _nbytes(payloads: list[Payload]) -> int:
     return sum(t.nbytes for p in payloads for _, _, t in p.tensors())
+
+
+def _checksums(whole: Payload, nbytes: int, mib: str) -> list[Figure]:
+    """Encode+decode with CRC-32Cs [WIRE-7] against the same with zlib's CRC-32s [WIRE-6]
+    (ratio > 1: CRC-32C is faster), and each checksum alone over the same bytes: what
+    chose the sim's algorithm (:func:`kvspec.transport.checksums.fastest`)."""
+    if not FAST_CRC32C:
+        return []  # a pure-Python CRC-32C is for reading a message, not for bulk data
+    flat = memoryview(torch.ones(nbytes, dtype=torch.uint8).numpy())
+    how = "hardware" if crc32c_hardware() else "compiled software"
+    return [
+        compare(
+            f"codec encode+decode with CRC-32C vs CRC-32 ({mib})",
+            nbytes,
+            lambda: decode(encode(whole, checksum="crc32c")),
+            lambda: decode(encode(whole, checksum="crc32")),
+            "the same with zlib CRC-32",
+            note=f"CRC-32C in {how} (crc32c package); both read every byte twice",
+        ),
+        compare(
+            f"CRC-32C alone ({mib})",
+            nbytes,
+            lambda: crc32c(flat, 0),
+            lambda: crc32(flat, 0),
+            "zlib CRC-32",
+            note=f"CRC-32C in {how}; the ratio is its speed-up over zlib",
+        ),
+    ]
 
 
 def run(quick: bool) -> list[Figure]:
@@ -98,6 +129,8 @@ def run(quick: bool) -> list[Figure]:
             note="encode copies 1 KiB head-slice runs into a reused staging buffer once",
         )
     )
+
+    figures += _checksums(whole, nbytes, mib)
 
     if torch.cuda.is_available():
         (on_gpu,) = _payloads(seq_len, 1, device="cuda")

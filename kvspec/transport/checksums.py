@@ -69,6 +69,13 @@ FAST_CRC32C = _crc32c_package is not None
 the CPU has the instruction, else its C slicing-by-8."""
 
 crc32c: Checksum = _crc32c_package_call if FAST_CRC32C else crc32c_pure
+
+
+def crc32c_hardware() -> bool:
+    """Whether the CPU's CRC-32C instruction computes :func:`crc32c` (``crc32c.hardware_based``)."""
+    return bool(FAST_CRC32C and getattr(_crc32c_package, "hardware_based", False))
+
+
 """CRC-32C of a bytes-like object, from an initial value [WIRE-7]."""
 
 
