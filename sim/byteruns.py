@@ -22,7 +22,6 @@ before writing a byte.
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,12 +123,12 @@ def framing(runs: Runs) -> Framing:
     return Framing(runs, tuple(groups))
 
 
-def _as_rows(region: torch.Tensor, row: int) -> torch.Tensor:
+def _as_rows(region: np.ndarray, row: int) -> np.ndarray:
     """A flat byte region as rows of ``row`` bytes (8-byte words where they fit)."""
-    usable = region[: region.numel() // row * row]
-    if row % 8 == 0 and usable.data_ptr() % 8 == 0:
-        return usable.view(torch.int64).view(-1, row // 8)
-    return usable.view(-1, row)
+    usable = region[: region.size // row * row]
+    if row % 8 == 0 and usable.ctypes.data % 8 == 0:
+        return usable.view(np.int64).reshape(-1, row // 8)
+    return usable.reshape(-1, row)
 
 
 def packed_nbytes(framing: Framing) -> int:
@@ -161,11 +160,13 @@ def frames_from(
         staging = torch.empty(need, dtype=torch.uint8)
     if staging.numel() < need:
         raise ValueError(f"staging holds {staging.numel()} bytes; this message packs {need}")
-    frames, at = [], 0
+    # NumPy's one-thread gather: torch's parallel copy waits for its second thread at
+    # every call, ~20 ms each on a busy 2-core machine (kvspec.tensors.copying).
+    flat, frames, at = staging.numpy(), [], 0
     for g in framing.groups:
-        out = _as_rows(staging[at : at + g.nbytes], g.row)
-        torch.index_select(_as_rows(regions[g.src_region], g.row), 0, g.src_rows, out=out)
-        frames.append(memoryview(staging[at : at + g.nbytes].numpy()))
+        out = _as_rows(flat[at : at + g.nbytes], g.row)
+        np.take(_as_rows(regions[g.src_region].numpy(), g.row), g.src_rows.numpy(), 0, out=out)
+        frames.append(memoryview(flat[at : at + g.nbytes]))
         at += g.nbytes
     return frames
 
@@ -198,18 +199,11 @@ def land(framing: Framing, frames: Sequence[Any], regions: Sequence[torch.Tensor
         ):
             flat[r][o : o + n] = np.frombuffer(frame, dtype=np.uint8)
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # a read-only frame: it is only read
-        for g, frame in zip(framing.groups, frames, strict=True):
-            data = torch.frombuffer(frame, dtype=torch.uint8) if g.nbytes else None
-            if data is None:
-                continue
-            target = _as_rows(regions[g.dst_region], g.row)
-            source = data.view(-1, g.row)
-            if target.dtype == torch.int64:
-                source = (
-                    data.view(torch.int64).view(-1, g.row // 8)
-                    if data.data_ptr() % 8 == 0
-                    else data.clone().view(torch.int64).view(-1, g.row // 8)
-                )
-            target.index_copy_(0, g.dst_rows, source)
+    for g, frame in zip(framing.groups, frames, strict=True):
+        if not g.nbytes:
+            continue
+        data = np.frombuffer(frame, dtype=np.uint8)
+        target = _as_rows(regions[g.dst_region].numpy(), g.row)
+        if target.dtype == np.int64 and data.ctypes.data % 8:
+            data = data.copy()  # an odd-aligned frame: realigned once
+        target[g.dst_rows.numpy()] = data.view(target.dtype).reshape(-1, target.shape[1])

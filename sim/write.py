@@ -32,13 +32,17 @@ from kvspec.memory.paged import blocks_needed
 from kvspec.topology.tokens import Tokens
 from kvspec.transport.checksums import ALGORITHMS, checksum_of, fastest
 from sim import messages
-from sim.byteruns import Framing, frames_from, framing, land
+from sim.byteruns import Framing, frames_from, framing, land, packed_nbytes
 from sim.pull import PullAgent, _pick
+from sim.staging import Slot, StagingRing
 from sim.workload import edge_chunks
 
 if TYPE_CHECKING:
     from sim.rank import Rank
 
+
+STAGING_SLOTS = 4
+"""Packed messages a sender has in flight before it waits for zmq to let one go."""
 
 PREPARED = 256
 """Keys per rank and direction whose runs are framed before the run starts."""
@@ -54,6 +58,7 @@ class WriteAgent(PullAgent):
         self.algorithm = fastest()
         self.keys_by_request: dict[str, list[str]] = defaultdict(list)
         self.framings: dict[str, Framing] = {}
+        self.ring = StagingRing(STAGING_SLOTS, 0, pin=False)
 
     def start(self) -> None:
         rank = self.rank
@@ -133,7 +138,9 @@ class WriteAgent(PullAgent):
         self.answered.add(key)
         rank._maybe_die(sending=True)
         made = self._framed(key, request_id, chunk, rank.who.rank, dst, as_sender=True)
-        data = self._frames(made)
+        data, slot = self._frames(made)
+        if slot is not None and rank.config.faults.any:
+            data, slot = [bytes(f) for f in data], None  # faults keep frames back
         seq = rank.next_seq[dst]
         rank.next_seq[dst] += 1
         checksum = rank.config.checksum
@@ -162,15 +169,21 @@ class WriteAgent(PullAgent):
         if faults.hit("reorder"):
             rank.held[dst].append((key, frames, seq))
             return
-        rank._put(dst, frames)
+        rank._put(dst, frames, slot=slot)
         if faults.hit("dup"):
             rank._put(dst, frames)
             book.inject("dup", key)
         rank._release_held(dst, overtaken=True)
 
-    def _frames(self, made: Framing) -> list[Any]:
-        """The frames, from cache memory: views of it, or runs packed into fresh memory."""
-        return frames_from(made, self.regions)
+    def _frames(self, made: Framing) -> tuple[list[Any], Slot | None]:
+        """The frames, from cache memory: views of it, or runs packed into a slot of the
+        rank's staging ring [sim.staging] — reused memory, not fresh pages that fault on
+        first touch — held until zmq lets the frames go."""
+        if not made.packed:
+            return frames_from(made, self.regions), None
+        need = packed_nbytes(made)
+        slot = self.ring.acquire(need, wait=lambda: self.rank._pump(20))
+        return frames_from(made, self.regions, slot.view(need)), slot
 
     # -- receiver ----------------------------------------------------------------------------
     def post_reads(self) -> None:
