@@ -94,7 +94,13 @@ def _raw_zmq_seconds(edges: list[tuple[int, int, int, int, int]]) -> float:
     return last - first
 
 
+THROUGHPUT_TRANSFERS: tuple[str, ...] = ("push", "write")
+"""Payloads pushed [WIRE-1], and byte runs written from cache to cache (sim.write)."""
+
 _CHECKSUM_NAMES = {"crc32": "CRC-32", "crc32c": "CRC-32C"}
+
+THROUGHPUT_TRANSFERS: tuple[str, ...] = ("push", "write")
+"""Payloads pushed [WIRE-1], and byte runs written from cache to cache (sim.write)."""
 
 _CHECKSUM_NAMES = {"crc32": "CRC-32", "crc32c": "CRC-32C"}
 
@@ -112,7 +118,7 @@ def _throughput(quick: bool) -> list[Figure]:
     request_bytes = seq_len * model.num_layers * model.num_kv_heads * model.head_dim * 2 * 2
     figures = []
     for source_tp, target_tp in THROUGHPUT_PAIRS:
-        for transfer in ("push", "write"):
+        for transfer in THROUGHPUT_TRANSFERS:
             for checksum in (False, True):
                 config = SimConfig(
                     stages=(StageLayout(source_tp), StageLayout(target_tp)),
