@@ -41,7 +41,8 @@ from typing import Any
 import multiprocess
 import zmq
 
-from kvspec.memory.cache_layout import get_layout, layouts_for
+from kvspec.memory.cache_layout import PRESETS, CacheShape, empty_cache, get_layout, layouts_for
+from kvspec.memory.records import check_holds
 from kvspec.naming.keys import RankAwareKey, parse_key
 from sim import messages
 from sim.accounting import RANK_FAULTS, Ledger
@@ -75,20 +76,7 @@ def validate(config: SimConfig) -> None:
             layout.check_block_size(config.layout_of(stage)[1])
         except ValueError as error:
             raise ValueError(f"stage {stage} ({layout.describe()}), {name}: {error}") from None
-    held = layouts_for(config.model.attention, cross_layer=True)
-    for name in (config.src_layout, config.dst_layout):
-        if not get_layout(name).plain:
-            raise ValueError(
-                f"cache layout {name!r} keeps inline scales (a record of "
-                f"{len(get_layout(name).fields())} fields) that the coordinate-hash oracle does "
-                "not fill; the sim moves the "
-                f"presets whose cells are K and V or a latent: {', '.join(held)} [LAYOUT-6]"
-            )
-        if name not in held:
-            raise ValueError(
-                f"cache layout {name!r} cannot hold an {config.model.attention} cache; use one "
-                f"of {', '.join(held)} [LAYOUT-1]"
-            )
+    check_layouts(config)
     for name, size in (
         ("--src-block-size", config.src_block_size),
         ("--dst-block-size", config.dst_block_size),
@@ -107,6 +95,85 @@ def validate(config: SimConfig) -> None:
         if config.ports == "spec":
             check_ports(config)
     check_fits(config)
+
+
+def check_layouts(config: SimConfig) -> None:
+    """Refuse cache layouts that cannot hold the model, or a pair whose cells hold other
+    information, naming the presets each can be paired with [LAYOUT-1, LAYOUT-6, ORACLE-6]."""
+    model = config.model
+    held = layouts_for(model.attention, cross_layer=True)
+    for flag, name in (("--src-layout", config.src_layout), ("--dst-layout", config.dst_layout)):
+        spec = get_layout(name)
+        if spec.plain and name not in held:
+            raise ValueError(
+                f"cache layout {name!r} cannot hold an {model.attention} cache; use one "
+                f"of {', '.join(held)} [LAYOUT-1]"
+            )
+        try:
+            check_holds(spec, model)
+            per_layer = get_layout(spec.per_layer or spec.name)
+            empty_cache(  # every rule of the layout, nothing allocated [LAYOUT-5, LAYOUT-6]
+                per_layer,
+                CacheShape(model.kv_tensors, 1, 1, 1, model.head_dim),
+                model.dtype,
+                "meta",
+            )
+        except ValueError as error:
+            could = _pairable(config, name) or ("none",)
+            raise ValueError(
+                f"{flag} {name} cannot hold {model.describe()}: {error}; the presets that can "
+                f"are: {', '.join(_holding(config)) or 'none'} (with {name}: {', '.join(could)})"
+            ) from None
+    src, dst = config.src_layout, config.dst_layout
+    if _information(config, src) != _information(config, dst):
+        raise ValueError(
+            f"cache layouts {src} -> {dst} do not hold the same information for "
+            f"{model.describe()}: a {src} cell holds {_fields(config, src)}, a {dst} cell "
+            f"{_fields(config, dst)}; nothing is dropped or made up. {src} pairs with "
+            f"{', '.join(_pairable(config, src))}; {dst} pairs with "
+            f"{', '.join(_pairable(config, dst))} [LAYOUT-6]"
+        )
+    if config.records and config.transfer == "push":
+        raise ValueError(
+            f"cache layouts {src} -> {dst} keep inline scales or a fixed record per cell, which "
+            "a push payload has no place for (it carries K and V, or a latent, per layer "
+            "[PAYLOAD-1]); move them with --transfer pull, whose descriptors carry every field "
+            "[DESC-1]"
+        )
+
+
+def _information(config: SimConfig, name: str) -> tuple[tuple[str, str, int], ...]:
+    model = config.model
+    return get_layout(name).information(model.dtype, model.head_dim, model.kv_tensors)
+
+
+def _fields(config: SimConfig, name: str) -> str:
+    return ", ".join(f"{f} ({w} x {d})" for f, d, w in _information(config, name))
+
+
+def _holding(config: SimConfig) -> list[str]:
+    """Every preset whose cells can hold the run's model [LAYOUT-5, ORACLE-6]."""
+    model, out = config.model, []
+    for name, spec in PRESETS.items():
+        try:
+            check_holds(spec, model)
+            per_layer = get_layout(spec.per_layer or name)
+            empty_cache(
+                per_layer,
+                CacheShape(model.kv_tensors, 1, 1, 1, model.head_dim),
+                model.dtype,
+                "meta",
+            )
+        except ValueError:
+            continue
+        out.append(name)
+    return out
+
+
+def _pairable(config: SimConfig, name: str) -> list[str]:
+    """The presets that hold the model with the same information as ``name`` [LAYOUT-6]."""
+    want = _information(config, name)
+    return [n for n in _holding(config) if _information(config, n) == want]
 
 
 def check_host(host: str) -> None:

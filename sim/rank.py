@@ -44,6 +44,13 @@ from kvspec.memory.paged import (
     gather_request,
     scatter_request,
 )
+from kvspec.memory.records import (
+    FieldVerdict,
+    gather_fields,
+    record_fill,
+    scatter_fields,
+    verify_fields,
+)
 from kvspec.naming.keys import parse_key, recv_keys, send_keys
 from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
@@ -254,6 +261,17 @@ class Rank:
         for request in self.workload.requests:
             if not self._held(request):
                 continue  # none of it lives here: another DP group's, or no token of it
+            if self.config.records:  # every field of every cell, scales too [ORACLE-6]
+                fields = record_fill(
+                    self.model,
+                    self.cache.layout,
+                    request.request_id,
+                    **self._region(request),
+                    seed=self.config.seed,
+                    device=self.device,
+                )
+                scatter_fields(fields, self.cache, self.tables[request.request_id])
+                continue
             kv = oracle_kv(
                 self.model,
                 request.request_id,
@@ -1341,10 +1359,21 @@ class Rank:
                 self._recheck(oldest)
             self.pool.release(oldest)
 
-    def _oracle_verdict(self, request_id: str) -> Verdict:
+    def _oracle_verdict(self, request_id: str) -> Verdict | FieldVerdict:
         """Every element this rank holds of ``request_id``, against the oracle: its own
-        tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]."""
+        tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]; of a
+        record cache, every byte of every field, inline scales included [ORACLE-6]."""
         request = self.requests[request_id]
+        if self.config.records:
+            fields = gather_fields(self.cache, self.tables[request_id], self._held(request))
+            return verify_fields(
+                fields,
+                self.model,
+                self.cache.layout,
+                request_id,
+                **self._region(request),
+                seed=self.config.seed,
+            )
         stored = gather_request(self.cache, self.tables[request_id], self._held(request))
         return verify(
             stored, self.model, request_id, **self._region(request), seed=self.config.seed

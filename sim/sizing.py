@@ -32,7 +32,7 @@ def cache_bytes(config: SimConfig) -> int:
         slots = config.requests * blocks_needed(config.seq_len[1], block_size) * block_size
         for rank in layout.ranks():
             owner = rank_ownership(layout, model, rank)
-            per_slot = len(owner.layers) * len(owner.heads) * model.bytes_per_token_per_head_layer
+            per_slot = len(owner.layers) * len(owner.heads) * config.cell_bytes
             total += slots * per_slot
     return total * config.replicas
 
@@ -116,7 +116,10 @@ def max_pull_range(config: SimConfig) -> int:
     request (ranges coalesce across fields, tokens and layers) [DESC-3]."""
     if config.transfer != "pull":
         return 0
-    longest = max((e.bytes_per_token * tokens for e, tokens in _edges(config)), default=0)
+    cell = config.cell_bytes  # every field of a cell, inline scales included [LAYOUT-6]
+    longest = max(
+        (len(e.layers) * len(e.heads) * cell * tokens for e, tokens in _edges(config)), default=0
+    )
     return longest + HEADER_SLACK
 
 
