@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec.clause import Clause, must, refuses
-from kvspec.memory.cache_layout import field_views, get_layout
+from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.layout_model import CacheLayout
 from kvspec.memory.paged import PagedCache, check_block_ids
 from kvspec.tensors.dtypes import FLOAT_FORMATS, bits_view, raw_bits
