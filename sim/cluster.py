@@ -133,13 +133,6 @@ def check_layouts(config: SimConfig) -> None:
             f"{', '.join(_pairable(config, src))}; {dst} pairs with "
             f"{', '.join(_pairable(config, dst))} [LAYOUT-6]"
         )
-    if config.records and config.transfer == "push":
-        raise ValueError(
-            f"cache layouts {src} -> {dst} keep inline scales or a fixed record per cell, which "
-            "a push payload has no place for (it carries K and V, or a latent, per layer "
-            "[PAYLOAD-1]); move them with --transfer pull, whose descriptors carry every field "
-            "[DESC-1]"
-        )
 
 
 def _information(config: SimConfig, name: str) -> tuple[tuple[str, str, int], ...]:

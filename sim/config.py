@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvspec.memory.cache_layout import get_layout
-from kvspec.memory.records import cell_bytes
+from kvspec.memory.records import carrier_model, cell_bytes
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from sim.faults import FaultSpec, check_rank_faults, parse_faults
@@ -224,6 +224,14 @@ class SimConfig:
         """Whether the caches' cells are records with inline scales or a fixed format, whose
         every field the oracle fills and the receiver checks [LAYOUT-6, ORACLE-6]."""
         return not all(get_layout(n).plain for n in (self.src_layout, self.dst_layout))
+
+    @property
+    def transfer_model(self) -> ModelShape:
+        """The model pushed payloads are planned, cut and merged by: a record cache's
+        requests travel as rows of bytes [LAYOUT-7]; every other cache's as the model's."""
+        if self.records and self.transfer == "push":
+            return carrier_model(self.model, self.src_layout)
+        return self.model
 
     @property
     def cell_bytes(self) -> int:

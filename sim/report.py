@@ -405,7 +405,7 @@ def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int
     """(replica, stage, src, dst) -> bytes the plan says the run's requests move [PLAN-5]."""
     planned: dict[tuple[int, int, int, int], int] = defaultdict(int)
     # A record cache moves every field of a cell, inline scales too [LAYOUT-6, DESC-1].
-    cell, kv_bytes = config.cell_bytes, config.model.bytes_per_token_per_head_layer
+    cell, kv_bytes = config.cell_bytes, config.transfer_model.bytes_per_token_per_head_layer
     for replica in range(config.replicas):
         workload = Workload(config, replica)
         for stage in range(config.last_stage):

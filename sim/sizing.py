@@ -75,7 +75,7 @@ def check_fits(config: SimConfig, *, fraction: float = 0.8) -> None:
 def max_data_frame(config: SimConfig) -> int:
     """The largest frame a receiver of this run can legitimately get: one layer's K (or
     V, or latent) of the longest request, every head a sender holds, plus header room."""
-    model = config.model
+    model = config.transfer_model  # a record cache's rows carry its scales [LAYOUT-7]
     longest = 0
     for layout in config.stages[:-1]:
         heads = max(len(rank_ownership(layout, model, r).heads) for r in layout.ranks())

@@ -449,7 +449,7 @@ def scatter_request(
     where = f"KV scattered into a paged {cache.dtype} cache"
     check_scales(kv.scales, cache.dtype, layers=cache.num_layers, kv_tensors=shape.kv, where=where)
     if cache.scales is not None and kv.scales is not None:
-        _check_same_scales(kv.scales, cache.scales)
+        check_same_scales(kv.scales, cache.scales)
 
     blocks, last, in_full, rest = _block_split(ids, shape.block_size, seq_len, cache.device)
     data = data.to(cache.device)
@@ -465,7 +465,7 @@ def scatter_request(
                 copy_bits(target[last, :rest], source[in_full:])
 
 
-def _check_same_scales(incoming: torch.Tensor, own: torch.Tensor) -> None:
+def check_same_scales(incoming: torch.Tensor, own: torch.Tensor) -> None:
     """Refuse KV quantised with other scales than the cache's [PAGED-5]."""
     if bit_equal(own, incoming.to(own.device)):
         return

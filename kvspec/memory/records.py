@@ -18,15 +18,16 @@ for bit, and names the first differing element in global coordinates [ORACLE-6].
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from kvspec.clause import Clause, must, refuses
 from kvspec.memory.cache_layout import get_layout
-from kvspec.memory.layout_model import CacheLayout
-from kvspec.memory.paged import PagedCache, check_block_ids
-from kvspec.tensors.dtypes import FLOAT_FORMATS, bits_view, raw_bits
+from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout, Field
+from kvspec.memory.paged import PagedCache, check_block_ids, check_same_scales
+from kvspec.tensors.dtypes import FLOAT_FORMATS, bits_view, raw_bits, torch_dtype
+from kvspec.tensors.kv import RequestKV, check_scales
 from kvspec.tensors.oracle import PRIME, _values, absorb, mix, oracle_kv, region, request_value
 from kvspec.topology.model import ModelShape
 from kvspec.topology.tokens import Tokens
@@ -38,6 +39,28 @@ ORACLE_FIELDS = {"k": 0, "v": 1, "latent": 0}
 """Fields that are ORACLE-1's elements, and the kv index each is [ORACLE-6]."""
 
 CLAUSES = (
+    Clause(
+        "LAYOUT-7",
+        "A record travels as its rows of bytes",
+        "A request of a cache whose cells are records [LAYOUT-6] travels — in payloads, on "
+        "the wire, resharded and merged [PAYLOAD-1, WIRE-1, RESHARD-3] — as rows of bytes, "
+        "the way vLLM widens head_size to inline its scales: each cell's fields in record "
+        "order, split into one row per K/V tensor (a packed per-token-head record at field v: "
+        "K and its scale, then V and its scale; a latent record is one row), the bytes as "
+        "one-byte elements of the cache's dtype. The request form is then that of the model "
+        "with head_dim = a row's bytes, and every rule that moves it moves it as bits "
+        "[DTYPE-2]; reading the fields back from the rows gives every field, inline scales "
+        "included, bit for bit. A layout without a record (K and V travel as themselves), a "
+        "record of a wider cache dtype, or K and V rows of different bytes, is refused.",
+        obligations=(
+            must(
+                "each row is its cell's fields' bytes in record order: K and its scale, then V "
+                "and its scale (a latent record: one row)"
+            ),
+            must("reading the fields back from the rows gives every field bit for bit"),
+            refuses("a layout without a record (K and V, or a latent, travel as themselves)"),
+        ),
+    ),
     Clause(
         "ORACLE-6",
         "Every field of a record by coordinate",
@@ -67,6 +90,103 @@ CLAUSES = (
         ),
     ),
 )
+
+
+def _rows(spec: CacheLayout, model: ModelShape) -> tuple[tuple[Field, ...], ...]:
+    """The fields of each K/V row of a cell, in record order [LAYOUT-7]."""
+    fields = spec.fields(model.kv_tensors)
+    if model.kv_tensors == 1:
+        return (fields,)
+    at = [f.name for f in fields].index("v")
+    return (fields[:at], fields[at:])
+
+
+def carrier_model(model: ModelShape, layout: str | CacheLayout) -> ModelShape:
+    """The model a record cache's requests travel as: ``model`` with head_dim the bytes of
+    one K/V row of a cell, in one-byte elements of its dtype [LAYOUT-7]."""
+    spec = check_holds(layout, model)
+    if spec.plain:
+        raise ValueError(
+            f"layout {spec.name} holds K and V (or a latent) and no record: they travel as "
+            "themselves, not as record rows [LAYOUT-7, PAYLOAD-1]"
+        )
+    if FIELD_DTYPES[model.dtype].itemsize != 1:
+        raise ValueError(
+            f"a {spec.name} record of a {model.dtype} cache cannot travel as one-byte elements "
+            "[LAYOUT-7]"
+        )
+    sizes = [sum(f.nbytes(model.dtype, model.head_dim) for f in row) for row in _rows(spec, model)]
+    if len(set(sizes)) != 1:
+        raise ValueError(
+            f"a {spec.name} cell's K and V rows have {sizes} bytes; they must be equal [LAYOUT-7]"
+        )
+    return replace(model, head_dim=sizes[0])
+
+
+def record_rows(
+    fields: Mapping[str, torch.Tensor], model: ModelShape, layout: str | CacheLayout
+) -> torch.Tensor:
+    """A request's fields (each ``[layers, seq, heads, width]``) as the rows it travels as,
+    ``[layers, kv, seq, heads, row bytes]`` in one-byte elements of ``model``'s dtype: each
+    row its fields' bytes in record order, K's value and scale, then V's [LAYOUT-7]."""
+    spec = get_layout(layout)
+    carrier = carrier_model(model, spec)
+    rows = []
+    for row in _rows(spec, model):
+        missing = [f.name for f in row if f.name not in fields]
+        if missing:
+            raise ValueError(f"fields {missing} of a {spec.name} cell are missing [LAYOUT-7]")
+        rows.append(torch.cat([fields[f.name].contiguous().view(torch.uint8) for f in row], -1))
+    data = torch.stack(rows, dim=1)
+    assert data.shape[-1] == carrier.head_dim
+    return data.view(torch_dtype(model.dtype))
+
+
+def row_fields(
+    rows: torch.Tensor, model: ModelShape, layout: str | CacheLayout
+) -> dict[str, torch.Tensor]:
+    """The fields of rows ``[layers, kv, seq, heads, row bytes]``, each ``[layers, seq, heads,
+    width]`` in its own dtype, bit for bit [LAYOUT-7]."""
+    spec = get_layout(layout)
+    carrier = carrier_model(model, spec)
+    if rows.dim() != 5 or rows.shape[1] != model.kv_tensors or rows.shape[-1] != carrier.head_dim:
+        raise ValueError(
+            f"rows of shape {list(rows.shape)} are not {spec.name} rows of {model.describe()}: "
+            f"expected [layers, {model.kv_tensors}, seq, heads, {carrier.head_dim}] [LAYOUT-7]"
+        )
+    raw = rows.view(torch.uint8)
+    out: dict[str, torch.Tensor] = {}
+    for k, row in enumerate(_rows(spec, model)):
+        at = 0
+        for f in row:
+            dtype, _ = f.resolve(model.dtype, model.head_dim)
+            size = f.nbytes(model.dtype, model.head_dim)
+            out[f.name] = raw[:, k, ..., at : at + size].contiguous().view(FIELD_DTYPES[dtype])
+            at += size
+    return out
+
+
+def gather_rows(
+    cache: PagedCache, model: ModelShape, block_ids: Sequence[int] | torch.Tensor, seq_len: int
+) -> RequestKV:
+    """A request of a record cache as the rows it travels as, with the cache's fp8 scales
+    [LAYOUT-7, PAGED-4]: a :class:`RequestKV` of :func:`carrier_model`."""
+    rows = record_rows(gather_fields(cache, block_ids, seq_len), model, cache.layout)
+    return RequestKV(rows, None if cache.scales is None else cache.scales.clone())
+
+
+def scatter_rows(
+    kv: RequestKV, cache: PagedCache, model: ModelShape, block_ids: Sequence[int] | torch.Tensor
+) -> None:
+    """Write a request's rows into a record cache's blocks, every field bit for bit; its
+    scales must be the cache's [LAYOUT-7, PAGED-5]."""
+    where = f"record rows scattered into a paged {cache.dtype} cache"
+    check_scales(
+        kv.scales, cache.dtype, layers=cache.num_layers, kv_tensors=model.kv_tensors, where=where
+    )
+    if cache.scales is not None and kv.scales is not None:
+        check_same_scales(kv.scales, cache.scales)
+    scatter_fields(row_fields(kv.data.to(cache.device), model, cache.layout), cache, block_ids)
 
 
 def check_holds(layout: str | CacheLayout, model: ModelShape) -> CacheLayout:
