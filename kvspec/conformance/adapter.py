@@ -61,6 +61,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "oracle": ("oracle_fill",),
     "verifier": ("oracle_verify",),
     "record-oracle": ("record_fill", "record_verify"),
+    "record-rows": ("record_rows", "record_fields"),
     "keys": ("rank_aware_key", "legacy_key"),
     "edge-keys": ("send_keys", "recv_keys"),
     "ports": ("kv_port",),
@@ -390,6 +391,16 @@ class Adapter:
     ) -> int:
         """How many elements of ``fields`` (every field, inline scales included) differ from
         the oracle's [ORACLE-6]."""
+        raise NotProvided
+
+    def record_rows(self, fields: Mapping[str, Any], model: ModelShape, layout: str) -> Any:
+        """A record cache's request fields (each ``[layers, seq, heads, width]``) as the
+        rows of bytes it travels as, ``[layers, kv, seq, heads, row bytes]`` in one-byte
+        elements of ``model``'s dtype [LAYOUT-7]; raise for a layout without a record."""
+        raise NotProvided
+
+    def record_fields(self, rows: Any, model: ModelShape, layout: str) -> Mapping[str, Any]:
+        """The fields read back from rows of bytes, each in its own dtype [LAYOUT-7]."""
         raise NotProvided
 
     # keys and ports -------------------------------------------------------------------
