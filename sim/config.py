@@ -230,7 +230,8 @@ class SimConfig:
         """The model pushed payloads are planned, cut and merged by: a record cache's
         requests travel as rows of bytes [LAYOUT-7]; every other cache's as the model's."""
         if self.records and self.transfer == "push":
-            return carrier_model(self.model, self.src_layout)
+            plain = get_layout(self.src_layout).plain
+            return carrier_model(self.model, self.dst_layout if plain else self.src_layout)
         return self.model
 
     @property
