@@ -44,6 +44,7 @@ import zmq
 from kvspec.memory.cache_layout import PRESETS, CacheShape, empty_cache, get_layout, layouts_for
 from kvspec.memory.records import check_holds
 from kvspec.naming.keys import RankAwareKey, parse_key
+from kvspec.topology.model import ModelShape
 from sim import messages
 from sim.accounting import RANK_FAULTS, Ledger
 from sim.auth import RunSecret
@@ -65,6 +66,7 @@ Progress = Callable[[int, int, int, float], None]
 
 def validate(config: SimConfig) -> None:
     """Refuse a run the spec refuses, before any process starts [PLAN-1, PORT-3, LAYOUT-1]."""
+    check_layouts(config)  # first: a record cache's plans are by its rows [LAYOUT-7]
     workload = Workload(config, 0)  # every group's requests have the same lengths
     for stage in range(config.last_stage):
         plans = workload.plans(stage)
@@ -76,7 +78,6 @@ def validate(config: SimConfig) -> None:
             layout.check_block_size(config.layout_of(stage)[1])
         except ValueError as error:
             raise ValueError(f"stage {stage} ({layout.describe()}), {name}: {error}") from None
-    check_layouts(config)
     for name, size in (
         ("--src-block-size", config.src_block_size),
         ("--dst-block-size", config.dst_block_size),
@@ -109,21 +110,12 @@ def check_layouts(config: SimConfig) -> None:
                 f"cache layout {name!r} cannot hold an {model.attention} cache; use one "
                 f"of {', '.join(held)} [LAYOUT-1]"
             )
-        try:
-            check_holds(spec, model)
-            per_layer = get_layout(spec.per_layer or spec.name)
-            empty_cache(  # every rule of the layout, nothing allocated [LAYOUT-5, LAYOUT-6]
-                per_layer,
-                CacheShape(model.kv_tensors, 1, 1, 1, model.head_dim),
-                model.dtype,
-                "meta",
-            )
-        except ValueError as error:
-            could = _pairable(config, name) or ("none",)
+        why = _cannot_hold(name, model)
+        if why is not None:
             raise ValueError(
-                f"{flag} {name} cannot hold {model.describe()}: {error}; the presets that can "
-                f"are: {', '.join(_holding(config)) or 'none'} (with {name}: {', '.join(could)})"
-            ) from None
+                f"{flag} {name} cannot hold {model.describe()}: {why}; the presets that can "
+                f"are: {', '.join(_holding(config)) or 'none'}"
+            )
     src, dst = config.src_layout, config.dst_layout
     if _information(config, src) != _information(config, dst):
         raise ValueError(
@@ -144,23 +136,26 @@ def _fields(config: SimConfig, name: str) -> str:
     return ", ".join(f"{f} ({w} x {d})" for f, d, w in _information(config, name))
 
 
+def _cannot_hold(name: str, model: ModelShape) -> str | None:
+    """Why preset ``name`` cannot hold ``model``'s cache, or None: every rule of the layout
+    (K/V count, dtype, fixed width, field alignment), nothing allocated [LAYOUT-5, ORACLE-6]."""
+    spec = get_layout(name)
+    try:
+        check_holds(spec, model)
+        empty_cache(
+            get_layout(spec.per_layer or name),
+            CacheShape(model.kv_tensors, 1, 1, 1, model.head_dim),
+            model.dtype,
+            "meta",
+        )
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def _holding(config: SimConfig) -> list[str]:
     """Every preset whose cells can hold the run's model [LAYOUT-5, ORACLE-6]."""
-    model, out = config.model, []
-    for name, spec in PRESETS.items():
-        try:
-            check_holds(spec, model)
-            per_layer = get_layout(spec.per_layer or name)
-            empty_cache(
-                per_layer,
-                CacheShape(model.kv_tensors, 1, 1, 1, model.head_dim),
-                model.dtype,
-                "meta",
-            )
-        except ValueError:
-            continue
-        out.append(name)
-    return out
+    return [name for name in PRESETS if _cannot_hold(name, config.model) is None]
 
 
 def _pairable(config: SimConfig, name: str) -> list[str]:
