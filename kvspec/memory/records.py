@@ -13,6 +13,14 @@ A request's fields are read out of (:func:`gather_fields`) and written into
 [PAGED-1..3]: token t in block ``block_ids[t // b]`` at slot ``t % b``, as bits
 [DTYPE-2]; :func:`verify_fields` compares them with the oracle, field by field, bit
 for bit, and names the first differing element in global coordinates [ORACLE-6].
+
+Between caches, a record travels as rows of its bytes [LAYOUT-7] — what vLLM does when
+it widens head_size to inline the scales: :func:`record_rows` lays each cell out as
+one row per K/V tensor (K and its scale, then V and its scale; a latent record whole)
+of one-byte elements of the cache's dtype, so a request of a record cache is a
+:class:`~kvspec.tensors.kv.RequestKV` of :func:`carrier_model` that every push rule
+(payload, wire, resharding, merging) moves as bits; :func:`row_fields` reads the
+fields back, bit for bit.
 """
 
 from __future__ import annotations
@@ -93,7 +101,14 @@ CLAUSES = (
 
 
 def _rows(spec: CacheLayout, model: ModelShape) -> tuple[tuple[Field, ...], ...]:
-    """The fields of each K/V row of a cell, in record order [LAYOUT-7]."""
+    """The fields of each K/V row of a cell, in record order [LAYOUT-7].
+
+    vLLM reads its per-token-head page the same way: the content axis is two halves of
+    ``padded_hs = content // 2`` elements, ``[K(hs) | K_scale(pad) | V(hs) | V_scale(pad)]``
+    with ``pad = sizeof(float32) / sizeof(cache dtype)`` (vllm 0.33.0,
+    vllm/v1/attention/backends/triton_attn.py: TritonAttentionImpl._ensure_scale_caches,
+    read in the installed wheel).
+    """
     fields = spec.fields(model.kv_tensors)
     if model.kv_tensors == 1:
         return (fields,)
