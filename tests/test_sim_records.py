@@ -5,9 +5,14 @@ of other information are refused, naming the pair and the presets each pairs wit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvspec.memory.cache_layout import PRESETS
+from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout
@@ -162,3 +167,57 @@ def test_cli_moves_an_inline_scale_preset(capsys: pytest.CaptureFixture[str]) ->
     ]
     assert sim_main(argv) == 0
     assert "ALL VERIFIED" in capsys.readouterr().out
+
+
+@st.composite
+def record_configs(draw: st.DrawFn) -> SimConfig:
+    """Record runs over the domain: any TP pair, PP, token shards, chunks, slicing, push or
+    pull, in process [PLAN-1, CP-1, LAYOUT-7, DESC-1]."""
+    src, dst = draw(st.sampled_from(PAIRS))
+    model = _model(src)
+    case = draw(
+        transfer_cases(
+            sizes=(1, 2, 3, 4),
+            max_pp=2,
+            max_layers=3,
+            non_dividing=True,
+            cp_sizes=(1, 2),
+            attention=(model.attention,),
+            dtypes=(model.dtype,),
+        )
+    )
+    # the record's width: FlashMLA's 576-wide latent, or 4-byte aligned inline scales
+    width = 576 if model.attention == "mla" else 4 * draw(st.integers(1, 3))
+    case = replace(case, model=replace(case.model, head_dim=width))
+    sizes = []
+    for stage in (case.source, case.target):  # a block size the stage's token rule fits [CP-2]
+        rule = stage.rule
+        fitted = stage.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1)
+        sizes.append(rule.size if fitted else draw(st.integers(1, 5)))
+    shortest = max(
+        [3] + [2 * x.token_shards for x in (case.source, case.target) if x.rule.kind == "zigzag"]
+    )
+    transfer = draw(st.sampled_from(["push", "pull"]))
+    return SimConfig(
+        stages=(case.source, case.target),
+        model=case.model,
+        policy=case.policy,
+        src_layout=src,
+        dst_layout=dst,
+        src_block_size=sizes[0],
+        dst_block_size=sizes[1],
+        transfer=transfer,
+        slicing=draw(st.sampled_from(["sender", "receiver"])) if transfer == "push" else "sender",
+        requests=2,
+        seq_len=(shortest, shortest + 9),
+        chunks=draw(st.integers(1, 3)),
+        seed=draw(st.integers(0, 1000)),
+        transport="inproc",
+        timeout=60.0,
+    )
+
+
+@given(record_configs())
+@settings(max_examples=12, deadline=None)
+def test_in_process_record_runs_verify_every_field(config: SimConfig) -> None:
+    _all_verified(run_simulation(config))
