@@ -133,6 +133,10 @@ class PullAgent:
         self._registered: dict[tuple[int, int], RegisteredCache] = {}
 
     # -- set-up ----------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Before the ready barrier: what a connector does at registration (nothing more
+        for a pull: its lists are computed as its reads are posted)."""
+
     def start(self) -> None:
         """Register this rank's regions and lay out every read it will post."""
         rank = self.rank

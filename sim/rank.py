@@ -460,6 +460,8 @@ class Rank:
             endpoints = self._await_command("connect")["endpoints"]
             self._connect(endpoints)
             self._handshake()
+            if self.pull is not None:  # pull, write: regions registered, lists prepared
+                self.pull.prepare()
             self._event({"ev": "ready", "sends": bool(self.targets)})
             self._await_command("go")
             if self.pull is not None:  # pull [sim.pull]

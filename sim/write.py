@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 STAGING_SLOTS = 4
 """Packed messages a sender has in flight before it waits for zmq to let one go."""
 
-PREPARED = 256
+PREPARED = 32
 """Keys per rank and direction whose runs are framed before the run starts."""
 
 
@@ -60,7 +60,15 @@ class WriteAgent(PullAgent):
         self.framings: dict[str, Framing] = {}
         self.ring = StagingRing(STAGING_SLOTS, 0, pin=False)
 
+    def prepare(self) -> None:
+        """Before the ready barrier, as a connector registers its memory and prepares its
+        descriptor lists at allocation, off the data path: the regions, and the first
+        :data:`PREPARED` keys each way framed."""
+        self.start()
+
     def start(self) -> None:
+        if self.started:
+            return
         rank = self.rank
         self.buffers = region_buffers(rank.cache)
         self.regions = list(self.buffers.values())
