@@ -51,7 +51,7 @@ from sim.endpoints import RankId
 from sim.sizing import max_receiver_message
 
 MAX_FRAMES = 1 << 16
-"""Frames a manifest may list (the wire format's own frame limit is far below)."""
+"""Frames a manifest may list (a pull answer's ranges included)."""
 MANIFEST_KEY = "p2p"
 
 
@@ -171,10 +171,14 @@ class Carrier:
     def _remote(self, peer: RankId) -> bool:
         return self.link.groups[peer.tag] != self.link.groups[self.who.tag]
 
-    def split(self, peer: RankId, frames: list[Any]) -> tuple[list[Any], list[Any]]:
-        """(what goes on ZMQ, what goes over torch.distributed) for one message to ``peer``."""
+    def split(self, peer: RankId, frames: list[Any]) -> tuple[list[Any], list[Any]] | None:
+        """(what goes on ZMQ, what goes over torch.distributed) for one message to ``peer``;
+        ``None`` when its pair has failed: the message is lost whole (a manifest without
+        its frames would leave the receiver waiting)."""
         if len(frames) < 2 or not self._remote(peer):
             return frames, []
+        if peer.tag in self.broken:
+            return None
         bulk = frames[2:]
         manifest = messages.dump({MANIFEST_KEY: [_nbytes(f) for f in bulk]})
         return [frames[0], frames[1], manifest], bulk
@@ -221,7 +225,8 @@ class Carrier:
 
     def _manifest(self, frame: Any) -> list[int] | None:
         """The frame sizes a manifest lists, or ``None`` when it is not one this run could
-        send (not JSON, too many frames, a size out of range, more than a message holds)."""
+        send (not JSON, too many frames, a frame larger than any of the run's: the limit
+        ZMQ puts on every frame this receiver reads, :func:`sim.sizing.max_receiver_message`)."""
         try:
             sizes = messages.load(frame.buffer, limit=messages.MAX_ENVELOPE + 16 * MAX_FRAMES)
         except messages.MessageError:
@@ -231,7 +236,6 @@ class Carrier:
             not isinstance(sizes, list)
             or len(sizes) > MAX_FRAMES
             or not all(type(n) is int and 0 <= n <= self.limit for n in sizes)
-            or sum(sizes) > self.limit
         ):
             return None
         return sizes

@@ -841,7 +841,11 @@ class Rank:
         assert self.router is not None
         carrier, peer, bulk = self.carrier, self._peer(self.who.stage + 1, dst), []
         if carrier is not None:  # the tensor frames go over torch.distributed [sim.p2p]
-            frames, bulk = carrier.split(peer, frames)
+            parts = carrier.split(peer, frames)
+            if parts is None:  # its pair failed: lost, and reported so by the end-of-stream
+                self.stats["p2p_lost"] += 1
+                return
+            frames, bulk = parts
         message = [self.peers[dst], *frames]
         while True:
             try:
@@ -1246,11 +1250,19 @@ class Rank:
             elif lost[0] in message["end"]:
                 reason = (
                     f"shard {lost[0]} from source rank {src} never arrived intact (it was sent; "
-                    "lost or unreadable on the way)"
+                    "lost or unreadable on the way)" + self._p2p_failure(src)
                 )
             else:
                 reason = f"source rank {src} never sent shard {lost[0]}"
             self._fail(state, reason)
+
+    def _p2p_failure(self, src: int) -> str:
+        """Why the tensor frames from ``src`` stopped coming over torch.distributed, if
+        they did [sim.p2p]."""
+        if self.carrier is None:
+            return ""
+        why = self.carrier.broken.get(self._peer(self.who.stage - 1, src).tag)
+        return f"; its frames over {self.config.transport} failed: {why}" if why else ""
 
     def _complete(self, state: Incoming, received_at: float) -> None:
         """Merge, reassemble and scatter into the cache [PAYLOAD-3, CHUNK-2, PAGED-4]; then

@@ -63,6 +63,16 @@ def test_the_same_runs_verify_over_zmq_and_over_gloo(
     assert "tensor frames over torch.distributed (gloo)" in gloo_run.render()
 
 
+def test_messages_larger_than_a_frame_limit_cross_gloo() -> None:
+    """16 frames of 128 KiB: a message past the per-frame limit (1 MiB here) in total,
+    as every real payload is; the manifest is bounded frame by frame."""
+    model = ModelShape(num_layers=8, num_kv_heads=8, head_dim=128)
+    config = replace(make(1, 1, transport="gloo", requests=2), model=model, seq_len=(64, 64))
+    report = run_simulation(config)
+    assert report.ok, report.render()
+    assert report.bytes_moved == 2 * 64 * 8 * 8 * 128 * 2 * 2
+
+
 def test_a_chain_over_gloo_forwards_what_it_verified() -> None:
     """TP4 -> TP2 -> TP1 in chunks: the middle stage receives and sends over gloo."""
     config = SimConfig(
@@ -175,6 +185,9 @@ def test_the_seam_splits_only_multi_frame_messages_between_processes() -> None:
     wire, bulk = carrier.split(receiver, frames)
     assert wire[:2] == frames[:2] and bulk == frames[2:]
     assert bytes(wire[2]) == b'{"p2p":[10,0]}'
+    assert carrier.split(receiver, [b"notice"]) == ([b"notice"], [])
+    carrier.broken[receiver.tag] = "RuntimeError: connection closed"
+    assert carrier.split(receiver, frames) is None, "a failed pair loses the message whole"
     assert carrier.split(receiver, [b"notice"]) == ([b"notice"], [])
     together = _carrier(config, RankId(0, 0, 3), per_process=5)  # s0k3 and s1k0 share one
     assert together.split(RankId(0, 1, 0), frames) == (frames, [])
