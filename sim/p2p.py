@@ -26,8 +26,9 @@ needs one GPU per rank-hosting process on a host (two processes of a pair must s
 different GPUs); its frames are staged through the GPU (host frame -> device buffer ->
 ``send``; ``recv`` -> host), so both transports carry the same bytes in the same form.
 
-Sends are synchronous: a sender puts a message's manifest on ZMQ, then sends its
-frames and waits until the receiver has taken them. A receiver posts its receives as
+Sends are synchronous per message: a sender puts a message's manifest on ZMQ, posts a
+send for each of its frames and waits until the receiver has taken them all (one
+message in flight per pair; ZMQ queues up to 64). A receiver posts its receives as
 soon as it reads a manifest, so every wait matches a send already under way (data
 flows from stage to stage, so no two ranks wait on each other). Every wait is bounded
 by the run's ``--timeout``; a pair that failed once (a peer died, a link was cut) is
@@ -189,11 +190,11 @@ class Carrier:
         if peer.tag in self.broken:
             return
         dst, tag = self.link.groups[peer.tag], self.link.tag(self.who, peer)
-        try:
-            for frame in bulk:
-                if _nbytes(frame):
-                    tensor = _as_tensor(frame).to(self.device)
-                    self.link.group.send([tensor], dst, tag).wait(self.link.timeout)
+        try:  # every frame posted at once, then waited for: one message in flight per pair
+            tensors = [_as_tensor(f).to(self.device) for f in bulk if _nbytes(f)]
+            works = [self.link.group.send([t], dst, tag) for t in tensors]
+            for work in works:
+                work.wait(self.link.timeout)
         except Exception as error:  # gloo and NCCL raise RuntimeError subclasses
             self.broken[peer.tag] = f"{type(error).__name__}: {str(error)[:200]}"
 
@@ -210,14 +211,12 @@ class Carrier:
             return None
         src, tag = self.link.groups[peer.tag], self.link.tag(peer, self.who)
         out = list(frames[:-1])
-        try:
-            for size in sizes:
-                if not size:
-                    out.append(Received(memoryview(b"")))
-                    continue
-                buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
-                self.link.group.recv([buffer], src, tag).wait(self.link.timeout)
-                out.append(Received(memoryview(buffer.cpu().numpy()).cast("B")))
+        try:  # every receive posted at once (they match the sends in order), then waited for
+            buffers = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in sizes]
+            works = [self.link.group.recv([b], src, tag) for b in buffers if b.numel()]
+            for work in works:
+                work.wait(self.link.timeout)
+            out += [Received(memoryview(b.cpu().numpy()).cast("B")) for b in buffers]
         except Exception as error:
             self.broken[peer.tag] = f"{type(error).__name__}: {str(error)[:200]}"
             return None
