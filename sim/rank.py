@@ -837,7 +837,8 @@ class Rank:
                 self.book.inject("reorder", key)
 
     def _put(self, dst: int, frames: list[Any]) -> None:
-        """Queue frames for receiver ``dst``'s verified connection without blocking the loop."""
+        """Queue frames for receiver ``dst``'s verified connection without blocking the loop
+        (over gloo or NCCL the tensor frames then go, and are waited for [sim.p2p])."""
         assert self.router is not None
         carrier, peer, bulk = self.carrier, self._peer(self.who.stage + 1, dst), []
         if carrier is not None:  # the tensor frames go over torch.distributed [sim.p2p]
