@@ -26,6 +26,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.memory.paged",
     "kvspec.memory.descriptors",
     "kvspec.tensors.oracle",
+    "kvspec.memory.records",
     "kvspec.naming.keys",
     "kvspec.naming.ports",
     "kvspec.transport.payload",
