@@ -148,6 +148,11 @@ class SimConfig:
                 f"--transfer {self.transfer} with --slicing receiver: a {self.transfer} moves "
                 "exactly the receiver's share [DESC-1]; there is no whole shard to slice"
             )
+        if self.transfer == "write" and self.transport in P2P_TRANSPORTS:
+            raise ValueError(
+                f"--transfer write with --transport {self.transport}: a write's frames are "
+                "byte runs of the caches, framed for ZMQ; use --transport tcp or inproc"
+            )
         if self.transfer == "write" and self.device != "cpu":
             raise ValueError(
                 f"--transfer write with --device {self.device}: the write path frames CPU cache "

@@ -174,6 +174,7 @@ def test_write_books_balance(kind: str) -> None:
     [
         ({"slicing": "receiver"}, r"--transfer write with --slicing receiver"),
         ({"device": "cuda"}, r"--transfer write with --device cuda"),
+        ({"transport": "gloo"}, r"--transfer write with --transport gloo"),
         ({"stream": "layers"}, r"--stream layers with --transfer write"),
         ({"unsafe_reuse": True}, r"--transfer write with --unsafe-reuse"),
     ],
