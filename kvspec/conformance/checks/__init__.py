@@ -43,6 +43,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.chunks",
     "kvspec.conformance.checks.wire",
     "kvspec.conformance.checks.lifecycle",
+    "kvspec.conformance.checks.groups",
 )
 
 
