@@ -457,3 +457,16 @@ def _layers_of(layout: StageLayout, model: ModelShape, rank: int) -> range:
     from kvspec.topology.ownership import layer_ranges
 
     return layer_ranges(layout, model.num_layers)[layout.locate(rank).pp_rank]
+
+
+@check(
+    "WINDOW-1",
+    "window-bytes",
+    "a sliding-window group moves its block-aligned window; full and draft groups beside it "
+    "every token",
+    needs=("group-bytes",),
+    strategy=lambda adapter: _cases(adapter, ("sliding", "full", "draft")),
+    covers=("WINDOW-1.1", "WINDOW-1.2"),
+)
+def _window_bytes(ctx: Context, example: Example) -> None:
+    _bytes_per_group(ctx, example)
