@@ -313,9 +313,20 @@ def _bytes_per_group(ctx: Context, example: Example) -> None:
                     False,
                     f"{case.source.describe()} -> {case.target.describe()}, {length} tokens, "
                     f"block {block}: group {group} {facts}, edge {src} -> {dst}{detail} moves "
-                    f"{want.get(key, 0)} bytes [GROUP-3, WINDOW-1]; the implementation says "
+                    f"{want.get(key, 0)} bytes [{_obligation(case.model, group)}]; the "
+                    "implementation says "
                     f"{got.get(key, 0)}",
                 )
+
+
+def _obligation(model: ModelShape, group: int) -> str:
+    """The obligation an edge's bytes of ``group`` answer to."""
+    kind = model.layer_groups[group].kind
+    return {
+        "sliding": "WINDOW-1.1",
+        "draft": "GROUP-2.4, GROUP-3.1",
+        "full": "GROUP-3.1, WINDOW-1.2",
+    }.get(kind, "GROUP-3.2") + ", GROUP-1.5"
 
 
 # STATE-1: which units of each part a rank holds ----------------------------------------------
@@ -344,7 +355,8 @@ def _part_units(ctx: Context, example: Example) -> None:
                 expect(
                     got == {k: list(v) for k, v in want.items()},
                     f"{layout.describe()}, rank {rank}: group {index} {group.describe()} holds "
-                    f"{ {k: list(v) for k, v in want.items()} } [STATE-1]; the implementation "
+                    f"{ {k: list(v) for k, v in want.items()} } [STATE-1.1, STATE-1.2]; the "
+                    "implementation "
                     f"says {got}",
                 )
 
