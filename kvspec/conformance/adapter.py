@@ -69,6 +69,9 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "streaming": ("layer_groups", "stream_key", "merge_layers"),
     "wire": ("encode", "decode"),
     "lifecycle": ("lifecycle",),
+    "state-ownership": ("state_units",),
+    "state-reads": ("state_reads",),
+    "group-bytes": ("group_bytes",),
 }
 """Capability name -> the adapter methods it consists of."""
 
@@ -98,6 +101,8 @@ def validator_for(clause: str) -> str:
         "HEAD": "validate_model",
         "MODEL": "validate_model",
         "DTYPE": "validate_model",
+        "GROUP": "validate_model",
+        "STATE": "validate_model",
     }.get(family, "validate_topology")
 
 
@@ -357,6 +362,29 @@ class Adapter:
     ) -> int:
         """How many elements and fp8 scales of ``kv`` differ from the oracle's [ORACLE-5];
         raise for KV of another shape or dtype than the ranges imply."""
+        raise NotProvided
+
+    # layer groups of hybrid models ----------------------------------------------------
+    def state_units(
+        self, layout: StageLayout, model: ModelShape, group: int, rank: int
+    ) -> Mapping[str, range]:
+        """Each part's units of state group ``group`` that stage-local ``rank`` holds, by
+        part name (``x``, ``B``, ``C``, ``ssm``; ``Q``, ``K``, ``V``; ``conv``) [STATE-1]."""
+        raise NotProvided
+
+    def state_reads(
+        self, case: TransferCase, group: int, dst: int
+    ) -> Sequence[tuple[int, int, int, int, int]]:
+        """The reads that fill receiver ``dst``'s state of group ``group``: each ``(src, layer,
+        src offset, dst offset, length)`` in elements of one rank's state layer (its parts in
+        order, each unit contiguous) [STATE-2]."""
+        raise NotProvided
+
+    def group_bytes(
+        self, case: TransferCase, seq_len: int, block_size: int
+    ) -> Mapping[tuple[int, int, int], int]:
+        """Bytes each edge moves of each layer group for a ``seq_len``-token request, keyed
+        ``(group, src, dst)``; sliding windows aligned to ``block_size`` [GROUP-3, WINDOW-1]."""
         raise NotProvided
 
     # keys and ports -------------------------------------------------------------------
