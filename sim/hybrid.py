@@ -31,6 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import zmq
 
 from kvspec.tensors import group_reshard as gr
@@ -405,6 +406,7 @@ def _receiver(run: HybridRun, rank: int, token: str, control: str) -> None:
 
 def _child(target: Any, *args: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    torch.set_num_threads(1)  # a forked child must not use the parent's thread pool
     target(*args)
     os._exit(0)
 
@@ -433,7 +435,10 @@ def run_hybrid(run: HybridRun) -> HybridReport:
         # A receiver gives up after run.timeout without a message, then verifies and
         # reports; the parent waits for every receiver's verdict or its exit.
         receivers = procs[: run.target.world_size]
+        deadline = started + 4 * run.timeout + 60  # a rank hung past every wait of its own
         while len(endpoints) < run.target.world_size or len(verdicts) < run.target.world_size:
+            if time.monotonic() > deadline:
+                break
             if not control.poll(200):
                 if all(p.exitcode is not None for p in receivers) and not control.poll(2000):
                     break  # every receiver has ended and nothing more is on its way
