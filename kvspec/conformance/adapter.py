@@ -25,6 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import torch
+
 from kvspec.conformance.domain import FIRST_RELEASE, Domain
 from kvspec.naming.ports import PortScheme
 from kvspec.strategies import TransferCase
@@ -72,6 +74,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "state-ownership": ("state_units",),
     "state-reads": ("state_reads",),
     "group-bytes": ("group_bytes",),
+    "state-oracle": ("state_oracle",),
 }
 """Capability name -> the adapter methods it consists of."""
 
@@ -385,6 +388,22 @@ class Adapter:
     ) -> Mapping[tuple[int, int, int], int]:
         """Bytes each edge moves of each layer group for a ``seq_len``-token request, keyed
         ``(group, src, dst)``; sliding windows aligned to ``block_size`` [GROUP-3, WINDOW-1]."""
+        raise NotProvided
+
+    def state_oracle(
+        self,
+        model: ModelShape,
+        group: int,
+        request_id: str,
+        *,
+        layers: tuple[int, ...],
+        attn_tp: int,
+        attn_tp_rank: int,
+        seed: int,
+    ) -> Mapping[str, torch.Tensor]:
+        """The state oracle's values of ``layers`` of state group ``group`` that
+        attention-TP rank ``attn_tp_rank`` of ``attn_tp`` holds: by part name,
+        ``[layers, units held, width * rows]`` in the part's dtype [ORACLE-6]."""
         raise NotProvided
 
     # keys and ports -------------------------------------------------------------------

@@ -21,6 +21,7 @@ from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv, verify
 from kvspec.tensors.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, send
 from kvspec.tensors.slicing import apply_head_slice
+from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
@@ -191,6 +192,27 @@ class ReferenceAdapter(Adapter):
             target_dp=case.target_dp,
         )
         return plan.bytes_per_edge()
+
+    def state_oracle(
+        self,
+        model: ModelShape,
+        group: int,
+        request_id: str,
+        *,
+        layers: tuple[int, ...],
+        attn_tp: int,
+        attn_tp_rank: int,
+        seed: int,
+    ) -> dict[str, Any]:
+        return oracle_state(
+            model,
+            group,
+            request_id,
+            layers=layers,
+            attn_tp=attn_tp,
+            attn_tp_rank=attn_tp_rank,
+            seed=seed,
+        )
 
     def rank_aware_key(self, *args: Any, **kwargs: Any) -> str:
         return rank_aware_key(*args, **kwargs)

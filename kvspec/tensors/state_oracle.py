@@ -1,5 +1,5 @@
 """The coordinate-hash oracle for per-request state: every element known from its global
-coordinates, like KV [ORACLE-1, ORACLE-2, STATE-1, STATE-2].
+coordinates, like KV [ORACLE-6].
 
 A state layer (Mamba, GDN) holds parts (conv ``x|B|C``, ``Q|K|V``, the temporal ``ssm``),
 each split over attention TP by its own units [STATE-1]. An element's hash is the
@@ -18,11 +18,33 @@ from dataclasses import dataclass
 import torch
 
 from kvspec._checks import require_int
+from kvspec.clause import Clause, must
 from kvspec.tensors.dtypes import raw_bits
 from kvspec.tensors.oracle import _start, _values, absorb
 from kvspec.topology.groups import StateGroup
 from kvspec.topology.model import ModelShape
 from kvspec.topology.state import check_state, part_units
+
+CLAUSES = (
+    Clause(
+        "ORACLE-6",
+        "The state oracle",
+        "An element of a per-request state [STATE-1] is known from its global coordinates "
+        "like KV: its hash is mix(seed mod P), then absorb of the request value, the layer, "
+        "the part's index in its group (Mamba-1: conv 0, ssm 1; Mamba-2: x 0, B 1, C 2, ssm "
+        "3; GDN: Q 0, K 1, V 2, ssm 3), the global unit (head, group or channel) and the "
+        "element's index inside the unit (0 to width x rows - 1, in the unit's stored order "
+        "[STATE-2]), in that order [ORACLE-1]; its value is that hash in the part's dtype by "
+        "ORACLE-2 (the temporal part in the state's ssm_dtype when it has one [GROUP-2]). A "
+        "rank fills exactly the units it holds, each under its global unit index.",
+        obligations=(
+            must(
+                "every state element is the hash of (seed, request, layer, part index, global "
+                "unit, element), in the part's dtype"
+            ),
+        ),
+    ),
+)
 
 
 def state_group(model: ModelShape, group: int) -> StateGroup:

@@ -1,5 +1,5 @@
 """Mutants of hybrid models: layer maps, group facts, state parts, windows and bytes per
-group [GROUP-1..3, STATE-1..2, WINDOW-1].
+group, and the state oracle [GROUP-1..3, STATE-1..2, WINDOW-1, ORACLE-6].
 
 Each is the reference with one bug a field engineer writes from the rule text; several
 are bugs engines shipped (vllm#55208, vllm-ascend#11885; field/research/hybrids.md).
@@ -13,12 +13,13 @@ from typing import Any
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.strategies import TransferCase
+from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import DraftAttention, FullAttention, SlidingWindow
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import layer_ranges, owned_heads
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.state import part_offsets, plan_state_reads
+from kvspec.topology.state import part_offsets, part_units, plan_state_reads
 from kvspec.topology.windows import window_tokens
 
 Config = dict[str, Any]
@@ -367,3 +368,23 @@ class WindowAppliedToEveryGroup(ReferenceAdapter):
             else n
             for key, n in got.items()
         }
+
+
+# ORACLE-6 -----------------------------------------------------------------------------------
+@mutant("ORACLE-6.1")
+class StateOracleHashesLocalUnits(ReferenceAdapter):
+    """Hashes each unit under its index on the rank (0, 1, ...) instead of its global unit:
+    right at TP1 and on rank 0, wrong on every other rank of a split part."""
+
+    def state_oracle(self, model: ModelShape, group: int, request_id: str, **kw: Any) -> dict:
+        held = part_units(model.layer_groups[group], kw["attn_tp"], kw["attn_tp_rank"])  # type: ignore[arg-type]
+        whole = oracle_state(
+            model,
+            group,
+            request_id,
+            layers=kw["layers"],
+            attn_tp=1,
+            attn_tp_rank=0,
+            seed=kw["seed"],
+        )
+        return {name: values[:, : len(held[name])] for name, values in whole.items()}
