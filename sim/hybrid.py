@@ -230,8 +230,8 @@ def _sender(run: HybridRun, rank: int, endpoints: dict[int, str], token: str, co
     report = ctx.socket(zmq.PUSH)
     report.setsockopt(zmq.LINGER, 5000)
     report.connect(control)
+    sockets: dict[int, zmq.Socket] = {}
     try:
-        sockets: dict[int, zmq.Socket] = {}
         for dst, endpoint in endpoints.items():
             sock = ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, -1)  # deliver everything before exit
@@ -268,7 +268,7 @@ def _sender(run: HybridRun, rank: int, endpoints: dict[int, str], token: str, co
             dump({"type": "error", "who": f"sender {rank}", "text": traceback.format_exc()})
         )
     finally:
-        for sock in list(locals().get("sockets", {}).values()):
+        for sock in sockets.values():
             sock.close()
         report.close()
         ctx.term()

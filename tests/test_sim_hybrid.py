@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from kvspec.tensors import group_reshard as gr
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import DraftAttention, GdnState, Mamba2State, NoCache, SlidingWindow
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.windows import window_tokens
 from sim.cli import main
+from sim.group_messages import piece_frames, read_header, read_piece
 from sim.hybrid import HybridRun, run_hybrid
+from sim.messages import MessageError
 
 EVERY_KIND = ModelShape(
     6,
@@ -122,3 +127,49 @@ def test_options_a_hybrid_run_does_not_take_are_refused(
     code = main(["run", "--model", "jamba-v0.1", "--quiet", *extra])
     assert code == 2
     assert named in capsys.readouterr().err
+
+
+def _a_state_piece() -> list[Any]:
+    run = HybridRun(StageLayout(1), StageLayout(2), EVERY_KIND, requests=1, seq_len=(8, 8))
+    plan = run.plan(8)
+    edge = next(e for e in plan.edges if e.group == 2)
+    region = gr.held_region(run.source, EVERY_KIND, 2, 0, seq_len=8, block_size=16, receiving=False)
+    data = gr.fill(EVERY_KIND, region, "req-0000", layout=run.source, rank=0)
+    piece = next(p for p in gr.cut(edge, region, data, 8) if p.part == "ssm")
+    return piece_frames(piece, run="token", request="req-0000")
+
+
+def test_a_piece_round_trips_with_its_dtype_from_the_model() -> None:
+    """The float32 temporal part of a Mamba-2 state crosses as raw bytes; the receiver
+    reads its dtype from the model, not from the wire."""
+    frames = _a_state_piece()
+    header = read_header(frames[0], run="token")
+    piece = read_piece(header, bytes(frames[1]), model=EVERY_KIND, dst=1, sources=1)
+    assert piece.part == "ssm" and str(piece.data.dtype) == "torch.float32"
+    assert piece.data.numel() * 4 == len(bytes(frames[1]))
+
+
+Change = Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda h, d: (h, d[:-1]), "not whole float32 elements"),
+        (lambda h, d: ({**h, "part": "D"}, d), "part must be one of x, B, C, ssm"),
+        (lambda h, d: ({**h, "group": 9}, d), "group must be an integer in 0..5"),
+        (lambda h, d: ({**h, "layers": [6]}, d), "layers must be 1..6 layer indices"),
+        (lambda h, d: ({**h, "src": -1}, d), "src must be an integer in 0..0"),
+    ],
+)
+def test_a_bad_piece_is_refused_with_the_value(change: Change, message: str) -> None:
+    frames = _a_state_piece()
+    header, data = change(read_header(frames[0], run="token"), bytes(frames[1]))
+    with pytest.raises(MessageError, match=message):
+        read_piece(header, data, model=EVERY_KIND, dst=1, sources=1)
+
+
+def test_a_message_of_another_run_is_refused() -> None:
+    frames = _a_state_piece()
+    with pytest.raises(MessageError, match="another run"):
+        read_header(frames[0], run="other")

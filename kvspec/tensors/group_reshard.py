@@ -61,24 +61,6 @@ class Region:
             return not self.heads or not self.tokens
         return all(len(u) == 0 for _, u in self.units)
 
-    def elements(self, model: ModelShape) -> int:
-        """Elements the region holds."""
-        if self.per_token:
-            group: FullAttention = model.layer_groups[self.group]  # type: ignore[assignment]
-            assert self.heads is not None and self.tokens is not None
-            return (
-                len(self.layers)
-                * group.kv_tensors
-                * len(self.tokens)
-                * len(self.heads)
-                * group.head_dim
-            )
-        state = state_group(model, self.group)
-        return sum(
-            len(self.layers) * len(dict(self.units)[p.name]) * p.unit_elements
-            for p in state.parts()
-        )
-
 
 GroupData = dict[str, torch.Tensor]
 """A region's values: ``{"kv": [layers, kv, tokens, heads, dim]}`` for a per-token group,
