@@ -534,14 +534,26 @@ def test_cli_refuses_with_the_reason(argv, reason, capsys: pytest.CaptureFixture
     assert reason in capsys.readouterr().err
 
 
+def _as_a_terminal_starts_it() -> None:
+    """Give the run SIGINT's default action, as a terminal's foreground job has.
+
+    A shell without job control starts a background job (``make stress &``, ``nohup``) with
+    SIGINT ignored, and an ignored signal stays ignored across exec; a run started that way
+    rightly ignores Ctrl-C, which is not what these tests are about.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _sim(*argv: str) -> subprocess.Popen[str]:
+    python = [sys.executable, "-X", "faulthandler"]  # a hung run dumps its stacks on SIGABRT
     return subprocess.Popen(
-        [sys.executable, "-m", "sim", "run", "--quiet", "--ports", "os", *argv],
+        [*python, "-m", "sim", "run", "--quiet", "--ports", "os", *argv],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # our SIGINT reaches only the run, as a terminal's would
+        preexec_fn=_as_a_terminal_starts_it,  # one signal call between fork and exec
     )
 
 
@@ -576,7 +588,12 @@ def test_ctrl_c_stops_every_rank_within_a_second(phase: str, argv, wait_for: flo
     assert ranks and proc.poll() is None, f"the run ended before Ctrl-C in the {phase} phase"
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)  # show where it hangs, then fail
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"{phase}: the run ignored Ctrl-C for 30 s; its stacks:\n{err[-6000:]}")
     elapsed = time.monotonic() - sent
     assert proc.returncode == 130, out + err
     assert elapsed < 1.0, f"{phase}: Ctrl-C took {elapsed:.2f} s"
