@@ -435,7 +435,8 @@ def run_hybrid(run: HybridRun) -> HybridReport:
         # A receiver gives up after run.timeout without a message, then verifies and
         # reports; the parent waits for every receiver's verdict or its exit.
         receivers = procs[: run.target.world_size]
-        deadline = started + 4 * run.timeout + 60  # a rank hung past every wait of its own
+        # Only a rank hung past every wait of its own meets this deadline.
+        deadline = started + (4 + run.requests) * run.timeout + 60
         while len(endpoints) < run.target.world_size or len(verdicts) < run.target.world_size:
             if time.monotonic() > deadline:
                 break
