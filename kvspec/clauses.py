@@ -30,6 +30,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.memory.paged",
     "kvspec.memory.descriptors",
     "kvspec.tensors.oracle",
+    "kvspec.memory.records",
     "kvspec.tensors.state_oracle",
     "kvspec.naming.keys",
     "kvspec.naming.ports",

@@ -41,8 +41,10 @@ from typing import Any
 import multiprocess
 import zmq
 
-from kvspec.memory.cache_layout import get_layout, layouts_for
+from kvspec.memory.cache_layout import PRESETS, CacheShape, empty_cache, get_layout, layouts_for
+from kvspec.memory.records import check_holds
 from kvspec.naming.keys import RankAwareKey, parse_key
+from kvspec.topology.model import ModelShape
 from sim import messages
 from sim.accounting import RANK_FAULTS, Ledger
 from sim.auth import RunSecret
@@ -64,6 +66,7 @@ Progress = Callable[[int, int, int, float], None]
 
 def validate(config: SimConfig) -> None:
     """Refuse a run the spec refuses, before any process starts [PLAN-1, PORT-3, LAYOUT-1]."""
+    check_layouts(config)  # first: a record cache's plans are by its rows [LAYOUT-7]
     workload = Workload(config, 0)  # every group's requests have the same lengths
     for stage in range(config.last_stage):
         plans = workload.plans(stage)
@@ -75,20 +78,6 @@ def validate(config: SimConfig) -> None:
             layout.check_block_size(config.layout_of(stage)[1])
         except ValueError as error:
             raise ValueError(f"stage {stage} ({layout.describe()}), {name}: {error}") from None
-    held = layouts_for(config.model.attention, cross_layer=True)
-    for name in (config.src_layout, config.dst_layout):
-        if not get_layout(name).plain:
-            raise ValueError(
-                f"cache layout {name!r} keeps inline scales (a record of "
-                f"{len(get_layout(name).fields())} fields) that the coordinate-hash oracle does "
-                "not fill; the sim moves the "
-                f"presets whose cells are K and V or a latent: {', '.join(held)} [LAYOUT-6]"
-            )
-        if name not in held:
-            raise ValueError(
-                f"cache layout {name!r} cannot hold an {config.model.attention} cache; use one "
-                f"of {', '.join(held)} [LAYOUT-1]"
-            )
     for name, size in (
         ("--src-block-size", config.src_block_size),
         ("--dst-block-size", config.dst_block_size),
@@ -107,6 +96,72 @@ def validate(config: SimConfig) -> None:
         if config.ports == "spec":
             check_ports(config)
     check_fits(config)
+
+
+def check_layouts(config: SimConfig) -> None:
+    """Refuse cache layouts that cannot hold the model, or a pair whose cells hold other
+    information, naming the presets each can be paired with [LAYOUT-1, LAYOUT-6, ORACLE-6]."""
+    model = config.model
+    held = layouts_for(model.attention, cross_layer=True)
+    for flag, name in (("--src-layout", config.src_layout), ("--dst-layout", config.dst_layout)):
+        spec = get_layout(name)
+        if spec.plain and name not in held:
+            raise ValueError(
+                f"cache layout {name!r} cannot hold an {model.attention} cache; use one "
+                f"of {', '.join(held)} [LAYOUT-1]"
+            )
+        why = _cannot_hold(name, model)
+        if why is not None:
+            raise ValueError(
+                f"{flag} {name} cannot hold {model.describe()}: {why}; the presets that can "
+                f"are: {', '.join(_holding(config)) or 'none'}"
+            )
+    src, dst = config.src_layout, config.dst_layout
+    if _information(config, src) != _information(config, dst):
+        raise ValueError(
+            f"cache layouts {src} -> {dst} do not hold the same information for "
+            f"{model.describe()}: a {src} cell holds {_fields(config, src)}, a {dst} cell "
+            f"{_fields(config, dst)}; nothing is dropped or made up. {src} pairs with "
+            f"{', '.join(_pairable(config, src))}; {dst} pairs with "
+            f"{', '.join(_pairable(config, dst))} [LAYOUT-6]"
+        )
+
+
+def _information(config: SimConfig, name: str) -> tuple[tuple[str, str, int], ...]:
+    model = config.model
+    return get_layout(name).information(model.dtype, model.head_dim, model.kv_tensors)
+
+
+def _fields(config: SimConfig, name: str) -> str:
+    return ", ".join(f"{f} ({w} x {d})" for f, d, w in _information(config, name))
+
+
+def _cannot_hold(name: str, model: ModelShape) -> str | None:
+    """Why preset ``name`` cannot hold ``model``'s cache, or None: every rule of the layout
+    (K/V count, dtype, fixed width, field alignment), nothing allocated [LAYOUT-5, ORACLE-6]."""
+    spec = get_layout(name)
+    try:
+        check_holds(spec, model)
+        empty_cache(
+            get_layout(spec.per_layer or name),
+            CacheShape(model.kv_tensors, 1, 1, 1, model.head_dim),
+            model.dtype,
+            "meta",
+        )
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _holding(config: SimConfig) -> list[str]:
+    """Every preset whose cells can hold the run's model [LAYOUT-5, ORACLE-6]."""
+    return [name for name in PRESETS if _cannot_hold(name, config.model) is None]
+
+
+def _pairable(config: SimConfig, name: str) -> list[str]:
+    """The presets that hold the model with the same information as ``name`` [LAYOUT-6]."""
+    want = _information(config, name)
+    return [n for n in _holding(config) if _information(config, n) == want]
 
 
 def check_host(host: str) -> None:

@@ -6,6 +6,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvspec.memory.cache_layout import get_layout
+from kvspec.memory.records import carrier_model, cell_bytes
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from sim.faults import FaultSpec, check_rank_faults, parse_faults
@@ -216,6 +218,26 @@ class SimConfig:
     @property
     def last_stage(self) -> int:
         return len(self.stages) - 1
+
+    @property
+    def records(self) -> bool:
+        """Whether the caches' cells are records with inline scales or a fixed format, whose
+        every field the oracle fills and the receiver checks [LAYOUT-6, ORACLE-6]."""
+        return not all(get_layout(n).plain for n in (self.src_layout, self.dst_layout))
+
+    @property
+    def transfer_model(self) -> ModelShape:
+        """The model pushed payloads are planned, cut and merged by: a record cache's
+        requests travel as rows of bytes [LAYOUT-7]; every other cache's as the model's."""
+        if self.records and self.transfer == "push":
+            plain = get_layout(self.src_layout).plain
+            return carrier_model(self.model, self.dst_layout if plain else self.src_layout)
+        return self.model
+
+    @property
+    def cell_bytes(self) -> int:
+        """Bytes of one (layer, token, head) cell of the caches, every field [LAYOUT-6]."""
+        return cell_bytes(self.src_layout, self.model)
 
     def layout_of(self, stage: int) -> tuple[str, int]:
         """(cache layout name, block size) of a stage: stage 0 the source's, others the target's."""

@@ -44,7 +44,17 @@ from kvspec.memory.paged import (
     gather_request,
     scatter_request,
 )
+from kvspec.memory.records import (
+    FieldVerdict,
+    gather_fields,
+    gather_rows,
+    record_fill,
+    scatter_fields,
+    scatter_rows,
+    verify_fields,
+)
 from kvspec.naming.keys import parse_key, recv_keys, send_keys
+from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
 from kvspec.topology.ownership import RankOwnership, rank_ownership
@@ -254,6 +264,17 @@ class Rank:
         for request in self.workload.requests:
             if not self._held(request):
                 continue  # none of it lives here: another DP group's, or no token of it
+            if self.config.records:  # every field of every cell, scales too [ORACLE-6]
+                fields = record_fill(
+                    self.model,
+                    self.cache.layout,
+                    request.request_id,
+                    **self._region(request),
+                    seed=self.config.seed,
+                    device=self.device,
+                )
+                scatter_fields(fields, self.cache, self.tables[request.request_id])
+                continue
             kv = oracle_kv(
                 self.model,
                 request.request_id,
@@ -579,7 +600,10 @@ class Rank:
         request = self.requests[request_id]
         plan = self.out_plan.of(request)
         held = self._held(request)
-        kv = gather_request(self.cache, self.tables[request_id], held)
+        if self.config.records:  # its rows of bytes, inline scales included [LAYOUT-7]
+            kv = gather_rows(self.cache, self.model, self.tables[request_id], held)
+        else:
+            kv = gather_request(self.cache, self.tables[request_id], held)
         _, block_size = self.config.layout_of(self.who.stage)
         keys = {(dst, c): key for key, dst, c in self._out_keys(request)}
         pieces = []  # per edge, its payload cut into chunks of its own tokens [CHUNK-1]
@@ -1115,12 +1139,20 @@ class Rank:
                 layers=cache.layers[first : first + len(mine)],
                 scales=None if cache.scales is None else cache.scales[first : first + len(mine)],
             )
-            scatter_request(kv, layers, self.tables[state.request.request_id])
+            self._scatter(kv, layers, self.tables[state.request.request_id])
         except ValueError as error:
             self._fail(state, f"layers {mine.start}..{mine.stop - 1} refused on assembly: {error}")
             return False
         del state.groups[g]  # the frames can go: the cache holds these layers now
         return True
+
+    def _scatter(self, kv: RequestKV, cache: PagedCache, table: list[int]) -> None:
+        """Write received KV into the cache: a record cache's rows field by field [LAYOUT-7],
+        any other's K and V [PAGED-4]."""
+        if self.config.records:
+            scatter_rows(kv, cache, self.model, table)
+        else:
+            scatter_request(kv, cache, table)
 
     def _stale_write(self, key: str, epoch: int, frames: list[zmq.Frame]) -> None:
         """A copy of a shard whose transfer already ended. The rules refuse it [LIFE-4];
@@ -1256,7 +1288,7 @@ class Rank:
                 ]
                 kv = reassemble(merged).to_request_kv()
             kv = kv.to(self.device)
-            scatter_request(kv, self.cache, self.tables[request.request_id])
+            self._scatter(kv, self.cache, self.tables[request.request_id])
         except ValueError as error:
             self._fail(state, f"refused on assembly: {error}")
             return
@@ -1341,10 +1373,21 @@ class Rank:
                 self._recheck(oldest)
             self.pool.release(oldest)
 
-    def _oracle_verdict(self, request_id: str) -> Verdict:
+    def _oracle_verdict(self, request_id: str) -> Verdict | FieldVerdict:
         """Every element this rank holds of ``request_id``, against the oracle: its own
-        tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]."""
+        tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]; of a
+        record cache, every byte of every field, inline scales included [ORACLE-6]."""
         request = self.requests[request_id]
+        if self.config.records:
+            fields = gather_fields(self.cache, self.tables[request_id], self._held(request))
+            return verify_fields(
+                fields,
+                self.model,
+                self.cache.layout,
+                request_id,
+                **self._region(request),
+                seed=self.config.seed,
+            )
         stored = gather_request(self.cache, self.tables[request_id], self._held(request))
         return verify(
             stored, self.model, request_id, **self._region(request), seed=self.config.seed

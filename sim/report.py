@@ -404,6 +404,8 @@ class SimReport:
 def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int]:
     """(replica, stage, src, dst) -> bytes the plan says the run's requests move [PLAN-5]."""
     planned: dict[tuple[int, int, int, int], int] = defaultdict(int)
+    # A record cache moves every field of a cell, inline scales too [LAYOUT-6, DESC-1].
+    cell, kv_bytes = config.cell_bytes, config.transfer_model.bytes_per_token_per_head_layer
     for replica in range(config.replicas):
         workload = Workload(config, replica)
         for stage in range(config.last_stage):
@@ -411,7 +413,9 @@ def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int
             for request in workload.requests:  # each request by its own plan [PLAN-6, DP-1]
                 for e in plans.of(request).edges:
                     key = (replica, stage, e.src, e.dst)
-                    planned[key] += e.nbytes(request.seq_len, slicing=config.slicing)
+                    planned[key] += (
+                        e.nbytes(request.seq_len, slicing=config.slicing) // kv_bytes * cell
+                    )
     return dict(planned)
 
 

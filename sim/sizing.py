@@ -32,7 +32,7 @@ def cache_bytes(config: SimConfig) -> int:
         slots = config.requests * blocks_needed(config.seq_len[1], block_size) * block_size
         for rank in layout.ranks():
             owner = rank_ownership(layout, model, rank)
-            per_slot = len(owner.layers) * len(owner.heads) * model.bytes_per_token_per_head_layer
+            per_slot = len(owner.layers) * len(owner.heads) * config.cell_bytes
             total += slots * per_slot
     return total * config.replicas
 
@@ -75,7 +75,7 @@ def check_fits(config: SimConfig, *, fraction: float = 0.8) -> None:
 def max_data_frame(config: SimConfig) -> int:
     """The largest frame a receiver of this run can legitimately get: one layer's K (or
     V, or latent) of the longest request, every head a sender holds, plus header room."""
-    model = config.model
+    model = config.transfer_model  # a record cache's rows carry its scales [LAYOUT-7]
     longest = 0
     for layout in config.stages[:-1]:
         heads = max(len(rank_ownership(layout, model, r).heads) for r in layout.ranks())
@@ -116,7 +116,10 @@ def max_pull_range(config: SimConfig) -> int:
     request (ranges coalesce across fields, tokens and layers) [DESC-3]."""
     if config.transfer != "pull":
         return 0
-    longest = max((e.bytes_per_token * tokens for e, tokens in _edges(config)), default=0)
+    cell = config.cell_bytes  # every field of a cell, inline scales included [LAYOUT-6]
+    longest = max(
+        (len(e.layers) * len(e.heads) * cell * tokens for e, tokens in _edges(config)), default=0
+    )
     return longest + HEADER_SLACK
 
 

@@ -141,7 +141,7 @@ class PlanBook:
             self._plans[key] = plan_transfer(
                 source,
                 target,
-                config.model,
+                config.transfer_model,  # a record cache's rows [LAYOUT-7]
                 policy=config.policy,
                 seq_len=request.seq_len,
                 source_dp=key[1],

@@ -109,7 +109,7 @@ SIM_LINES += [
     [*RUN, *OK, "--transfer", "pull", "--faults", "abort=0.1"],
     [*RUN, *OK, "--transfer", "pull", "--faults", "restart=sender:0@0.5"],
     [*RUN, *OK, "--transfer", "pull", "--unsafe-reuse"],
-    [*RUN, *OK, "--src-layout", "vllm_pth_hnd"],  # inline scales the oracle does not fill
+    [*RUN, *OK, "--src-layout", "vllm_pth_hnd"],  # an fp8 record for a bfloat16 model
     [*RUN, *OK, "--dst-layout", "flashmla_fp8"],
     [*RUN, *OK, "--dst-layout", "sglang_mla"],  # an MHA model's cache in a latent pool
     [*RUN, *OK, "--attention", "linear"],

@@ -79,6 +79,8 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "descriptors",
         "oracle",
         "verifier",
+        "record-oracle",
+        "record-rows",
         "payload",
         "chunks",
         "streaming",  # sends a request whole [STREAM-1]

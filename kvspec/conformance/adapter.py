@@ -62,6 +62,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "descriptors": ("descriptors",),
     "oracle": ("oracle_fill",),
     "verifier": ("oracle_verify",),
+    "record-oracle": ("record_fill", "record_verify"),
+    "record-rows": ("record_rows", "record_fields"),
     "keys": ("rank_aware_key", "legacy_key"),
     "edge-keys": ("send_keys", "recv_keys"),
     "ports": ("kv_port",),
@@ -403,7 +405,49 @@ class Adapter:
     ) -> Mapping[str, torch.Tensor]:
         """The state oracle's values of ``layers`` of state group ``group`` that
         attention-TP rank ``attn_tp_rank`` of ``attn_tp`` holds: by part name,
-        ``[layers, units held, width * rows]`` in the part's dtype [ORACLE-6]."""
+        ``[layers, units held, width * rows]`` in the part's dtype [ORACLE-7]."""
+        raise NotProvided
+
+    def record_fill(
+        self,
+        model: ModelShape,
+        layout: str,
+        request_id: str,
+        *,
+        tokens: range,
+        layers: range,
+        heads: range,
+        seed: int,
+    ) -> Mapping[str, Any]:
+        """Every field of the cells of a region of one request in a record ``layout``
+        (``k``, ``k_scale``, ``nope``, ...), each ``[layers, tokens, heads, width]`` in its
+        own dtype [ORACLE-6]; raise for a layout that cannot hold ``model``."""
+        raise NotProvided
+
+    def record_verify(
+        self,
+        fields: Mapping[str, Any],
+        model: ModelShape,
+        layout: str,
+        request_id: str,
+        *,
+        tokens: range,
+        layers: range,
+        heads: range,
+        seed: int,
+    ) -> int:
+        """How many elements of ``fields`` (every field, inline scales included) differ from
+        the oracle's [ORACLE-6]."""
+        raise NotProvided
+
+    def record_rows(self, fields: Mapping[str, Any], model: ModelShape, layout: str) -> Any:
+        """A record cache's request fields (each ``[layers, seq, heads, width]``) as the
+        rows of bytes it travels as, ``[layers, kv, seq, heads, row bytes]`` in one-byte
+        elements of ``model``'s dtype [LAYOUT-7]; raise for a layout without a record."""
+        raise NotProvided
+
+    def record_fields(self, rows: Any, model: ModelShape, layout: str) -> Mapping[str, Any]:
+        """The fields read back from rows of bytes, each in its own dtype [LAYOUT-7]."""
         raise NotProvided
 
     # keys and ports -------------------------------------------------------------------

@@ -14,6 +14,7 @@ from kvspec.lifecycle.machine import Lifecycle
 from kvspec.memory.cache_layout import convert, detect_layout, field_views, kv_views
 from kvspec.memory.descriptors import RegisteredCache, plan_descriptors
 from kvspec.memory.paged import PagedCache, gather_request, scatter_request
+from kvspec.memory.records import record_fill, record_rows, row_fields, verify_fields
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.naming.ports import PortScheme, port, rank_port
 from kvspec.strategies import TransferCase
@@ -213,6 +214,22 @@ class ReferenceAdapter(Adapter):
             attn_tp_rank=attn_tp_rank,
             seed=seed,
         )
+
+    def record_fill(
+        self, model: ModelShape, layout: str, request_id: str, **region: Any
+    ) -> dict[str, Any]:
+        return record_fill(model, layout, request_id, **region)
+
+    def record_verify(
+        self, fields: Any, model: ModelShape, layout: str, request_id: str, **region: Any
+    ) -> int:
+        return verify_fields(fields, model, layout, request_id, **region).mismatches
+
+    def record_rows(self, fields: Any, model: ModelShape, layout: str) -> Any:
+        return record_rows(fields, model, layout)
+
+    def record_fields(self, rows: Any, model: ModelShape, layout: str) -> dict[str, Any]:
+        return row_fields(rows, model, layout)
 
     def rank_aware_key(self, *args: Any, **kwargs: Any) -> str:
         return rank_aware_key(*args, **kwargs)

@@ -32,6 +32,7 @@ __all__ = [
     "CacheShape",
     "Field",
     "LayerCache",
+    "cache_dtype",
     "cache_shape",
     "convert",
     "describe_cache",
@@ -340,6 +341,12 @@ def _tensors(cache: object, layout: CacheLayout) -> tuple[tuple[torch.Tensor, ..
                 f"{[(list(x.shape), str(x.dtype), str(x.device)) for x in tensors]} [LAYOUT-1]"
             )
     return tensors, _cache_dtype(layout, first, where)
+
+
+def cache_dtype(cache: LayerCache, layout: str | CacheLayout) -> str:
+    """The cache dtype ``cache`` holds when read as ``layout``: its tensors' own, or, for a
+    layout that stores records as bytes, the dtype its record is of [DTYPE-1, LAYOUT-5]."""
+    return _tensors(cache, get_layout(layout))[1]
 
 
 def _check_alignment(spec: CacheLayout, dtype: str, head_dim: int) -> None:

@@ -29,15 +29,17 @@ from kvspec.memory.cache_layout import (
     CacheLayout,
     CacheShape,
     LayerCache,
+    cache_dtype,
     cache_shape,
     describe_cache,
     empty_cache,
+    field_views,
     get_layout,
     kv_views,
     layer_views,
 )
 from kvspec.tensors.copying import copy_bits, gather_blocks, scatter_blocks
-from kvspec.tensors.dtypes import bit_equal, dtype_name, torch_dtype
+from kvspec.tensors.dtypes import bit_equal, torch_dtype
 from kvspec.tensors.kv import RequestKV, check_scales
 from kvspec.topology.model import ModelShape
 
@@ -144,9 +146,9 @@ class PagedCache:
                 "PagedCache.cross_layer(tensor, layout) [LAYOUT-5]"
             )
         shapes = [self._shape(layer) for layer in self.layers]
-        first = self.views(self.layers[0])[0]
+        first = self._first(self.layers[0])
         for i, layer in enumerate(self.layers):
-            view = self.views(layer)[0]
+            view = self._first(layer)
             if shapes[i] != shapes[0] or view.dtype != first.dtype or view.device != first.device:
                 raise ValueError(
                     f"every layer of a paged cache has the same shape, dtype and device; layer "
@@ -154,7 +156,7 @@ class PagedCache:
                     f"{describe_cache(self.layers[0])} {first.dtype} on {first.device} [PAGED-4]"
                 )
         object.__setattr__(self, "shape", shapes[0])
-        object.__setattr__(self, "dtype", dtype_name(first.dtype))
+        object.__setattr__(self, "dtype", cache_dtype(self.layers[0], self.layer_layout))
         check_scales(
             self.scales,
             self.dtype,
@@ -187,12 +189,21 @@ class PagedCache:
         return self.block_size if get_layout(self.layer_layout).merged_tokens else None
 
     def views(self, layer: LayerCache) -> tuple[torch.Tensor, ...]:
-        """K and V (or the latent) of one of its layers, as views [LAYOUT-2]."""
+        """K and V (or the latent) of one of its layers, as views [LAYOUT-2]; a record
+        layout's cells are read with :meth:`fields` [LAYOUT-6]."""
         return kv_views(layer, self.layer_layout, block_size=self._pool())
+
+    def fields(self, layer: LayerCache) -> dict[str, torch.Tensor]:
+        """Every field of one of its layers' cells, each a view in its own dtype [LAYOUT-6]."""
+        return field_views(layer, self.layer_layout, block_size=self._pool())
+
+    def _first(self, layer: LayerCache) -> torch.Tensor:
+        """The first field of a layer: its dtype and device are the stored tensors'."""
+        return next(iter(self.fields(layer).values()))
 
     @property
     def device(self) -> torch.device:
-        return self.views(self.layers[0])[0].device
+        return self._first(self.layers[0]).device
 
     @property
     def num_layers(self) -> int:
@@ -438,7 +449,7 @@ def scatter_request(
     where = f"KV scattered into a paged {cache.dtype} cache"
     check_scales(kv.scales, cache.dtype, layers=cache.num_layers, kv_tensors=shape.kv, where=where)
     if cache.scales is not None and kv.scales is not None:
-        _check_same_scales(kv.scales, cache.scales)
+        check_same_scales(kv.scales, cache.scales)
 
     blocks, last, in_full, rest = _block_split(ids, shape.block_size, seq_len, cache.device)
     data = data.to(cache.device)
@@ -454,7 +465,7 @@ def scatter_request(
                 copy_bits(target[last, :rest], source[in_full:])
 
 
-def _check_same_scales(incoming: torch.Tensor, own: torch.Tensor) -> None:
+def check_same_scales(incoming: torch.Tensor, own: torch.Tensor) -> None:
     """Refuse KV quantised with other scales than the cache's [PAGED-5]."""
     if bit_equal(own, incoming.to(own.device)):
         return

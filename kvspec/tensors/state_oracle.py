@@ -1,5 +1,5 @@
 """The coordinate-hash oracle for per-request state: every element known from its global
-coordinates, like KV [ORACLE-6].
+coordinates, like KV [ORACLE-7].
 
 A state layer (Mamba, GDN) holds parts (conv ``x|B|C``, ``Q|K|V``, the temporal ``ssm``),
 each split over attention TP by its own units [STATE-1]. An element's hash is the
@@ -27,7 +27,7 @@ from kvspec.topology.state import check_state, part_units
 
 CLAUSES = (
     Clause(
-        "ORACLE-6",
+        "ORACLE-7",
         "The state oracle",
         "An element of a per-request state [STATE-1] is known from its global coordinates "
         "like KV: its hash is mix(seed mod P), then absorb of the request value, the layer, "

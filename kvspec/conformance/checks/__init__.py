@@ -38,6 +38,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.paged",
     "kvspec.conformance.checks.descriptors",
     "kvspec.conformance.checks.oracle",
+    "kvspec.conformance.checks.records",
     "kvspec.conformance.checks.naming",
     "kvspec.conformance.checks.payloads",
     "kvspec.conformance.checks.chunks",

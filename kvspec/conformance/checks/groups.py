@@ -488,7 +488,7 @@ def _window_bytes(ctx: Context, example: Example) -> None:
     _bytes_per_group(ctx, example)
 
 
-# ORACLE-6: the state oracle ------------------------------------------------------------------
+# ORACLE-7: the state oracle ------------------------------------------------------------------
 @st.composite
 def _state_fills(draw: st.DrawFn, adapter: Adapter) -> Example:
     model = ModelShape.from_dict(draw(_hybrid(STATES)))
@@ -509,7 +509,7 @@ def _state_fills(draw: st.DrawFn, adapter: Adapter) -> Example:
 
 
 @check(
-    "ORACLE-6",
+    "ORACLE-7",
     "state-fill",
     "every element of a rank's state is the coordinate hash of its global unit, bit for bit",
     needs=("state-oracle",),
@@ -541,7 +541,7 @@ def _state_fills(draw: st.DrawFn, adapter: Adapter) -> Example:
             "seed": 3,
         },
     ),
-    covers=("ORACLE-6.1",),
+    covers=("ORACLE-7.1",),
 )
 def _state_fill(ctx: Context, example: Example) -> None:
     model = ModelShape.from_dict(example["model"])
@@ -569,7 +569,7 @@ def _state_fill(ctx: Context, example: Example) -> None:
             shape = None if have is None else (list(have.shape), str(have.dtype))
             fail(
                 f"{where}: the fill is {shape}, not {list(expected.shape)} {expected.dtype} "
-                "[ORACLE-6.1]"
+                "[ORACLE-7.1]"
             )
         differs = bits_view(have.contiguous().cpu()) != bits_view(expected)
         if bool(differs.any()):
@@ -577,5 +577,5 @@ def _state_fill(ctx: Context, example: Example) -> None:
             fail(
                 f"{where}: {int(differs.sum())} element(s) differ from the state oracle; the "
                 f"first at layer {layers[layer]}, global unit {units[name][unit]}, element "
-                f"{element} [ORACLE-6.1: every unit under its global index]"
+                f"{element} [ORACLE-7.1: every unit under its global index]"
             )

@@ -1,5 +1,5 @@
 """Mutants of hybrid models: layer maps, group facts, state parts, windows and bytes per
-group, and the state oracle [GROUP-1..3, STATE-1..2, WINDOW-1, ORACLE-6].
+group, and the state oracle [GROUP-1..3, STATE-1..2, WINDOW-1, ORACLE-7].
 
 Each is the reference with one bug a field engineer writes from the rule text; several
 are bugs engines shipped (vllm#55208, vllm-ascend#11885; field/research/hybrids.md).
@@ -370,8 +370,8 @@ class WindowAppliedToEveryGroup(ReferenceAdapter):
         }
 
 
-# ORACLE-6 -----------------------------------------------------------------------------------
-@mutant("ORACLE-6.1")
+# ORACLE-7 -----------------------------------------------------------------------------------
+@mutant("ORACLE-7.1")
 class StateOracleHashesLocalUnits(ReferenceAdapter):
     """Hashes each unit under its index on the rank (0, 1, ...) instead of its global unit:
     right at TP1 and on rank 0, wrong on every other rank of a split part."""
