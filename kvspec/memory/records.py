@@ -58,8 +58,8 @@ CLAUSES = (
         "one-byte elements of the cache's dtype. The request form is then that of the model "
         "with head_dim = a row's bytes, and every rule that moves it moves it as bits "
         "[DTYPE-2]; reading the fields back from the rows gives every field, inline scales "
-        "included, bit for bit. A layout without a record (K and V travel as themselves), a "
-        "record of a wider cache dtype, or K and V rows of different bytes, is refused.",
+        "included, bit for bit. A layout without a record (K and V travel as themselves) is "
+        "refused.",
         obligations=(
             must(
                 "each row is its cell's fields' bytes in record order: K and its scale, then V "
@@ -118,7 +118,12 @@ def _rows(spec: CacheLayout, model: ModelShape) -> tuple[tuple[Field, ...], ...]
 
 def carrier_model(model: ModelShape, layout: str | CacheLayout) -> ModelShape:
     """The model a record cache's requests travel as: ``model`` with head_dim the bytes of
-    one K/V row of a cell, in one-byte elements of its dtype [LAYOUT-7]."""
+    one K/V row of a cell, in one-byte elements of its dtype [LAYOUT-7].
+
+    Every record preset is of a one-byte cache dtype with K and V rows of equal bytes; a
+    hand-built layout that is not is refused here as a precondition (not a rule an
+    implementation can break: no record the spec knows of reaches it).
+    """
     spec = check_holds(layout, model)
     if spec.plain:
         raise ValueError(
