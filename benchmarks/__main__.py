@@ -5,9 +5,9 @@ python -m benchmarks --quick    small sizes, under two minutes
 python -m benchmarks --json PATH --only reshard --repeat 11
 python -m benchmarks --markdown  the README's tables, from this run
 
-Every speed runs interleaved with its baseline (a copy of the same bytes, or raw pyzmq
-for the sim) --repeat times each; the table shows medians, the measured range and the
-ratio of the medians.
+Every speed runs interleaved with its baseline (a copy of the same bytes, raw pyzmq for
+the sim, the same sim runs over ZMQ for its gloo path) --repeat times each; the table
+shows medians, the measured range and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.codec",
     "benchmarks.conformance",
     "benchmarks.sim",
+    "benchmarks.transports",
 )
 """Benchmark modules, in the order they run; each has ``run(quick) -> list[Figure]``."""
 

@@ -57,7 +57,15 @@ from kvspec.topology.model_presets import model_preset
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.stage import StageLayout
 from sim.cluster import exposure, run_simulation, validate
-from sim.config import LIMITS, PORT_MODES, TRANSFERS, SimConfig, parse_seq_len, parse_stage
+from sim.config import (
+    LIMITS,
+    PORT_MODES,
+    TRANSFERS,
+    TRANSPORTS,
+    SimConfig,
+    parse_seq_len,
+    parse_stage,
+)
 from sim.endpoints import find_free_base
 from sim.faults import parse_faults
 from sim.hybrid import HybridRun, run_hybrid
@@ -82,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_run_arguments(run)
+    return parser
+
+
+def add_run_arguments(run: argparse.ArgumentParser) -> None:
+    """Every flag of ``sim run`` (``sim.node`` takes the same ones)."""
     stages = run.add_argument_group("stages")
     stages.add_argument("--source-tp", type=RANKS, default=4, metavar="S", help="sender TP (4)")
     stages.add_argument("--target-tp", type=RANKS, default=2, metavar="T", help="receiver TP (2)")
@@ -212,9 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument(
         "--transport",
-        choices=("tcp", "inproc"),
+        choices=TRANSPORTS,
         default="tcp",
-        help="tcp: one process per rank group; inproc: threads in this process (tcp)",
+        help="tcp: one process per rank group, ZMQ between them; inproc: threads in this "
+        "process; gloo (CPU) or nccl (GPU): as tcp, but the tensor frames go over "
+        "torch.distributed send/recv (tcp)",
     )
     run.add_argument(
         "--no-checksum",
@@ -257,7 +273,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_json_option(run, "the report")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:

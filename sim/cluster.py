@@ -35,6 +35,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from sim.accounting import RANK_FAULTS, Ledger
 from sim.auth import RunSecret
 from sim.config import SimConfig
 from sim.endpoints import RankId, all_ranks, check_ports
+from sim.p2p import check_transport, plan_groups
 from sim.rank import run_ranks
 from sim.report import PULL_STATS, SimReport, measured_edge_bytes, outcomes_from, planned_edge_bytes
 from sim.sizing import check_fits
@@ -64,8 +66,10 @@ Progress = Callable[[int, int, int, float], None]
 """progress(verified, failed, total, bytes_so_far)."""
 
 
-def validate(config: SimConfig) -> None:
-    """Refuse a run the spec refuses, before any process starts [PLAN-1, PORT-3, LAYOUT-1]."""
+def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
+    """Refuse a run the spec refuses, before any process starts [PLAN-1, PORT-3, LAYOUT-1];
+    and a transport this machine cannot run, for ``processes_here`` rank processes
+    (by default, every rank of the run on this host)."""
     check_layouts(config)  # first: a record cache's plans are by its rows [LAYOUT-7]
     workload = Workload(config, 0)  # every group's requests have the same lengths
     for stage in range(config.last_stage):
@@ -91,7 +95,10 @@ def validate(config: SimConfig) -> None:
             raise ValueError(
                 "--device cuda, but torch.cuda.is_available() is False on this machine"
             )
-    if config.transport == "tcp":
+    if config.p2p:
+        ranks = len(all_ranks(config))
+        check_transport(config, processes_here or -(-ranks // config.ranks_per_process))
+    if config.transport != "inproc":
         check_host(config.host)
         if config.ports == "spec":
             check_ports(config)
@@ -182,16 +189,23 @@ def check_host(host: str) -> None:
 
 def exposure(config: SimConfig) -> str | None:
     """What a run bound beyond loopback exposes, or None for a loopback run."""
-    if config.transport != "tcp":
+    if config.transport == "inproc":
         return None
     address = socket.getaddrinfo(config.host, 0, socket.AF_INET)[0][4][0]
     if ipaddress.ip_address(address).is_loopback:
         return None
     where = "ports the OS assigns" if config.ports == "os" else f"ports from {config.base_port}"
+    p2p = (
+        f" The tensor frames go over torch.distributed ({config.transport}), which listens on "
+        f"{config.host} too, on ports it picks, and authenticates no peer: keep that network "
+        "to the run's hosts."
+        if config.p2p
+        else ""
+    )
     return (
         f"senders listen on {config.host} ({address}), {where}: any host that can reach it can "
         "connect. Ranks accept only peers that prove this run's secret (HMAC-signed "
-        "handshakes); the KV itself crosses unencrypted."
+        "handshakes); the KV itself crosses unencrypted." + p2p
     )
 
 
@@ -250,6 +264,7 @@ class Cluster:
             for s in range(1, len(config.stages))
         )
         self.dump_dir: Path | None = None
+        self.p2p_server: Any = None  # sim run --transport gloo|nccl: the group's store
 
     # -- lifecycle ---------------------------------------------------------------------
     def run(self) -> SimReport:
@@ -283,6 +298,7 @@ class Cluster:
                 self._stop(fast=True)
             finally:
                 self.control.close(linger=0)
+                self.p2p_server = None  # its listening port closes with it
                 if self.dump_dir is not None:
                     shutil.rmtree(self.dump_dir, ignore_errors=True)
         return self._report(time.time() - started)
@@ -307,9 +323,13 @@ class Cluster:
         in_process = self.config.transport == "inproc"
         if not in_process:
             self.dump_dir = Path(tempfile.mkdtemp(prefix="kvspec-sim-"))
+        plan = self._p2p_plan()
         for i in range(0, len(ranks), per):
             host = Host(ranks[i : i + per])
             tags = [(r.replica, r.stage, r.rank) for r in host.tags]
+            p2p = None  # its place in the process group [sim.p2p]; a GPU each for NCCL
+            if plan is not None:
+                p2p = {**plan, "rank": plan["groups"][host.tags[0].tag], "device": i // per}
             if in_process:
                 for tag in tags:
                     thread = threading.Thread(
@@ -333,12 +353,44 @@ class Cluster:
                         self.secret.hex,
                         str(host.dump_file),
                         os.getpid(),
+                        p2p,
                     ),
                     name=f"kvspec-sim-host-{i // per}",
                     daemon=True,
                 )
                 host.process.start()
             self.hosts.append(host)
+
+    def _p2p_plan(self) -> dict[str, Any] | None:
+        """``--transport gloo|nccl``: the run's process group — its store, its key prefix
+        and every sim rank's member (the process that hosts it) [sim.p2p]."""
+        if not self.config.p2p:
+            return None
+        host, port = self._p2p_store()
+        groups = plan_groups(self._p2p_shares(), max(1, self.config.ranks_per_process))
+        return {
+            "store": [host, port],
+            "prefix": f"kvspec-sim-p2p/{self.secret.run_id}",
+            "groups": groups,
+            "world": max(groups.values()) + 1,
+        }
+
+    def _p2p_store(self) -> tuple[str, int]:
+        """One host: a store of the parent's own, on loopback, on a port the OS assigns."""
+        import torch.distributed as dist
+
+        self.p2p_server = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            is_master=True,
+            timeout=timedelta(seconds=self.config.timeout),
+            wait_for_workers=False,
+        )
+        return "127.0.0.1", int(self.p2p_server.port)
+
+    def _p2p_shares(self) -> list[list[RankId]]:
+        """Every worker's ranks (one host: one worker, every rank)."""
+        return [self.ranks]
 
     def _await_setup(self, event: str, done: Callable[[], None] | None) -> None:
         """Wait until every rank has sent ``event`` (``bound``, then ``ready``)."""
@@ -697,7 +749,7 @@ class Cluster:
                     k: v
                     for k, v in stats.items()
                     # pull [sim.pull]: descriptors posted and the bytes they moved
-                    if k in ("late_ignored", "unexpected_keys", *PULL_STATS)
+                    if k in ("late_ignored", "unexpected_keys", "p2p_lost", *PULL_STATS)
                 }
             )
         return report
@@ -758,6 +810,7 @@ def _host_main(
     secret: str,
     dump_file: str,
     parent: int,
+    p2p: dict[str, Any] | None = None,
 ) -> None:
     """Entry point of a rank-hosting process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
@@ -770,7 +823,7 @@ def _host_main(
         os._exit(1)
 
     threading.Thread(target=orphan_watch, daemon=True).start()
-    run_ranks(config_json, tags, control, secret)
+    run_ranks(config_json, tags, control, secret, p2p=p2p)
 
 
 def run_simulation(config: SimConfig, *, progress: Progress | None = None) -> SimReport:

@@ -20,6 +20,12 @@ LIFECYCLE_KINDS: tuple[str, ...] = ("restart", "fail-nth")
 """``push``: senders send payloads [PAYLOAD-1]; ``pull``: receivers read byte ranges from
 the senders' caches [DESC-1] (:mod:`sim.pull`)."""
 
+TRANSPORTS: tuple[str, ...] = ("tcp", "inproc", "gloo", "nccl")
+"""``tcp``: ZMQ between rank processes; ``inproc``: ZMQ between threads of one process;
+``gloo``/``nccl``: control and headers over ZMQ on TCP, the tensor frames over
+torch.distributed point-to-point send/recv (:mod:`sim.p2p`)."""
+P2P_TRANSPORTS: tuple[str, ...] = ("gloo", "nccl")
+
 PORT_MODES: tuple[str, ...] = ("spec", "os")
 """``spec``: every sender binds the port of [PORT-1] (the run's ports are proven distinct
 first, [PORT-3]); ``os``: the operating system assigns each sender a free port, which
@@ -128,8 +134,10 @@ class SimConfig:
                 f"--chunks {self.chunks} exceeds the shortest request ({self.seq_len[0]} tokens); "
                 "every chunk needs at least one token"
             )
-        if self.transport not in ("tcp", "inproc"):
-            raise ValueError(f"transport must be 'tcp' or 'inproc', got {self.transport!r}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"--transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}"
+            )
         if self.transfer not in TRANSFERS:
             raise ValueError(
                 f"--transfer must be one of {', '.join(TRANSFERS)}, got {self.transfer!r}"
@@ -214,6 +222,11 @@ class SimConfig:
     def compute_s(self) -> float:
         """Simulated compute time per layer, in seconds (none unless streaming is on)."""
         return 0.0 if self.stream == "off" else self.layer_compute_ms / 1000
+
+    @property
+    def p2p(self) -> bool:
+        """Whether tensor frames travel over torch.distributed (:mod:`sim.p2p`)."""
+        return self.transport in P2P_TRANSPORTS
 
     @property
     def last_stage(self) -> int:

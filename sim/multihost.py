@@ -17,6 +17,7 @@ peers fail the requests they owed with that reason instead of waiting for the de
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -53,6 +54,12 @@ def senders(ranks: list[RankId], config: SimConfig) -> list[str]:
     return [r.tag for r in ranks if r.stage < config.last_stage]
 
 
+def torchrun_store() -> tuple[str, int]:
+    """The store torchrun's workers share (the address ``env://`` reads), where the rank
+    processes of every host meet for ``--transport gloo|nccl`` [sim.p2p]."""
+    return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+
 class Coordinator(Cluster):
     """Worker 0: the run's :class:`Cluster`, its own share local, the rest over the board."""
 
@@ -82,6 +89,12 @@ class Coordinator(Cluster):
     # -- the seams of Cluster --------------------------------------------------------
     def _start_hosts(self, ranks: list[RankId] | None = None) -> None:
         super()._start_hosts(self.share[0])
+
+    def _p2p_store(self) -> tuple[str, int]:
+        return torchrun_store()
+
+    def _p2p_shares(self) -> list[list[RankId]]:
+        return self.share
 
     def _command(self, tag: str, command: dict[str, Any]) -> None:
         worker = self.worker_of[tag]
@@ -248,6 +261,12 @@ class Agent(Cluster):
         self.ended = False
         self.last_check = 0.0
         self.connect_endpoints: dict[str, str] | None = None
+
+    def _p2p_store(self) -> tuple[str, int]:
+        return torchrun_store()
+
+    def _p2p_shares(self) -> list[list[RankId]]:
+        return shares(self.ranks, self.board.workers)
 
     def serve(self) -> tuple[int, str | None]:
         """Run until the coordinator ends the run: (exit status, the reason when it

@@ -11,9 +11,18 @@ handshakes; anyone who can read the rendezvous store can read it (as they could 
 store's other keys). Worker 0 then coordinates the run and prints the report ``sim
 run`` prints, with a line per host; the other workers relay (:mod:`sim.multihost`).
 
-Launched without torchrun it refuses to start (``python -m sim run`` is the one-host
-entry). Exit status as ``sim run``'s on worker 0; elsewhere 0 when the coordinator
-ended the run, 1 when it was lost, 2 when the run was refused.
+With ``--transport gloo`` (CPU) or ``--transport nccl`` (GPU, one worker per node) the
+tensor frames go over torch.distributed send/recv between the rank processes of every
+host, which meet in the same store (:mod:`sim.p2p`); control and headers stay on ZMQ.
+
+Workers wait for each other on the board for at most ``--timeout`` seconds. Launched
+without torchrun it refuses to start (``python -m sim run`` is the one-host entry).
+Exit status as ``sim run``'s on worker 0; elsewhere 0 when the coordinator ended the
+run, 1 when it was lost, 2 when the run was refused.
+
+example (on each of two nodes, --host that node's own address):
+  torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 \\
+      -m sim.node --source-tp 2 --target-tp 2 --kv-heads 4 --host 10.0.0.1 --transport gloo
 """
 
 from __future__ import annotations
@@ -26,10 +35,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from kvspec import __version__
+from kvspec.cli.args import Parser
 from kvspec.cli.output import STDOUT, check_writable, write_json
 from kvspec.naming.ports import port
 from sim.auth import RunSecret
-from sim.cli import build_parser, config_from_args
+from sim.cli import add_run_arguments, config_from_args
 from sim.cluster import exposure, validate
 from sim.config import SimConfig
 from sim.endpoints import RankId, all_ranks, port_is_free
@@ -39,8 +50,16 @@ from sim.rendezvous import Board, BoardError
 from sim.report import SimReport
 
 PROG = "python -m sim.node"
-JOIN_TIMEOUT_S = 60.0
-"""How long workers wait for each other on the board (after torchrun's rendezvous)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m sim.node``'s own parser: this module's help, then ``sim run``'s flags."""
+    parser = Parser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"kvspec sim.node {__version__}")
+    add_run_arguments(parser)
+    return parser
 
 
 def refuse(message: str) -> int:
@@ -78,7 +97,7 @@ def check_host_ports(
 def main(argv: Sequence[str] | None = None) -> int:
     import torch.distributed as dist
 
-    args = build_parser().parse_args(["run", *(sys.argv[1:] if argv is None else argv)])
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if not dist.is_torchelastic_launched():
         return refuse(
             "run me under torchrun (torchrun --nnodes N --nproc-per-node K --rdzv-backend c10d "
@@ -92,21 +111,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "on every host, or use --ports os"
             )
         config = config_from_args(args)
-        if config.transport != "tcp":
-            raise ValueError(f"--transport {config.transport}: hosts talk over tcp")
+        if config.transport == "inproc":
+            raise ValueError(
+                "--transport inproc: hosts talk over tcp (or gloo/nccl for the tensor frames)"
+            )
+        local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if config.transport == "nccl" and local_workers > 1:
+            raise ValueError(
+                f"--transport nccl with {local_workers} workers on this node: run one worker "
+                "per node (--nproc-per-node 1); it places its rank processes on GPUs 0, 1, ..."
+            )
         if config.host in ("0.0.0.0", "*", "::"):
             raise ValueError(
                 f"--host {config.host}: give this host's own address; it is published to the "
                 "other hosts, which must be able to reach it"
             )
-        validate(config)
+        worker, workers = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        here = shares(all_ranks(config), workers)[worker]
+        validate(config, processes_here=-(-len(here) // config.ranks_per_process))
     except ValueError as error:
         return refuse(str(error))
-    worker = int(os.environ["RANK"])
+    join_s = config.timeout  # how long workers wait for each other: the run's --timeout
     try:
-        store, _, workers = next(
-            dist.rendezvous("env://", timeout=timedelta(seconds=JOIN_TIMEOUT_S))
-        )
+        store, _, workers = next(dist.rendezvous("env://", timeout=timedelta(seconds=join_s)))
     except Exception as error:
         print(
             f"{PROG}: worker {worker}: cannot reach the rendezvous store: {error}", file=sys.stderr
@@ -116,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = f"{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     board = Board(store, worker, workers, run)
     try:
-        records = board.join(config.host, config.to_dict(), time.monotonic() + JOIN_TIMEOUT_S)
+        records = board.join(config.host, config.to_dict(), time.monotonic() + join_s)
         hosts = [str(r.get("host")) for r in records]
         share = shares(all_ranks(config), workers)
         check_host_ports(config, share, hosts, worker)

@@ -81,6 +81,7 @@ from sim.auth import RunSecret, new_nonce
 from sim.config import SimConfig
 from sim.endpoints import RankId, bind_endpoint
 from sim.faults import FaultInjector
+from sim.p2p import Carrier, Link
 from sim.pool import BlockPool
 from sim.pull import PullAgent
 from sim.sizing import max_receiver_message, max_router_message
@@ -155,8 +156,11 @@ class Rank:
         context: zmq.Context,
         secret: RunSecret,
         stop_event: threading.Event | None = None,
+        link: Link | None = None,
     ) -> None:
         self.config, self.who, self.context = config, who, context
+        self.link = link  # --transport gloo|nccl: tensor frames over torch.distributed
+        self.carrier: Carrier | None = None
         self.control_endpoint = control
         self.secret = secret
         self.stop_event = stop_event  # set by the parent of an in-process run at its end
@@ -309,7 +313,7 @@ class Rank:
         self.router.setsockopt(zmq.RCVHWM, KV_HWM)
         # only hellos come in, and in a pull run reads [sim.pull]
         self.router.setsockopt(zmq.MAXMSGSIZE, max_router_message(self.config))
-        if self.config.transport == "tcp":
+        if self.config.transport != "inproc":
             self.monitor = self.router.get_monitor_socket(zmq.EVENT_ACCEPTED)
             self.poller.register(self.monitor, zmq.POLLIN)
         endpoint = bind_endpoint(self.config, self.who, self.secret.run_id)
@@ -433,6 +437,8 @@ class Rank:
                 self._expect_keys()
             self._bind()
             endpoints = self._await_command("connect")["endpoints"]
+            if self.link is not None:  # every process is up: meet in the process group
+                self.carrier = self.link.carrier(self.who)
             self._connect(endpoints)
             self._handshake()
             self._event({"ev": "ready", "sends": bool(self.targets)})
@@ -855,13 +861,23 @@ class Rank:
                 self.book.inject("reorder", key)
 
     def _put(self, dst: int, frames: list[Any]) -> None:
-        """Queue frames for receiver ``dst``'s verified connection without blocking the loop."""
+        """Queue frames for receiver ``dst``'s verified connection without blocking the loop
+        (over gloo or NCCL the tensor frames then go, and are waited for [sim.p2p])."""
         assert self.router is not None
+        carrier, peer, bulk = self.carrier, self._peer(self.who.stage + 1, dst), []
+        if carrier is not None:  # the tensor frames go over torch.distributed [sim.p2p]
+            parts = carrier.split(peer, frames)
+            if parts is None:  # its pair failed: lost, and reported so by the end-of-stream
+                self.stats["p2p_lost"] += 1
+                return
+            frames, bulk = parts
         message = [self.peers[dst], *frames]
         while True:
             try:
                 self.router.send_multipart(message, copy=False, flags=zmq.NOBLOCK)
                 self.stats["messages_sent"] += 1
+                if carrier is not None and bulk:
+                    carrier.send(peer, bulk)
                 return
             except zmq.Again:  # the pipe is full: read what arrives so none fills both ways
                 self._pump(POLL_MS)
@@ -884,7 +900,14 @@ class Rank:
                 sock.recv_multipart()
                 self.stats["connections_accepted"] += 1
             else:
-                self._on_data(self.dealers[sock], sock.recv_multipart(copy=False))
+                src = self.dealers[sock]
+                frames = sock.recv_multipart(copy=False)
+                if self.carrier is not None:  # [sim.p2p]: the frames that came over it
+                    frames = self.carrier.join(self._peer(self.who.stage - 1, src), frames)
+                    if frames is None:
+                        self.stats["p2p_lost"] += 1
+                        continue
+                self._on_data(src, frames)
 
     def _on_router(self, frames: list[bytes]) -> None:
         """What reaches a sender's KV socket: a receiver's signed hello, or a stranger."""
@@ -1260,11 +1283,19 @@ class Rank:
             elif lost[0] in message["end"]:
                 reason = (
                     f"shard {lost[0]} from source rank {src} never arrived intact (it was sent; "
-                    "lost or unreadable on the way)"
+                    "lost or unreadable on the way)" + self._p2p_failure(src)
                 )
             else:
                 reason = f"source rank {src} never sent shard {lost[0]}"
             self._fail(state, reason)
+
+    def _p2p_failure(self, src: int) -> str:
+        """Why the tensor frames from ``src`` stopped coming over torch.distributed, if
+        they did [sim.p2p]."""
+        if self.carrier is None:
+            return ""
+        why = self.carrier.broken.get(self._peer(self.who.stage - 1, src).tag)
+        return f"; its frames over {self.config.transport} failed: {why}" if why else ""
 
     def _complete(self, state: Incoming, received_at: float) -> None:
         """Merge, reassemble and scatter into the cache [PAYLOAD-3, CHUNK-2, PAGED-4]; then
@@ -1475,17 +1506,22 @@ def run_ranks(
     control: str,
     secret: str,
     stop_event: threading.Event | None = None,
+    p2p: dict[str, Any] | None = None,
 ) -> None:
     """Host ``tags`` (replica, stage, rank) in this process, one thread each.
 
     ``stop_event`` is given for an in-process run: the parent sets it when the run
-    ends, so that even a rank hung by a fault returns.
+    ends, so that even a rank hung by a fault returns. ``p2p`` is the process group's
+    plan for ``--transport gloo|nccl`` (:mod:`sim.p2p`).
     """
     config = SimConfig.from_dict(config_json)
     torch.set_num_threads(1)
     context = zmq.Context.instance()
     run_secret = RunSecret.from_hex(secret)
-    ranks = [Rank(config, RankId(*tag), control, context, run_secret, stop_event) for tag in tags]
+    link = Link(config, p2p) if p2p is not None else None
+    ranks = [
+        Rank(config, RankId(*tag), control, context, run_secret, stop_event, link) for tag in tags
+    ]
     threads = [threading.Thread(target=r.run, name=r.who.tag, daemon=True) for r in ranks]
     for t in threads:
         t.start()

@@ -284,6 +284,7 @@ class SimReport:
                 f"{self.processes} process(es), "
                 + (f"ports from {c.base_port}" if c.ports == "spec" else "OS-assigned ports")
                 + f" on {c.host}"
+                + (f", tensor frames over torch.distributed ({c.transport})" if c.p2p else "")
             )
         )
         lines = [

@@ -90,6 +90,17 @@ def test_three_loopback_hosts_tp4_over_two_to_tp2(loopback, tmp_path: Path) -> N
     assert [len(h["ranks"]) for h in data["hosts"]] == [2, 2, 2]
 
 
+def test_three_loopback_hosts_with_tensor_frames_over_gloo(loopback, tmp_path: Path) -> None:
+    """The same run with ``--transport gloo``: headers on ZMQ, every tensor frame over
+    torch.distributed send/recv between the hosts' rank processes [sim.p2p]."""
+    hosts = loopback(3)
+    report = tmp_path / "gloo.json"
+    results = _run(hosts, [*THREE_HOSTS, "--transport", "gloo"], report)
+    _check_verified(results, report, hosts, 3)
+    data = json.loads(report.read_text())
+    assert data["config"]["transport"] == "gloo"
+
+
 def test_a_cut_loopback_host_fails_its_requests_with_reasons(loopback, tmp_path: Path) -> None:
     """A host killed mid-run: every request verified or failed with its reason; the
     survivors notice within the heartbeat limit, end, and leave nothing running."""
@@ -171,10 +182,12 @@ def test_the_readme_two_node_command_is_the_one_the_namespace_test_runs() -> Non
         assert command[1:] == ["torchrun", *expected[1:]], f"node {node}"
 
 
-def test_two_namespace_hosts(namespaces, tmp_path: Path) -> None:
-    """The README's two-node command, each node a network namespace with its own address."""
+@pytest.mark.parametrize("transport", ["tcp", "gloo"])
+def test_two_namespace_hosts(namespaces, tmp_path: Path, transport: str) -> None:
+    """The README's two-node command, each node a network namespace with its own address;
+    with gloo, the tensor frames cross the bridge over torch.distributed [sim.p2p]."""
     hosts = namespaces(2)
-    results = _run(hosts, TWO_NODES, tmp_path / "report.json")
+    results = _run(hosts, [*TWO_NODES, "--transport", transport], tmp_path / "report.json")
     _check_verified(results, tmp_path / "report.json", hosts, 2)
 
 

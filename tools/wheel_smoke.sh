@@ -49,6 +49,9 @@ step "kvspec vectors check --impl reference (the vectors installed with the whee
 cmp "$work/vectors/manifest.json" "$("$py" -c 'from kvspec.conformance.vectors import GOLDEN_DIR; print(GOLDEN_DIR)')/manifest.json"
 step "python -m sim run"
 "$py" -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 --quiet --ports os --requests 4 >/dev/null
+step "python -m sim run --transport gloo (the tensor frames over torch.distributed)"
+"$py" -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 --quiet --ports os --requests 4 \
+  --transport gloo >/dev/null
 step "torchrun -m sim.node (two workers on this host, the store on a free port)"
 "$bin/torchrun" --standalone --nproc-per-node 2 -m sim.node --source-tp 2 --target-tp 2 \
   --kv-heads 2 --quiet --ports os --requests 2 >/dev/null 2>"$work/node.err" \
