@@ -25,6 +25,7 @@ from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send, shard
 from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.model import ModelShape, check_compatible
 from kvspec.topology.ownership import layer_ranges, owned_heads
 from kvspec.topology.plan import plan_transfer
@@ -57,6 +58,16 @@ def _transfer(args: dict[str, Any]) -> object:
     for side, layout in (("source", source), ("target", target)):
         if f"{side}_block_size" in args:
             layout.check_block_size(args[f"{side}_block_size"])
+    if model.hybrid:  # every layer group on both sides [GROUP-3, STATE-1]
+        return plan_groups(
+            source,
+            target,
+            model,
+            seq_len=args.get("seq_len", 0),
+            policy=args.get("policy", "lowest"),
+            source_dp=args.get("source_dp", 0),
+            target_dp=args.get("target_dp", 0),
+        )
     plan = plan_transfer(
         source,
         target,

@@ -52,6 +52,8 @@ from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_jso
 from kvspec.cli.plan import add_parallel_arguments, groups_from_args, model_from_args
 from kvspec.memory.cache_layout import PRESETS
 from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
+from kvspec.topology.model_presets import model_preset
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.stage import StageLayout
 from sim.cluster import exposure, run_simulation, validate
@@ -66,6 +68,7 @@ from sim.config import (
 )
 from sim.endpoints import find_free_base
 from sim.faults import parse_faults
+from sim.hybrid import HybridRun, run_hybrid
 from sim.progress import ProgressBar
 from sim.report import SimReport
 
@@ -111,6 +114,15 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         help="independent replica groups (1)",
     )
     model = run.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        choices=tuple(MODEL_PRESETS),
+        default=None,
+        metavar="NAME",
+        help="a named hybrid preset, every layer group moved and verified "
+        f"({', '.join(MODEL_PRESETS)}; OS-assigned ports; the sim.hybrid module says what "
+        "such a run covers)",
+    )
     model.add_argument(
         "--kv-heads",
         type=int_in(1, MAX_HEADS),
@@ -332,7 +344,79 @@ def _run_once(config: SimConfig, quiet: bool) -> SimReport:
             bar.close()
 
 
+HYBRID_DEFAULTS: dict[str, object] = {
+    "chain": None,
+    "replicas": 1,
+    "chunks": 1,
+    "faults": None,
+    "transfer": "push",
+    "stream": "off",
+    "src_layout": None,
+    "dst_layout": None,
+    "slicing": "sender",
+    "device": "cpu",
+    "host": "127.0.0.1",
+    "base_port": "20000",
+    "ranks_per_process": 1,
+    "transport": "tcp",
+    "unsafe_reuse": False,
+    "verify_after": False,
+}
+"""Options a hybrid run (``--model``) takes only at their defaults: the rest of the
+uniform sim is not wired to layer groups yet (:mod:`sim.hybrid`)."""
+
+
+def hybrid_from_args(args: argparse.Namespace) -> HybridRun:
+    """The hybrid run of ``--model NAME`` [GROUP-1]; options it does not take are refused."""
+    taken = [
+        f"--{name.replace('_', '-')}"
+        for name, default in HYBRID_DEFAULTS.items()
+        if getattr(args, name, default) != default
+    ]
+    if taken:
+        raise ValueError(
+            f"--model {args.model} with {', '.join(taken)}: a hybrid run moves every layer "
+            "group of TP/PP stages on loopback, push, whole requests, on CPU (the sim.hybrid "
+            "module)"
+        )
+    if args.kv_heads is not None:
+        raise ValueError(f"--kv-heads with --model {args.model}: the preset fixes the model")
+    source, target = (
+        StageLayout(args.source_tp, args.source_pp, **groups_from_args(args, "source")),
+        StageLayout(args.target_tp, args.target_pp, **groups_from_args(args, "target")),
+    )
+    return HybridRun(
+        source,
+        target,
+        model_preset(args.model),
+        args.model,
+        requests=args.requests,
+        seq_len=parse_seq_len(args.seq_len),
+        block_size=args.src_block_size,
+        policy=args.policy,
+        seed=args.seed,
+        timeout=args.timeout,
+    )
+
+
+def _run_hybrid_args(args: argparse.Namespace) -> int:
+    try:
+        check_writable(args.json)
+        run = hybrid_from_args(args)
+    except ValueError as error:
+        print(f"{PROG}: refused: {error}", file=sys.stderr)
+        return 2
+    report = run_hybrid(run)
+    if args.json != STDOUT:
+        print(report.render())
+    if args.json:
+        write_json(args.json, report.to_dict())
+    return 0 if report.ok else 1
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        return _run_hybrid_args(args)
     try:
         check_writable(args.json)
         config = config_from_args(args)

@@ -88,6 +88,10 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "lifecycle",
         "tokens",
         "dp-ports",
+        "state-ownership",  # no hybrid models in this API [GROUP-1]
+        "state-reads",
+        "group-bytes",
+        "state-oracle",
     }
     # No pipeline parallelism, attention groups or token shards in its domain; no policy
     # names; its read_layer takes no page size, so it cannot read a token pool.

@@ -12,6 +12,7 @@ examples:
   kvspec plan --source-tp 4 --target-tp 8 --attention mla --latent-dim 576
   kvspec plan --source-tp 6 --target-tp 3 --kv-heads 12 --policy balanced --json -
   kvspec plan --source-tp 4 --target-tp 6 --kv-heads 12
+  kvspec plan --source-tp 1 --target-tp 4 --model qwen3-next-80b-a3b
   kvspec plan --source-tp 8 --target-tp 8 --target-cp 2 --cp-rule interleave:1 --kv-heads 4
   kvspec plan --source-tp 8 --source-dp 2 --target-tp 4 --target-dcp 2 --kv-heads 2 \\
       --cp-rule interleave:16 --source-dp-rank 1
@@ -22,6 +23,10 @@ attn_tp_rank [STAGE-2]); --*-dcp shares each head's tokens among the ranks that
 replicate it [CP-3]; --cp-rule names how tokens are split [CP-1]: contiguous[:B],
 interleave:I, round_robin_blocks:B, zigzag. A plan with token shards is for one
 request of --seq-len tokens; with attention DP, for the DP ranks the router chose.
+
+--model NAME plans a named hybrid preset (shapes only, each cited in
+kvspec/topology/model_presets.py) group by group and prints the bytes each layer group
+moves [GROUP-3]; sliding windows are aligned to the source's block size [WINDOW-1].
 
 A configuration the spec refuses exits with status 2, says which rule it breaks and
 lists nearby configurations that are valid.
@@ -42,7 +47,9 @@ from kvspec.cli.args import (
 )
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.model import ModelShape
+from kvspec.topology.model_presets import PRESETS, model_preset
 from kvspec.topology.ownership import stage_ownership
 from kvspec.topology.plan import POLICIES, TransferPlan, check_layouts, plan_transfer
 from kvspec.topology.stage import StageLayout
@@ -90,6 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_parallel_arguments(parser.add_argument_group("attention groups and token shards"))
     model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        choices=tuple(PRESETS),
+        metavar="NAME",
+        help=f"a named hybrid model preset instead of the options below ({', '.join(PRESETS)})",
+    )
     model.add_argument(
         "--kv-heads", type=int_in(1, MAX_HEADS), metavar="H", help="total KV heads (MHA/GQA)"
     )
@@ -196,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
         source, target, model = _stages_and_model(args)
         for side, layout in zip(SIDES, (source, target), strict=True):
             layout.check_block_size(getattr(args, f"{side}_block_size"))
+        if model.hybrid:
+            return _run_groups(args, source, target, model)
         plan = plan_transfer(
             source,
             target,
@@ -221,9 +236,55 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_groups(
+    args: argparse.Namespace, source: StageLayout, target: StageLayout, model: ModelShape
+) -> int:
+    """``kvspec plan --model NAME``: the plan of every layer group and its bytes [GROUP-3]."""
+    plan = plan_groups(
+        source,
+        target,
+        model,
+        seq_len=args.seq_len,
+        block_size=args.source_block_size,
+        policy=args.policy,
+        source_dp=args.source_dp_rank,
+        target_dp=args.target_dp_rank,
+    )
+    if args.json != STDOUT:
+        print(render_groups(plan, args.model))
+    if args.json:
+        write_json(args.json, plan.to_dict())
+    return 0
+
+
+def render_groups(plan: GroupPlan, name: str) -> str:
+    """The bytes each layer group of a hybrid model moves, one line per group [GROUP-3]."""
+    lines = [
+        f"{name}: {plan.source.describe()} -> {plan.target.describe()}, "
+        f"{plan.seq_len} tokens, policy {plan.policy}",
+        f"{'group':>5}  {'kind':<8} {'layers':>6} {'edges':>5} {'bytes':>12}  facts",
+    ]
+    totals = plan.bytes_by_group()
+    for index, group in enumerate(plan.model.layer_groups):
+        edges = sum(1 for e in plan.edges if e.group == index)
+        layers = len(plan.model.group_layers(index))
+        lines.append(
+            f"{index:>5}  {group.kind:<8} {layers:>6} {edges:>5} "
+            f"{human_bytes(totals[index]):>12}  {group.describe()}"
+        )
+    lines.append(f"total {human_bytes(plan.nbytes())} ({plan.nbytes()} B)")
+    return "\n".join(lines)
+
+
 def model_from_args(args: argparse.Namespace) -> ModelShape:
     """The model of the ``--attention --kv-heads --layers --head-dim --latent-dim --dtype``
-    options that ``kvspec plan`` and ``python -m sim run`` share [MODEL-1, MODEL-2]."""
+    options that ``kvspec plan`` and ``python -m sim run`` share [MODEL-1, MODEL-2], or a
+    named preset's (``--model``, ``kvspec plan`` only) [GROUP-1]."""
+    preset = getattr(args, "model", None)
+    if preset is not None:
+        if args.kv_heads is not None:
+            raise ValueError(f"--kv-heads with --model {preset}: the preset fixes the model")
+        return model_preset(preset)
     if args.attention == "mla":
         if args.kv_heads not in (None, 1):
             raise ValueError(

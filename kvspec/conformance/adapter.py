@@ -25,6 +25,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import torch
+
 from kvspec.conformance.domain import FIRST_RELEASE, Domain
 from kvspec.naming.ports import PortScheme
 from kvspec.strategies import TransferCase
@@ -71,6 +73,10 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "streaming": ("layer_groups", "stream_key", "merge_layers"),
     "wire": ("encode", "decode"),
     "lifecycle": ("lifecycle",),
+    "state-ownership": ("state_units",),
+    "state-reads": ("state_reads",),
+    "group-bytes": ("group_bytes",),
+    "state-oracle": ("state_oracle",),
 }
 """Capability name -> the adapter methods it consists of."""
 
@@ -100,6 +106,8 @@ def validator_for(clause: str) -> str:
         "HEAD": "validate_model",
         "MODEL": "validate_model",
         "DTYPE": "validate_model",
+        "GROUP": "validate_model",
+        "STATE": "validate_model",
     }.get(family, "validate_topology")
 
 
@@ -359,6 +367,45 @@ class Adapter:
     ) -> int:
         """How many elements and fp8 scales of ``kv`` differ from the oracle's [ORACLE-5];
         raise for KV of another shape or dtype than the ranges imply."""
+        raise NotProvided
+
+    # layer groups of hybrid models ----------------------------------------------------
+    def state_units(
+        self, layout: StageLayout, model: ModelShape, group: int, rank: int
+    ) -> Mapping[str, range]:
+        """Each part's units of state group ``group`` that stage-local ``rank`` holds, by
+        part name (``x``, ``B``, ``C``, ``ssm``; ``Q``, ``K``, ``V``; ``conv``) [STATE-1]."""
+        raise NotProvided
+
+    def state_reads(
+        self, case: TransferCase, group: int, dst: int
+    ) -> Sequence[tuple[int, int, int, int, int]]:
+        """The reads that fill receiver ``dst``'s state of group ``group``: each ``(src, layer,
+        src offset, dst offset, length)`` in elements of one rank's state layer (its parts in
+        order, each unit contiguous) [STATE-2]."""
+        raise NotProvided
+
+    def group_bytes(
+        self, case: TransferCase, seq_len: int, block_size: int
+    ) -> Mapping[tuple[int, int, int], int]:
+        """Bytes each edge moves of each layer group for a ``seq_len``-token request, keyed
+        ``(group, src, dst)``; sliding windows aligned to ``block_size`` [GROUP-3, WINDOW-1]."""
+        raise NotProvided
+
+    def state_oracle(
+        self,
+        model: ModelShape,
+        group: int,
+        request_id: str,
+        *,
+        layers: tuple[int, ...],
+        attn_tp: int,
+        attn_tp_rank: int,
+        seed: int,
+    ) -> Mapping[str, torch.Tensor]:
+        """The state oracle's values of ``layers`` of state group ``group`` that
+        attention-TP rank ``attn_tp_rank`` of ``attn_tp`` holds: by part name,
+        ``[layers, units held, width * rows]`` in the part's dtype [ORACLE-7]."""
         raise NotProvided
 
     def record_fill(

@@ -22,10 +22,13 @@ from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv, verify
 from kvspec.tensors.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, send
 from kvspec.tensors.slicing import apply_head_slice
+from kvspec.tensors.state_oracle import oracle_state
+from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.state import part_units, plan_state_reads
 from kvspec.transport.chunks import reassemble
 from kvspec.transport.payload import Payload, merge_payloads
 from kvspec.transport.streaming import layer_groups, merge_layers, stream_key
@@ -153,6 +156,64 @@ class ReferenceAdapter(Adapter):
     ) -> int:
         verdict = verify(kv, model, request_id, **region)
         return verdict.mismatches + verdict.scale_mismatches
+
+    def state_units(
+        self, layout: StageLayout, model: ModelShape, group: int, rank: int
+    ) -> dict[str, range]:
+        state = model.layer_groups[group]
+        return part_units(state, layout.attn_tp, layout.locate(rank).attn_tp_rank)  # type: ignore[arg-type]
+
+    def state_reads(
+        self, case: TransferCase, group: int, dst: int
+    ) -> list[tuple[int, int, int, int, int]]:
+        reads = plan_state_reads(
+            case.source,
+            case.target,
+            case.model,
+            group,
+            policy=case.policy,
+            source_dp=case.source_dp,
+            target_dp=case.target_dp,
+        )
+        return [
+            (r.src, r.layer, r.src_offset, r.dst_offset, r.length) for r in reads if r.dst == dst
+        ]
+
+    def group_bytes(
+        self, case: TransferCase, seq_len: int, block_size: int
+    ) -> dict[tuple[int, int, int], int]:
+        plan = plan_groups(
+            case.source,
+            case.target,
+            case.model,
+            seq_len=seq_len,
+            block_size=block_size,
+            policy=case.policy,
+            source_dp=case.source_dp,
+            target_dp=case.target_dp,
+        )
+        return plan.bytes_per_edge()
+
+    def state_oracle(
+        self,
+        model: ModelShape,
+        group: int,
+        request_id: str,
+        *,
+        layers: tuple[int, ...],
+        attn_tp: int,
+        attn_tp_rank: int,
+        seed: int,
+    ) -> dict[str, Any]:
+        return oracle_state(
+            model,
+            group,
+            request_id,
+            layers=layers,
+            attn_tp=attn_tp,
+            attn_tp_rank=attn_tp_rank,
+            seed=seed,
+        )
 
     def record_fill(
         self, model: ModelShape, layout: str, request_id: str, **region: Any

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.dtypes import FP8_DTYPES, check_dtype, itemsize
+from kvspec.topology.groups import FullAttention, LayerGroup, group_from_dict
 
 CLAUSES = (
     Clause(
@@ -81,6 +82,8 @@ class ModelShape:
     attention: Attention = "mha"
     dtype: str = "bfloat16"
     scale_format: str | None = None
+    groups: tuple[LayerGroup, ...] = ()
+    layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         require_int("num_layers", self.num_layers, minimum=1)
@@ -102,6 +105,38 @@ class ModelShape:
             raise ValueError(
                 f"scale_format is only for fp8 dtypes ({', '.join(FP8_DTYPES)}); "
                 f"dtype={self.dtype!r} must have scale_format=None, got {self.scale_format!r}"
+            )
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        """Refuse a layer map that does not give every layer one existing group, or a group
+        no layer uses [GROUP-1]."""
+        groups = tuple(group_from_dict(g) for g in self.groups)
+        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not groups and not self.layers:
+            return
+        if not groups:
+            raise ValueError(
+                "a layer map without groups: a model of one group needs neither; give the other "
+                "groups or drop 'layers' [GROUP-1]"
+            )
+        if len(self.layers) != self.num_layers:
+            raise ValueError(
+                f"the layer map gives {len(self.layers)} layer(s) a group, but the model has "
+                f"num_layers={self.num_layers}; give every layer exactly one group [GROUP-1]"
+            )
+        for index, group in enumerate(self.layers):
+            require_int(f"layers[{index}]", group, minimum=0)
+            if group > len(groups):
+                raise ValueError(
+                    f"layer {index} names group {group}, but the model has groups 0..{len(groups)} "
+                    "(0 is its own attention) [GROUP-1]"
+                )
+        unused = sorted(set(range(len(groups) + 1)) - set(self.layers))
+        if unused:
+            raise ValueError(
+                f"group(s) {unused} hold no layer; every group needs at least one layer [GROUP-1]"
             )
 
     @classmethod
@@ -131,14 +166,48 @@ class ModelShape:
         """Cache bytes one token adds for one head in one layer, K and V together."""
         return self.kv_tensors * self.head_dim * self.itemsize
 
+    @property
+    def hybrid(self) -> bool:
+        """Whether the model has layer groups besides its own attention [GROUP-1]."""
+        return bool(self.groups)
+
+    @property
+    def layer_groups(self) -> tuple[LayerGroup, ...]:
+        """Every group, index 0 the model's own attention [GROUP-1]."""
+        own = FullAttention(self.num_kv_heads, self.head_dim, self.attention)
+        return (own, *self.groups)
+
+    def group_of(self, layer: int) -> int:
+        """The index of layer ``layer``'s group [GROUP-1]."""
+        require_int("layer", layer, minimum=0)
+        if layer >= self.num_layers:
+            raise ValueError(f"layer {layer} is outside the model's {self.num_layers} layers")
+        return self.layers[layer] if self.layers else 0
+
+    def group_layers(self, group: int) -> tuple[int, ...]:
+        """The layers of group ``group``, ascending [GROUP-1]."""
+        if not self.layers:
+            return tuple(range(self.num_layers)) if group == 0 else ()
+        return tuple(i for i, g in enumerate(self.layers) if g == group)
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form, the constructor's keyword arguments."""
-        return asdict(self)
+        """Plain-data form, the constructor's keyword arguments; ``groups`` (each with its
+        ``kind``) and ``layers`` only for a hybrid model, so a uniform model's form is
+        today's [GROUP-1]."""
+        data = asdict(self)
+        del data["groups"], data["layers"]
+        if self.groups:
+            data["groups"] = [g.to_dict() for g in self.groups]
+            data["layers"] = list(self.layers)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelShape:
         """Inverse of :meth:`to_dict`; omitted fields take their defaults."""
-        return cls(**data)
+        facts = dict(data)
+        facts["groups"] = tuple(facts.get("groups", ()))
+        facts["layers"] = tuple(facts.get("layers", ()))
+        return cls(**facts)
 
     def describe(self) -> str:
         """Short human form, e.g. ``32 layers, 8 KV heads x 128, mha, bfloat16``."""
@@ -147,10 +216,21 @@ class ModelShape:
         else:
             body = f"{self.num_layers} layers, {self.num_kv_heads} KV heads x {self.head_dim}"
         extra = f", scales {self.scale_format}" if self.scale_format else ""
+        if self.groups:
+            extra += f", {len(self.groups) + 1} layer groups"
         return f"{body}, {self.dtype}{extra}"
 
 
-_AGREED_FACTS = ("num_layers", "num_kv_heads", "head_dim", "attention", "dtype", "scale_format")
+_AGREED_FACTS = (
+    "num_layers",
+    "num_kv_heads",
+    "head_dim",
+    "attention",
+    "dtype",
+    "scale_format",
+    "groups",
+    "layers",
+)
 
 
 def model_mismatches(source: ModelShape, target: ModelShape) -> list[str]:

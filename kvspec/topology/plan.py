@@ -394,6 +394,11 @@ def plan_transfer(
     Both stages must run the same model; check that first with
     :func:`kvspec.topology.model.check_compatible` when each stage has its own description.
     """
+    if model.hybrid:
+        raise ValueError(
+            f"{model.describe()} has layer groups; a hybrid model is planned group by group "
+            "(kvspec.topology.group_plan.plan_groups) [GROUP-3]"
+        )
     if rule is None:
         require_choice("policy", policy, POLICIES)
         rule = SPEC_RULES[policy]

@@ -45,6 +45,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.streaming",
     "kvspec.conformance.checks.wire",
     "kvspec.conformance.checks.lifecycle",
+    "kvspec.conformance.checks.groups",
 )
 
 

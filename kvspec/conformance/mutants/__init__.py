@@ -40,6 +40,7 @@ MUTANT_MODULES: tuple[str, ...] = (
     "kvspec.conformance.mutants.wire",
     "kvspec.conformance.mutants.lifecycle",
     "kvspec.conformance.mutants.parallel",
+    "kvspec.conformance.mutants.groups",
 )
 
 

@@ -1,0 +1,581 @@
+"""Checks of hybrid models: layer groups, state parts, sliding windows and the bytes of
+each group [GROUP-1..3, STATE-1..2, WINDOW-1].
+
+Models are drawn as small hybrids (every kind, random layer maps) over the TP sizes of
+the adapter's domain; the expected values are the spec's own functions.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import strategies as st
+
+from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.checks import (
+    Context,
+    Example,
+    OutsideDomain,
+    check,
+    expect,
+    expect_refused,
+    fail,
+    vacuous,
+)
+from kvspec.strategies import TP_SIZES, TransferCase
+from kvspec.tensors.dtypes import bits_view
+from kvspec.tensors.state_oracle import oracle_state
+from kvspec.topology.group_plan import plan_groups
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
+from kvspec.topology.state import part_offsets, part_units, plan_state_reads, state_elements
+
+_TP = (1, 2, 4)
+"""TP sizes every drawn state fits (units are powers of two)."""
+
+
+def _tp_sizes(adapter: Adapter) -> list[int]:
+    pairs = {t for pair in adapter.domain.pairs() for t in pair} & set(TP_SIZES) & set(_TP)
+    return sorted(pairs) or [1]
+
+
+@st.composite
+def _group(draw: st.DrawFn, kind: str) -> dict[str, Any]:
+    """One group's plain data; units are powers of two so every TP of 1, 2, 4 holds them."""
+    pow2 = st.sampled_from([1, 2, 4, 8])
+    if kind in ("full", "draft", "sliding"):
+        mla = kind == "draft" and draw(st.booleans())
+        data: dict[str, Any] = {
+            "kind": kind,
+            "num_kv_heads": 1 if mla else draw(pow2),
+            "head_dim": draw(st.integers(1, 8)),
+            "attention": "mla" if mla else "mha",
+        }
+        if kind == "sliding":
+            data["window"] = draw(st.integers(1, 40))
+        return data
+    if kind == "mamba1":
+        return {
+            "kind": kind,
+            "intermediate_size": draw(st.sampled_from([4, 8, 16])),
+            "d_state": draw(st.integers(1, 3)),
+            "conv_kernel": draw(st.integers(2, 4)),
+        }
+    if kind == "mamba2":
+        groups = draw(pow2)
+        return {
+            "kind": kind,
+            "num_heads": groups * draw(st.sampled_from([1, 2, 4])),
+            "head_dim": draw(st.integers(1, 3)),
+            "n_groups": groups,
+            "d_state": draw(st.integers(1, 3)),
+            "conv_kernel": draw(st.integers(2, 4)),
+            "num_spec": draw(st.integers(0, 1)),
+            "ssm_dtype": draw(st.sampled_from([None, "float32"])),
+        }
+    k_heads = draw(pow2)
+    return {
+        "kind": "gdn",
+        "num_k_heads": k_heads,
+        "num_v_heads": k_heads * draw(st.sampled_from([1, 2])),
+        "head_k_dim": draw(st.integers(1, 3)),
+        "head_v_dim": draw(st.integers(1, 3)),
+        "conv_kernel": draw(st.integers(2, 4)),
+    }
+
+
+KINDS = ("sliding", "draft", "full", "mamba1", "mamba2", "gdn")
+STATES = ("mamba1", "mamba2", "gdn")
+
+
+@st.composite
+def _hybrid(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
+    """A hybrid model's plain data: its own attention and 1-3 other groups, every group
+    used by at least one layer."""
+    others = draw(st.lists(st.sampled_from(kinds), min_size=1, max_size=3))
+    groups = [draw(_group(k)) for k in others]
+    num_layers = draw(st.integers(len(groups) + 1, 12))
+    layers = list(range(len(groups) + 1)) + [
+        draw(st.integers(0, len(groups))) for _ in range(num_layers - len(groups) - 1)
+    ]
+    layers = draw(st.permutations(layers))
+    return {
+        "num_layers": num_layers,
+        "num_kv_heads": draw(st.sampled_from([1, 2, 4, 8])),
+        "head_dim": draw(st.integers(1, 8)),
+        "attention": "mha",
+        "dtype": draw(st.sampled_from(["bfloat16", "float32"])),
+        "scale_format": None,
+        "groups": groups,
+        "layers": list(layers),
+    }
+
+
+@st.composite
+def _cases(draw: st.DrawFn, adapter: Adapter, kinds: tuple[str, ...] = KINDS) -> Example:
+    tps = _tp_sizes(adapter)
+    model = draw(_hybrid(kinds))
+    pp = [p for p in adapter.domain.pp_sizes if p <= model["num_layers"]] or [1]
+    source = StageLayout(draw(st.sampled_from(tps)), draw(st.sampled_from(pp)))
+    target = StageLayout(draw(st.sampled_from(tps)), draw(st.sampled_from(pp)))
+    policy = draw(st.sampled_from(list(adapter.policies) or ["lowest"]))
+    return {
+        "case": TransferCase(source, target, ModelShape.from_dict(model), policy).to_dict(),
+        "seq_len": draw(st.integers(0, 96)),
+        "block_size": draw(st.sampled_from([1, 4, 16])),
+    }
+
+
+def _case(ctx: Context, example: Example) -> TransferCase:
+    case = TransferCase.from_dict(example["case"])
+    if case.policy not in (ctx.adapter.policies or ("lowest",)):
+        raise OutsideDomain
+    return case
+
+
+# GROUP-1.1: the default is today's uniform model ------------------------------------------
+@st.composite
+def _uniform(draw: st.DrawFn, adapter: Adapter) -> Example:
+    tps = _tp_sizes(adapter)
+    model = ModelShape(draw(st.integers(1, 8)), draw(st.sampled_from([1, 2, 4, 8])), 4)
+    case = TransferCase(
+        StageLayout(draw(st.sampled_from(tps))), StageLayout(draw(st.sampled_from(tps))), model
+    )
+    return {"case": case.to_dict(), "seq_len": draw(st.integers(1, 64)), "block_size": 16}
+
+
+@check(
+    "GROUP-1",
+    "uniform-default",
+    "a model without groups is one full-attention group moving what today's plan moves",
+    needs=("group-bytes",),
+    strategy=_uniform,
+    covers=("GROUP-1.1",),
+)
+def _uniform_default(ctx: Context, example: Example) -> None:
+    case = _case(ctx, example)
+    seq_len = example["seq_len"]
+    want = {(0, e.src, e.dst): e.nbytes(seq_len) for e in case.plan().edges}
+    got = dict(ctx.adapter.group_bytes(case, seq_len, example["block_size"]))
+    expect(
+        got == want,
+        f"{case.model.describe()} (no layer groups) is one full-attention group: its edges move "
+        f"{want} bytes as the uniform plan's [GROUP-1.1, PLAN-5]; the implementation says {got}",
+    )
+
+
+# refusals of layer maps and group facts [GROUP-1.2..4, GROUP-2.1..3, GROUP-3.3, STATE-1.3] --
+_BREAKS: dict[str, str] = {
+    "GROUP-1.2": "a layer map of another length than num_layers",
+    "GROUP-1.3": "a layer map naming a group that does not exist",
+    "GROUP-1.4": "a group that no layer belongs to",
+    "GROUP-2.1": "a group size below its minimum, or not an integer",
+    "GROUP-2.2": "a Mamba-2 group count that does not divide its heads",
+    "GROUP-2.3": "an unknown group kind",
+    "GROUP-3.3": "a layout that cannot hold one group's heads",
+    "STATE-1.3": "a state part whose units do not fit attention TP",
+}
+
+
+@st.composite
+def _broken(draw: st.DrawFn, adapter: Adapter, obligation: str) -> Example:
+    model = draw(_hybrid())
+    tp = 2
+    bad = copy.deepcopy(model)
+    if obligation == "GROUP-1.2":
+        bad["layers"] = bad["layers"] + [0] if draw(st.booleans()) else bad["layers"][:-1]
+    elif obligation == "GROUP-1.3":
+        bad["layers"][draw(st.integers(0, len(bad["layers"]) - 1))] = len(bad["groups"]) + 1
+    elif obligation == "GROUP-1.4":
+        bad["groups"].append(draw(_group(draw(st.sampled_from(KINDS)))))
+    elif obligation == "GROUP-2.1":
+        group = draw(st.sampled_from(bad["groups"]))
+        fact = draw(st.sampled_from(sorted(k for k, v in group.items() if isinstance(v, int))))
+        minimum = {"conv_kernel": 2, "num_spec": 0}.get(fact, 1)
+        group[fact] = draw(st.sampled_from([minimum - 1, float(group[fact]), str(group[fact])]))
+    elif obligation == "GROUP-2.2":
+        heads = draw(st.sampled_from([2, 4, 8]))  # units that TP 2 holds: only the ratio is bad
+        bad["groups"].append({**draw(_group("mamba2")), "num_heads": heads, "n_groups": heads * 2})
+        bad["layers"].append(len(bad["groups"]))
+        bad["num_layers"] += 1
+    elif obligation == "GROUP-2.3":
+        kind = draw(st.sampled_from(["chunked", "swa", "Mamba2", "kda", "linear"]))
+        bad["groups"].append({**draw(_group("full")), "kind": kind})
+        bad["layers"].append(len(bad["groups"]))
+        bad["num_layers"] += 1
+    elif obligation == "GROUP-3.3":
+        bad["groups"].append({**draw(_group("draft")), "num_kv_heads": 3, "attention": "mha"})
+        bad["layers"].append(len(bad["groups"]))
+        bad["num_layers"] += 1
+    else:  # STATE-1.3
+        bad["groups"].append({**draw(_group("gdn")), "num_k_heads": 3, "num_v_heads": 3})
+        bad["layers"].append(len(bad["groups"]))
+        bad["num_layers"] += 1
+    source, target = StageLayout(1).to_dict(), StageLayout(tp).to_dict()
+    return {
+        "obligation": obligation,
+        "good": {"source": source, "target": target, "model": model, "seq_len": 8},
+        "bad": {"source": source, "target": target, "model": bad, "seq_len": 8},
+    }
+
+
+def _refusal_check(clause: str, obligations: tuple[str, ...]) -> None:
+    def strategy(adapter: Adapter) -> st.SearchStrategy[Example]:
+        return st.sampled_from(obligations).flatmap(lambda o: _broken(adapter, o))
+
+    @check(
+        clause,
+        "refuses-" + clause.lower().replace("-", ""),
+        "; ".join(_BREAKS[o] for o in obligations) + ": each refused, the valid model accepted",
+        needs=("models",),
+        strategy=strategy,
+        covers=obligations,
+    )
+    def run(ctx: Context, example: Example) -> None:
+        if 2 not in _tp_sizes(ctx.adapter):
+            raise OutsideDomain
+        ctx.adapter.validate_model(example["good"])
+        obligation = example["obligation"]
+        expect_refused(
+            obligation,
+            f"{_BREAKS[obligation]} ({example['bad']['model']})",
+            lambda: ctx.adapter.validate_model(example["bad"]),
+        )
+
+
+_refusal_check("GROUP-1", ("GROUP-1.2", "GROUP-1.3", "GROUP-1.4"))
+_refusal_check("GROUP-2", ("GROUP-2.1", "GROUP-2.2", "GROUP-2.3"))
+_refusal_check("GROUP-3", ("GROUP-3.3",))
+_refusal_check("STATE-1", ("STATE-1.3",))
+
+
+# GROUP-3: the bytes of every edge of every group ---------------------------------------------
+@check(
+    "GROUP-3",
+    "bytes-per-group",
+    "every edge of every layer group moves the bytes of its own group's facts, layers and "
+    "tokens (a sliding window's, block-aligned); states the same at every length",
+    needs=("group-bytes",),
+    strategy=_cases,
+    examples=(
+        {
+            "case": TransferCase(
+                StageLayout(1),
+                StageLayout(2, 2),
+                ModelShape(
+                    5,
+                    4,
+                    2,
+                    groups=(
+                        {"kind": "sliding", "num_kv_heads": 4, "head_dim": 2, "window": 6},
+                        {"kind": "draft", "num_kv_heads": 2, "head_dim": 3},
+                    ),
+                    layers=(1, 0, 1, 0, 2),
+                ),
+            ).to_dict(),
+            "seq_len": 21,
+            "block_size": 4,
+        },
+    ),
+    covers=(
+        "GROUP-3.1",
+        "GROUP-3.2",
+        "GROUP-1.5",
+        "GROUP-2.4",
+        "WINDOW-1.1",
+        "WINDOW-1.2",
+    ),
+)
+def _bytes_per_group(ctx: Context, example: Example) -> None:
+    case = _case(ctx, example)
+    seq_len, block = example["seq_len"], example["block_size"]
+    for length in (seq_len, seq_len + 2 * block + 1):
+        plan = plan_groups(
+            case.source,
+            case.target,
+            case.model,
+            seq_len=length,
+            block_size=block,
+            policy=case.policy,
+        )
+        want = plan.bytes_per_edge()
+        got = dict(ctx.adapter.group_bytes(case, length, block))
+        for key in sorted(set(want) | set(got)):
+            if want.get(key, 0) != got.get(key, 0):
+                group, src, dst = key
+                facts = case.model.layer_groups[group].describe()
+                edge = next((e for e in plan.edges if (e.group, e.src, e.dst) == key), None)
+                detail = (
+                    ""
+                    if edge is None
+                    else f" (layers {list(edge.layers)}, tokens "
+                    f"{'all' if edge.tokens is None else edge.tokens.describe()})"
+                )
+                expect(
+                    False,
+                    f"{case.source.describe()} -> {case.target.describe()}, {length} tokens, "
+                    f"block {block}: group {group} {facts}, edge {src} -> {dst}{detail} moves "
+                    f"{want.get(key, 0)} bytes [{_obligation(case.model, group)}]; the "
+                    "implementation says "
+                    f"{got.get(key, 0)}",
+                )
+
+
+def _obligation(model: ModelShape, group: int) -> str:
+    """The obligation an edge's bytes of ``group`` answer to."""
+    kind = model.layer_groups[group].kind
+    return {
+        "sliding": "WINDOW-1.1",
+        "draft": "GROUP-2.4, GROUP-3.1",
+        "full": "GROUP-3.1, WINDOW-1.2",
+    }.get(kind, "GROUP-3.2") + ", GROUP-1.5"
+
+
+# STATE-1: which units of each part a rank holds ----------------------------------------------
+@check(
+    "STATE-1",
+    "part-units",
+    "every part of a state is split by its own unit count: heads, groups (replicated when "
+    "fewer than ranks), channels",
+    needs=("state-ownership",),
+    strategy=lambda adapter: _cases(adapter, STATES),
+    covers=("STATE-1.1", "STATE-1.2"),
+)
+def _part_units(ctx: Context, example: Example) -> None:
+    case = _case(ctx, example)
+    model = case.model
+    for index, group in enumerate(model.layer_groups):
+        if group.per_token:
+            continue
+        for layout in (case.source, case.target):
+            for rank in layout.ranks():
+                want = part_units(group, layout.attn_tp, layout.locate(rank).attn_tp_rank)  # type: ignore[arg-type]
+                got = {
+                    k: list(v)
+                    for k, v in ctx.adapter.state_units(layout, model, index, rank).items()
+                }
+                expect(
+                    got == {k: list(v) for k, v in want.items()},
+                    f"{layout.describe()}, rank {rank}: group {index} {group.describe()} holds "
+                    f"{ {k: list(v) for k, v in want.items()} } [STATE-1.1, STATE-1.2]; the "
+                    "implementation "
+                    f"says {got}",
+                )
+
+
+# STATE-2: every element read from the same element -------------------------------------------
+def _state_values(group: Any, tp: int, attn_rank: int, layer: int) -> list[tuple]:
+    """One rank's state layer as coordinates: (layer, part, unit, element) per element."""
+    values: list[tuple] = []
+    for part in group.parts():
+        for unit in part_units(group, tp, attn_rank)[part.name]:
+            values.extend((layer, part.name, unit, e) for e in range(part.unit_elements))
+    return values
+
+
+@check(
+    "STATE-2",
+    "reads",
+    "a receiver's state, filled by its reads from the senders' states, holds every element "
+    "once and each the same (layer, part, unit, element)",
+    needs=("state-reads",),
+    strategy=lambda adapter: _cases(adapter, ("mamba2", "gdn", "mamba1")),
+    examples=(
+        {  # Falcon-H1-like: one Mamba-2 group, P TP1 -> D TP2 (vllm#55208)
+            "case": TransferCase(
+                StageLayout(1),
+                StageLayout(2),
+                ModelShape(
+                    2,
+                    2,
+                    2,
+                    groups=(
+                        {
+                            "kind": "mamba2",
+                            "num_heads": 4,
+                            "head_dim": 2,
+                            "n_groups": 1,
+                            "d_state": 3,
+                            "conv_kernel": 4,
+                        },
+                    ),
+                    layers=(1, 0),
+                ),
+            ).to_dict(),
+            "seq_len": 8,
+            "block_size": 4,
+        },
+    ),
+    covers=("STATE-2.1", "STATE-2.2"),
+)
+def _reads(ctx: Context, example: Example) -> None:
+    case = _case(ctx, example)
+    model, source, target = case.model, case.source, case.target
+    checked = False
+    for index, group in enumerate(model.layer_groups):
+        if group.per_token or not group.parts():  # type: ignore[union-attr]
+            continue
+        layers = model.group_layers(index)
+        expected_dsts = {
+            r.dst for r in plan_state_reads(source, target, model, index, policy=case.policy)
+        }
+        for dst in sorted(expected_dsts):
+            where = target.locate(dst)
+            size = state_elements(group, target.attn_tp)  # type: ignore[arg-type]
+            filled: dict[int, list[Any]] = {}
+            for src, layer, src_at, dst_at, length in ctx.adapter.state_reads(case, index, dst):
+                expect(
+                    layer in layers,
+                    f"receiver {dst} read layer {layer}, not of group {index} [STATE-2.1]",
+                )
+                sender = _state_values(
+                    group, source.attn_tp, source.locate(src).attn_tp_rank, layer
+                )
+                mine = filled.setdefault(layer, [None] * size)
+                expect(
+                    src_at >= 0
+                    and src_at + length <= len(sender)
+                    and dst_at >= 0
+                    and dst_at + length <= size,
+                    f"group {index}: read {src}:{src_at}+{length} -> {dst}:{dst_at} falls outside "
+                    f"a state layer ({len(sender)} / {size} elements) [STATE-2.1]",
+                )
+                for i in range(length):
+                    expect(
+                        mine[dst_at + i] is None,
+                        f"group {index}: receiver {dst} element {dst_at + i} of layer {layer} is "
+                        "read twice [STATE-2.1]",
+                    )
+                    mine[dst_at + i] = sender[src_at + i]
+            held = [layer for layer in layers if layer in _layers_of(target, model, dst)]
+            for layer in held:
+                want = _state_values(group, target.attn_tp, where.attn_tp_rank, layer)
+                got = filled.get(layer, [None] * size)
+                wrong = [i for i in range(size) if got[i] != want[i]]
+                expect(
+                    not wrong,
+                    f"{source.describe()} -> {target.describe()}, group {index} "
+                    f"{group.describe()}: receiver {dst} layer {layer} element {wrong[:1]} should "
+                    f"be {[want[i] for i in wrong[:1]]} (layer, part, unit, element) but is "
+                    f"{[got[i] for i in wrong[:1]]}; {len(wrong)} of {size} wrong, offsets "
+                    f"{part_offsets(group, source.attn_tp)} -> "  # type: ignore[arg-type]
+                    f"{part_offsets(group, target.attn_tp)} "  # type: ignore[arg-type]
+                    "[STATE-2.1, STATE-2.2]",
+                )
+                checked = True
+    if not checked:
+        vacuous()
+
+
+def _layers_of(layout: StageLayout, model: ModelShape, rank: int) -> range:
+    from kvspec.topology.ownership import layer_ranges
+
+    return layer_ranges(layout, model.num_layers)[layout.locate(rank).pp_rank]
+
+
+@check(
+    "WINDOW-1",
+    "window-bytes",
+    "a sliding-window group moves its block-aligned window; full and draft groups beside it "
+    "every token",
+    needs=("group-bytes",),
+    strategy=lambda adapter: _cases(adapter, ("sliding", "full", "draft")),
+    covers=("WINDOW-1.1", "WINDOW-1.2"),
+)
+def _window_bytes(ctx: Context, example: Example) -> None:
+    _bytes_per_group(ctx, example)
+
+
+# ORACLE-7: the state oracle ------------------------------------------------------------------
+@st.composite
+def _state_fills(draw: st.DrawFn, adapter: Adapter) -> Example:
+    model = ModelShape.from_dict(draw(_hybrid(STATES)))
+    groups = [i for i, g in enumerate(model.layer_groups) if not g.per_token and g.parts()]
+    group = draw(st.sampled_from(groups))
+    tp = draw(st.sampled_from(_tp_sizes(adapter)))
+    mine = list(model.group_layers(group))
+    layers = draw(st.lists(st.sampled_from(mine), min_size=1, max_size=3, unique=True))
+    return {
+        "model": model.to_dict(),
+        "group": group,
+        "layers": sorted(layers),
+        "attn_tp": tp,
+        "attn_tp_rank": draw(st.integers(0, tp - 1)),
+        "request_id": draw(st.text("abc-_0123456789", min_size=1, max_size=8)),
+        "seed": draw(st.one_of(st.integers(0, 2**31), st.integers(2**31, 2**40))),
+    }
+
+
+@check(
+    "ORACLE-7",
+    "state-fill",
+    "every element of a rank's state is the coordinate hash of its global unit, bit for bit",
+    needs=("state-oracle",),
+    strategy=_state_fills,
+    examples=(
+        {
+            "model": ModelShape(
+                2,
+                2,
+                2,
+                groups=(
+                    {
+                        "kind": "mamba2",
+                        "num_heads": 4,
+                        "head_dim": 2,
+                        "n_groups": 2,
+                        "d_state": 2,
+                        "conv_kernel": 3,
+                        "ssm_dtype": "float32",
+                    },
+                ),
+                layers=(1, 0),
+            ).to_dict(),
+            "group": 1,
+            "layers": [0],
+            "attn_tp": 2,
+            "attn_tp_rank": 1,
+            "request_id": "req-1",
+            "seed": 3,
+        },
+    ),
+    covers=("ORACLE-7.1",),
+)
+def _state_fill(ctx: Context, example: Example) -> None:
+    model = ModelShape.from_dict(example["model"])
+    if example["attn_tp"] not in _tp_sizes(ctx.adapter):
+        raise OutsideDomain
+    args = {k: example[k] for k in ("attn_tp", "attn_tp_rank", "seed")}
+    layers = tuple(example["layers"])
+    want = oracle_state(model, example["group"], example["request_id"], layers=layers, **args)
+    got = ctx.adapter.state_oracle(
+        model, example["group"], example["request_id"], layers=layers, **args
+    )
+    state = model.layer_groups[example["group"]]
+    units = part_units(state, example["attn_tp"], example["attn_tp_rank"])  # type: ignore[arg-type]
+    for name, expected in want.items():
+        have = got.get(name) if isinstance(got, Mapping) else None
+        where = (
+            f"{state.describe()}, part {name}, layers {list(layers)}, attention-TP rank "
+            f"{example['attn_tp_rank']} of {example['attn_tp']}"
+        )
+        if (
+            have is None
+            or tuple(have.shape) != tuple(expected.shape)
+            or have.dtype != expected.dtype
+        ):
+            shape = None if have is None else (list(have.shape), str(have.dtype))
+            fail(
+                f"{where}: the fill is {shape}, not {list(expected.shape)} {expected.dtype} "
+                "[ORACLE-7.1]"
+            )
+        differs = bits_view(have.contiguous().cpu()) != bits_view(expected)
+        if bool(differs.any()):
+            layer, unit, element = (int(i) for i in differs.nonzero()[0].tolist())
+            fail(
+                f"{where}: {int(differs.sum())} element(s) differ from the state oracle; the "
+                f"first at layer {layers[layer]}, global unit {units[name][unit]}, element "
+                f"{element} [ORACLE-7.1: every unit under its global index]"
+            )

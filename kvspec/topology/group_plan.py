@@ -1,0 +1,258 @@
+"""Plans of hybrid models, layer group by layer group, and the bytes each edge moves per
+group [GROUP-3, PLAN-5].
+
+A per-token group (full attention, sliding window, draft) is planned as a uniform model
+of its own heads and head_dim over the two layouts [PLAN-1..6], keeping on each edge
+only the group's layers and, for a sliding window, the window's tokens [WINDOW-1]. A
+state group is planned by its reads [STATE-2]. Each group keeps its own head count,
+never the target's back-computed from a rank's local heads (vllm-ascend#11885, #11886;
+field/research/hybrids.md §6).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from kvspec._checks import require_int
+from kvspec.clause import Clause, must, refuses
+from kvspec.tensors.dtypes import itemsize
+from kvspec.topology.groups import FullAttention, SlidingWindow
+from kvspec.topology.model import ModelShape
+from kvspec.topology.plan import plan_transfer
+from kvspec.topology.stage import StageLayout
+from kvspec.topology.state import StateRead, part_itemsize, plan_state_reads
+from kvspec.topology.tokens import Tokens
+from kvspec.topology.windows import window_tokens
+
+CLAUSES = (
+    Clause(
+        "GROUP-3",
+        "Bytes of an edge, per layer group",
+        "A hybrid transfer is planned group by group. An edge of a per-token group moves "
+        "h x l x T x head_dim x itemsize x k bytes [PLAN-5] with the group's own h and "
+        "head_dim, l the edge's layers of that group and T its tokens of the group (a "
+        "sliding window's [WINDOW-1]). An edge of a state group moves the sum of its reads' "
+        "lengths times the state's itemsize [STATE-2], the same for every request length. A "
+        "layout that cannot hold one group's heads or state units is refused, naming the "
+        "group.",
+        obligations=(
+            must("a per-token group's edge moves h x l x T x head_dim x itemsize x k bytes"),
+            must("a state group's edge moves its reads' bytes, the same for every request length"),
+            refuses("a layout that cannot hold one group's heads, while it holds the others'"),
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class GroupEdge:
+    """What one sender sends one receiver of one layer group [GROUP-3].
+
+    ``heads`` and ``tokens`` are for per-token groups (``tokens`` None: every token);
+    ``reads`` for state groups [STATE-2].
+    """
+
+    group: int
+    src: int
+    dst: int
+    layers: tuple[int, ...]
+    nbytes: int
+    heads: range | None = None
+    tokens: Tokens | None = None
+    reads: tuple[StateRead, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "group": self.group,
+            "src": self.src,
+            "dst": self.dst,
+            "layers": list(self.layers),
+            "nbytes": self.nbytes,
+        }
+        if self.heads is not None:
+            data["heads"] = [self.heads.start, self.heads.stop]
+        if self.tokens is not None:
+            data["tokens"] = self.tokens.to_list()
+        if self.reads:
+            data["reads"] = len(self.reads)
+        return data
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """Every edge of every layer group of one request's transfer [GROUP-3]."""
+
+    source: StageLayout
+    target: StageLayout
+    model: ModelShape
+    policy: str
+    seq_len: int
+    block_size: int
+    edges: tuple[GroupEdge, ...]
+
+    def nbytes(self) -> int:
+        """Bytes every edge of every group moves."""
+        return sum(e.nbytes for e in self.edges)
+
+    def bytes_by_group(self) -> dict[int, int]:
+        """Bytes each group moves, every group listed (0 for one that moves nothing)."""
+        totals = dict.fromkeys(range(len(self.model.layer_groups)), 0)
+        for e in self.edges:
+            totals[e.group] += e.nbytes
+        return totals
+
+    def bytes_per_edge(self) -> dict[tuple[int, int, int], int]:
+        """(group, src, dst) -> bytes [GROUP-3]."""
+        return {(e.group, e.src, e.dst): e.nbytes for e in self.edges}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source.to_dict(),
+            "target": self.target.to_dict(),
+            "model": self.model.to_dict(),
+            "policy": self.policy,
+            "seq_len": self.seq_len,
+            "block_size": self.block_size,
+            "bytes_by_group": {str(g): n for g, n in self.bytes_by_group().items()},
+            "edges": [e.to_dict() for e in self.edges],
+        }
+
+
+def group_view(model: ModelShape, group: FullAttention) -> ModelShape:
+    """A per-token group as a uniform model of all the model's layers [GROUP-3]."""
+    return ModelShape(
+        model.num_layers,
+        group.num_kv_heads,
+        group.head_dim,
+        group.attention,  # type: ignore[arg-type]
+        model.dtype,
+        model.scale_format,
+    )
+
+
+def plan_groups(
+    source: StageLayout,
+    target: StageLayout,
+    model: ModelShape,
+    *,
+    seq_len: int,
+    block_size: int = 16,
+    policy: str = "lowest",
+    source_dp: int = 0,
+    target_dp: int = 0,
+) -> GroupPlan:
+    """The plan of every layer group of one ``seq_len``-token request [GROUP-3, WINDOW-1,
+    STATE-2]; ``block_size`` aligns sliding windows."""
+    require_int("seq_len", seq_len, minimum=0)
+    require_int("block_size", block_size, minimum=1)
+    edges: list[GroupEdge] = []
+    for index, group in enumerate(model.layer_groups):
+        try:
+            if isinstance(group, FullAttention):
+                edges.extend(
+                    _token_edges(
+                        source,
+                        target,
+                        model,
+                        index,
+                        group,
+                        seq_len,
+                        block_size,
+                        policy,
+                        source_dp,
+                        target_dp,
+                    )
+                )
+            else:
+                edges.extend(
+                    _state_edges(source, target, model, index, policy, source_dp, target_dp)
+                )
+        except ValueError as error:
+            raise ValueError(
+                f"layer group {index} ({group.describe()}): {error} [GROUP-3]"
+            ) from None
+    edges.sort(key=lambda e: (e.group, e.src, e.dst))
+    return GroupPlan(source, target, model, policy, seq_len, block_size, tuple(edges))
+
+
+def _token_edges(
+    source: StageLayout,
+    target: StageLayout,
+    model: ModelShape,
+    index: int,
+    group: FullAttention,
+    seq_len: int,
+    block_size: int,
+    policy: str,
+    source_dp: int,
+    target_dp: int,
+) -> list[GroupEdge]:
+    view = group_view(model, group)
+    plan = plan_transfer(
+        source,
+        target,
+        view,
+        policy=policy,
+        seq_len=seq_len,
+        source_dp=source_dp,
+        target_dp=target_dp,
+    )
+    mine = set(model.group_layers(index))
+    window = (
+        window_tokens(group.window, seq_len, block_size)
+        if isinstance(group, SlidingWindow)
+        else None
+    )
+    edges = []
+    for edge in plan.edges:
+        layers = tuple(layer for layer in edge.layers if layer in mine)
+        tokens = edge.tokens
+        if window is not None:
+            tokens = window if tokens is None else tokens.intersect(window)
+        count = seq_len if tokens is None else len(tokens)
+        if not layers or count == 0:
+            continue
+        per_cell = group.kv_tensors * group.head_dim * itemsize(model.dtype)
+        edges.append(
+            GroupEdge(
+                index,
+                edge.src,
+                edge.dst,
+                layers,
+                len(edge.heads) * len(layers) * count * per_cell,
+                heads=edge.heads,
+                tokens=tokens,
+            )
+        )
+    return edges
+
+
+def _state_edges(
+    source: StageLayout,
+    target: StageLayout,
+    model: ModelShape,
+    index: int,
+    policy: str,
+    source_dp: int,
+    target_dp: int,
+) -> list[GroupEdge]:
+    reads = plan_state_reads(
+        source, target, model, index, policy=policy, source_dp=source_dp, target_dp=target_dp
+    )
+    group = model.layer_groups[index]
+    by_pair: dict[tuple[int, int], list[StateRead]] = defaultdict(list)
+    for read in reads:
+        by_pair[(read.src, read.dst)].append(read)
+    return [
+        GroupEdge(
+            index,
+            src,
+            dst,
+            tuple(sorted({r.layer for r in pair})),
+            sum(r.length * part_itemsize(group, r.part, model) for r in pair),  # type: ignore[arg-type]
+            reads=tuple(pair),
+        )
+        for (src, dst), pair in sorted(by_pair.items())
+    ]

@@ -1,0 +1,175 @@
+"""The simulated cluster on hybrid models: real processes on OS-assigned loopback ports move
+every layer group, every state is verified by coordinate, and the bytes of every edge
+equal kvspec's group plan [GROUP-3, STATE-2, WINDOW-1]."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvspec.tensors import group_reshard as gr
+from kvspec.topology.group_plan import plan_groups
+from kvspec.topology.groups import DraftAttention, GdnState, Mamba2State, NoCache, SlidingWindow
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
+from kvspec.topology.windows import window_tokens
+from sim.cli import main
+from sim.group_messages import piece_frames, read_header, read_piece
+from sim.hybrid import HybridRun, run_hybrid
+from sim.messages import MessageError
+
+EVERY_KIND = ModelShape(
+    6,
+    2,
+    4,
+    groups=(
+        SlidingWindow(4, 4, window=24),
+        Mamba2State(
+            num_heads=4, head_dim=2, n_groups=1, d_state=3, conv_kernel=3, ssm_dtype="float32"
+        ),
+        GdnState(num_k_heads=2, num_v_heads=4, head_k_dim=2, head_v_dim=3, conv_kernel=4),
+        DraftAttention(1, 6),
+        NoCache(),
+    ),
+    layers=(1, 0, 2, 3, 5, 4),
+)
+"""Every group kind in six layers; one Mamba-2 group, so B and C are replicated over TP
+while x is split (vllm#55208)."""
+
+
+def plan_bytes(run: HybridRun) -> dict[tuple[int, int, int], int]:
+    """kvspec's bytes per (group, src, dst), summed over the run's requests."""
+    total: dict[tuple[int, int, int], int] = defaultdict(int)
+    for _, seq_len in run.workload():
+        plan = plan_groups(run.source, run.target, run.model, seq_len=seq_len, block_size=16)
+        for key, n in plan.bytes_per_edge().items():
+            total[key] += n
+    return dict(total)
+
+
+@pytest.mark.parametrize(("source", "target"), [(1, 4), (4, 1), (2, 4)])
+def test_every_group_and_state_is_verified_with_the_plans_bytes(source: int, target: int) -> None:
+    run = HybridRun(
+        StageLayout(source), StageLayout(target), EVERY_KIND, requests=2, seq_len=(30, 70)
+    )
+    report = run_hybrid(run)
+    assert report.ok, report.render()
+    assert sorted(report.verified) == [r for r, _ in run.workload()]
+    assert report.moved == plan_bytes(run)
+    by_group = report.bytes_by_group(report.moved)
+    assert by_group[5] == 0 and all(by_group[g] > 0 for g in range(5))
+
+
+def test_a_sliding_window_receiver_gets_only_its_window() -> None:
+    """WINDOW-1: a request longer than the window moves only the block-aligned window of
+    the sliding group; every edge of it equals the plan's bytes."""
+    model = ModelShape(4, 4, 4, groups=(SlidingWindow(4, 4, window=24),), layers=(1, 0, 1, 0))
+    run = HybridRun(StageLayout(1), StageLayout(2), model, requests=1, seq_len=(100, 100))
+    report = run_hybrid(run)
+    assert report.ok, report.render()
+    window = len(window_tokens(24, 100, 16))
+    assert window == 36  # tokens 64..99: the last 24, back to a block boundary
+    for dst in range(2):  # 2 of 4 heads, 2 sliding layers, K and V, 4 x bfloat16 each
+        assert report.moved[(1, 0, dst)] == 2 * 2 * window * 2 * 4 * 2
+        assert report.moved[(0, 0, dst)] == 2 * 2 * 100 * 2 * 4 * 2
+    assert report.moved == plan_bytes(run)
+
+
+def test_pp_stages_move_their_layers_of_each_group() -> None:
+    run = HybridRun(
+        StageLayout(2, 2),
+        StageLayout(4),
+        EVERY_KIND,
+        requests=1,
+        seq_len=(20, 20),
+        policy="balanced",
+    )
+    report = run_hybrid(run)
+    assert report.ok, report.render()
+    assert report.moved == {
+        k: n
+        for k, n in plan_groups(run.source, run.target, EVERY_KIND, seq_len=20, policy="balanced")
+        .bytes_per_edge()
+        .items()
+    }
+
+
+def test_sim_run_model_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m sim run --model NAME``: bytes per layer group in the report and JSON."""
+    code = main(
+        ["run", "--model", "deepseek-v3-mtp", "--source-tp", "2", "--target-tp", "1",
+         "--requests", "1", "--seq-len", "8", "--json", "-"]
+    )  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["ok"] and report["bytes_match"]
+    assert set(report["bytes_by_group"]) == {"0", "1"}
+    moved = {g: v["moved"] for g, v in report["bytes_by_group"].items()}
+    # MLA: one sender's latent, 61 target layers and the draft layer, 8 tokens x 576 x 2 B
+    assert moved == {"0": 61 * 8 * 576 * 2, "1": 1 * 8 * 576 * 2}
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--faults", "drop=0.1"], "--faults"),
+        (["--transfer", "pull"], "--transfer"),
+        (["--kv-heads", "4"], "--kv-heads"),
+        (["--source-cp", "2"], "token shards"),
+    ],
+)
+def test_options_a_hybrid_run_does_not_take_are_refused(
+    extra: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["run", "--model", "jamba-v0.1", "--quiet", *extra])
+    assert code == 2
+    assert named in capsys.readouterr().err
+
+
+def _a_state_piece() -> list[Any]:
+    run = HybridRun(StageLayout(1), StageLayout(2), EVERY_KIND, requests=1, seq_len=(8, 8))
+    plan = run.plan(8)
+    edge = next(e for e in plan.edges if e.group == 2)
+    region = gr.held_region(run.source, EVERY_KIND, 2, 0, seq_len=8, block_size=16, receiving=False)
+    data = gr.fill(EVERY_KIND, region, "req-0000", layout=run.source, rank=0)
+    piece = next(p for p in gr.cut(edge, region, data, 8) if p.part == "ssm")
+    return piece_frames(piece, run="token", request="req-0000")
+
+
+def test_a_piece_round_trips_with_its_dtype_from_the_model() -> None:
+    """The float32 temporal part of a Mamba-2 state crosses as raw bytes; the receiver
+    reads its dtype from the model, not from the wire."""
+    frames = _a_state_piece()
+    header = read_header(frames[0], run="token")
+    piece = read_piece(header, bytes(frames[1]), model=EVERY_KIND, dst=1, sources=1)
+    assert piece.part == "ssm" and str(piece.data.dtype) == "torch.float32"
+    assert piece.data.numel() * 4 == len(bytes(frames[1]))
+
+
+Change = Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda h, d: (h, d[:-1]), "not whole float32 elements"),
+        (lambda h, d: ({**h, "part": "D"}, d), "part must be one of x, B, C, ssm"),
+        (lambda h, d: ({**h, "group": 9}, d), "group must be an integer in 0..5"),
+        (lambda h, d: ({**h, "layers": [6]}, d), "layers must be 1..6 layer indices"),
+        (lambda h, d: ({**h, "src": -1}, d), "src must be an integer in 0..0"),
+    ],
+)
+def test_a_bad_piece_is_refused_with_the_value(change: Change, message: str) -> None:
+    frames = _a_state_piece()
+    header, data = change(read_header(frames[0], run="token"), bytes(frames[1]))
+    with pytest.raises(MessageError, match=message):
+        read_piece(header, data, model=EVERY_KIND, dst=1, sources=1)
+
+
+def test_a_message_of_another_run_is_refused() -> None:
+    frames = _a_state_piece()
+    with pytest.raises(MessageError, match="another run"):
+        read_header(frames[0], run="other")
