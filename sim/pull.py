@@ -385,27 +385,7 @@ class PullAgent:
             checksum=rank.config.checksum,
             ranges_crc=_crc(ranges) if rank.config.checksum else None,
         )
-        frames: list[Any] = [head, *ranges]
-        faults, book = rank.faults, rank.book
-        if faults.hit("garbage"):
-            rank._put(dst, [faults.garbage()])
-            book.inject("garbage", rank._edge_name(rank.who.rank, dst, rank.who.stage))
-        if faults.hit("drop"):
-            book.inject("drop", key)
-            return
-        if faults.hit("corrupt"):
-            frames = faults.corrupt(frames, first=1)  # the header stays readable
-            book.inject("corrupt", key)
-        if rank.config.faults.delay_s:
-            time.sleep(rank.config.faults.delay_s)
-        if faults.hit("reorder"):
-            rank.held[dst].append((key, frames, seq))
-            return
-        rank._put(dst, frames, slot=slot)
-        if faults.hit("dup"):
-            rank._put(dst, frames)
-            book.inject("dup", key)
-        rank._release_held(dst, overtaken=True)
+        rank._put_through_faults(dst, key, [head, *ranges], seq, slot=slot)
 
     def _ranges(self, listed: list[Descriptor]) -> tuple[list[Any], Any]:
         """The bytes of each range, and the staging slot holding them: views of cache

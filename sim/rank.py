@@ -831,27 +831,47 @@ class Rank:
         head = messages.envelope(
             key, seq, time.time(), epoch=self.epoch, checksum=self.config.checksum, started=started
         )
-        frames: list[Any] = [head, *wire]
+        if self._put_through_faults(dst, key, [head, *wire], seq, slot=slot, traced=True):
+            self._maybe_restart()
+
+    def _put_through_faults(
+        self,
+        dst: int,
+        key: str,
+        frames: list[Any],
+        seq: int,
+        *,
+        slot: Slot | None = None,
+        traced: bool = False,
+    ) -> bool:
+        """Send one data message (envelope first) to ``dst`` through the run's wire faults,
+        each booked, in the one order push, pull and write share [sim.faults]: garbage
+        before it, drop, corrupt (the envelope stays readable), delay, reorder (held until
+        something overtakes it), dup. ``traced`` sends it as a push does [LIFE-4]; True when
+        it went out, False when it was dropped or held back."""
         if self.faults.hit("garbage"):
             self._put(dst, [self.faults.garbage()])
             self.book.inject("garbage", self._edge_name(self.who.rank, dst, self.who.stage))
         if self.faults.hit("drop"):
             self.book.inject("drop", key)
-            return
+            return False
         if self.faults.hit("corrupt"):
-            frames = self.faults.corrupt(frames, first=1)  # the envelope stays readable
+            frames = self.faults.corrupt(frames, first=1)
             self.book.inject("corrupt", key)
         if self.config.faults.delay_s:
             time.sleep(self.config.faults.delay_s)
         if self.faults.hit("reorder"):
             self.held[dst].append((key, frames, seq))  # booked once something overtakes it
-            return
-        self._send(dst, key, frames, seq, slot=slot)
+            return False
+        if traced:
+            self._send(dst, key, frames, seq, slot=slot)
+        else:
+            self._put(dst, frames, slot=slot)
         if self.faults.hit("dup"):
             self._put(dst, frames)
             self.book.inject("dup", key)
         self._release_held(dst, overtaken=True)
-        self._maybe_restart()
+        return True
 
     def key_request(self, key: str) -> str:
         """The request a key of this rank's sends names [KEY-1]."""

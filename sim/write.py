@@ -161,27 +161,7 @@ class WriteAgent(PullAgent):
             ranges_crc=checksum_of(self.algorithm, data) if checksum else None,
             ranges_alg=self.algorithm if checksum else None,
         )
-        frames: list[Any] = [head, *data]
-        faults, book = rank.faults, rank.book
-        if faults.hit("garbage"):
-            rank._put(dst, [faults.garbage()])
-            book.inject("garbage", rank._edge_name(rank.who.rank, dst, rank.who.stage))
-        if faults.hit("drop"):
-            book.inject("drop", key)
-            return
-        if faults.hit("corrupt"):
-            frames = faults.corrupt(frames, first=1)  # the envelope stays readable
-            book.inject("corrupt", key)
-        if rank.config.faults.delay_s:
-            time.sleep(rank.config.faults.delay_s)
-        if faults.hit("reorder"):
-            rank.held[dst].append((key, frames, seq))
-            return
-        rank._put(dst, frames, slot=slot)
-        if faults.hit("dup"):
-            rank._put(dst, frames)
-            book.inject("dup", key)
-        rank._release_held(dst, overtaken=True)
+        rank._put_through_faults(dst, key, [head, *data], seq, slot=slot)
 
     def _frames(self, made: Framing) -> tuple[list[Any], Slot | None]:
         """The frames, from cache memory: views of it, or runs packed into a slot of the
