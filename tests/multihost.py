@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
@@ -213,7 +215,15 @@ class Hosts:
         host, port = env["MASTER_ADDR"], env["MASTER_PORT"]
         command = [*self.wrap[0], sys.executable, "-c", script, host, port, self.run_id]
         done = subprocess.run([*command, phase, str(timeout)], capture_output=True, text=True)
-        assert done.returncode == 0, f"the run never reached {phase!r}: {done.stderr[-2000:]}"
+        if done.returncode != 0:  # say why: the hosts' own words, if they have ended
+            ended = [
+                f"host {i} exited {code}: {stderr[-1500:]}"
+                for i, (code, _, stderr) in enumerate(self.wait(1.0))
+                if code is not None
+            ]
+            pytest.fail(
+                f"the run never reached {phase!r}: {done.stderr[-800:]}\n" + "\n".join(ended)
+            )
 
     def wait(self, timeout: float, *, skip: int | None = None) -> list[tuple[int | None, str, str]]:
         """(exit status, stdout, stderr) per host; status None if it outlived ``timeout``.

@@ -457,6 +457,6 @@ def test_the_largest_legal_header_is_decoded_fast() -> None:
 
 def test_a_receiver_can_require_checksums() -> None:
     plain = [bytes(f) for f in encode(PAYLOADS[0])]
-    with pytest.raises(WireError, match="requires it"):
+    with pytest.raises(WireError, match="this receiver requires one"):
         decode(plain, require_checksum=True)
     assert decode([bytes(f) for f in encode(PAYLOADS[0], checksum=True)], require_checksum=True)
