@@ -240,22 +240,13 @@ class PullAgent:
     def on_answer(self, src: int, frames: list[zmq.Frame], received_at: float) -> None:
         """An answer from ``src``: check it, write its ranges into the cache [DESC-1]."""
         rank = self.rank
-        read = rank.expected_envelope(src, frames)
+        read = rank.admit_answer(src, frames)
         if read is None:
             return
         head, owner = read
         key = head["key"]
-        if key in rank.seen:
-            rank.book.observe("dup", key)
-            return
-        rank.seen.add(key)
-        if head["seq"] < rank.max_seq.get(src, -1):
-            rank.book.observe("reorder", key)
-        else:
-            rank.max_seq[src] = head["seq"]
         request_id, _, _ = owner
         state = rank.incoming[request_id]
-        state.waiting.discard(key)
         _, made = self.outstanding[src].pop(key, (None, None))
         ranges = [f.buffer for f in frames[1:]]
         if rank.config.checksum and head.get("ranges_crc") != _crc(ranges):

@@ -1143,6 +1143,28 @@ class Rank:
             return None
         return envelope, owner
 
+    def admit_answer(
+        self, src: int, frames: list[zmq.Frame]
+    ) -> tuple[dict[str, Any], tuple[str, int, int]] | None:
+        """A pull answer or a write from ``src``, once: its envelope and owner as
+        :meth:`expected_envelope` reads them, a second copy booked as a dup and an overtaken
+        one as a reorder [sim.faults], its key no longer awaited; ``None`` when not to land."""
+        read = self.expected_envelope(src, frames)
+        if read is None:
+            return None
+        head, owner = read
+        key = head["key"]
+        if key in self.seen:
+            self.book.observe("dup", key)
+            return None
+        self.seen.add(key)
+        if head["seq"] < self.max_seq.get(src, -1):
+            self.book.observe("reorder", key)
+        else:
+            self.max_seq[src] = head["seq"]
+        self.incoming[owner[0]].waiting.discard(key)
+        return read
+
     def _on_data(self, src: int, frames: list[zmq.Frame]) -> None:
         """One message from source ``src``: its welcome, a notice, an end-of-stream, or KV."""
         received_at = time.time()

@@ -180,22 +180,13 @@ class WriteAgent(PullAgent):
     def on_answer(self, src: int, frames: list[zmq.Frame], received_at: float) -> None:
         """A write from ``src``: check it, land its bytes in the cache [DESC-1]."""
         rank = self.rank
-        read = rank.expected_envelope(src, frames)
+        read = rank.admit_answer(src, frames)
         if read is None:
             return
         head, owner = read
         key = head["key"]
-        if key in rank.seen:
-            rank.book.observe("dup", key)
-            return
-        rank.seen.add(key)
-        if head["seq"] < rank.max_seq.get(src, -1):
-            rank.book.observe("reorder", key)
-        else:
-            rank.max_seq[src] = head["seq"]
         request_id, chunk, _ = owner
         state = rank.incoming[request_id]
-        state.waiting.discard(key)
         data = [f.buffer for f in frames[1:]]
         if rank.config.checksum or "ranges_crc" in head:
             algorithm = head.get("ranges_alg", "crc32")
