@@ -151,6 +151,7 @@ class Hosts:
     launched: list[Launched] = field(default_factory=list)
     endpoint: str = ""
     run_id: str = ""
+    watcher: subprocess.Popen[str] | None = None
 
     def free_port(self) -> int:
         """A port free on the first host's address (namespaces start with every port free)."""
@@ -187,42 +188,47 @@ class Hosts:
             )
             self.launched.append(Launched(host, process, token))
 
-    def await_phase(self, phase: str, timeout: float) -> None:
-        """Wait until the run's coordinator publishes ``phase`` on its board (sim.rendezvous)
-        in the workers' store, reached from the first host (a namespace: from inside it)."""
-        script = (
-            "import sys, time, datetime, torch.distributed as d\n"
-            "h, p, run, phase, t = sys.argv[1:]\n"
-            "end = time.monotonic() + float(t)\n"
-            "while time.monotonic() < end:\n"
-            "    try:\n"
-            "        s = d.TCPStore(h, int(p), is_master=False, "
-            "timeout=datetime.timedelta(seconds=5))\n"
-            "        s = d.PrefixStore(f'kvspec-sim/{run}/0', s)\n"
-            "        while time.monotonic() < end:\n"
-            "            if s.check(['phase']) and phase.encode() in s.get('phase'):\n"
-            "                sys.exit(0)\n"
-            "            time.sleep(0.1)\n"
-            "    except Exception:\n"
-            "        time.sleep(0.2)\n"
-            "sys.exit(1)\n"
+    def watch(self) -> None:
+        """Start a watcher of the run's phases (sim.rendezvous) on the first host (a
+        namespace: inside it) now, so that its torch import overlaps torchrun's start-up
+        and it polls the board long before traffic starts; :meth:`await_phase` reads it."""
+        command = [*self.wrap[0], sys.executable, "-u", "-c", _WATCHER]
+        self.watcher = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
+
+    def await_phase(self, phase: str, timeout: float) -> None:
+        """Wait until the run's coordinator publishes ``phase`` on its board in the
+        workers' store. Fails, saying so, if the run got past ``phase`` first (a cut
+        meant for mid-run would then land after it) or ended without reaching it."""
+        assert self.watcher is not None, "call watch() right after start()"
         env = None
-        while env is None:
+        deadline = time.monotonic() + timeout
+        while env is None and time.monotonic() < deadline:
             env = self.launched[0].worker_env()
-            time.sleep(0.1)
+            time.sleep(0.05)
+        assert env is not None, "worker 0 never started"
         # torchrun's workers share a store of their own, not the rendezvous endpoint's
-        host, port = env["MASTER_ADDR"], env["MASTER_PORT"]
-        command = [*self.wrap[0], sys.executable, "-c", script, host, port, self.run_id]
-        done = subprocess.run([*command, phase, str(timeout)], capture_output=True, text=True)
-        if done.returncode != 0:  # say why: the hosts' own words, if they have ended
+        line = f"{env['MASTER_ADDR']} {env['MASTER_PORT']} {self.run_id} {phase} {timeout}\n"
+        try:
+            stdout, stderr = self.watcher.communicate(line, timeout=timeout + 10)
+        except subprocess.TimeoutExpired:
+            self.watcher.kill()
+            stdout, stderr = self.watcher.communicate()
+        if self.watcher.returncode != 0:  # say why: the hosts' own words, if they have ended
             ended = [
-                f"host {i} exited {code}: {stderr[-1500:]}"
-                for i, (code, _, stderr) in enumerate(self.wait(1.0))
+                f"host {i} exited {code}: {stderr_[-1500:]}"
+                for i, (code, _, stderr_) in enumerate(self.wait(1.0))
                 if code is not None
             ]
             pytest.fail(
-                f"the run never reached {phase!r}: {done.stderr[-800:]}\n" + "\n".join(ended)
+                f"the run never reached {phase!r} (watcher: {stdout.strip()} {stderr[-800:]})\n"
+                + "\n".join(ended)
             )
 
     def wait(self, timeout: float, *, skip: int | None = None) -> list[tuple[int | None, str, str]]:
@@ -264,6 +270,9 @@ class Hosts:
             self.launched[index].kill()
 
     def close(self) -> None:
+        if self.watcher is not None and self.watcher.poll() is None:
+            self.watcher.kill()
+            self.watcher.communicate()
         for launched in self.launched:
             launched.kill()
             if launched.process.poll() is None:
@@ -277,6 +286,31 @@ class Hosts:
             subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
         if self.bridge:
             subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
+
+
+_WATCHER = """
+import sys, time, datetime, torch.distributed as d
+h, p, run, phase, t = sys.stdin.readline().split()
+end = time.monotonic() + float(t)
+seen = ''
+while time.monotonic() < end:
+    try:
+        s = d.TCPStore(h, int(p), is_master=False, timeout=datetime.timedelta(seconds=5))
+        s = d.PrefixStore(f'kvspec-sim/{run}/0', s)
+        while time.monotonic() < end:
+            if s.check(['phase']):
+                seen = s.get('phase').decode()
+                if phase in seen:
+                    sys.exit(0)
+                if 'finish' in seen:
+                    sys.exit(f'the run was already past {phase!r}: {seen}')
+            time.sleep(0.05)
+    except Exception as error:
+        print('store:', error)
+        time.sleep(0.2)
+sys.exit(f'no {phase!r} within {t} s (last seen: {seen or "nothing"})')
+"""
+"""Polls the run's ``phase`` key; reads ``host port run phase timeout`` from stdin."""
 
 
 def loopback_hosts(count: int) -> Hosts:

@@ -34,6 +34,10 @@ from tests.multihost import (
 SMALL = ["--kv-heads", "4", "--layers", "2", "--head-dim", "16", "--seq-len", "16:48", "--quiet"]
 THREE_HOSTS = ["--source-tp", "4", "--target-tp", "2", "--requests", "3", *SMALL]
 RUN_TIMEOUT_S = 240.0
+CUT_DELAY = "delay=3s"
+"""The link-cut runs' pace: 12 messages per sender at 3 s each, so a cut one second after
+*go* lands mid-run even when a loaded machine is slow to see *go*; the survivors end
+within the heartbeat limit of the cut, so the long tail is never waited for."""
 
 
 @pytest.fixture
@@ -106,10 +110,11 @@ def test_a_cut_loopback_host_fails_its_requests_with_reasons(loopback, tmp_path:
     survivors notice within the heartbeat limit, end, and leave nothing running."""
     hosts = loopback(3)
     flags = ["--source-tp", "4", "--target-tp", "2", "--requests", "12", *SMALL]
-    hosts.start([*flags, "--faults", "delay=0.5s", "--json", str(tmp_path / "r.json")])
+    hosts.start([*flags, "--faults", CUT_DELAY, "--json", str(tmp_path / "r.json")])
+    hosts.watch()
     victim = _non_coordinator(hosts)
     hosts.await_phase("go", RUN_TIMEOUT_S)
-    time.sleep(1.0)  # mid-run: each sender spends 6 s on its 12 delayed messages
+    time.sleep(1.0)  # mid-run: each sender spends 36 s on its 12 delayed messages
     started = time.monotonic()
     hosts.cut(victim)
     results = hosts.wait(RUN_TIMEOUT_S)
@@ -198,7 +203,8 @@ def test_three_namespace_hosts_with_a_link_cut(namespaces, tmp_path: Path) -> No
     test; across namespaces: the two-host test. Both kept small for the suite's time.)"""
     hosts = namespaces(3)
     flags = ["--source-tp", "4", "--target-tp", "2", "--requests", "12", *SMALL]
-    hosts.start([*flags, "--faults", "delay=0.5s", "--json", str(tmp_path / "cut.json")])
+    hosts.start([*flags, "--faults", CUT_DELAY, "--json", str(tmp_path / "cut.json")])
+    hosts.watch()
     victim = _non_coordinator(hosts)
     hosts.await_phase("go", RUN_TIMEOUT_S)
     time.sleep(1.0)
