@@ -1,14 +1,18 @@
 """The state cache layouts place each state element where vLLM's strided views of a layer's
 buffer put it [SLAYOUT-1, SLAYOUT-2]."""
 
+import json
+
 import pytest
 import torch
 
+from kvspec.cli import main
 from kvspec.memory.presets import STATE_PRESETS
 from kvspec.memory.state_cache import get_state_layout, state_offset, state_page, state_runs
 from kvspec.tensors.dtypes import torch_dtype
 from kvspec.topology.groups import GdnState, Mamba1State, Mamba2State
 from kvspec.topology.model import ModelShape
+from kvspec.topology.model_presets import model_preset
 
 MODELS = {
     "mamba2-one-group": ModelShape(
@@ -116,3 +120,25 @@ def test_refusals_name_the_values() -> None:
         state_offset("vllm_conv_ds", model, 1, attn_tp=2, attn_tp_rank=0, unit=3, **where)
     with pytest.raises(ValueError, match="outside a unit"):
         state_offset("vllm_conv_ds", model, 1, unit=0, **{**where, "element": 2 * 3})
+
+
+def test_layouts_lists_the_state_layouts_and_a_presets_page(capsys) -> None:
+    assert main(["layouts"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in STATE_PRESETS)
+    args = ["layouts", "vllm_conv_ds", "--model", "qwen3-next-80b-a3b", "--tp", "4"]
+    assert main([*args, "--rank", "1", "--json", "-"]) == 0
+    (page,) = json.loads(capsys.readouterr().out)["pages"]
+    model = model_preset("qwen3-next-80b-a3b")
+    want = state_page("vllm_conv_ds", model, page["group"], attn_tp=4, attn_tp_rank=1)
+    assert page["page_size"] == want.page_size == want.state_bytes
+    assert {p["part"]: p["reads"] for p in page["parts"]} == {"Q": 1, "K": 1, "V": 1, "ssm": 1}
+    assert main(["layouts", "vllm_conv_sd", "--model", "qwen3-next-80b-a3b", "--json", "-"]) == 0
+    (page,) = json.loads(capsys.readouterr().out)["pages"]
+    rows = want.rows
+    assert {p["part"]: p["reads"] for p in page["parts"]} == {
+        "Q": rows,
+        "K": rows,
+        "V": rows,
+        "ssm": 1,
+    }
