@@ -32,6 +32,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.tensors.oracle",
     "kvspec.memory.records",
     "kvspec.tensors.state_oracle",
+    "kvspec.memory.state_cache",
     "kvspec.naming.keys",
     "kvspec.naming.ports",
     "kvspec.transport.payload",

@@ -92,6 +92,8 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "state-reads",
         "group-bytes",
         "state-oracle",
+        "state-layout",
+        "state-runs",
     }
     # No pipeline parallelism, attention groups or token shards in its domain; no policy
     # names; its read_layer takes no page size, so it cannot read a token pool.

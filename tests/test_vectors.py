@@ -10,7 +10,12 @@ import torch
 
 from kvspec.cli import main
 from kvspec.conformance import load_adapter
+from kvspec.conformance.mutants.groups import (
+    ReplicatedPartOffsetScaledByTpRatio,
+    WindowStartNotBlockAligned,
+)
 from kvspec.conformance.mutants.routing import ReplicasMergedTwice
+from kvspec.conformance.mutants.state_layouts import ConvAlwaysStateLenFirst
 from kvspec.conformance.mutants.transfer import OffByOneHeadOffset
 from kvspec.conformance.vectors import (
     GOLDEN_DIR,
@@ -20,6 +25,8 @@ from kvspec.conformance.vectors import (
     export_vectors,
     load_vectors,
 )
+from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
+from kvspec.topology.model_presets import model_preset
 
 
 def test_export_is_byte_identical_and_matches_the_shipped_vectors(tmp_path: Path) -> None:
@@ -87,6 +94,27 @@ def test_the_reference_passes_every_vector() -> None:
 
 def test_mutants_fail_the_vectors() -> None:
     for mutant, family in ((OffByOneHeadOffset, "reshard"), (ReplicasMergedTwice, "plan")):
+        failed = {r.family for r in check_vectors(GOLDEN_DIR, mutant()) if r.verdict == "FAILED"}
+        assert family in failed, mutant.__name__
+
+
+def test_hybrid_vectors_cover_every_preset_and_catch_hybrid_mutants() -> None:
+    manifest = json.loads((GOLDEN_DIR / "manifest.json").read_text())
+    families = manifest["families"]
+    planned = [c["model"] for c in families["groups"]]
+    assert all(model_preset(name).to_dict() in planned for name in MODEL_PRESETS)
+    # some windows are cut (they start past token 0 at a block boundary), some are whole
+    cut = [c for c in families["groups"] for w in c["windows"] if w["tokens"][:1] > [[0, 0]]]
+    assert cut and all(
+        w["tokens"][0][0] % c["block_size"] == 0 for c in cut for w in c["windows"] if w["tokens"]
+    )
+    assert any(w["tokens"] == [[0, c["seq_len"]]] for c in families["groups"] for w in c["windows"])
+    assert {c["layout"] for c in families["state-layouts"]} == {"vllm_conv_sd", "vllm_conv_ds"}
+    for mutant, family in (
+        (WindowStartNotBlockAligned, "groups"),
+        (ReplicatedPartOffsetScaledByTpRatio, "states"),
+        (ConvAlwaysStateLenFirst, "state-layouts"),
+    ):
         failed = {r.family for r in check_vectors(GOLDEN_DIR, mutant()) if r.verdict == "FAILED"}
         assert family in failed, mutant.__name__
 

@@ -10,6 +10,12 @@ examples:
   kvspec layouts --convert vllm_packed_hnd sglang_mha --to-block-size 32
   kvspec layouts --convert vllm_pth_hnd vllm_packed_hnd     # refused: inline scales
   kvspec layouts --json -
+  kvspec layouts vllm_conv_ds --model qwen3-next-80b-a3b --tp 4 --rank 1
+
+State layouts (vllm_conv_sd, vllm_conv_ds) place a Mamba/GDN layer's state in one page
+per block [SLAYOUT-1]; with --model NAME (a hybrid preset) one of them prints, for each
+state group, the page of attention-TP rank --rank of --tp: its tensors, their byte
+offsets, and where each part's units start and how many reads they take [SLAYOUT-2].
 
 --convert converts a random cache of the stated size and back, and says whether the
 round trip is bit-exact. A pair that holds different information, or a block size that
@@ -35,7 +41,13 @@ from kvspec.memory.cache_layout import (
     field_views,
     get_layout,
 )
+from kvspec.memory.layout_model import StateCacheLayout
+from kvspec.memory.presets import STATE_PRESETS
+from kvspec.memory.state_cache import element_offset, state_page, state_runs
 from kvspec.tensors.dtypes import DTYPES, bit_equal
+from kvspec.topology.model import ModelShape
+from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
+from kvspec.topology.model_presets import model_preset
 
 NAME = "layouts"
 HELP = "list the cache layout presets (shape, stride order, source); convert between two"
@@ -58,6 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     size.add_argument("--layers", type=int_in(1, 64), default=2, help="cross-layer layers (2)")
     size.add_argument("--dtype", choices=tuple(DTYPES), help="cache dtype (bfloat16, or A's)")
+    state = parser.add_argument_group("a state layout's page (NAME a state layout)")
+    state.add_argument("--model", choices=tuple(MODEL_PRESETS), help="a hybrid preset")
+    state.add_argument("--tp", type=int_in(1, 1024), default=1, help="attention TP (1)")
+    state.add_argument("--rank", type=int_in(0, 1023), default=0, help="attention-TP rank (0)")
+    state.add_argument(
+        "--page-size", type=int_in(1, 2**40), help="bytes per page (the state's own)", metavar="B"
+    )
     add_json_option(parser, "the presets (or the conversion)")
 
 
@@ -111,6 +130,91 @@ def render_list() -> str:
         lines.append(
             f"{'':<24}{placement(layout)}; stride order {_order(layout)}; {_source(layout)}"
         )
+    lines += ["", f"{len(STATE_PRESETS)} state cache layouts (Mamba, GDN) [SLAYOUT-1]:", ""]
+    for state in STATE_PRESETS.values():
+        lines.append(f"{state.name:<24}{state.shape}")
+        lines.append(
+            f"{'':<24}conv [{', '.join(state.conv_axes)}]; stride order {state.stride_order} of "
+            f"logical [{', '.join(state.logical)}]; {state.source.project} {state.source.version}"
+        )
+    return "\n".join(lines)
+
+
+def describe_state(layout: StateCacheLayout) -> dict[str, Any]:
+    """One state layout as plain data [SLAYOUT-1]."""
+    return {
+        "name": layout.name,
+        "shape": layout.shape,
+        "conv_physical_axes": list(layout.conv_axes),
+        "conv_logical_axes": list(layout.logical),
+        "stride_order": list(layout.stride_order),
+        "dim_first": layout.dim_first,
+        "source": layout.source.to_dict(),
+    }
+
+
+def state_pages(args: argparse.Namespace, layout: StateCacheLayout) -> list[dict[str, Any]]:
+    """The page of every state group of ``--model`` at ``--rank`` of ``--tp`` [SLAYOUT-1, -2]."""
+    model: ModelShape = model_preset(args.model)
+    pages = []
+    for index, group in enumerate(model.layer_groups):
+        if group.per_token or not group.parts():  # type: ignore[union-attr]
+            continue
+        where = {"attn_tp": args.tp, "attn_tp_rank": args.rank, "page_size": args.page_size}
+        page = state_page(layout, model, index, **where)
+        parts = []
+        for part in group.parts():  # type: ignore[union-attr]
+            units = page.units[part.name]
+            first = element_offset(page, block=0, part=part.name, unit=units.start, element=0)
+            runs = state_runs(layout, model, index, **where, block=0, part=part.name, units=units)
+            parts.append(
+                {
+                    "part": part.name,
+                    "units": [units.start, units.stop],
+                    "first_byte": first,
+                    "bytes": sum(n for _, n in runs),
+                    "reads": len(runs),
+                }
+            )
+        pages.append(
+            {
+                "group": index,
+                "facts": group.describe(),
+                "page_size": page.page_size,
+                "tensors": [
+                    {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "offset": t.offset}
+                    for t in page.tensors
+                ],
+                "parts": parts,
+            }
+        )
+    return pages
+
+
+def render_state(info: dict[str, Any], args: argparse.Namespace) -> str:
+    s = info["source"]
+    lines = [
+        f"{info['name']}  {info['shape']}",
+        f"  conv axes       [{', '.join(info['conv_physical_axes'])}] (stride order "
+        f"{tuple(info['stride_order'])} of logical [{', '.join(info['conv_logical_axes'])}])",
+        f"  source          {s['project']} {s['version']}: {s['file']}",
+        f"  confirmed       {s['confirmed']}",
+    ]
+    if s["unconfirmed"]:
+        lines.append(f"  not confirmed   {s['unconfirmed']}")
+    for page in info.get("pages", ()):
+        lines += [
+            "",
+            f"{args.model} group {page['group']} at attention-TP rank {args.rank} of {args.tp}: "
+            f"page {page['page_size']} B per block",
+        ]
+        for t in page["tensors"]:
+            lines.append(f"  {t['name']:<5} {t['dtype']:<9} {t['shape']} at byte {t['offset']}")
+        lines.append("  part  units          first byte       bytes  reads")
+        for p in page["parts"]:
+            units = f"{p['units'][0]}..{p['units'][1] - 1}"
+            at, size, reads = p["first_byte"], p["bytes"], p["reads"]
+            lines.append(f"  {p['part']:<5} {units:<14} {at:>10} {size:>11} {reads:>6}")
     return "\n".join(lines)
 
 
@@ -147,11 +251,20 @@ def run(args: argparse.Namespace) -> int:
         if args.convert:
             report = convert_report(args)
             text = render_convert(report)
+        elif args.name in STATE_PRESETS:
+            state = STATE_PRESETS[args.name]
+            report = describe_state(state)
+            if args.model:
+                report["pages"] = state_pages(args, state)
+            text = render_state(report, args)
         elif args.name:
             layout = get_layout(args.name)
             report, text = describe(layout), render_one(layout)
         else:
-            report = {"layouts": [describe(lay) for lay in PRESETS.values()]}
+            report = {
+                "layouts": [describe(lay) for lay in PRESETS.values()],
+                "state_layouts": [describe_state(lay) for lay in STATE_PRESETS.values()],
+            }
             text = render_list()
     except ValueError as error:
         print(f"kvspec layouts: refused: {error}", file=sys.stderr)

@@ -77,6 +77,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "state-reads": ("state_reads",),
     "group-bytes": ("group_bytes",),
     "state-oracle": ("state_oracle",),
+    "state-layout": ("state_offset",),
+    "state-runs": ("state_runs",),
 }
 """Capability name -> the adapter methods it consists of."""
 
@@ -406,6 +408,45 @@ class Adapter:
         """The state oracle's values of ``layers`` of state group ``group`` that
         attention-TP rank ``attn_tp_rank`` of ``attn_tp`` holds: by part name,
         ``[layers, units held, width * rows]`` in the part's dtype [ORACLE-7]."""
+        raise NotProvided
+
+    def state_offset(
+        self,
+        layout: str,
+        model: ModelShape,
+        group: int,
+        *,
+        attn_tp: int,
+        attn_tp_rank: int,
+        page_size: int | None,
+        block: int,
+        part: str,
+        unit: int,
+        element: int,
+    ) -> int:
+        """Byte offset, in one state layer's buffer under state layout ``layout``
+        (``vllm_conv_sd``, ``vllm_conv_ds``), of element ``element`` of global unit ``unit``
+        of part ``part`` in block ``block``, as attention-TP rank ``attn_tp_rank`` of
+        ``attn_tp`` keeps it; ``page_size`` None is the state's own bytes [SLAYOUT-1]. Raise
+        for an unknown layout, a page that cannot hold the state aligned, a unit the rank
+        does not hold or an element outside its unit."""
+        raise NotProvided
+
+    def state_runs(
+        self,
+        layout: str,
+        model: ModelShape,
+        group: int,
+        *,
+        attn_tp: int,
+        attn_tp_rank: int,
+        page_size: int | None,
+        block: int,
+        part: str,
+        units: range,
+    ) -> Sequence[tuple[int, int]]:
+        """The bytes holding ``units`` of ``part`` in block ``block``, as ``(offset, nbytes)``
+        runs in address order, adjacent runs merged [SLAYOUT-2]."""
         raise NotProvided
 
     def record_fill(

@@ -15,6 +15,7 @@ from kvspec.memory.cache_layout import convert, detect_layout, field_views, kv_v
 from kvspec.memory.descriptors import RegisteredCache, plan_descriptors
 from kvspec.memory.paged import PagedCache, gather_request, scatter_request
 from kvspec.memory.records import record_fill, record_rows, row_fields, verify_fields
+from kvspec.memory.state_cache import state_offset, state_runs
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.naming.ports import PortScheme, port, rank_port
 from kvspec.strategies import TransferCase
@@ -214,6 +215,14 @@ class ReferenceAdapter(Adapter):
             attn_tp_rank=attn_tp_rank,
             seed=seed,
         )
+
+    def state_offset(self, layout: str, model: ModelShape, group: int, **where: Any) -> int:
+        return state_offset(layout, model, group, **where)
+
+    def state_runs(
+        self, layout: str, model: ModelShape, group: int, **where: Any
+    ) -> tuple[tuple[int, int], ...]:
+        return state_runs(layout, model, group, **where)
 
     def record_fill(
         self, model: ModelShape, layout: str, request_id: str, **region: Any

@@ -40,6 +40,8 @@ from kvspec.memory.cache_layout import (
 )
 from kvspec.memory.descriptors import RegisteredCache, judge_descriptors, plan_descriptors
 from kvspec.memory.paged import PagedCache, empty_model_cache, gather_request, scatter_request
+from kvspec.memory.presets import STATE_PRESETS
+from kvspec.memory.state_cache import element_offset, state_page, state_runs
 from kvspec.naming.keys import legacy_key, rank_aware_key
 from kvspec.naming.ports import PortScheme, port, rank_port
 from kvspec.strategies import RULE_SIZES, TP_SIZES, TransferCase, divides
@@ -47,11 +49,17 @@ from kvspec.tensors.dtypes import FP8_DTYPES, bits_view, torch_dtype
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.oracle import oracle_kv, oracle_scales
 from kvspec.tensors.reshard import Shipment, edge_marker, send, shard
+from kvspec.topology.group_plan import plan_groups
+from kvspec.topology.groups import SlidingWindow
 from kvspec.topology.model import ModelShape
+from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
+from kvspec.topology.model_presets import model_preset
 from kvspec.topology.ownership import stage_ownership
 from kvspec.topology.plan import check_plannable
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.state import part_units, plan_state_reads
 from kvspec.topology.tokens import Tokens, as_tokens
+from kvspec.topology.windows import window_tokens
 from kvspec.transport.payload import payload_from_shipment
 from kvspec.transport.wire import encode
 
@@ -1095,6 +1103,289 @@ def _check_wire(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     return None
 
 
+# hybrid models: group plans, windows, state reads, state layouts --------------------------
+def _small_state(rng: random.Random, kind: str) -> dict[str, Any]:
+    """A small state group's plain data; units are powers of two, so TP 1, 2 and 4 hold it."""
+    pow2 = [1, 2, 4, 8]
+    if kind == "mamba1":
+        return {
+            "kind": kind,
+            "intermediate_size": rng.choice([4, 8]),
+            "d_state": rng.randint(1, 3),
+            "conv_kernel": rng.randint(2, 4),
+        }
+    if kind == "mamba2":
+        groups = rng.choice(pow2[:3])
+        return {
+            "kind": kind,
+            "num_heads": groups * rng.choice([1, 2, 4]),
+            "head_dim": rng.randint(1, 3),
+            "n_groups": groups,
+            "d_state": rng.randint(1, 3),
+            "conv_kernel": rng.randint(2, 4),
+            "num_spec": rng.randint(0, 1),
+            "ssm_dtype": rng.choice([None, "float32"]),
+        }
+    k_heads = rng.choice(pow2[:3])
+    return {
+        "kind": "gdn",
+        "num_k_heads": k_heads,
+        "num_v_heads": k_heads * rng.choice([1, 2]),
+        "head_k_dim": rng.randint(1, 3),
+        "head_v_dim": rng.randint(1, 3),
+        "conv_kernel": rng.randint(2, 4),
+    }
+
+
+def _small_hybrids(rng: random.Random, count: int) -> list[ModelShape]:
+    """Small hybrids: own attention, a sliding window and one state group, the state's dtypes
+    kept aligned in a page (an even conv state before an fp32 temporal state)."""
+    models = []
+    while len(models) < count:
+        kind = rng.choice(["mamba1", "mamba2", "gdn"])
+        state = _small_state(rng, kind)
+        window = {"kind": "sliding", "num_kv_heads": rng.choice([1, 2, 4]), "head_dim": 2}
+        window["window"] = rng.randint(1, 24)
+        num_layers = rng.randint(3, 6)
+        layers = [0, 1, 2] + [rng.randint(0, 2) for _ in range(num_layers - 3)]
+        rng.shuffle(layers)
+        model = ModelShape(
+            num_layers,
+            rng.choice([1, 2, 4]),
+            2,
+            groups=(window, state),
+            layers=tuple(layers),
+        )
+        try:
+            for tp, rank in ((1, 0), (2, 1), (4, 3)):
+                state_page("vllm_conv_ds", model, 2, attn_tp=tp, attn_tp_rank=rank)
+        except ValueError:
+            continue
+        models.append(model)
+    return models
+
+
+def _hybrid_cases(rng: random.Random) -> list[tuple[TransferCase, int, int]]:
+    """(case, seq_len, block_size): every model preset TP1 -> TP4 and back, then small
+    hybrids over TP 1, 2, 4 and PP 1, 2."""
+    found = []
+    for name in MODEL_PRESETS:
+        model = model_preset(name)
+        for source, target in ((1, 4), (4, 1)):
+            found.append((TransferCase(StageLayout(source), StageLayout(target), model), 1000, 16))
+    for model in _small_hybrids(rng, 16):
+        source = StageLayout(rng.choice([1, 2, 4]), rng.choice([1, 2]))
+        target = StageLayout(rng.choice([1, 2, 4]), rng.choice([1, 2]))
+        policy = rng.choice(["lowest", "balanced"])
+        case = TransferCase(source, target, model, policy)
+        found.append((case, rng.randint(0, 80), rng.choice([1, 4, 16])))
+    return found
+
+
+def _export_group_plans(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases = []
+    for i, (case, seq_len, block) in enumerate(_hybrid_cases(rng)):
+        plan = plan_groups(
+            case.source,
+            case.target,
+            case.model,
+            seq_len=seq_len,
+            block_size=block,
+            policy=case.policy,
+        )
+        windows = [
+            {
+                "group": g,
+                "window": group.window,
+                "tokens": window_tokens(group.window, seq_len, block).to_list(),
+            }
+            for g, group in enumerate(case.model.layer_groups)
+            if isinstance(group, SlidingWindow)
+        ]
+        cases.append(
+            {
+                "id": f"groups-{i:03d}",
+                "clauses": ["GROUP-1", "GROUP-2", "GROUP-3", "WINDOW-1", "STATE-1"],
+                **case.to_dict(),
+                "seq_len": seq_len,
+                "block_size": block,
+                "windows": windows,
+                "edges": [e.to_dict() for e in plan.edges],
+            }
+        )
+    return cases, {}
+
+
+def _check_groups(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    transfer = TransferCase.from_dict(case)
+    if transfer.policy not in (adapter.policies or ("lowest",)):
+        raise NotApplicable(f"policy {transfer.policy!r} not implemented by the adapter")
+    want = {(e["group"], e["src"], e["dst"]): e["nbytes"] for e in case["edges"]}
+    got = dict(adapter.group_bytes(transfer, case["seq_len"], case["block_size"]))
+    for key in sorted(set(want) | set(got)):
+        if want.get(key, 0) != got.get(key, 0):
+            group, src, dst = key
+            return (
+                f"group {group}, edge {src} -> {dst}: {got.get(key, 0)} bytes, expected "
+                f"{want.get(key, 0)}"
+            )
+    return None
+
+
+def _export_states(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases = []
+    for i, (case, _, _) in enumerate(_hybrid_cases(rng)):
+        if case.model.num_layers > 8:
+            continue  # the presets' states: their group plans are in the groups family
+        group = 2
+        state = case.model.layer_groups[group]
+        reads = plan_state_reads(case.source, case.target, case.model, group, policy=case.policy)
+        units = {
+            side: [
+                {
+                    "rank": rank,
+                    "units": {
+                        k: [v.start, v.stop]
+                        for k, v in part_units(
+                            state, layout.attn_tp, layout.locate(rank).attn_tp_rank
+                        ).items()  # type: ignore[arg-type]
+                    },
+                }
+                for rank in layout.ranks()
+            ]
+            for side, layout in (("source", case.source), ("target", case.target))
+        }
+        cases.append(
+            {
+                "id": f"states-{i:03d}",
+                "clauses": ["STATE-1", "STATE-2"],
+                **case.to_dict(),
+                "group": group,
+                "units": units,
+                "reads": [
+                    [r.src, r.dst, r.layer, r.part, r.src_offset, r.dst_offset, r.length]
+                    for r in reads
+                ],
+            }
+        )
+    return cases, {}
+
+
+def _check_states(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    transfer = TransferCase.from_dict(case)
+    if transfer.policy not in (adapter.policies or ("lowest",)):
+        raise NotApplicable(f"policy {transfer.policy!r} not implemented by the adapter")
+    group = case["group"]
+    for side, layout in (("source", transfer.source), ("target", transfer.target)):
+        for entry in case["units"][side]:
+            got = adapter.state_units(layout, transfer.model, group, entry["rank"])
+            have = {k: [v.start, v.stop] for k, v in got.items()}
+            if have != entry["units"]:
+                return f"{side} rank {entry['rank']} holds {have}, expected {entry['units']}"
+    for dst in sorted({r[1] for r in case["reads"]}):
+        want = sorted((r[0], r[2], r[4], r[5], r[6]) for r in case["reads"] if r[1] == dst)
+        got = sorted(tuple(r) for r in adapter.state_reads(transfer, group, dst))
+        if got != want:
+            return f"receiver {dst} reads {got[:4]}..., expected {want[:4]}..."
+    return None
+
+
+def _export_state_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
+    cases = []
+    for i, model in enumerate(_small_hybrids(rng, 12)):
+        tp = rng.choice([1, 2, 4])
+        rank = rng.randrange(tp)
+        layout = sorted(STATE_PRESETS)[i % len(STATE_PRESETS)]
+        own = state_page(layout, model, 2, attn_tp=tp, attn_tp_rank=rank)
+        page_size = rng.choice([None, -(-own.page_size // 16) * 16 + 16 * rng.randint(0, 2)])
+        page = state_page(layout, model, 2, attn_tp=tp, attn_tp_rank=rank, page_size=page_size)
+        state = model.layer_groups[2]
+        offsets = [
+            [
+                block,
+                part.name,
+                unit,
+                e,
+                element_offset(page, block=block, part=part.name, unit=unit, element=e),
+            ]
+            for block in (0, 1)
+            for part in state.parts()  # type: ignore[union-attr]
+            for unit in page.units[part.name]
+            for e in range(part.unit_elements)
+        ]
+        where = {"attn_tp": tp, "attn_tp_rank": rank, "page_size": page_size}
+        runs = [
+            {
+                "part": part.name,
+                "units": [page.units[part.name].start, page.units[part.name].stop],
+                "runs": [
+                    list(r)
+                    for r in state_runs(
+                        layout,
+                        model,
+                        2,
+                        **where,
+                        block=1,
+                        part=part.name,
+                        units=page.units[part.name],
+                    )
+                ],
+            }
+            for part in state.parts()  # type: ignore[union-attr]
+        ]
+        cases.append(
+            {
+                "id": f"state-layouts-{i:03d}",
+                "clauses": ["SLAYOUT-1", "SLAYOUT-2"],
+                "layout": layout,
+                "model": model.to_dict(),
+                "group": 2,
+                **where,
+                "page_bytes": page.page_size,
+                "offsets": offsets,
+                "runs": runs,
+            }
+        )
+    return cases, {}
+
+
+def _check_state_layouts(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+    model = ModelShape.from_dict(case["model"])
+    where = {k: case[k] for k in ("attn_tp", "attn_tp_rank", "page_size")}
+    for block, part, unit, element, offset in case["offsets"]:
+        got = adapter.state_offset(
+            case["layout"],
+            model,
+            case["group"],
+            **where,
+            block=block,
+            part=part,
+            unit=unit,
+            element=element,
+        )
+        if got != offset:
+            where_text = f"block {block}, part {part}, unit {unit}, element {element}"
+            return f"{where_text}: byte {got}, expected {offset}"
+    if "state-runs" not in provided_capabilities(adapter):
+        return None
+    for entry in case["runs"]:
+        got_runs = [
+            list(r)
+            for r in adapter.state_runs(
+                case["layout"],
+                model,
+                case["group"],
+                **where,
+                block=1,
+                part=entry["part"],
+                units=range(*entry["units"]),
+            )
+        ]
+        if got_runs != entry["runs"]:
+            return f"part {entry['part']}: runs {got_runs[:4]}, expected {entry['runs'][:4]}"
+    return None
+
+
 FAMILIES: tuple[Family, ...] = (
     Family("ownership", ("ownership",), _export_ownership, _check_ownership),
     Family("tokens", ("tokens",), _export_tokens, _check_tokens),
@@ -1109,6 +1400,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("keys", ("keys",), _export_keys, _check_keys),
     Family("ports", ("ports",), _export_ports, _check_ports),
     Family("wire", ("wire",), _export_wire, _check_wire),
+    Family("groups", ("group-bytes",), _export_group_plans, _check_groups),
+    Family("states", ("state-ownership", "state-reads"), _export_states, _check_states),
+    Family("state-layouts", ("state-layout",), _export_state_layouts, _check_state_layouts),
 )
 
 

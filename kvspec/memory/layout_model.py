@@ -216,3 +216,44 @@ class CacheLayout:
         if rest <= 0 or rest % per:
             return None
         return rest // per
+
+
+STATE_AXES: tuple[str, ...] = ("blocks", "dim", "state_len")
+"""Axis names of a conv-state tensor: ``blocks`` (one state page per block), ``dim`` (the
+rank's conv channels) and ``state_len`` (the rows: conv_kernel - 1 + num_spec) [SLAYOUT-1]."""
+
+
+@dataclass(frozen=True)
+class StateCacheLayout:
+    """How a state layer's cache sits in memory, as data [SLAYOUT-1].
+
+    A state layer keeps one page per block; the page holds its tensors one after the
+    other, conv state first, then the temporal state, each a strided view of the layer's
+    buffer whose block stride is the page size. ``conv_axes`` is the conv-state tensor's
+    physical order; ``logical`` is the order the engine's kernels index it in (dim first),
+    so the stride order is the permutation of the one into the other, as for KV layouts
+    (SD is to DS what NHD is to HND). The temporal state is contiguous within its page.
+    """
+
+    name: str
+    shape: str
+    conv_axes: tuple[str, ...]
+    source: Source
+    logical: tuple[str, ...] = STATE_AXES
+
+    def __post_init__(self) -> None:
+        if sorted(self.conv_axes) != sorted(STATE_AXES) or self.conv_axes[0] != "blocks":
+            raise ValueError(
+                f"state layout {self.name}: conv axes {self.conv_axes} must be blocks, then dim "
+                "and state_len in some order [SLAYOUT-1]"
+            )
+
+    @property
+    def dim_first(self) -> bool:
+        """The DS order: a channel's rows are contiguous."""
+        return self.conv_axes.index("dim") < self.conv_axes.index("state_len")
+
+    @property
+    def stride_order(self) -> tuple[int, ...]:
+        """Physical axis i is logical axis ``stride_order[i]``."""
+        return tuple(self.logical.index(a) for a in self.conv_axes)

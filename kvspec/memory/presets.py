@@ -15,7 +15,7 @@ tensor in its physical order and keeps the engine's logical order beside it.
 
 from __future__ import annotations
 
-from kvspec.memory.layout_model import CacheLayout, Field, Source
+from kvspec.memory.layout_model import CacheLayout, Field, Source, StateCacheLayout
 
 _VLLM_OLD = Source(
     "vllm",
@@ -313,3 +313,59 @@ def _presets() -> tuple[CacheLayout, ...]:
 
 PRESETS: dict[str, CacheLayout] = {layout.name: layout for layout in _presets()}
 """Every named layout, in the order candidates are listed [LAYOUT-1, LAYOUT-5]."""
+
+
+_VLLM_STATE = (
+    "vllm/model_executor/layers/mamba/mamba_utils.py: get_conv_state_layout, "
+    "is_conv_state_dim_first, MambaStateShapeCalculator._orient_conv_shape; "
+    "vllm/v1/worker/gpu_model_runner.py: _reshape_kv_cache_tensors (MambaSpec branch); "
+    "vllm/envs.py: VLLM_SSM_CONV_STATE_LAYOUT"
+)
+_VLLM_STATE_CONFIRMED = (
+    "ConvStateLayoutType = Literal['SD', 'DS'], chosen by VLLM_SSM_CONV_STATE_LAYOUT, 'SD' when "
+    "unset; _orient_conv_shape(dim, state_len) gives (dim, state_len) for DS and (state_len, dim) "
+    "for SD, dim the rank's conv channels (x|B|C or Q|K|V), state_len conv_kernel - 1 + "
+    "num_spec; the kernels index the conv state dim first (an SD state is transposed on the "
+    "way in). Per layer one buffer of num_blocks pages: each state tensor is "
+    "as_strided((num_blocks, *shape)) with block stride page_size_bytes / itemsize and a "
+    "storage offset that is the bytes of the tensors before it (conv, then temporal)"
+)
+
+
+def _state_presets() -> tuple[StateCacheLayout, ...]:
+    return (
+        StateCacheLayout(
+            "vllm_conv_sd",
+            "per block: conv [state_len, dim] | temporal [units, width] (vLLM's default)",
+            ("blocks", "state_len", "dim"),
+            Source(
+                "vllm",
+                _VLLM_STATE,
+                "0.33.0 (field/research/hybrids.md §2; read through code search)",
+                _VLLM_STATE_CONFIRMED,
+                "the page padding to the attention page (page_size_padded) is an input here, "
+                "not derived; ReplaySSM's extra ring buffers and KDA are not modelled",
+            ),
+        ),
+        StateCacheLayout(
+            "vllm_conv_ds",
+            "per block: conv [dim, state_len] | temporal [units, width] "
+            "(VLLM_SSM_CONV_STATE_LAYOUT=DS)",
+            ("blocks", "dim", "state_len"),
+            Source(
+                "vllm",
+                _VLLM_STATE
+                + "; vllm/distributed/kv_transfer/kv_connector/v1/ssm_conv_transfer_utils.py",
+                "0.33.0 (field/research/hybrids.md §2-3; read through code search)",
+                _VLLM_STATE_CONFIRMED
+                + "; the NIXL 3-read heterogeneous-TP conv transfer asserts DS: 'With DS conv "
+                "state layout (dim, state_len), x/B/C sub-projections are contiguous in memory'",
+                "the page padding to the attention page (page_size_padded) is an input here, "
+                "not derived",
+            ),
+        ),
+    )
+
+
+STATE_PRESETS: dict[str, StateCacheLayout] = {layout.name: layout for layout in _state_presets()}
+"""Every named state-cache layout [SLAYOUT-1]."""
