@@ -4,7 +4,8 @@ edge carries, and landing them on the receiver [GROUP-3, STATE-2, WINDOW-1].
 A per-token group (full, sliding, draft) is KV ``[layers, kv, tokens, heads, head_dim]``
 of the group's own heads [GROUP-2]; a rank holds its heads [HEAD-1..3] of the group's
 layers in its PP stage [LAYER-1], and a sliding-window receiver holds only the
-block-aligned window [WINDOW-1]. A state group is, per part, ``[layers, units,
+block-aligned window [WINDOW-1], a chunked local-attention receiver only its current
+chunk [LOCAL-1]. A state group is, per part, ``[layers, units,
 width * rows]`` of the units the rank holds [STATE-1]. An edge of the group plan
 (:func:`kvspec.topology.group_plan.plan_groups`) is cut from the sender's region into
 pieces — one per per-token edge, one per state read [STATE-2] — and each piece lands at
@@ -24,13 +25,13 @@ from kvspec.tensors.dtypes import raw_bits, torch_dtype
 from kvspec.tensors.oracle import oracle_kv
 from kvspec.tensors.state_oracle import oracle_state, part_dtype, state_group
 from kvspec.topology.group_plan import GroupEdge, GroupPlan, group_view
-from kvspec.topology.groups import FullAttention, SlidingWindow
+from kvspec.topology.groups import FullAttention
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import layer_ranges, rank_ownership
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import part_offsets, part_units
 from kvspec.topology.tokens import Tokens, put_tokens, take_tokens
-from kvspec.topology.windows import window_tokens
+from kvspec.topology.windows import needed_tokens
 
 
 @dataclass(frozen=True)
@@ -78,14 +79,16 @@ def held_region(
     receiving: bool,
 ) -> Region:
     """What stage-local ``rank`` holds of ``group`` for a ``seq_len``-token request; a
-    receiver of a sliding-window group holds only its block-aligned window [WINDOW-1]."""
+    receiver of a sliding-window group holds only its block-aligned window [WINDOW-1], of a
+    chunked local-attention group only its current chunk [LOCAL-1]."""
     kind = model.layer_groups[group]
     mine = set(model.group_layers(group))
     if isinstance(kind, FullAttention):
         own = rank_ownership(layout, group_view(model, kind), rank, seq_len=seq_len)
         tokens = own.tokens if own.tokens is not None else Tokens.span(0, seq_len)
-        if receiving and isinstance(kind, SlidingWindow):
-            tokens = tokens.intersect(window_tokens(kind.window, seq_len, block_size))
+        needed = needed_tokens(kind, seq_len, block_size)  # [WINDOW-1, LOCAL-1]
+        if receiving and needed is not None:
+            tokens = tokens.intersect(needed)
         layers = tuple(layer for layer in own.layers if layer in mine)
         return Region(group, layers, heads=own.heads, tokens=tokens)
     where = layout.locate(rank)

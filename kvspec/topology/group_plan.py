@@ -1,9 +1,10 @@
 """Plans of hybrid models, layer group by layer group, and the bytes each edge moves per
 group [GROUP-3, PLAN-5].
 
-A per-token group (full attention, sliding window, draft) is planned as a uniform model
+A per-token group (full attention, sliding window, chunked, draft) is planned as a uniform model
 of its own heads and head_dim over the two layouts [PLAN-1..6], keeping on each edge
-only the group's layers and, for a sliding window, the window's tokens [WINDOW-1]. A
+only the group's layers and, for a sliding window or a chunked local-attention layer,
+the tokens its receiver needs [WINDOW-1, LOCAL-1]. A
 state group is planned by its reads [STATE-2]. Each group keeps its own head count,
 never the target's back-computed from a rank's local heads (vllm-ascend#11885, #11886;
 field/research/hybrids.md §6).
@@ -18,13 +19,13 @@ from typing import Any
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.dtypes import itemsize
-from kvspec.topology.groups import FullAttention, SlidingWindow
+from kvspec.topology.groups import FullAttention
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import StateRead, part_itemsize, plan_state_reads
 from kvspec.topology.tokens import Tokens
-from kvspec.topology.windows import window_tokens
+from kvspec.topology.windows import needed_tokens
 
 CLAUSES = (
     Clause(
@@ -33,7 +34,8 @@ CLAUSES = (
         "A hybrid transfer is planned group by group. An edge of a per-token group moves "
         "h x l x T x head_dim x itemsize x k bytes [PLAN-5] with the group's own h and "
         "head_dim, l the edge's layers of that group and T its tokens of the group (a "
-        "sliding window's [WINDOW-1]). An edge of a state group moves the sum of its reads' "
+        "sliding window's [WINDOW-1], a chunked layer's [LOCAL-1]). An edge of a state group "
+        "moves the sum of its reads' "
         "lengths times the state's itemsize [STATE-2], the same for every request length. A "
         "layout that cannot hold one group's heads or state units is refused, naming the "
         "group.",
@@ -144,7 +146,7 @@ def plan_groups(
     target_dp: int = 0,
 ) -> GroupPlan:
     """The plan of every layer group of one ``seq_len``-token request [GROUP-3, WINDOW-1,
-    STATE-2]; ``block_size`` aligns sliding windows."""
+    LOCAL-1, STATE-2]; ``block_size`` aligns sliding windows and chunks."""
     require_int("seq_len", seq_len, minimum=0)
     require_int("block_size", block_size, minimum=1)
     edges: list[GroupEdge] = []
@@ -200,11 +202,7 @@ def _token_edges(
         target_dp=target_dp,
     )
     mine = set(model.group_layers(index))
-    window = (
-        window_tokens(group.window, seq_len, block_size)
-        if isinstance(group, SlidingWindow)
-        else None
-    )
+    window = needed_tokens(group, seq_len, block_size)  # [WINDOW-1, LOCAL-1]
     edges = []
     for edge in plan.edges:
         layers = tuple(layer for layer in edge.layers if layer in mine)

@@ -3,9 +3,11 @@
 A hybrid model is a list of layer groups and a map from each layer to its group
 [GROUP-1]. Two families of kinds exist:
 
-- **per-token KV** (:class:`FullAttention`, :class:`SlidingWindow`, :class:`DraftAttention`):
-  heads x head_dim per token, split over TP by HEAD-1..3 like today's uniform models;
-  a sliding window keeps only its last ``window`` tokens [WINDOW-1].
+- **per-token KV** (:class:`FullAttention`, :class:`SlidingWindow`,
+  :class:`ChunkedLocal`, :class:`DraftAttention`): heads x head_dim per token, split over
+  TP by HEAD-1..3 like today's uniform models; a sliding window keeps only its last
+  ``window`` tokens [WINDOW-1], a chunked local-attention layer only its current chunk
+  [LOCAL-1].
 - **per-request state** (:class:`Mamba1State`, :class:`Mamba2State`, :class:`GdnState`):
   a fixed-size state per request, made of :class:`StatePart` s, each split over TP by its
   own unit (heads, groups, channels) [STATE-1].
@@ -55,7 +57,8 @@ CLAUSES = (
         "GROUP-2",
         "Each group kind has its own facts",
         "Per-token kinds: 'full' (num_kv_heads, head_dim, attention 'mha' or 'mla'), "
-        "'sliding' (the same and window >= 1 tokens) and 'draft' (a draft/MTP layer with its "
+        "'sliding' (the same and window >= 1 tokens), 'chunked' (the same and chunk >= 1 "
+        "tokens [LOCAL-1]) and 'draft' (a draft/MTP layer with its "
         "own num_kv_heads and head_dim, never the target's [vllm-ascend#11886]). Per-request "
         "state kinds: 'mamba1' (intermediate_size, d_state, conv_kernel), 'mamba2' (num_heads, "
         "head_dim, n_groups dividing num_heads, d_state, conv_kernel, num_spec) and 'gdn' "
@@ -146,6 +149,20 @@ class SlidingWindow(FullAttention):
     def __post_init__(self) -> None:
         super().__post_init__()
         require_int("window", self.window, minimum=1)
+
+
+@dataclass(frozen=True)
+class ChunkedLocal(FullAttention):
+    """Chunked local attention: a token attends only within its chunk of ``chunk`` tokens,
+    so a receiver needs only the current, unfinished chunk [LOCAL-1] (Llama 4's
+    ``attention_chunk_size`` layers; vLLM ``ChunkedLocalAttentionSpec``)."""
+
+    kind: ClassVar[str] = "chunked"
+    chunk: int = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int("chunk", self.chunk, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -278,7 +295,7 @@ class NoCache(_State):
 
 
 LayerGroup = FullAttention | Mamba1State | Mamba2State | GdnState | NoCache
-"""Any group kind (SlidingWindow and DraftAttention are FullAttention kinds)."""
+"""Any group kind (SlidingWindow, ChunkedLocal and DraftAttention are FullAttention kinds)."""
 
 StateGroup = Mamba1State | Mamba2State | GdnState | NoCache
 
@@ -287,6 +304,7 @@ KINDS: dict[str, type] = {
     for cls in (
         FullAttention,
         SlidingWindow,
+        ChunkedLocal,
         DraftAttention,
         Mamba1State,
         Mamba2State,

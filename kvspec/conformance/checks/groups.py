@@ -1,5 +1,5 @@
-"""Checks of hybrid models: layer groups, state parts, sliding windows and the bytes of
-each group [GROUP-1..3, STATE-1..2, WINDOW-1].
+"""Checks of hybrid models: layer groups, state parts, sliding windows, chunked local
+attention and the bytes of each group [GROUP-1..3, STATE-1..2, WINDOW-1, LOCAL-1].
 
 Models are drawn as small hybrids (every kind, random layer maps) over the TP sizes of
 the adapter's domain; the expected values are the spec's own functions.
@@ -45,7 +45,7 @@ def _tp_sizes(adapter: Adapter) -> list[int]:
 def _group(draw: st.DrawFn, kind: str) -> dict[str, Any]:
     """One group's plain data; units are powers of two so every TP of 1, 2, 4 holds them."""
     pow2 = st.sampled_from([1, 2, 4, 8])
-    if kind in ("full", "draft", "sliding"):
+    if kind in ("full", "draft", "sliding", "chunked"):
         mla = kind == "draft" and draw(st.booleans())
         data: dict[str, Any] = {
             "kind": kind,
@@ -55,6 +55,8 @@ def _group(draw: st.DrawFn, kind: str) -> dict[str, Any]:
         }
         if kind == "sliding":
             data["window"] = draw(st.integers(1, 40))
+        if kind == "chunked":
+            data["chunk"] = draw(st.integers(1, 40))
         return data
     if kind == "mamba1":
         return {
@@ -88,6 +90,9 @@ def _group(draw: st.DrawFn, kind: str) -> dict[str, Any]:
 
 KINDS = ("sliding", "draft", "full", "mamba1", "mamba2", "gdn")
 STATES = ("mamba1", "mamba2", "gdn")
+LOCAL = ("chunked", "full", "sliding")
+"""Kinds drawn beside chunked local attention [LOCAL-1] (KINDS leaves it out, so the
+examples the older checks draw stay as they were)."""
 
 
 @st.composite
@@ -176,6 +181,7 @@ _BREAKS: dict[str, str] = {
     "GROUP-2.3": "an unknown group kind",
     "GROUP-3.3": "a layout that cannot hold one group's heads",
     "STATE-1.3": "a state part whose units do not fit attention TP",
+    "LOCAL-1.3": "a chunk below 1 token (0 does not mean full attention)",
 }
 
 
@@ -201,12 +207,17 @@ def _broken(draw: st.DrawFn, adapter: Adapter, obligation: str) -> Example:
         bad["layers"].append(len(bad["groups"]))
         bad["num_layers"] += 1
     elif obligation == "GROUP-2.3":
-        kind = draw(st.sampled_from(["chunked", "swa", "Mamba2", "kda", "linear"]))
+        kind = draw(st.sampled_from(["chunked_attention", "swa", "Mamba2", "kda", "linear"]))
         bad["groups"].append({**draw(_group("full")), "kind": kind})
         bad["layers"].append(len(bad["groups"]))
         bad["num_layers"] += 1
     elif obligation == "GROUP-3.3":
         bad["groups"].append({**draw(_group("draft")), "num_kv_heads": 3, "attention": "mha"})
+        bad["layers"].append(len(bad["groups"]))
+        bad["num_layers"] += 1
+    elif obligation == "LOCAL-1.3":
+        chunk = draw(st.sampled_from([0, -1, -8192]))
+        bad["groups"].append({**draw(_group("chunked")), "chunk": chunk})
         bad["layers"].append(len(bad["groups"]))
         bad["num_layers"] += 1
     else:  # STATE-1.3
@@ -249,6 +260,7 @@ _refusal_check("GROUP-1", ("GROUP-1.2", "GROUP-1.3", "GROUP-1.4"))
 _refusal_check("GROUP-2", ("GROUP-2.1", "GROUP-2.2", "GROUP-2.3"))
 _refusal_check("GROUP-3", ("GROUP-3.3",))
 _refusal_check("STATE-1", ("STATE-1.3",))
+_refusal_check("LOCAL-1", ("LOCAL-1.3",))
 
 
 # GROUP-3: the bytes of every edge of every group ---------------------------------------------
@@ -328,6 +340,7 @@ def _obligation(model: ModelShape, group: int) -> str:
     kind = model.layer_groups[group].kind
     return {
         "sliding": "WINDOW-1.1",
+        "chunked": "LOCAL-1.1, LOCAL-1.2",
         "draft": "GROUP-2.4, GROUP-3.1",
         "full": "GROUP-3.1, WINDOW-1.2",
     }.get(kind, "GROUP-3.2") + ", GROUP-1.5"
@@ -486,6 +499,105 @@ def _layers_of(layout: StageLayout, model: ModelShape, rank: int) -> range:
 )
 def _window_bytes(ctx: Context, example: Example) -> None:
     _bytes_per_group(ctx, example)
+
+
+# LOCAL-1: chunked local attention moves its current chunk -----------------------------------
+def _local_case(source: int, target: int, chunk: int) -> dict[str, Any]:
+    """A pinned case TP ``source`` -> TP ``target``: own attention, one chunked group of
+    ``chunk`` tokens, one window."""
+    model = ModelShape(
+        4,
+        4,
+        2,
+        groups=(
+            {"kind": "chunked", "num_kv_heads": 2, "head_dim": 2, "chunk": chunk},
+            {"kind": "sliding", "num_kv_heads": 4, "head_dim": 2, "window": 6},
+        ),
+        layers=(1, 0, 1, 2),
+    )
+    return TransferCase(StageLayout(source), StageLayout(target), model).to_dict()
+
+
+def _has_chunked(example: Example) -> bool:
+    return any(g.get("kind") == "chunked" for g in example["case"]["model"]["groups"])
+
+
+@check(
+    "LOCAL-1",
+    "chunk-bytes",
+    "a chunked local-attention group moves its current chunk, block-aligned, never a window "
+    "reaching into the previous chunk; full and sliding groups beside it their own tokens",
+    needs=("group-bytes",),
+    strategy=lambda adapter: _cases(adapter, LOCAL).filter(_has_chunked),
+    examples=(
+        {  # chunk 10, 25 tokens, blocks of 4: tokens 20-24 (a window of 10 would start at 12)
+            "case": _local_case(1, 2, 10),
+            "seq_len": 25,
+            "block_size": 4,
+        },
+        {  # chunk 8, 13 tokens, blocks of 16: the chunk 8-12 extended back to token 0
+            "case": _local_case(2, 1, 8),
+            "seq_len": 13,
+            "block_size": 16,
+        },
+    ),
+    covers=("LOCAL-1.1",),
+)
+def _chunk_bytes(ctx: Context, example: Example) -> None:
+    _bytes_per_group(ctx, example)
+
+
+@st.composite
+def _chunk_boundaries(draw: st.DrawFn, adapter: Adapter) -> Example:
+    example = draw(_cases(adapter, LOCAL).filter(_has_chunked))
+    model = ModelShape.from_dict(example["case"]["model"])
+    chunks = [g.chunk for g in model.layer_groups if g.kind == "chunked"]  # type: ignore[union-attr]
+    chunk = draw(st.sampled_from(chunks))
+    return {**example, "seq_len": chunk * draw(st.integers(1, 3))}
+
+
+@check(
+    "LOCAL-1",
+    "chunk-boundary",
+    "a request whose length is a multiple of a chunked group's chunk moves nothing of that "
+    "group, however the chunk and the blocks line up",
+    needs=("group-bytes",),
+    strategy=_chunk_boundaries,
+    examples=(
+        {  # chunk 10, 10 tokens, blocks of 4: the block 8-11 is not the current chunk
+            "case": _local_case(1, 4, 10),
+            "seq_len": 10,
+            "block_size": 4,
+        },
+        {  # chunk 8, 8 tokens, blocks of 16
+            "case": _local_case(4, 1, 8),
+            "seq_len": 8,
+            "block_size": 16,
+        },
+    ),
+    covers=("LOCAL-1.2",),
+)
+def _chunk_boundary(ctx: Context, example: Example) -> None:
+    case = _case(ctx, example)
+    seq_len, block = example["seq_len"], example["block_size"]
+    boundary = [
+        i
+        for i, g in enumerate(case.model.layer_groups)
+        if g.kind == "chunked" and seq_len and seq_len % g.chunk == 0  # type: ignore[union-attr]
+    ]
+    if not boundary:
+        vacuous()
+    got = dict(ctx.adapter.group_bytes(case, seq_len, block))
+    for key, n in sorted(got.items()):
+        group, src, dst = key
+        expect(
+            group not in boundary or n == 0,
+            f"{case.source.describe()} -> {case.target.describe()}, {seq_len} tokens, block "
+            f"{block}: group {group} {case.model.layer_groups[group].describe()} is on a chunk "
+            f"boundary, so edge {src} -> {dst} moves nothing [LOCAL-1.2]; the implementation "
+            f"says {n} bytes",
+        )
+    _bytes_per_group(ctx, {**example, "seq_len": seq_len})
 
 
 # ORACLE-7: the state oracle ------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Mutants of hybrid models: layer maps, group facts, state parts, windows and bytes per
-group, and the state oracle [GROUP-1..3, STATE-1..2, WINDOW-1, ORACLE-7].
+"""Mutants of hybrid models: layer maps, group facts, state parts, windows, chunked local
+attention and bytes per group, and the state oracle [GROUP-1..3, STATE-1..2, WINDOW-1,
+LOCAL-1, ORACLE-7].
 
 Each is the reference with one bug a field engineer writes from the rule text; several
 are bugs engines shipped (vllm#55208, vllm-ascend#11885; field/research/hybrids.md).
@@ -8,6 +9,7 @@ are bugs engines shipped (vllm#55208, vllm-ascend#11885; field/research/hybrids.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from kvspec.conformance.mutants import mutant
@@ -15,12 +17,19 @@ from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.strategies import TransferCase
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.group_plan import plan_groups
-from kvspec.topology.groups import DraftAttention, FullAttention, SlidingWindow
+from kvspec.topology.groups import (
+    KINDS,
+    ChunkedLocal,
+    DraftAttention,
+    FullAttention,
+    SlidingWindow,
+)
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import layer_ranges, owned_heads
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import part_offsets, part_units, plan_state_reads
-from kvspec.topology.windows import window_tokens
+from kvspec.topology.tokens import Tokens
+from kvspec.topology.windows import chunk_tokens, window_tokens
 
 Config = dict[str, Any]
 
@@ -163,21 +172,13 @@ class IndivisibleMambaGroupsAsOne(ReferenceAdapter):
 @mutant("GROUP-2.3")
 class UnknownKindReadAsFull(ReferenceAdapter):
     """Reads any group kind it does not know as full attention, dropping facts it does not
-    know (a 'chunked' or 'kda' layer becomes plain attention)."""
+    know (a 'chunked_attention' or 'kda' layer becomes plain attention)."""
 
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         model = _hybrid_model(given)
         for i, group in enumerate(model["groups"] if model else ()):
-            if group.get("kind") not in (
-                "full",
-                "sliding",
-                "draft",
-                "mamba1",
-                "mamba2",
-                "gdn",
-                "none",
-            ):
+            if group.get("kind") not in KINDS:
                 keep = ("num_kv_heads", "head_dim", "attention")
                 model["groups"][i] = {"kind": "full", **{k: group[k] for k in keep if k in group}}
         super().validate_model(given)
@@ -368,6 +369,113 @@ class WindowAppliedToEveryGroup(ReferenceAdapter):
             else n
             for key, n in got.items()
         }
+
+
+# LOCAL-1 ------------------------------------------------------------------------------------
+def _chunked_bytes(
+    case: TransferCase,
+    seq_len: int,
+    block_size: int,
+    tokens_of: Callable[[ChunkedLocal, int, int], Tokens],
+) -> dict:
+    """The reference's bytes with every chunked group moving ``tokens_of(group, L, B)``
+    instead of its current chunk (every other group as the reference plans it)."""
+    model = case.model
+    groups = model.layer_groups
+    got = {
+        key: n
+        for key, n in _bytes(case, model, seq_len, block_size).items()
+        if not isinstance(groups[key[0]], ChunkedLocal)
+    }
+    if seq_len == 0:
+        return got
+    full = tuple(
+        FullAttention(g.num_kv_heads, g.head_dim, g.attention) if isinstance(g, ChunkedLocal) else g
+        for g in model.groups
+    )
+    for key, n in _bytes(case, _with_groups(model, full), seq_len, block_size).items():
+        group = groups[key[0]]
+        if isinstance(group, ChunkedLocal):
+            moved = n * len(tokens_of(group, seq_len, block_size)) // seq_len
+            if moved:
+                got[key] = moved
+    return got
+
+
+@mutant("LOCAL-1.1")
+class ChunkReadAsWindow(ReferenceAdapter):
+    """Takes a chunk of C tokens for a sliding window of C: sends the last C tokens, which
+    reach back into the previous chunk (and are never empty)."""
+
+    def group_bytes(self, case: TransferCase, seq_len: int, block_size: int) -> dict:
+        return _chunked_bytes(
+            case, seq_len, block_size, lambda g, n, b: window_tokens(g.chunk, n, b)
+        )
+
+
+@mutant("LOCAL-1.1")
+class ChunkStartNotBlockAligned(ReferenceAdapter):
+    """Sends exactly the current chunk, its start not moved back to a block boundary."""
+
+    def group_bytes(self, case: TransferCase, seq_len: int, block_size: int) -> dict:
+        return _chunked_bytes(
+            case, seq_len, block_size, lambda g, n, b: chunk_tokens(g.chunk, n, 1)
+        )
+
+
+@mutant("LOCAL-1.1")
+class ChunkedSendsAllTokens(ReferenceAdapter):
+    """Sends a chunked local-attention group every token of the request, like full
+    attention."""
+
+    def group_bytes(self, case: TransferCase, seq_len: int, block_size: int) -> dict:
+        return _chunked_bytes(case, seq_len, block_size, lambda g, n, b: Tokens.span(0, n))
+
+
+def _aligned(start: int, seq_len: int, block_size: int) -> Tokens:
+    return Tokens.span(start // block_size * block_size, seq_len)
+
+
+@mutant("LOCAL-1.2")
+class EmptyChunkNotSpecialCased(ReferenceAdapter):
+    """Floors the chunk start floor(L/C)*C to a block without first asking whether the
+    chunk is empty: on a chunk boundary that is not a block boundary it sends the partial
+    block before L."""
+
+    def group_bytes(self, case: TransferCase, seq_len: int, block_size: int) -> dict:
+        return _chunked_bytes(
+            case, seq_len, block_size, lambda g, n, b: _aligned(n // g.chunk * g.chunk, n, b)
+        )
+
+
+@mutant("LOCAL-1.2")
+class ChunkOfTheLastToken(ReferenceAdapter):
+    """Sends the chunk the last prompt token is in, (L-1)//C*C on: right inside a chunk,
+    but on a chunk boundary it sends the whole finished chunk."""
+
+    def group_bytes(self, case: TransferCase, seq_len: int, block_size: int) -> dict:
+        return _chunked_bytes(
+            case,
+            seq_len,
+            block_size,
+            lambda g, n, b: _aligned(max(0, n - 1) // g.chunk * g.chunk, n, b),
+        )
+
+
+@mutant("LOCAL-1.3")
+class ChunkZeroReadAsFull(ReferenceAdapter):
+    """Reads a chunk of 0 (or less) as "no chunking" and builds full attention, as a config
+    loader does when ``attention_chunk_size`` is falsy, instead of refusing it."""
+
+    def validate_model(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        model = _hybrid_model(given)
+        for i, group in enumerate(model["groups"] if model else ()):
+            chunk = group.get("chunk")
+            if group.get("kind") == "chunked" and isinstance(chunk, int) and chunk < 1:
+                keep = ("num_kv_heads", "head_dim", "attention")
+                model["groups"][i] = {"kind": "full", **{k: group[k] for k in keep if k in group}}
+        super().validate_model(given)
 
 
 # ORACLE-7 -----------------------------------------------------------------------------------
