@@ -5,13 +5,19 @@ import pytest
 
 from kvspec.cli import main
 from kvspec.topology.group_plan import plan_groups
-from kvspec.topology.groups import GdnState, Mamba2State, SlidingWindow
+from kvspec.topology.groups import (
+    ChunkedLocal,
+    GdnState,
+    Mamba2State,
+    SlidingWindow,
+    group_from_dict,
+)
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS, model_preset
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import part_units, plan_state_reads
-from kvspec.topology.windows import window_tokens
+from kvspec.topology.windows import chunk_tokens, needed_tokens, window_tokens
 
 FALCON_LIKE = Mamba2State(num_heads=4, head_dim=2, n_groups=1, d_state=3, conv_kernel=4)
 
@@ -41,7 +47,7 @@ def test_hybrid_round_trips_and_refuses_bad_maps() -> None:
     with pytest.raises(ValueError, match="GROUP-1"):
         ModelShape(3, 2, 4, groups=(FALCON_LIKE, FALCON_LIKE), layers=(1, 0, 1))
     with pytest.raises(ValueError, match="GROUP-2"):
-        ModelShape.from_dict({**model.to_dict(), "groups": [{"kind": "chunked"}]})
+        ModelShape.from_dict({**model.to_dict(), "groups": [{"kind": "chunked_attention"}]})
     with pytest.raises(ValueError, match="GROUP-2"):
         Mamba2State(num_heads=4, head_dim=2, n_groups=3, d_state=3, conv_kernel=4)
     with pytest.raises(ValueError, match="GROUP-3"):
@@ -92,6 +98,36 @@ def test_sliding_window_receiver_gets_its_block_aligned_window() -> None:
     assert [e.tokens.ranges for e in sliding] == [(range(88, 100),)] * 2
     assert sum(e.nbytes for e in sliding) == 2 * 12 * cell
     assert plan.bytes_by_group()[0] == 2 * 100 * cell
+
+
+@pytest.mark.parametrize(
+    ("chunk", "seq_len", "block", "want"),
+    [
+        (8, 13, 1, "8-12"),  # vLLM's example: 13 computed, chunk 8, 8 skipped
+        (8, 13, 16, "0-12"),  # the chunk's start back to its block
+        (10, 25, 4, "20-24"),  # a window of 10 would start at 12
+        (8, 7, 4, "0-6"),  # still in the first chunk
+        (8, 8, 1, "none"),  # on a chunk boundary: nothing
+        (10, 10, 4, "none"),  # a boundary that is not a block boundary: still nothing
+        (8, 0, 4, "none"),
+    ],
+)
+def test_a_chunked_layer_moves_its_current_chunk(
+    chunk: int, seq_len: int, block: int, want: str
+) -> None:
+    """LOCAL-1: [floor(L/C)*C, L), the start back to a block, empty on a chunk boundary."""
+    assert chunk_tokens(chunk, seq_len, block).describe() == want
+    group = ChunkedLocal(2, 4, chunk=chunk)
+    assert needed_tokens(group, seq_len, block) == chunk_tokens(chunk, seq_len, block)
+    assert needed_tokens(SlidingWindow(2, 4, window=chunk), 25, 4) == window_tokens(chunk, 25, 4)
+
+
+def test_a_chunk_below_one_token_is_refused() -> None:
+    data = {"kind": "chunked", "num_kv_heads": 2, "head_dim": 4, "chunk": 8192}
+    assert group_from_dict(data) == ChunkedLocal(2, 4, chunk=8192)
+    assert group_from_dict(data).to_dict() == {**data, "attention": "mha"}
+    with pytest.raises(ValueError, match="chunk"):
+        group_from_dict({**data, "chunk": 0})
 
 
 def test_draft_group_uses_its_own_heads() -> None:

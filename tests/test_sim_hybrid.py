@@ -13,10 +13,17 @@ import pytest
 
 from kvspec.tensors import group_reshard as gr
 from kvspec.topology.group_plan import plan_groups
-from kvspec.topology.groups import DraftAttention, GdnState, Mamba2State, NoCache, SlidingWindow
+from kvspec.topology.groups import (
+    ChunkedLocal,
+    DraftAttention,
+    GdnState,
+    Mamba2State,
+    NoCache,
+    SlidingWindow,
+)
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.windows import window_tokens
+from kvspec.topology.windows import chunk_tokens, window_tokens
 from sim.cli import main
 from sim.group_messages import piece_frames, read_header, read_piece
 from sim.hybrid import HybridRun, run_hybrid
@@ -77,6 +84,28 @@ def test_a_sliding_window_receiver_gets_only_its_window() -> None:
         assert report.moved[(1, 0, dst)] == 2 * 2 * window * 2 * 4 * 2
         assert report.moved[(0, 0, dst)] == 2 * 2 * 100 * 2 * 4 * 2
     assert report.moved == plan_bytes(run)
+
+
+@pytest.mark.parametrize(("source", "target"), [(1, 4), (4, 1)])
+def test_a_chunked_receiver_gets_only_its_current_chunk(source: int, target: int) -> None:
+    """LOCAL-1: a chunked local-attention receiver holds and gets only the current chunk,
+    block-aligned; on a chunk boundary the group moves nothing; every edge equals the plan."""
+    model = ModelShape(4, 4, 4, groups=(ChunkedLocal(4, 4, chunk=36),), layers=(1, 0, 1, 0))
+    # 100 tokens: the chunk 72..99 back to the block at 64; 72 = 2 x 36 is a chunk boundary
+    for seq_len, chunk in ((100, 36), (72, 0)):
+        assert len(chunk_tokens(36, seq_len, 16)) == chunk
+        run = HybridRun(
+            StageLayout(source), StageLayout(target), model, requests=1, seq_len=(seq_len, seq_len)
+        )
+        held = gr.held_region(
+            run.target, model, 1, 0, seq_len=seq_len, block_size=16, receiving=True
+        )
+        assert len(held.tokens or ()) == chunk
+        report = run_hybrid(run)
+        assert report.ok, report.render()
+        assert report.moved == plan_bytes(run)
+        moved = sum(n for (g, _, _), n in report.moved.items() if g == 1)
+        assert moved == 4 * 2 * chunk * 2 * 4 * 2  # 4 heads, 2 layers, K and V, 4 x bfloat16
 
 
 def test_pp_stages_move_their_layers_of_each_group() -> None:
