@@ -11,6 +11,7 @@ import torch
 from kvspec.cli import main
 from kvspec.conformance import load_adapter
 from kvspec.conformance.mutants.groups import (
+    EmptyChunkNotSpecialCased,
     ReplicatedPartOffsetScaledByTpRatio,
     WindowStartNotBlockAligned,
 )
@@ -110,8 +111,16 @@ def test_hybrid_vectors_cover_every_preset_and_catch_hybrid_mutants() -> None:
     )
     assert any(w["tokens"] == [[0, c["seq_len"]]] for c in families["groups"] for w in c["windows"])
     assert {c["layout"] for c in families["state-layouts"]} == {"vllm_conv_sd", "vllm_conv_ds"}
+    # chunked groups: some inside a chunk, some on a boundary that is not a block boundary
+    chunked = [(c, k) for c in families["groups"] for k in c.get("chunks", ())]
+    assert any(k["tokens"] for _, k in chunked)
+    assert any(
+        c["seq_len"] % k["chunk"] == 0 and c["seq_len"] % c["block_size"] and not k["tokens"]
+        for c, k in chunked
+    )
     for mutant, family in (
         (WindowStartNotBlockAligned, "groups"),
+        (EmptyChunkNotSpecialCased, "groups"),
         (ReplicatedPartOffsetScaledByTpRatio, "states"),
         (ConvAlwaysStateLenFirst, "state-layouts"),
     ):

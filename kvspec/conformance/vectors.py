@@ -50,7 +50,7 @@ from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.oracle import oracle_kv, oracle_scales
 from kvspec.tensors.reshard import Shipment, edge_marker, send, shard
 from kvspec.topology.group_plan import plan_groups
-from kvspec.topology.groups import SlidingWindow
+from kvspec.topology.groups import ChunkedLocal, SlidingWindow
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
 from kvspec.topology.model_presets import model_preset
@@ -59,7 +59,7 @@ from kvspec.topology.plan import check_plannable
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import part_units, plan_state_reads
 from kvspec.topology.tokens import Tokens, as_tokens
-from kvspec.topology.windows import window_tokens
+from kvspec.topology.windows import chunk_tokens, window_tokens
 from kvspec.transport.payload import payload_from_shipment
 from kvspec.transport.wire import encode
 
@@ -1182,9 +1182,31 @@ def _hybrid_cases(rng: random.Random) -> list[tuple[TransferCase, int, int]]:
     return found
 
 
+def _chunked_cases(rng: random.Random) -> list[tuple[TransferCase, int, int]]:
+    """(case, seq_len, block_size) of small models with a chunked local-attention group
+    [LOCAL-1]: lengths inside a chunk, on a chunk boundary that is not a block boundary,
+    and on one that is."""
+    found = []
+    for _ in range(8):
+        chunk, block = rng.randint(2, 24), rng.choice([1, 4, 16])
+        chunked = {"kind": "chunked", "num_kv_heads": rng.choice([1, 2, 4]), "head_dim": 2}
+        model = ModelShape(
+            4, rng.choice([1, 2, 4]), 2, groups=({**chunked, "chunk": chunk},), layers=(1, 0, 1, 0)
+        )
+        source, target = rng.choice([(1, 4), (4, 1), (2, 4), (4, 2)])
+        for seq_len in (rng.randint(1, 80), chunk * rng.randint(1, 3)):
+            found.append(
+                (TransferCase(StageLayout(source), StageLayout(target), model), seq_len, block)
+            )
+    return found
+
+
 def _export_group_plans(rng: random.Random) -> tuple[list[Case], Tensors]:
     cases = []
-    for i, (case, seq_len, block) in enumerate(_hybrid_cases(rng)):
+    # Chunked cases come last, from their own stream: the older cases stay as they were.
+    older = _hybrid_cases(rng)
+    more = _chunked_cases(random.Random(f"{rng.random()}:chunked"))
+    for i, (case, seq_len, block) in enumerate(older + more):
         plan = plan_groups(
             case.source,
             case.target,
@@ -1202,14 +1224,25 @@ def _export_group_plans(rng: random.Random) -> tuple[list[Case], Tensors]:
             for g, group in enumerate(case.model.layer_groups)
             if isinstance(group, SlidingWindow)
         ]
+        chunks = [
+            {
+                "group": g,
+                "chunk": group.chunk,
+                "tokens": chunk_tokens(group.chunk, seq_len, block).to_list(),
+            }
+            for g, group in enumerate(case.model.layer_groups)
+            if isinstance(group, ChunkedLocal)
+        ]
         cases.append(
             {
                 "id": f"groups-{i:03d}",
-                "clauses": ["GROUP-1", "GROUP-2", "GROUP-3", "WINDOW-1", "STATE-1"],
+                "clauses": ["GROUP-1", "GROUP-2", "GROUP-3", "WINDOW-1", "STATE-1"]
+                + (["LOCAL-1"] if chunks else []),
                 **case.to_dict(),
                 "seq_len": seq_len,
                 "block_size": block,
                 "windows": windows,
+                **({"chunks": chunks} if chunks else {}),
                 "edges": [e.to_dict() for e in plan.edges],
             }
         )
