@@ -2,7 +2,8 @@
 
 A piece message is ``[header, data]``: the header a JSON object naming the run, the
 request, the group, the sender, the piece's coordinates (layers, and heads and tokens
-for per-token KV [GROUP-3], or the state part and the offset it lands at [STATE-2]);
+for per-token KV [GROUP-3], with the indexer part for an MLA group's indexer [INDEX-1],
+or the state part and the offset it lands at [STATE-2]);
 the data frame the raw elements. Nothing about the data's dtype or shape is read from
 the wire: the receiver derives both from the model it runs and the coordinates, and
 refuses a frame of another length. An *end* message says how many pieces a sender sent
@@ -20,6 +21,7 @@ from kvspec.tensors.dtypes import itemsize, torch_dtype
 from kvspec.tensors.group_reshard import Piece
 from kvspec.tensors.state_oracle import part_dtype, state_group
 from kvspec.topology.groups import FullAttention
+from kvspec.topology.indexer import INDEX_PARTS, index_widths
 from kvspec.topology.model import ModelShape
 from kvspec.topology.tokens import Tokens
 from sim.messages import MessageError, dump, load, short
@@ -44,6 +46,8 @@ def piece_frames(piece: Piece, *, run: str, request: str) -> list[Any]:
         assert piece.tokens is not None
         header["heads"] = [piece.heads.start, piece.heads.stop]
         header["tokens"] = piece.tokens.to_list()
+        if piece.part is not None:  # an MLA group's indexer part [INDEX-1]
+            header["part"] = piece.part
     else:
         header["part"] = piece.part
         header["dst_offset"] = piece.dst_offset
@@ -110,9 +114,25 @@ def read_piece(
             tokens = Tokens.from_list(header.get("tokens"))
         except ValueError as error:
             raise MessageError(f"tokens: {error}") from None
-        shape = (len(layers), kind.kv_tensors, len(tokens), heads[1] - heads[0], kind.head_dim)
+        shape: tuple[int, ...] = (
+            len(layers),
+            kind.kv_tensors,
+            len(tokens),
+            heads[1] - heads[0],
+            kind.head_dim,
+        )
         dtype = model.dtype
         extra: dict[str, Any] = {"heads": range(*heads), "tokens": tokens}
+        if "part" in header:  # an indexer part: dtype and width from the model [INDEX-1]
+            parts = dict(INDEX_PARTS) if kind.index_head_dim else {}
+            part = header["part"]
+            if part not in parts:
+                known = ", ".join(parts) or f"none (group {group} keeps no indexer)"
+                raise MessageError(f"part must be one of {known}, got {short(part)}")
+            assert kind.index_head_dim is not None
+            shape = (len(layers), len(tokens), index_widths(kind.index_head_dim)[part])
+            dtype = parts[part]
+            extra["part"] = part
     else:
         state = state_group(model, group)
         names = [p.name for p in state.parts()]

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from kvspec.tensors.dtypes import raw_bits, torch_dtype
+from kvspec.tensors.index_oracle import oracle_index
 from kvspec.tensors.oracle import oracle_kv
 from kvspec.tensors.state_oracle import oracle_state, part_dtype, state_group
 from kvspec.topology.group_plan import GroupEdge, GroupPlan, group_view
 from kvspec.topology.groups import FullAttention
+from kvspec.topology.indexer import INDEX_PARTS, index_widths
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import layer_ranges, rank_ownership
 from kvspec.topology.stage import StageLayout
@@ -64,7 +66,8 @@ class Region:
 
 
 GroupData = dict[str, torch.Tensor]
-"""A region's values: ``{"kv": [layers, kv, tokens, heads, dim]}`` for a per-token group,
+"""A region's values: ``{"kv": [layers, kv, tokens, heads, dim]}`` for a per-token group
+(and ``index``, ``index_scale`` ``[layers, tokens, width]`` for an indexer [INDEX-1]),
 one ``[layers, units, width * rows]`` tensor per part name for a state group."""
 
 
@@ -118,9 +121,11 @@ def fill(
         group: FullAttention = model.layer_groups[region.group]  # type: ignore[assignment]
         view = group_view(model, group)
         assert region.tokens is not None
+        index = _index_fill(group, region, request_id, seed=seed, device=device)
         if not region.layers:
             shape = (0, group.kv_tensors, len(region.tokens), len(region.heads or ()))
-            return {"kv": torch.empty(*shape, group.head_dim, dtype=torch_dtype(model.dtype))}
+            kv = torch.empty(*shape, group.head_dim, dtype=torch_dtype(model.dtype))
+            return {"kv": kv, **index}
         per_layer = [
             oracle_kv(
                 view,
@@ -133,7 +138,7 @@ def fill(
             ).data
             for layer in region.layers
         ]
-        return {"kv": torch.cat(per_layer)}
+        return {"kv": torch.cat(per_layer), **index}
     where = layout.locate(rank)
     return oracle_state(
         model,
@@ -147,10 +152,34 @@ def fill(
     )
 
 
+def _index_fill(
+    group: FullAttention,
+    region: Region,
+    request_id: str,
+    *,
+    seed: int,
+    device: str | torch.device,
+) -> GroupData:
+    """The oracle's indexer entries of ``region`` when the group keeps an indexer [INDEX-1]."""
+    if not group.index_head_dim:
+        return {}
+    assert region.tokens is not None
+    return oracle_index(
+        group.index_head_dim,
+        request_id,
+        layers=region.layers,
+        tokens=region.tokens,
+        seed=seed,
+        device=device,
+    )
+
+
 @dataclass(frozen=True)
 class Piece:
-    """One piece an edge carries: KV of (layers, heads, tokens), or one state read of
-    ``length`` elements of ``part`` in ``layers[0]`` landing at ``dst_offset`` [STATE-2]."""
+    """One piece an edge carries: KV of (layers, heads, tokens) — or, with ``part`` set
+    to an indexer part, that part's entries of (layers, tokens) [INDEX-1] — or one state
+    read of ``length`` elements of ``part`` in ``layers[0]`` landing at ``dst_offset``
+    [STATE-2]."""
 
     group: int
     src: int
@@ -178,10 +207,28 @@ def cut(edge: GroupEdge, region: Region, data: GroupData, seq_len: int) -> list[
         kv = data["kv"][[where[layer] for layer in edge.layers]]
         first = edge.heads.start - region.heads.start
         kv = kv[:, :, :, first : first + len(edge.heads)]
-        kv = take_tokens(kv, tokens.positions_in(region.tokens), axis=2)
-        return [
+        positions = tokens.positions_in(region.tokens)
+        kv = take_tokens(kv, positions, axis=2)
+        pieces = [
             Piece(edge.group, edge.src, edge.dst, edge.layers, kv.contiguous(), edge.heads, tokens)
         ]
+        for name in (n for n, _ in INDEX_PARTS if n in data):
+            entries = take_tokens(
+                data[name][[where[layer] for layer in edge.layers]], positions, axis=1
+            )
+            pieces.append(
+                Piece(
+                    edge.group,
+                    edge.src,
+                    edge.dst,
+                    edge.layers,
+                    entries.contiguous(),
+                    edge.heads,
+                    tokens,
+                    part=name,
+                )
+            )
+        return pieces
     offsets = dict(region.offsets)
     pieces = []
     for read in edge.reads:
@@ -207,9 +254,20 @@ def empty(model: ModelShape, region: Region, device: str | torch.device = "cpu")
         group: FullAttention = model.layer_groups[region.group]  # type: ignore[assignment]
         assert region.heads is not None and region.tokens is not None
         shape = (len(region.layers), group.kv_tensors, len(region.tokens), len(region.heads))
-        return {
+        data = {
             "kv": torch.zeros(*shape, group.head_dim, dtype=torch_dtype(model.dtype), device=device)
         }
+        if group.index_head_dim:
+            widths = index_widths(group.index_head_dim)
+            for name, dtype in INDEX_PARTS:
+                data[name] = torch.zeros(
+                    len(region.layers),
+                    len(region.tokens),
+                    widths[name],
+                    dtype=torch_dtype(dtype),
+                    device=device,
+                )
+        return data
     state = state_group(model, region.group)
     units = dict(region.units)
     return {
@@ -254,9 +312,20 @@ def place(piece: Piece, region: Region, into: GroupData, counts: GroupData) -> N
                 f"a piece of group {piece.group} carries tokens {piece.tokens.describe()}; this "
                 f"receiver needs only {region.tokens.describe()} [WINDOW-1]"
             )
+        positions = piece.tokens.positions_in(region.tokens)
+        if piece.part is not None:  # an indexer part: [layers, tokens, width] [INDEX-1]
+            if piece.part not in into or piece.part == "kv":
+                raise ValueError(
+                    f"a piece of group {piece.group} names part {piece.part!r}; this group "
+                    f"keeps {', '.join(n for n in into if n != 'kv') or 'no indexer'} [INDEX-1]"
+                )
+            for i, layer in enumerate(index):
+                put_tokens(into[piece.part][layer], positions, piece.data[i], axis=0)
+                seen = counts[piece.part][layer]
+                put_tokens(seen, positions, take_tokens(seen, positions, axis=0) + 1, axis=0)
+            return
         first = piece.heads.start - region.heads.start
         heads = slice(first, first + len(piece.heads))
-        positions = piece.tokens.positions_in(region.tokens)
         for i, layer in enumerate(index):
             put_tokens(into["kv"][layer, :, :, heads], positions, piece.data[i], axis=1)
             seen = counts["kv"][layer, :, :, heads]

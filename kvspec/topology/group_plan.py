@@ -1,8 +1,9 @@
 """Plans of hybrid models, layer group by layer group, and the bytes each edge moves per
 group [GROUP-3, PLAN-5].
 
-A per-token group (full attention, sliding window, chunked, draft) is planned as a uniform model
-of its own heads and head_dim over the two layouts [PLAN-1..6], keeping on each edge
+A per-token group (full attention, sliding window, chunked, draft) is planned as a uniform
+model of its own heads and head_dim over the two layouts [PLAN-1..6], an MLA group's
+sparse indexer riding with its latent [INDEX-1], keeping on each edge
 only the group's layers and, for a sliding window or a chunked local-attention layer,
 the tokens its receiver needs [WINDOW-1, LOCAL-1]. A
 state group is planned by its reads [STATE-2]. Each group keeps its own head count,
@@ -20,6 +21,7 @@ from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.dtypes import itemsize
 from kvspec.topology.groups import FullAttention
+from kvspec.topology.indexer import index_entry_bytes
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
@@ -213,13 +215,16 @@ def _token_edges(
         if not layers or count == 0:
             continue
         per_cell = group.kv_tensors * group.head_dim * itemsize(model.dtype)
+        # The indexer has no head axis: each receiver gets every token's whole entry with
+        # its latent, from the same sender [INDEX-1].
+        indexer = index_entry_bytes(group.index_head_dim) if group.index_head_dim else 0
         edges.append(
             GroupEdge(
                 index,
                 edge.src,
                 edge.dst,
                 layers,
-                len(edge.heads) * len(layers) * count * per_cell,
+                len(edge.heads) * len(layers) * count * per_cell + len(layers) * count * indexer,
                 heads=edge.heads,
                 tokens=tokens,
             )

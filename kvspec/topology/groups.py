@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.dtypes import check_dtype
+from kvspec.topology.indexer import check_indexer
 
 CLAUSES = (
     Clause(
@@ -122,6 +123,8 @@ class FullAttention(_Group):
     num_kv_heads: int
     head_dim: int
     attention: str = "mha"
+    index_head_dim: int | None = field(default=None, kw_only=True)
+    """An MLA group's sparse indexer cache, values per token (None: none) [INDEX-1]."""
 
     def __post_init__(self) -> None:
         require_int("num_kv_heads", self.num_kv_heads, minimum=1)
@@ -132,6 +135,19 @@ class FullAttention(_Group):
                 f"an MLA group has no head axis, so num_kv_heads must be 1, got "
                 f"{self.num_kv_heads} [MODEL-2]"
             )
+        check_indexer(self.index_head_dim, self.attention)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form; ``index_head_dim`` only when the group has an indexer, so a
+        group without one keeps its form [INDEX-1]."""
+        data = super().to_dict()
+        if data["index_head_dim"] is None:
+            del data["index_head_dim"]
+        return data
+
+    def describe(self) -> str:
+        text = super().describe()
+        return text.replace(", index_head_dim=None", "")
 
     @property
     def kv_tensors(self) -> int:

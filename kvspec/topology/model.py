@@ -15,6 +15,7 @@ from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.dtypes import FP8_DTYPES, check_dtype, itemsize
 from kvspec.topology.groups import FullAttention, LayerGroup, group_from_dict
+from kvspec.topology.indexer import check_indexer
 
 CLAUSES = (
     Clause(
@@ -84,6 +85,8 @@ class ModelShape:
     scale_format: str | None = None
     groups: tuple[LayerGroup, ...] = ()
     layers: tuple[int, ...] = ()
+    index_head_dim: int | None = None
+    """Group 0's sparse indexer cache (an MLA model's), values per token [INDEX-1]."""
 
     def __post_init__(self) -> None:
         require_int("num_layers", self.num_layers, minimum=1)
@@ -106,6 +109,7 @@ class ModelShape:
                 f"scale_format is only for fp8 dtypes ({', '.join(FP8_DTYPES)}); "
                 f"dtype={self.dtype!r} must have scale_format=None, got {self.scale_format!r}"
             )
+        check_indexer(self.index_head_dim, self.attention)
         self._check_groups()
 
     def _check_groups(self) -> None:
@@ -168,13 +172,17 @@ class ModelShape:
 
     @property
     def hybrid(self) -> bool:
-        """Whether the model has layer groups besides its own attention [GROUP-1]."""
-        return bool(self.groups)
+        """Whether the model is planned group by group: it has layer groups besides its
+        own attention [GROUP-1], or an indexer beside its own latent [INDEX-1], which the
+        uniform plan does not carry."""
+        return bool(self.groups) or self.index_head_dim is not None
 
     @property
     def layer_groups(self) -> tuple[LayerGroup, ...]:
         """Every group, index 0 the model's own attention [GROUP-1]."""
-        own = FullAttention(self.num_kv_heads, self.head_dim, self.attention)
+        own = FullAttention(
+            self.num_kv_heads, self.head_dim, self.attention, index_head_dim=self.index_head_dim
+        )
         return (own, *self.groups)
 
     def group_of(self, layer: int) -> int:
@@ -196,6 +204,8 @@ class ModelShape:
         today's [GROUP-1]."""
         data = asdict(self)
         del data["groups"], data["layers"]
+        if self.index_head_dim is None:
+            del data["index_head_dim"]
         if self.groups:
             data["groups"] = [g.to_dict() for g in self.groups]
             data["layers"] = list(self.layers)
@@ -216,6 +226,8 @@ class ModelShape:
         else:
             body = f"{self.num_layers} layers, {self.num_kv_heads} KV heads x {self.head_dim}"
         extra = f", scales {self.scale_format}" if self.scale_format else ""
+        if self.index_head_dim:
+            extra += f", indexer {self.index_head_dim}"
         if self.groups:
             extra += f", {len(self.groups) + 1} layer groups"
         return f"{body}, {self.dtype}{extra}"
@@ -230,6 +242,7 @@ _AGREED_FACTS = (
     "scale_format",
     "groups",
     "layers",
+    "index_head_dim",
 )
 
 

@@ -4,8 +4,10 @@
 Every value comes from field/research/hybrids.md §1, which says where it was read;
 layer types are derived by the rule the model's config class states, never stored by
 hand. Values marked UNCONFIRMED there are left out: Qwen3-Next's MTP layer count
-(hybrids.md UNCONFIRMED 2) and DeepSeek-V3.2's indexer (no indexer kind yet) are not
-in these presets.
+(hybrids.md UNCONFIRMED 2) and DeepSeek-V3.2's (UNCONFIRMED 3) are not in these presets.
+Llama 4's chunked local attention has no preset: its attention_chunk_size 8192 and
+no_rope_layers pattern were seen only as transformers defaults and third-party copies,
+never in meta-llama/Llama-4-Scout-17B-16E's own config.json.
 """
 
 from __future__ import annotations
@@ -79,12 +81,27 @@ def deepseek_v3_mtp() -> ModelShape:
     return ModelShape(62, 1, 576, "mla", groups=(draft,), layers=(0,) * 61 + (1,))
 
 
+def deepseek_v3_2_like() -> ModelShape:
+    """DeepSeek-V3.2-like: 61 MLA layers of latent kv_lora_rank 512 + qk_rope_head_dim 64 =
+    576, each with a lightning-indexer cache of index_head_dim 128 [INDEX-1]. transformers
+    5.24.0 ``DeepseekV32Config`` defaults (61 layers, kv_lora_rank 512, qk_rope_head_dim 64,
+    index_head_dim 128, index_n_heads 64, index_topk 2048) and DeepSeek-V3.2-Exp
+    ``inference/model.py`` ``ModelArgs`` (index_head_dim 128); the entry is 128 fp8 values
+    and one float32 scale, 132 bytes (vLLM ``DeepseekV32IndexerCache``, ``deepseek_v2.py``;
+    hybrids.md §1d). "-like": the published config.json was not read, and its MTP layer
+    count is UNCONFIRMED (hybrids.md UNCONFIRMED 3), so no draft layer. index_n_heads and
+    index_topk shape the indexer's queries and selection, not its cache, so they are not
+    facts here."""
+    return ModelShape(61, 1, 576, "mla", index_head_dim=128)
+
+
 PRESETS: dict[str, Callable[[], ModelShape]] = {
     "qwen3-next-80b-a3b": qwen3_next_80b_a3b,
     "jamba-v0.1": jamba_v0_1,
     "nemotron-h-like": nemotron_h_like,
     "gpt-oss-120b": gpt_oss_120b,
     "deepseek-v3-mtp": deepseek_v3_mtp,
+    "deepseek-v3.2-like": deepseek_v3_2_like,
 }
 """Preset name -> its model shape, as ``kvspec plan --model NAME`` takes it."""
 

@@ -396,7 +396,8 @@ def plan_transfer(
     """
     if model.hybrid:
         raise ValueError(
-            f"{model.describe()} has layer groups; a hybrid model is planned group by group "
+            f"{model.describe()} has layer groups or an indexer; such a model is planned group "
+            "by group "
             "(kvspec.topology.group_plan.plan_groups) [GROUP-3]"
         )
     if rule is None:
