@@ -159,3 +159,30 @@ def test_plan_cli_prints_bytes_per_group(capsys: pytest.CaptureFixture[str]) -> 
     assert "mamba1" in out and "full" in out and "total" in out
     assert main(["plan", "--source-tp", "3", "--target-tp", "1", "--model", "jamba-v0.1"]) == 2
     assert "GROUP-3" in capsys.readouterr().err
+
+
+def test_an_mla_indexer_moves_whole_with_its_latent() -> None:
+    """INDEX-1: 128 fp8 values and one float32 scale per token and layer, to every receiver."""
+    model = ModelShape(3, 1, 8, "mla", index_head_dim=128)
+    assert model.to_dict()["index_head_dim"] == 128 and model.hybrid
+    assert "index_head_dim" not in ModelShape(3, 1, 8, "mla").to_dict()
+    assert ModelShape.from_dict(model.to_dict()) == model
+    plan = plan_groups(StageLayout(1), StageLayout(4), model, seq_len=10)
+    assert {e.dst: e.nbytes for e in plan.edges} == {d: 3 * 10 * (8 * 2 + 132) for d in range(4)}
+    with pytest.raises(ValueError, match="group by group"):
+        plan_transfer(StageLayout(1), StageLayout(4), model)
+
+
+@pytest.mark.parametrize(
+    ("facts", "message"),
+    [
+        ({"num_kv_heads": 2, "head_dim": 4, "index_head_dim": 128}, "MLA"),
+        ({"num_kv_heads": 1, "head_dim": 4, "attention": "mla", "index_head_dim": 64}, "128"),
+        ({"num_kv_heads": 1, "head_dim": 4, "attention": "mla", "index_head_dim": 200}, "128"),
+    ],
+)
+def test_an_indexer_off_mla_or_of_partial_blocks_is_refused(
+    facts: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        group_from_dict({"kind": "draft", **facts})

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 from kvspec.tensors import group_reshard as gr
 from kvspec.topology.group_plan import plan_groups
@@ -202,3 +203,62 @@ def test_a_message_of_another_run_is_refused() -> None:
     frames = _a_state_piece()
     with pytest.raises(MessageError, match="another run"):
         read_header(frames[0], run="other")
+
+
+INDEXED = ModelShape(
+    3,
+    1,
+    8,
+    "mla",
+    groups=(DraftAttention(1, 4, "mla", index_head_dim=128),),
+    layers=(0, 0, 1),
+    index_head_dim=256,
+)
+"""An MLA model whose latent and MTP draft layer each keep a sparse indexer [INDEX-1]."""
+
+
+@pytest.mark.parametrize(("source", "target"), [(1, 4), (4, 1)])
+def test_an_mla_indexer_reaches_every_receiver_whole(source: int, target: int) -> None:
+    """INDEX-1: each receiver rank gets every token's indexer entry (fp8 values and float32
+    scales) beside its latent, verified against the oracle; bytes per edge equal the plan."""
+    run = HybridRun(StageLayout(source), StageLayout(target), INDEXED, requests=1, seq_len=(9, 9))
+    report = run_hybrid(run)
+    assert report.ok, report.render()
+    assert report.moved == plan_bytes(run)
+    per_dst = {
+        d: sum(n for (g, _, dd), n in report.moved.items() if dd == d and g == 0)
+        for d in range(target)
+    }
+    assert per_dst == dict.fromkeys(range(target), 2 * 9 * (8 * 2 + 256 + 2 * 4))
+
+
+def test_a_wrong_indexer_byte_or_a_missing_part_is_caught() -> None:
+    run = HybridRun(StageLayout(1), StageLayout(2), INDEXED, requests=1, seq_len=(9, 9))
+    plan = run.plan(9)
+    edge = next(e for e in plan.edges if e.group == 1 and e.dst == 1)
+    sent = gr.held_region(run.source, INDEXED, 1, 0, seq_len=9, block_size=16, receiving=False)
+    data = gr.fill(INDEXED, sent, "req-0000", layout=run.source, rank=0)
+    pieces = gr.cut(edge, sent, data, 9)
+    assert [p.part for p in pieces] == [None, "index", "index_scale"]
+    frames = piece_frames(pieces[1], run="token", request="req-0000")
+    header = read_header(frames[0], run="token")
+    back = read_piece(header, bytes(frames[1]), model=INDEXED, dst=1, sources=1)
+    assert str(back.data.dtype) == "torch.float8_e4m3fn" and tuple(back.data.shape) == (1, 9, 128)
+    with pytest.raises(MessageError, match="keeps no indexer"):
+        model = ModelShape(3, 1, 8, "mla", groups=(DraftAttention(1, 4, "mla"),), layers=(0, 0, 1))
+        read_piece(header, bytes(frames[1]), model=model, dst=1, sources=1)
+    held = gr.held_region(run.target, INDEXED, 1, 1, seq_len=9, block_size=16, receiving=True)
+    into = gr.empty(INDEXED, held)
+    counts = gr.counters(into)
+    for piece in pieces:
+        gr.place(piece, held, into, counts)
+    check = {"layout": run.target, "rank": 1}
+    assert gr.check_region(INDEXED, held, into, counts, "req-0000", **check) is None
+    into["index_scale"].view(torch.int32)[0, 4, 0] ^= 1
+    assert "index_scale: 1 of 9 elements differ" in (
+        gr.check_region(INDEXED, held, into, counts, "req-0000", **check) or ""
+    )
+    counts["index"][0, 0, 0] = 0
+    assert "index: 1 of 1152 elements never arrived" in (
+        gr.check_region(INDEXED, held, into, counts, "req-0000", **check) or ""
+    )
