@@ -164,10 +164,10 @@ class RunsPerUnit(ReferenceAdapter):
         self, layout: str, model: ModelShape, group: int, **where: Any
     ) -> tuple[tuple[int, int], ...]:
         units = where.pop("units")
+        # Bound here: a zero-argument super() inside the generator below has no class cell.
+        runs = super().state_runs
         return tuple(
             run
             for unit in units
-            for run in super().state_runs(
-                layout, model, group, **where, units=range(unit, unit + 1)
-            )
+            for run in runs(layout, model, group, **where, units=range(unit, unit + 1))
         )
