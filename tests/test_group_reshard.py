@@ -11,11 +11,11 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.conformance.checks.groups import _hybrid
+from kvspec.conformance.checks.groups import KINDS, _hybrid
 from kvspec.tensors import group_reshard as gr
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.group_plan import GroupPlan, plan_groups
-from kvspec.topology.groups import Mamba2State, SlidingWindow
+from kvspec.topology.groups import ChunkedLocal, DraftAttention, Mamba2State, SlidingWindow
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.windows import window_tokens
@@ -70,9 +70,24 @@ def move(plan: GroupPlan, request: str = "req-0", seed: int = 0) -> dict:
     return {"problems": {k: v for k, v in problems.items() if v}, "moved": dict(moved)}
 
 
+CHUNKED = ModelShape(3, 2, 4, groups=(ChunkedLocal(2, 4, chunk=10),), layers=(1, 0, 1))
+"""A chunked local-attention group of 10 tokens beside full attention [LOCAL-1]."""
+
+INDEXED = ModelShape(
+    3,
+    1,
+    8,
+    "mla",
+    groups=(DraftAttention(1, 4, "mla", index_head_dim=128),),
+    layers=(0, 1, 0),
+    index_head_dim=256,
+)
+"""An MLA latent and an MLA draft layer, each with a sparse indexer [INDEX-1]."""
+
+
 @st.composite
 def hybrid_plans(draw: st.DrawFn) -> GroupPlan:
-    model = ModelShape.from_dict(draw(_hybrid()))
+    model = ModelShape.from_dict(draw(_hybrid((*KINDS, "chunked"))))
     pp = st.sampled_from([p for p in (1, 2) if p <= model.num_layers])
     source = StageLayout(draw(st.sampled_from([1, 2, 4])), draw(pp))
     target = StageLayout(draw(st.sampled_from([1, 2, 4])), draw(pp))
@@ -92,12 +107,19 @@ def hybrid_plans(draw: st.DrawFn) -> GroupPlan:
 @example(
     plan=plan_groups(StageLayout(2), StageLayout(4, 2), SLIDING, seq_len=45, block_size=4), seed=2
 )
+@example(  # a chunked group on a chunk boundary that is no block boundary moves nothing
+    plan=plan_groups(StageLayout(1), StageLayout(2), CHUNKED, seq_len=20, block_size=8), seed=3
+)
+@example(
+    plan=plan_groups(StageLayout(1), StageLayout(2), CHUNKED, seq_len=27, block_size=8), seed=4
+)
+@example(plan=plan_groups(StageLayout(2), StageLayout(4, 2), INDEXED, seq_len=9), seed=5)
 def test_every_group_of_every_receiver_is_rebuilt_with_the_plans_bytes(
     plan: GroupPlan, seed: int
 ) -> None:
     """RESHARD-2 for hybrids: each receiver's KV of every per-token group and every state
     part arrives exactly once, equals the oracle bit for bit, and each edge moves exactly
-    the plan's bytes [GROUP-3, STATE-2, WINDOW-1]."""
+    the plan's bytes [GROUP-3, STATE-2, WINDOW-1, LOCAL-1, INDEX-1]."""
     result = move(plan, seed=seed)
     assert result["problems"] == {}
     assert result["moved"] == {k: n for k, n in plan.bytes_per_edge().items() if n}
