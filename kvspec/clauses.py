@@ -23,6 +23,7 @@ SPEC_MODULES: tuple[str, ...] = (
     "kvspec.topology.groups",
     "kvspec.topology.state",
     "kvspec.topology.windows",
+    "kvspec.topology.block_size",
     "kvspec.topology.indexer",
     "kvspec.topology.group_plan",
     "kvspec.tensors.slicing",

@@ -52,6 +52,7 @@ from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_jso
 from kvspec.cli.plan import add_parallel_arguments, groups_from_args, model_from_args
 from kvspec.memory.cache_layout import PRESETS
 from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
 from kvspec.topology.model_presets import model_preset
 from kvspec.topology.plan import POLICIES
@@ -160,6 +161,12 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     caches.add_argument(
         "--dst-block-size", type=int_in(1, LIMITS.block_size), default=16, metavar="B", help="(16)"
+    )
+    caches.add_argument(
+        "--vllm-block-size",
+        action="store_true",
+        help="with --model: each stage's block size derived from the model and its TP as vLLM "
+        "does for a hybrid, the block-size flags as the user's minimum [BLOCK-1]",
     )
     work = run.add_argument_group("workload")
     work.add_argument(
@@ -385,17 +392,25 @@ def hybrid_from_args(args: argparse.Namespace) -> HybridRun:
         StageLayout(args.source_tp, args.source_pp, **groups_from_args(args, "source")),
         StageLayout(args.target_tp, args.target_pp, **groups_from_args(args, "target")),
     )
+    model = model_preset(args.model)
+    source_block, target_block = args.src_block_size, args.dst_block_size
+    if args.vllm_block_size:
+        # Each stage's block size as vLLM derives it from the model and its TP, the flags
+        # the user's block size it raises [BLOCK-1]; the two differ by construction.
+        source_block = hybrid_block_size(model, source.attn_tp, block_size=source_block)
+        target_block = hybrid_block_size(model, target.attn_tp, block_size=target_block)
     return HybridRun(
         source,
         target,
-        model_preset(args.model),
+        model,
         args.model,
         requests=args.requests,
         seq_len=parse_seq_len(args.seq_len),
-        block_size=args.src_block_size,
+        block_size=source_block,
         policy=args.policy,
         seed=args.seed,
         timeout=args.timeout,
+        dst_block_size=target_block,
     )
 
 
@@ -417,6 +432,13 @@ def _run_hybrid_args(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.model is not None:
         return _run_hybrid_args(args)
+    if args.vllm_block_size:
+        print(
+            f"{PROG}: refused: --vllm-block-size derives a hybrid's block sizes; it needs "
+            "--model NAME",
+            file=sys.stderr,
+        )
+        return 2
     try:
         check_writable(args.json)
         config = config_from_args(args)

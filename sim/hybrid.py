@@ -54,9 +54,17 @@ class HybridRun:
     requests: int = 2
     seq_len: tuple[int, int] = (16, 128)
     block_size: int = 16
+    """The sender's block size (``--src-block-size``)."""
     policy: str = "lowest"
     seed: int = 0
     timeout: float = 120.0
+    dst_block_size: int | None = None
+    """The receiver's block size (``--dst-block-size``); None: ``block_size`` [WINDOW-2]."""
+
+    @property
+    def receiver_block_size(self) -> int:
+        """The receiver's block size [WINDOW-2]."""
+        return self.block_size if self.dst_block_size is None else self.dst_block_size
 
     def __post_init__(self) -> None:
         if not self.model.hybrid:
@@ -76,10 +84,12 @@ class HybridRun:
             raise ValueError(f"the run has {ranks} ranks; the sim runs at most {LIMITS.ranks}")
         if not 1 <= self.requests <= LIMITS.requests:
             raise ValueError(f"--requests must be in 1..{LIMITS.requests}, got {self.requests}")
-        if not 1 <= self.block_size <= LIMITS.block_size:
-            raise ValueError(
-                f"--src-block-size must be in 1..{LIMITS.block_size}, got {self.block_size}"
-            )
+        for flag, size in (
+            ("--src-block-size", self.block_size),
+            ("--dst-block-size", self.receiver_block_size),
+        ):
+            if not 1 <= size <= LIMITS.block_size:
+                raise ValueError(f"{flag} must be in 1..{LIMITS.block_size}, got {size}")
         # refuses a layout that cannot hold a group's heads or state units [GROUP-3]
         plan_groups(self.source, self.target, self.model, seq_len=1, policy=self.policy)
 
@@ -96,7 +106,8 @@ class HybridRun:
             self.target,
             self.model,
             seq_len=seq_len,
-            block_size=self.block_size,
+            source_block_size=self.block_size,
+            target_block_size=self.receiver_block_size,
             policy=self.policy,
         )
 
@@ -138,6 +149,7 @@ class HybridReport:
         lines = [
             f"kvspec sim (hybrid): {run.source.describe()} -> {run.target.describe()}, "
             f"model {run.model_name}: {model.describe()}",
+            f"block size: sender {run.block_size}, receiver {run.receiver_block_size} tokens",
             f"requests: {len(self.verified)} verified, {len(self.failed)} failed, of "
             f"{run.requests}"
             + (
@@ -187,6 +199,7 @@ class HybridReport:
             "target": self.run.target.to_dict(),
             "model_name": self.run.model_name,
             "model": self.run.model.to_dict(),
+            "block_size": {"source": self.run.block_size, "target": self.run.receiver_block_size},
             "requests": self.run.requests,
             "verified": sorted(self.verified),
             "failed": self.failed,
@@ -302,7 +315,7 @@ def _receiver(run: HybridRun, rank: int, token: str, control: str) -> None:
                     g,
                     rank,
                     seq_len=seq_len,
-                    block_size=run.block_size,
+                    block_size=run.receiver_block_size,
                     receiving=True,
                 )
                 for g in range(len(run.model.layer_groups))

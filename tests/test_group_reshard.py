@@ -18,7 +18,8 @@ from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.groups import ChunkedLocal, DraftAttention, Mamba2State, SlidingWindow
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.windows import window_tokens
+from kvspec.topology.tokens import Tokens
+from kvspec.topology.windows import chunk_tokens, window_tokens
 
 MAMBA2_ONE_GROUP = ModelShape(
     3,
@@ -127,7 +128,7 @@ def test_every_group_of_every_receiver_is_rebuilt_with_the_plans_bytes(
 
 def test_a_sliding_window_receiver_gets_only_its_block_aligned_window() -> None:
     """WINDOW-1: the window's edges carry the last W tokens from a block boundary; a piece
-    with an older token is refused where it lands."""
+    with an older token (from a sender that kept them) is refused where it lands."""
     plan = plan_groups(StageLayout(1), StageLayout(2), SLIDING, seq_len=45, block_size=4)
     window = window_tokens(20, 45, 4)
     assert window.tokens() == list(range(24, 45))
@@ -138,7 +139,12 @@ def test_a_sliding_window_receiver_gets_only_its_block_aligned_window() -> None:
     senders = gr.plan_regions(plan, receiving=False)
     receivers = gr.plan_regions(plan, receiving=True)
     edge = next(e for e in plan.edges if e.group == 1)
-    region = senders[(1, edge.src)]
+    assert senders[(1, edge.src)].tokens == window  # the sender evicted the rest [WINDOW-2]
+    # A sender whose one block spans the request still holds every token.
+    region = gr.held_region(
+        plan.source, SLIDING, 1, edge.src, seq_len=45, block_size=64, receiving=False
+    )
+    assert region.tokens == Tokens.span(0, 45)
     data = gr.fill(SLIDING, region, "req-0", layout=plan.source, rank=edge.src)
     whole = gr.Piece(
         1,
@@ -188,3 +194,35 @@ def test_state_oracle_units_agree_across_tp() -> None:
         assert torch.equal(part["x"], whole["x"][:, 2 * rank : 2 * rank + 2])
         assert torch.equal(part["B"], whole["B"])  # one group: every rank holds it whole
         assert torch.equal(part["ssm"], whole["ssm"][:, 2 * rank : 2 * rank + 2])
+
+
+@given(
+    seq_len=st.integers(0, 90),
+    blocks=st.sampled_from([(4, 8), (8, 4), (4, 4), (16, 4), (4, 16), (12, 8), (8, 12)]),
+    tps=st.sampled_from([(1, 2), (2, 1), (1, 4), (4, 1)]),
+    chunked=st.booleans(),
+)
+@example(seq_len=45, blocks=(8, 4), tps=(1, 2), chunked=False)
+@example(seq_len=50, blocks=(4, 8), tps=(2, 1), chunked=False)  # refused: 24-27 evicted
+def test_sender_and_receiver_block_sizes_differ(
+    seq_len: int, blocks: tuple[int, int], tps: tuple[int, int], chunked: bool
+) -> None:
+    """WINDOW-2: with the sender's and the receiver's own block sizes, either every element
+    of the receiver's block-aligned window arrives from a sender that still holds it, or
+    the plan is refused naming both block sizes; never rows missing or wrong."""
+    group = ChunkedLocal(4, 2, chunk=20) if chunked else SlidingWindow(4, 2, window=20)
+    model = ModelShape(4, 4, 2, groups=(group,), layers=(1, 0, 1, 0))
+    sender, receiver = blocks
+    needed = (chunk_tokens if chunked else window_tokens)(20, seq_len, receiver)
+    held = (chunk_tokens if chunked else window_tokens)(20, seq_len, sender)
+    evicted = needed.intersect(Tokens.span(0, seq_len)) != needed.intersect(held)
+    build = dict(seq_len=seq_len, source_block_size=sender, target_block_size=receiver)
+    if evicted:
+        with pytest.raises(ValueError, match=rf"blocks of {receiver} .* blocks of {sender} "):
+            plan_groups(StageLayout(tps[0]), StageLayout(tps[1]), model, **build)
+        return
+    plan = plan_groups(StageLayout(tps[0]), StageLayout(tps[1]), model, **build)
+    assert all(e.tokens == needed for e in plan.edges if e.group == 1)
+    result = move(plan)
+    assert not any(result["problems"].values())
+    assert result["moved"] == {k: n for k, n in plan.bytes_per_edge().items() if n}

@@ -83,14 +83,17 @@ def held_region(
 ) -> Region:
     """What stage-local ``rank`` holds of ``group`` for a ``seq_len``-token request; a
     receiver of a sliding-window group holds only its block-aligned window [WINDOW-1], of a
-    chunked local-attention group only its current chunk [LOCAL-1]."""
+    chunked local-attention group only its current chunk [LOCAL-1]. ``block_size`` is this
+    side's own: a sender holds its window aligned to its blocks, every older token of the
+    group evicted [WINDOW-2]."""
     kind = model.layer_groups[group]
     mine = set(model.group_layers(group))
     if isinstance(kind, FullAttention):
         own = rank_ownership(layout, group_view(model, kind), rank, seq_len=seq_len)
         tokens = own.tokens if own.tokens is not None else Tokens.span(0, seq_len)
-        needed = needed_tokens(kind, seq_len, block_size)  # [WINDOW-1, LOCAL-1]
-        if receiving and needed is not None:
+        # Either side keeps only its own block-aligned window [WINDOW-1, LOCAL-1, WINDOW-2].
+        needed = needed_tokens(kind, seq_len, block_size)
+        if needed is not None:
             tokens = tokens.intersect(needed)
         layers = tuple(layer for layer in own.layers if layer in mine)
         return Region(group, layers, heads=own.heads, tokens=tokens)
@@ -352,6 +355,7 @@ def place(piece: Piece, region: Region, into: GroupData, counts: GroupData) -> N
 def plan_regions(plan: GroupPlan, *, receiving: bool) -> dict[tuple[int, int], Region]:
     """(group, rank) -> what each rank of one side holds, for every group of ``plan``."""
     layout = plan.target if receiving else plan.source
+    block_size = plan.receiver_block_size if receiving else plan.sender_block_size  # [WINDOW-2]
     return {
         (group, rank): held_region(
             layout,
@@ -359,7 +363,7 @@ def plan_regions(plan: GroupPlan, *, receiving: bool) -> dict[tuple[int, int], R
             group,
             rank,
             seq_len=plan.seq_len,
-            block_size=plan.block_size,
+            block_size=block_size,
             receiving=receiving,
         )
         for group in range(len(plan.model.layer_groups))

@@ -27,7 +27,7 @@ from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import StateRead, part_itemsize, plan_state_reads
 from kvspec.topology.tokens import Tokens
-from kvspec.topology.windows import needed_tokens
+from kvspec.topology.windows import receiver_tokens
 
 CLAUSES = (
     Clause(
@@ -95,6 +95,18 @@ class GroupPlan:
     seq_len: int
     block_size: int
     edges: tuple[GroupEdge, ...]
+    source_block_size: int | None = None
+    """The sender's block size [WINDOW-2]; None: ``block_size``, one for both."""
+
+    @property
+    def sender_block_size(self) -> int:
+        """The block size the sender's windows are aligned to [WINDOW-2]."""
+        return self.block_size if self.source_block_size is None else self.source_block_size
+
+    @property
+    def receiver_block_size(self) -> int:
+        """The block size the receiver's windows are aligned to: ``block_size`` [WINDOW-2]."""
+        return self.block_size
 
     def nbytes(self) -> int:
         """Bytes every edge of every group moves."""
@@ -119,6 +131,11 @@ class GroupPlan:
             "policy": self.policy,
             "seq_len": self.seq_len,
             "block_size": self.block_size,
+            **(
+                {"source_block_size": self.source_block_size}
+                if self.source_block_size not in (None, self.block_size)
+                else {}
+            ),
             "bytes_by_group": {str(g): n for g, n in self.bytes_by_group().items()},
             "edges": [e.to_dict() for e in self.edges],
         }
@@ -146,11 +163,24 @@ def plan_groups(
     policy: str = "lowest",
     source_dp: int = 0,
     target_dp: int = 0,
+    source_block_size: int | None = None,
+    target_block_size: int | None = None,
 ) -> GroupPlan:
     """The plan of every layer group of one ``seq_len``-token request [GROUP-3, WINDOW-1,
-    LOCAL-1, STATE-2]; ``block_size`` aligns sliding windows and chunks."""
+    LOCAL-1, STATE-2]; ``block_size`` aligns sliding windows and chunks.
+
+    ``source_block_size`` and ``target_block_size`` (each ``block_size`` when None) give
+    the two stages their own: a window or chunk edge carries the receiver's tokens,
+    aligned to its blocks, and a plan whose receiver needs tokens the sender has evicted
+    is refused [WINDOW-2]; a hybrid's block size per TP is
+    :func:`kvspec.topology.block_size.hybrid_block_size` [BLOCK-1].
+    """
     require_int("seq_len", seq_len, minimum=0)
     require_int("block_size", block_size, minimum=1)
+    sender = block_size if source_block_size is None else source_block_size
+    block_size = block_size if target_block_size is None else target_block_size
+    require_int("source_block_size", sender, minimum=1)
+    require_int("target_block_size", block_size, minimum=1)
     edges: list[GroupEdge] = []
     for index, group in enumerate(model.layer_groups):
         try:
@@ -163,7 +193,7 @@ def plan_groups(
                         index,
                         group,
                         seq_len,
-                        block_size,
+                        (sender, block_size),
                         policy,
                         source_dp,
                         target_dp,
@@ -178,7 +208,16 @@ def plan_groups(
                 f"layer group {index} ({group.describe()}): {error} [GROUP-3]"
             ) from None
     edges.sort(key=lambda e: (e.group, e.src, e.dst))
-    return GroupPlan(source, target, model, policy, seq_len, block_size, tuple(edges))
+    return GroupPlan(
+        source,
+        target,
+        model,
+        policy,
+        seq_len,
+        block_size,
+        tuple(edges),
+        None if sender == block_size else sender,
+    )
 
 
 def _token_edges(
@@ -188,7 +227,7 @@ def _token_edges(
     index: int,
     group: FullAttention,
     seq_len: int,
-    block_size: int,
+    blocks: tuple[int, int],
     policy: str,
     source_dp: int,
     target_dp: int,
@@ -204,7 +243,10 @@ def _token_edges(
         target_dp=target_dp,
     )
     mine = set(model.group_layers(index))
-    window = needed_tokens(group, seq_len, block_size)  # [WINDOW-1, LOCAL-1]
+    # The receiver's window, which the sender must still hold [WINDOW-1, LOCAL-1, WINDOW-2].
+    window = receiver_tokens(
+        group, seq_len, source_block_size=blocks[0], target_block_size=blocks[1]
+    )
     edges = []
     for edge in plan.edges:
         layers = tuple(layer for layer in edge.layers if layer in mine)

@@ -17,6 +17,10 @@ of C, the next token opening a new chunk (hybrids.md §5). Blocks are freed whol
 start moves back to a block boundary, as for a window.
 
 :func:`needed_tokens` is the one rule the group plan and the receiver's region both use.
+
+Sender and receiver may use different block sizes (a hybrid's changes with TP [BLOCK-1]);
+:func:`receiver_tokens` aligns to the receiver's and refuses tokens the sender, aligned to
+its own, has evicted [WINDOW-2].
 """
 
 from __future__ import annotations
@@ -58,6 +62,38 @@ CLAUSES = (
             ),
             must("a chunked group moves nothing when L is a multiple of C"),
             refuses("a chunk below 1 token (0 does not mean full attention)"),
+        ),
+    ),
+    Clause(
+        "WINDOW-2",
+        "Sender and receiver block sizes of a window or chunk",
+        "Each stage has its own block size, the sender's Bs and the receiver's Br (one B "
+        "for both unless given apart; a hybrid's differs with TP [BLOCK-1]). A receiver of "
+        "a sliding-window or chunked group needs the tokens of WINDOW-1 and LOCAL-1 with "
+        "B = Br, since it allocates and fills whole blocks of its own size, and an edge "
+        "carries exactly those (its token set's share of them). The sender still holds the "
+        "same tokens with B = Bs, its own window aligned to its own blocks; it has evicted "
+        "every older token of the group. When the receiver needs a token the sender has "
+        "evicted (its first needed token lies before the sender's first held one, as when "
+        "Br does not divide Bs) the plan is refused, naming both block sizes and the "
+        "evicted token range, never sent with those rows missing or wrong [SGLang refuses "
+        "different TP sizes for sliding-window hybrids: truncating silently misaligns rows "
+        "and corrupts KV]. A plan whose receiver needs only held tokens is planned, "
+        "whatever the two block sizes. Full-attention, draft and state groups do not depend "
+        "on either block size.",
+        obligations=(
+            must(
+                "a window or chunk edge carries the needed tokens aligned to the receiver's "
+                "block size, not the sender's"
+            ),
+            must(
+                "the sender holds its window aligned to its own block size: a plan whose "
+                "receiver needs only those tokens is planned, even when the block sizes differ"
+            ),
+            refuses(
+                "a receiver's needed tokens that the sender has evicted, naming both block "
+                "sizes and the evicted token range"
+            ),
         ),
     ),
 )
@@ -111,3 +147,49 @@ def needed_tokens(group: FullAttention, seq_len: int, block_size: int) -> Tokens
     if isinstance(group, ChunkedLocal):
         return chunk_tokens(group.chunk, seq_len, block_size)
     return None
+
+
+def receiver_tokens(
+    group: FullAttention, seq_len: int, *, source_block_size: int, target_block_size: int
+) -> Tokens | None:
+    """The tokens a receiver of ``group`` with blocks of ``target_block_size`` needs, which
+    a sender with blocks of ``source_block_size`` must still hold; None for every token
+    [WINDOW-2].
+
+    The receiver's window is aligned to its own blocks; the sender kept its own window
+    aligned to its blocks and evicted the rest. Receiver blocks that divide the sender's
+    always fit; larger ones may reach into evicted tokens, which is refused:
+
+    >>> from kvspec.topology.groups import SlidingWindow
+    >>> w = SlidingWindow(8, 64, window=128)
+    >>> receiver_tokens(w, 1000, source_block_size=544, target_block_size=272).describe()
+    '816-999'
+    >>> receiver_tokens(w, 1000, source_block_size=272, target_block_size=544)
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: the receiver's blocks of 544 tokens need tokens 544-999 ... 544-815 are evicted; ...
+    """
+    require_int("source_block_size", source_block_size, minimum=1)
+    require_int("target_block_size", target_block_size, minimum=1)
+    needed = needed_tokens(group, seq_len, target_block_size)
+    if needed is None or not len(needed):
+        return needed
+    held = needed_tokens(group, seq_len, source_block_size)
+    assert held is not None
+    first_needed = needed.ranges[0].start
+    first_held = held.ranges[0].start if len(held) else seq_len
+    if first_needed < first_held:
+        what = (
+            f"window({group.window})"
+            if isinstance(group, SlidingWindow)
+            else f"chunk({group.chunk})"  # type: ignore[attr-defined]
+        )
+        held_text = held.describe() if len(held) else "nothing"
+        raise ValueError(
+            f"the receiver's blocks of {target_block_size} tokens need tokens "
+            f"{needed.describe()} of {what}, but the sender's blocks of {source_block_size} "
+            f"tokens hold only {held_text}: tokens {first_needed}-{first_held - 1} are "
+            "evicted; refusing to send them missing or wrong [WINDOW-2]"
+        )
+    return needed
