@@ -91,6 +91,8 @@ def test_the_field_shaped_module_fails_its_known_bugs() -> None:
         "state-ownership",  # no hybrid models in this API [GROUP-1]
         "state-reads",
         "group-bytes",
+        "block-sizes",
+        "hybrid-block-size",
         "state-oracle",
         "state-layout",
         "state-runs",

@@ -76,6 +76,8 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "state-ownership": ("state_units",),
     "state-reads": ("state_reads",),
     "group-bytes": ("group_bytes",),
+    "block-sizes": ("window_tokens",),
+    "hybrid-block-size": ("hybrid_block_size",),
     "state-oracle": ("state_oracle",),
     "state-layout": ("state_offset",),
     "state-runs": ("state_runs",),
@@ -392,6 +394,21 @@ class Adapter:
     ) -> Mapping[tuple[int, int, int], int]:
         """Bytes each edge moves of each layer group for a ``seq_len``-token request, keyed
         ``(group, src, dst)``; sliding windows aligned to ``block_size`` [GROUP-3, WINDOW-1]."""
+        raise NotProvided
+
+    def window_tokens(
+        self, case: TransferCase, seq_len: int, source_block_size: int, target_block_size: int
+    ) -> Mapping[tuple[int, int, int], Sequence[tuple[int, int]]]:
+        """The tokens each edge of each sliding-window or chunked group carries, keyed
+        ``(group, src, dst)``, as ``[start, stop)`` ranges, when the sender's blocks hold
+        ``source_block_size`` tokens and the receiver's ``target_block_size``; raise
+        (``ValueError``) to refuse a plan whose receiver needs tokens the sender has
+        evicted [WINDOW-2]."""
+        raise NotProvided
+
+    def hybrid_block_size(self, model: ModelShape, attn_tp: int, block_size: int | None) -> int:
+        """The attention block size a stage of attention TP ``attn_tp`` uses for ``model``,
+        ``block_size`` the user's (None: not given) [BLOCK-1]."""
         raise NotProvided
 
     def state_oracle(

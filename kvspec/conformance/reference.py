@@ -24,7 +24,9 @@ from kvspec.tensors.oracle import oracle_kv, verify
 from kvspec.tensors.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, send
 from kvspec.tensors.slicing import apply_head_slice
 from kvspec.tensors.state_oracle import oracle_state
+from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.group_plan import plan_groups
+from kvspec.topology.groups import ChunkedLocal, SlidingWindow
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan
@@ -194,6 +196,30 @@ class ReferenceAdapter(Adapter):
             target_dp=case.target_dp,
         )
         return plan.bytes_per_edge()
+
+    def window_tokens(
+        self, case: TransferCase, seq_len: int, source_block_size: int, target_block_size: int
+    ) -> dict[tuple[int, int, int], list[tuple[int, int]]]:
+        plan = plan_groups(
+            case.source,
+            case.target,
+            case.model,
+            seq_len=seq_len,
+            source_block_size=source_block_size,
+            target_block_size=target_block_size,
+            policy=case.policy,
+            source_dp=case.source_dp,
+            target_dp=case.target_dp,
+        )
+        groups = case.model.layer_groups
+        return {
+            (e.group, e.src, e.dst): [(r.start, r.stop) for r in e.tokens.ranges]
+            for e in plan.edges
+            if e.tokens is not None and isinstance(groups[e.group], SlidingWindow | ChunkedLocal)
+        }
+
+    def hybrid_block_size(self, model: ModelShape, attn_tp: int, block_size: int | None) -> int:
+        return hybrid_block_size(model, attn_tp, block_size=block_size)
 
     def state_oracle(
         self,

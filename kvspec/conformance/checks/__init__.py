@@ -46,6 +46,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.wire",
     "kvspec.conformance.checks.lifecycle",
     "kvspec.conformance.checks.groups",
+    "kvspec.conformance.checks.block_sizes",
     "kvspec.conformance.checks.indexer",
     "kvspec.conformance.checks.state_layouts",
 )

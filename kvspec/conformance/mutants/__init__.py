@@ -41,6 +41,7 @@ MUTANT_MODULES: tuple[str, ...] = (
     "kvspec.conformance.mutants.lifecycle",
     "kvspec.conformance.mutants.parallel",
     "kvspec.conformance.mutants.groups",
+    "kvspec.conformance.mutants.block_sizes",
     "kvspec.conformance.mutants.indexer",
     "kvspec.conformance.mutants.state_layouts",
 )
