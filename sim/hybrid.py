@@ -92,6 +92,13 @@ class HybridRun:
                 raise ValueError(f"{flag} must be in 1..{LIMITS.block_size}, got {size}")
         # refuses a layout that cannot hold a group's heads or state units [GROUP-3]
         plan_groups(self.source, self.target, self.model, seq_len=1, policy=self.policy)
+        # refuses, before any rank starts, a request whose receiver would need window or
+        # chunk tokens its sender has evicted under the two block sizes [WINDOW-2]
+        for request, seq_len in self.workload():
+            try:
+                self.plan(seq_len)
+            except ValueError as error:
+                raise ValueError(f"{request} ({seq_len} tokens): {error}") from None
 
     def workload(self) -> list[tuple[str, int]]:
         """(request id, length) of every request, from the seed: every rank computes it."""

@@ -262,3 +262,63 @@ def test_a_wrong_indexer_byte_or_a_missing_part_is_caught() -> None:
     assert "index: 1 of 1152 elements never arrived" in (
         gr.check_region(INDEXED, held, into, counts, "req-0000", **check) or ""
     )
+
+
+@pytest.mark.parametrize(("source", "target"), [(1, 4), (4, 1)])
+def test_block_sizes_derived_per_tp_differ_and_every_element_verifies(
+    source: int, target: int, capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    """BLOCK-1, WINDOW-2: Qwen3-Next's block size is 544 tokens at TP1 and 272 at TP4, so
+    with --vllm-block-size the two stages' block sizes differ by construction; every element
+    and every state still verifies, the report shows both and the bytes equal the plan."""
+    out = tmp_path / "report.json"
+    argv = ["run", "--model", "qwen3-next-80b-a3b", "--vllm-block-size", "--requests", "1"]
+    argv += ["--source-tp", str(source), "--target-tp", str(target), "--seq-len", "16:40"]
+    assert main([*argv, "--json", str(out)]) == 0
+    blocks = {1: 544, 4: 272}
+    shown = f"block size: sender {blocks[source]}, receiver {blocks[target]} tokens"
+    assert shown in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["bytes_match"]
+    assert report["block_size"] == {"source": blocks[source], "target": blocks[target]}
+
+
+WINDOWED = ModelShape(
+    4,
+    2,
+    256,
+    groups=(
+        SlidingWindow(2, 256, window=128),
+        Mamba2State(num_heads=32, head_dim=64, n_groups=2, d_state=64, conv_kernel=4),
+    ),
+    layers=(0, 1, 2, 2),
+)
+"""A window beside a Mamba-2 state; vLLM's block size is 144 tokens at TP1, 80 at TP4."""
+
+
+def test_a_window_hybrid_with_differing_block_sizes_moves_or_is_refused() -> None:
+    """WINDOW-2: TP4 (blocks of 80) -> TP1 (blocks of 144) moves the receiver's window,
+    aligned to its blocks, and verifies; TP1 -> TP4 after 1000 tokens needs 800-863, which
+    the TP1 sender evicted, so the run is refused before any rank starts."""
+    run = HybridRun(
+        StageLayout(4),
+        StageLayout(1),
+        WINDOWED,
+        requests=1,
+        seq_len=(1000, 1000),
+        block_size=80,
+        dst_block_size=144,
+    )
+    assert {e.tokens.describe() for e in run.plan(1000).edges if e.group == 1} == {"864-999"}
+    report = run_hybrid(run)
+    assert report.ok, report.render()
+    with pytest.raises(ValueError, match=r"tokens 800-863 are evicted"):
+        HybridRun(
+            StageLayout(1),
+            StageLayout(4),
+            WINDOWED,
+            requests=1,
+            seq_len=(1000, 1000),
+            block_size=144,
+            dst_block_size=80,
+        )
