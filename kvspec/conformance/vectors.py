@@ -24,7 +24,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kvspec import __version__
-from kvspec.conformance.adapter import VALIDATORS, Adapter, provided_capabilities, validator_for
+from kvspec.conformance.adapter import (
+    VALIDATORS,
+    Adapter,
+    NotProvided,
+    provided_capabilities,
+    validator_for,
+)
 from kvspec.conformance.checks.transfer import difference
 from kvspec.error_cases import ERROR_CASES
 from kvspec.memory.cache_layout import (
@@ -49,6 +55,7 @@ from kvspec.tensors.dtypes import FP8_DTYPES, bits_view, torch_dtype
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.oracle import oracle_kv, oracle_scales
 from kvspec.tensors.reshard import Shipment, edge_marker, send, shard
+from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow
 from kvspec.topology.model import ModelShape
@@ -1201,6 +1208,84 @@ def _chunked_cases(rng: random.Random) -> list[tuple[TransferCase, int, int]]:
     return found
 
 
+WINDOW_STATE = ModelShape(
+    4,
+    2,
+    256,
+    groups=(
+        {"kind": "sliding", "num_kv_heads": 2, "head_dim": 256, "window": 128},
+        {
+            "kind": "mamba2",
+            "num_heads": 32,
+            "head_dim": 64,
+            "n_groups": 2,
+            "d_state": 64,
+            "conv_kernel": 4,
+        },
+    ),
+    layers=(0, 1, 2, 2),
+)
+"""A window beside a Mamba-2 state whose vLLM block size is 144 tokens at TP1 and 80 at
+TP4 [BLOCK-1], so its P/D plans have two block sizes by construction [WINDOW-2]."""
+
+
+def _block_size_cases(rng: random.Random) -> list[tuple[TransferCase, int, int, int, bool]]:
+    """(case, seq_len, sender block size, receiver block size, derived) [WINDOW-2]: the
+    window-and-state hybrid TP1 <-> TP4 at the block sizes vLLM derives per TP (planned one
+    way, refused the other at some lengths), then small window and chunk models at drawn
+    pairs of block sizes, some of which need evicted tokens."""
+    found = []
+    blocks = {tp: hybrid_block_size(WINDOW_STATE, tp) for tp in (1, 4)}
+    for source, target in ((1, 4), (4, 1)):
+        case = TransferCase(StageLayout(source), StageLayout(target), WINDOW_STATE)
+        for seq_len in (100, 1000, rng.randint(129, 2000)):
+            found.append((case, seq_len, blocks[source], blocks[target], True))
+    for _ in range(6):
+        kind = rng.choice(["sliding", "chunked"])
+        group = {"kind": kind, "num_kv_heads": rng.choice([1, 2, 4]), "head_dim": 2}
+        group["window" if kind == "sliding" else "chunk"] = rng.randint(2, 24)
+        model = ModelShape(4, 2, 2, groups=(group,), layers=(1, 0, 1, 0))
+        source, target = rng.choice([(1, 4), (4, 1), (2, 4), (4, 2)])
+        sender, receiver = rng.choice([(4, 8), (8, 4), (12, 8), (8, 12), (3, 16)])
+        case = TransferCase(StageLayout(source), StageLayout(target), model)
+        found.append((case, rng.randint(1, 80), sender, receiver, False))
+    return found
+
+
+def _block_size_vectors(start: int, rng: random.Random) -> list[Case]:
+    cases: list[Case] = []
+    for i, (case, seq_len, sender, receiver, derived) in enumerate(_block_size_cases(rng)):
+        entry: Case = {
+            "id": f"groups-{start + i:03d}",
+            "clauses": ["GROUP-3", "WINDOW-1", "LOCAL-1", "WINDOW-2"]
+            + (["BLOCK-1"] if derived else []),
+            **case.to_dict(),
+            "seq_len": seq_len,
+            "block_size": receiver,
+            "source_block_size": sender,
+        }
+        if derived:
+            entry["derived_block_sizes"] = {
+                str(layout.attn_tp): hybrid_block_size(case.model, layout.attn_tp)
+                for layout in (case.source, case.target)
+            }
+        try:
+            plan = plan_groups(
+                case.source,
+                case.target,
+                case.model,
+                seq_len=seq_len,
+                source_block_size=sender,
+                target_block_size=receiver,
+            )
+        except ValueError as error:
+            entry["refused"] = str(error)
+        else:
+            entry["edges"] = [e.to_dict() for e in plan.edges]
+        cases.append(entry)
+    return cases
+
+
 def _export_group_plans(rng: random.Random) -> tuple[list[Case], Tensors]:
     cases = []
     # Chunked cases come last, from their own stream: the older cases stay as they were.
@@ -1246,13 +1331,56 @@ def _export_group_plans(rng: random.Random) -> tuple[list[Case], Tensors]:
                 "edges": [e.to_dict() for e in plan.edges],
             }
         )
+    # Two block sizes per plan come after those, from their own stream [WINDOW-2, BLOCK-1].
+    cases += _block_size_vectors(len(cases), random.Random(f"{rng.random()}:block sizes"))
     return cases, {}
+
+
+def _check_block_sizes(adapter: Adapter, case: Case, transfer: TransferCase) -> str | None:
+    """A plan with the sender's and the receiver's own block sizes [WINDOW-2, BLOCK-1]."""
+    for tp, want in case.get("derived_block_sizes", {}).items():
+        try:
+            got = adapter.hybrid_block_size(transfer.model, int(tp), None)
+        except NotProvided:
+            break
+        if got != want:
+            return f"block size at attention TP {tp}: {got}, expected {want} [BLOCK-1]"
+    sender, receiver = case["source_block_size"], case["block_size"]
+    try:
+        tokens = adapter.window_tokens(transfer, case["seq_len"], sender, receiver)
+    except NotProvided:
+        raise NotApplicable("the adapter gives no window tokens per block size") from None
+    except ValueError as error:
+        if "refused" in case:
+            return None
+        return f"blocks {sender} -> {receiver}: refused ({error}), expected a plan [WINDOW-2]"
+    if "refused" in case:
+        return (
+            f"blocks {sender} -> {receiver}: planned, expected refused: {case['refused']} "
+            "[WINDOW-2]"
+        )
+    kinds = transfer.model.layer_groups
+    want = {
+        (e["group"], e["src"], e["dst"]): [tuple(r) for r in e["tokens"]]
+        for e in case["edges"]
+        if isinstance(kinds[e["group"]], SlidingWindow | ChunkedLocal)
+    }
+    got = {k: [tuple(r) for r in v] for k, v in dict(tokens).items() if v}
+    for key in sorted(set(want) | set(got)):
+        if want.get(key) != got.get(key):
+            return (
+                f"blocks {sender} -> {receiver}: group {key[0]}, edge {key[1]} -> {key[2]} "
+                f"carries {got.get(key)}, expected {want.get(key)} [WINDOW-2]"
+            )
+    return None
 
 
 def _check_groups(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     transfer = TransferCase.from_dict(case)
     if transfer.policy not in (adapter.policies or ("lowest",)):
         raise NotApplicable(f"policy {transfer.policy!r} not implemented by the adapter")
+    if "source_block_size" in case:
+        return _check_block_sizes(adapter, case, transfer)
     want = {(e["group"], e["src"], e["dst"]): e["nbytes"] for e in case["edges"]}
     got = dict(adapter.group_bytes(transfer, case["seq_len"], case["block_size"]))
     for key in sorted(set(want) | set(got)):
