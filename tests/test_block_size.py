@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvspec.cli import main
 from kvspec.topology.block_size import (
     attention_token_bytes,
     hybrid_block_size,
@@ -98,3 +99,17 @@ def test_a_window_hybrid_plans_tp4_to_tp1_and_refuses_tp1_to_tp4() -> None:
     message = str(refused.value)
     assert "receiver's blocks of 80" in message and "sender's blocks of 144" in message
     assert "tokens 800-863 are evicted" in message and "[WINDOW-2]" in message
+
+
+def test_kvspec_plan_aligns_windows_to_the_target_and_refuses_evicted_tokens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """WINDOW-2 from the CLI: gpt-oss-120b's window of 128 after 1000 tokens starts at 872;
+    a target with blocks of 64 needs 832-999, a source with blocks of 16 holds 864-999."""
+    argv = ["plan", "--source-tp", "1", "--target-tp", "4", "--model", "gpt-oss-120b"]
+    argv += ["--seq-len", "1000", "--source-block-size", "16"]
+    assert main([*argv, "--target-block-size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "blocks of 64" in err and "blocks of 16" in err and "832-863 are evicted" in err
+    assert main(["plan", *argv[1:-1], "64", "--target-block-size", "16"]) == 0
+    assert "blocks 64 -> 16 tokens" in capsys.readouterr().out

@@ -26,7 +26,8 @@ request of --seq-len tokens; with attention DP, for the DP ranks the router chos
 
 --model NAME plans a named hybrid preset (shapes only, each cited in
 kvspec/topology/model_presets.py) group by group and prints the bytes each layer group
-moves [GROUP-3]; sliding windows are aligned to the source's block size [WINDOW-1].
+moves [GROUP-3]; sliding windows and chunks are aligned to the target's block size, and
+a plan whose target needs tokens the source evicted under its own is refused [WINDOW-2].
 
 A configuration the spec refuses exits with status 2, says which rule it breaks and
 lists nearby configurations that are valid.
@@ -245,7 +246,8 @@ def _run_groups(
         target,
         model,
         seq_len=args.seq_len,
-        block_size=args.source_block_size,
+        source_block_size=args.source_block_size,
+        target_block_size=args.target_block_size,
         policy=args.policy,
         source_dp=args.source_dp_rank,
         target_dp=args.target_dp_rank,
@@ -261,7 +263,12 @@ def render_groups(plan: GroupPlan, name: str) -> str:
     """The bytes each layer group of a hybrid model moves, one line per group [GROUP-3]."""
     lines = [
         f"{name}: {plan.source.describe()} -> {plan.target.describe()}, "
-        f"{plan.seq_len} tokens, policy {plan.policy}",
+        f"{plan.seq_len} tokens, policy {plan.policy}"
+        + (
+            f", blocks {plan.sender_block_size} -> {plan.receiver_block_size} tokens"
+            if plan.sender_block_size != plan.receiver_block_size
+            else ""
+        ),
         f"{'group':>5}  {'kind':<8} {'layers':>6} {'edges':>5} {'bytes':>12}  facts",
     ]
     totals = plan.bytes_by_group()

@@ -85,7 +85,8 @@ def held_region(
     receiver of a sliding-window group holds only its block-aligned window [WINDOW-1], of a
     chunked local-attention group only its current chunk [LOCAL-1]. ``block_size`` is this
     side's own: a sender holds its window aligned to its blocks, every older token of the
-    group evicted [WINDOW-2]."""
+    group evicted [WINDOW-2], so both sides keep only their own window and ``receiving``
+    names the side for the caller without changing the region."""
     kind = model.layer_groups[group]
     mine = set(model.group_layers(group))
     if isinstance(kind, FullAttention):
