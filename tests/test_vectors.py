@@ -10,6 +10,11 @@ import torch
 
 from kvspec.cli import main
 from kvspec.conformance import load_adapter
+from kvspec.conformance.mutants.block_sizes import (
+    OneBlockSizeForBoth,
+    StatePageAtTp1,
+    WindowAlignedToSenderBlocks,
+)
 from kvspec.conformance.mutants.groups import (
     EmptyChunkNotSpecialCased,
     ReplicatedPartOffsetScaledByTpRatio,
@@ -118,7 +123,18 @@ def test_hybrid_vectors_cover_every_preset_and_catch_hybrid_mutants() -> None:
         c["seq_len"] % k["chunk"] == 0 and c["seq_len"] % c["block_size"] and not k["tokens"]
         for c, k in chunked
     )
+    # two block sizes per plan: some planned, some refused for evicted tokens [WINDOW-2]
+    two = [
+        c
+        for c in families["groups"]
+        if c.get("source_block_size", c["block_size"]) != c["block_size"]
+    ]
+    assert any("refused" in c for c in two) and any("edges" in c for c in two)
+    assert any(c.get("derived_block_sizes") == {"1": 144, "4": 80} for c in two)
     for mutant, family in (
+        (WindowAlignedToSenderBlocks, "groups"),
+        (OneBlockSizeForBoth, "groups"),
+        (StatePageAtTp1, "groups"),
         (WindowStartNotBlockAligned, "groups"),
         (EmptyChunkNotSpecialCased, "groups"),
         (ReplicatedPartOffsetScaledByTpRatio, "states"),

@@ -1263,7 +1263,27 @@ def _block_size_vectors(start: int, rng: random.Random) -> list[Case]:
             "seq_len": seq_len,
             "block_size": receiver,
             "source_block_size": sender,
+            "windows": [
+                {
+                    "group": g,
+                    "window": group.window,
+                    "tokens": window_tokens(group.window, seq_len, receiver).to_list(),
+                }
+                for g, group in enumerate(case.model.layer_groups)
+                if isinstance(group, SlidingWindow)
+            ],
         }
+        chunks = [
+            {
+                "group": g,
+                "chunk": group.chunk,
+                "tokens": chunk_tokens(group.chunk, seq_len, receiver).to_list(),
+            }
+            for g, group in enumerate(case.model.layer_groups)
+            if isinstance(group, ChunkedLocal)
+        ]
+        if chunks:
+            entry["chunks"] = chunks
         if derived:
             entry["derived_block_sizes"] = {
                 str(layout.attn_tp): hybrid_block_size(case.model, layout.attn_tp)
