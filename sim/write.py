@@ -84,6 +84,11 @@ class WriteAgent(PullAgent):
             self.framings[key] = self._framing(request_id, chunk, me, dst, as_sender=True)
         for key, (request_id, chunk, src) in list(rank.key_owner.items())[:PREPARED]:
             self.framings[key] = self._framing(request_id, chunk, src, me, as_sender=False)
+        # The staging a sender packs short runs into, allocated and touched now, as a
+        # connector registers its buffers [sim.staging].
+        packed = [packed_nbytes(f) for k, f in self.framings.items() if k in self.keys_of]
+        if packed:
+            self.ring.reserve(max(packed))
 
     def _framed(
         self, key: str, request_id: str, chunk: int, src: int, dst: int, *, as_sender: bool
