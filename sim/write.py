@@ -30,10 +30,10 @@ import zmq
 from kvspec.memory.descriptors import plan_runs, region_buffers, share_positions
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.tokens import Tokens
-from kvspec.transport.checksums import ALGORITHMS, checksum_of, fastest
+from kvspec.transport.checksums import checksum_of
 from sim import messages
 from sim.byteruns import Framing, frames_from, framing, land, packed_nbytes
-from sim.pull import PullAgent, _pick
+from sim.pull import PullAgent, _pick, ranges_intact
 from sim.staging import Slot, StagingRing
 from sim.workload import edge_chunks
 
@@ -55,7 +55,6 @@ class WriteAgent(PullAgent):
 
     def __init__(self, rank: Rank) -> None:
         super().__init__(rank)
-        self.algorithm = fastest()
         self.keys_by_request: dict[str, list[str]] = defaultdict(list)
         self.framings: dict[str, Framing] = {}
         self.ring = StagingRing(STAGING_SLOTS, 0, pin=False)
@@ -193,14 +192,10 @@ class WriteAgent(PullAgent):
         request_id, chunk, _ = owner
         state = rank.incoming[request_id]
         data = [f.buffer for f in frames[1:]]
-        if rank.config.checksum or "ranges_crc" in head:
-            algorithm = head.get("ranges_alg", "crc32")
-            if algorithm not in ALGORITHMS or head.get("ranges_crc") != checksum_of(
-                algorithm, data
-            ):
-                rank.book.observe("corrupt", key)
-                rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC")
-                return
+        if not ranges_intact(head, data, required=rank.config.checksum):
+            rank.book.observe("corrupt", key)
+            rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC")
+            return
         if state.done:
             rank.stats["late_ignored"] += 1
             return
