@@ -182,7 +182,21 @@ class WriteAgent(PullAgent):
         return  # the senders write
 
     def on_answer(self, src: int, frames: list[zmq.Frame], received_at: float) -> None:
-        """A write from ``src``: check it, land its bytes in the cache [DESC-1]."""
+        """A write from ``src``: check it, land its bytes in the cache [DESC-1].
+
+        How the bytes land, and why not by ``Socket.recv_into``: the frames arrive as
+        zero-copy :class:`zmq.Frame` s — views of the message buffers libzmq filled from
+        the socket — and the receiver checks the envelope (a key of ``src``'s, not seen
+        before: :meth:`Rank.admit_answer`), every frame's length against the runs it
+        computed itself, and the CRC of the ranges (:func:`sim.pull.ranges_intact`, over
+        those buffers in place) before :func:`sim.byteruns.land` copies each byte once
+        into the cache. ``recv_into`` (pyzmq >= 26) is ``zmq_recv``, which copies out of
+        libzmq's own message too: it saves no copy, only a Python object per frame.
+        Straight into the cache it would write before the length and CRC checks (a
+        longer frame is truncated silently) and a packed frame scatters to many
+        places, so it would need a scratch slot — a second copy. Landing only after
+        the checks means a corrupt, short, duplicate or unexpected write changes no
+        byte of the cache: what was verified stays verified [WIRE-6, WIRE-7]."""
         rank = self.rank
         read = rank.admit_answer(src, frames)
         if read is None:
