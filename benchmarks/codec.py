@@ -9,11 +9,16 @@
   copies once into the sender's reused staging buffer (``encode(out=...)``);
 - checksums: CRC-32C (hardware, the ``crc32c`` package) against zlib's CRC-32, in the
   codec and alone [WIRE-6, WIRE-7];
+- the largest legal header: decoding a header at the 1 MiB limit (all block ids)
+  against ``json.loads`` of the same bytes, so a hostile maximal header is seen to cost
+  what parsing it costs (it was a timed unit test, ``< 0.5 s``; speed is measured here);
 - from CUDA (when present): encode copies device memory to host, against a plain
   device-to-host copy of the same bytes.
 """
 
 from __future__ import annotations
+
+import json
 
 import torch
 
@@ -69,6 +74,38 @@ def _checksums(whole: Payload, nbytes: int, mib: str) -> list[Figure]:
             note=f"CRC-32C in {how}; the ratio is its speed-up over zlib",
         ),
     ]
+
+
+LARGEST_HEADER_BLOCK_IDS = 140_000
+"""Block ids that bring a small payload's header just under the 1 MiB header limit."""
+
+
+def largest_legal_header() -> list[bytes]:
+    """A small payload's frames whose header lists :data:`LARGEST_HEADER_BLOCK_IDS` block
+    ids: just under the decoder's 1 MiB header limit [WIRE-3]."""
+    (small,) = _payloads(16, 1)
+    frames = [bytes(f) for f in encode(small)]
+    header = json.loads(frames[0])
+    header["block_ids"] = list(range(LARGEST_HEADER_BLOCK_IDS))
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if len(head) >= 1 << 20:
+        raise AssertionError(f"the header has {len(head)} bytes, over the 1 MiB limit")
+    return [head, *frames[1:]]
+
+
+def _largest_header() -> Figure:
+    """Decoding the largest legal header against ``json.loads`` of the same bytes: the
+    ratio is what the decoder's checks add to parsing (1.0 = parsing alone)."""
+    frames = largest_legal_header()
+    head = frames[0]
+    return compare(
+        f"codec decode, largest legal header ({len(head) >> 10} KiB)",
+        len(head),
+        lambda: decode(frames),
+        lambda: json.loads(head),
+        "json.loads",
+        note=f"{LARGEST_HEADER_BLOCK_IDS} block ids; the decoder parses and checks them all",
+    )
 
 
 def run(quick: bool) -> list[Figure]:
@@ -131,6 +168,7 @@ def run(quick: bool) -> list[Figure]:
     )
 
     figures += _checksums(whole, nbytes, mib)
+    figures.append(_largest_header())
 
     if torch.cuda.is_available():
         (on_gpu,) = _payloads(seq_len, 1, device="cuda")

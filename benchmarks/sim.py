@@ -99,11 +99,6 @@ THROUGHPUT_TRANSFERS: tuple[str, ...] = ("push", "write")
 
 _CHECKSUM_NAMES = {"crc32": "CRC-32", "crc32c": "CRC-32C"}
 
-THROUGHPUT_TRANSFERS: tuple[str, ...] = ("push", "write")
-"""Payloads pushed [WIRE-1], and byte runs written from cache to cache (sim.write)."""
-
-_CHECKSUM_NAMES = {"crc32": "CRC-32", "crc32c": "CRC-32C"}
-
 THROUGHPUT_PAIRS: tuple[tuple[int, int], ...] = ((1, 1), (8, 2))
 """Stage pairs of the end-to-end figures (issue 18: TP1->TP1 and TP8->TP2)."""
 

@@ -78,8 +78,9 @@ def envelope(
     """The envelope of a data message: its key, its place in the edge's order, its
     sender's epoch [LIFE-6] and when it was sent; with ``checksum``, a CRC-32 of its own
     fields, so that a flipped bit there is refused like one in the payload. A pull answer
-    carries ``ranges_crc``, the CRC-32 of the byte ranges that follow [sim.pull]; a write
-    (:mod:`sim.write`) also names its algorithm, ``ranges_alg`` (``crc32`` or ``crc32c``)."""
+    or a write (:mod:`sim.pull`, :mod:`sim.write`) carries ``ranges_crc``, the CRC of the
+    byte ranges that follow, and ``ranges_alg``, its algorithm (``crc32`` [WIRE-6] or
+    ``crc32c`` [WIRE-7]; ``crc32`` when absent)."""
     message: dict[str, Any] = {"key": key, "seq": seq, "epoch": epoch, "t": sent_at}
     if checksum:
         message["crc"] = _crc(key, seq, epoch, sent_at)

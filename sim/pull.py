@@ -11,10 +11,12 @@ checks the read came over a verified connection (:mod:`sim.auth`), names one of 
 receiver's keys, and asks for exactly the spec's list for it — nothing more of its
 cache is ever read — then answers ``[header, range 0, range 1, ...]``: each range the
 raw bytes straight from cache memory (zero-copy on the CPU), the header an envelope
-(:func:`sim.messages.read_envelope`: ``key``, ``seq``, ``t``) with ``ranges_crc``, the
-CRC-32 of the ranges, when checksums are on. The receiver writes each range
-straight into its own cache and, once every source of the request has answered,
-verifies every element against the oracle, as a push run does.
+(:func:`sim.messages.read_envelope`: ``key``, ``seq``, ``t``) with ``ranges_crc`` and
+``ranges_alg`` when checksums are on: the CRC of the ranges by the fastest algorithm
+here (:func:`kvspec.transport.checksums.fastest`: CRC-32C [WIRE-7] where compiled code
+computes it, else CRC-32 [WIRE-6]), checked by :func:`ranges_intact` as a write's are.
+The receiver writes each range straight into its own cache and, once every source of
+the request has answered, verifies every element against the oracle, as a push run does.
 
 Every request is read by its own plan (:class:`sim.workload.PlanBook`): with token
 shards or attention-DP groups an edge carries a token set [PLAN-6, DP-1], cut into
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import time
 import warnings
-import zlib
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ from kvspec.memory.descriptors import (
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.tokens import Tokens
+from kvspec.transport.checksums import ALGORITHMS, checksum_of, fastest
 from sim import messages
 from sim.workload import edge_chunks
 
@@ -64,10 +66,24 @@ ROW = 5 * 8
 
 
 def _crc(frames: list[Any]) -> int:
-    value = 0
-    for frame in frames:
-        value = zlib.crc32(frame, value)
-    return value
+    """CRC-32 of a read's key and descriptor rows, as if joined: a few hundred bytes, where
+    the algorithm's speed does not matter [WIRE-6]."""
+    return checksum_of("crc32", frames)
+
+
+def ranges_intact(head: dict[str, Any], ranges: list[Any], *, required: bool) -> bool:
+    """Whether the ranges of a pull answer or a write match the envelope's ``ranges_crc``,
+    by the algorithm ``ranges_alg`` names (``crc32`` when absent; one outside
+    :data:`~kvspec.transport.checksums.ALGORITHMS` is refused) — CRC-32 [WIRE-6] or
+    CRC-32C [WIRE-7] over the received frames in place, before a byte lands. Checked when
+    ``required`` (the run uses checksums) or whenever the envelope carries one; with
+    neither, nothing to check."""
+    if not required and "ranges_crc" not in head:
+        return True
+    algorithm = head.get("ranges_alg", "crc32")
+    if algorithm not in ALGORITHMS:
+        return False
+    return head.get("ranges_crc") == checksum_of(algorithm, ranges)
 
 
 def _write(target: torch.Tensor, data: memoryview) -> None:
@@ -118,6 +134,7 @@ class PullAgent:
     def __init__(self, rank: Rank) -> None:
         self.rank = rank
         self.started = False
+        self.algorithm = fastest()  # of answers' ranges [WIRE-6, WIRE-7]
         # receiver side
         self.pending: dict[int, deque[tuple[str, str, int]]] = defaultdict(deque)
         self.outstanding: dict[int, dict[str, tuple[int, DescriptorPlan]]] = defaultdict(dict)
@@ -249,9 +266,9 @@ class PullAgent:
         state = rank.incoming[request_id]
         _, made = self.outstanding[src].pop(key, (None, None))
         ranges = [f.buffer for f in frames[1:]]
-        if rank.config.checksum and head.get("ranges_crc") != _crc(ranges):
+        if not ranges_intact(head, ranges, required=rank.config.checksum):
             rank.book.observe("corrupt", key)
-            rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC-32")
+            rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC")
             return
         if state.done:
             rank.stats["late_ignored"] += 1
@@ -368,13 +385,15 @@ class PullAgent:
             ranges, slot = [bytes(r) for r in ranges], None  # faults keep frames back
         seq = rank.next_seq[dst]
         rank.next_seq[dst] += 1
+        checksum = rank.config.checksum
         head = messages.envelope(
             key,
             seq,
             time.time(),
             epoch=rank.epoch,
-            checksum=rank.config.checksum,
-            ranges_crc=_crc(ranges) if rank.config.checksum else None,
+            checksum=checksum,
+            ranges_crc=checksum_of(self.algorithm, ranges) if checksum else None,
+            ranges_alg=self.algorithm if checksum else None,
         )
         rank._put_through_faults(dst, key, [head, *ranges], seq, slot=slot)
 

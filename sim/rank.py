@@ -54,6 +54,7 @@ from kvspec.memory.records import (
     verify_fields,
 )
 from kvspec.naming.keys import parse_key, recv_keys, send_keys
+from kvspec.tensors.dtypes import torch_dtype
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
@@ -188,6 +189,8 @@ class Rank:
         self.device = device_for(config, who)
         self.staging: StagingRing | None = None
         self.copy_stream: Any = None
+        self.gather_ring: StagingRing | None = None  # a CPU sender's gathered requests
+        self.landing: torch.Tensor | None = None  # a CPU receiver's one-payload landing
         if self.device.type == "cuda":  # pragma: no cover - needs a GPU
             # Every CUDA call of this rank, allocations included, on its own device; copies
             # to and from host memory on a side stream, through a reusable pinned ring.
@@ -312,6 +315,68 @@ class Rank:
                 device=self.device,
             )
             scatter_request(kv, self.cache, self.tables[request.request_id])
+
+    def _request_bytes(self, tokens: int) -> int:
+        """Bytes of ``tokens`` tokens of this rank's cache as token-major KV
+        ``[layers, kv, seq, heads, head_dim]`` (:func:`gather_request`'s shape)."""
+        shape = self.cache.shape
+        itemsize = torch.empty((), dtype=torch_dtype(self.cache.dtype)).element_size()
+        return self.cache.num_layers * shape.kv * tokens * shape.heads * shape.head_dim * itemsize
+
+    def _reserve_host_buffers(self) -> None:
+        """Push on the CPU without faults: the memory a request passes through, allocated
+        and touched once before the run, as an engine reuses its buffers — a sender's
+        ring of gathered requests whose frames go on the wire zero-copy [WIRE-5], and a
+        receiver's landing buffer for a payload's frames. Fresh memory per request
+        instead faults on first touch, page by page, inside the transfer (profiled:
+        the receiver's copy into fresh memory was its slowest step). With faults,
+        frames are kept back or sent twice, so requests get their own memory."""
+        config = self.config
+        if (
+            self.device.type != "cpu"
+            or config.transfer != "push"
+            or config.records
+            or config.faults.any
+        ):
+            return
+        held = max((self._held(r) for r in self.workload.requests), default=0)
+        need = self._request_bytes(held)
+        if not need:
+            return
+        if self.who.stage < config.last_stage:
+            self.gather_ring = StagingRing(STAGING_SLOTS, 0, pin=False)
+            self.gather_ring.reserve(need)
+        if self.who.stage > 0:
+            self.landing = torch.zeros(need, dtype=torch.uint8)
+
+    def _gather_out(self, held: int) -> tuple[torch.Tensor | None, Slot | None]:
+        """Where to gather a request of ``held`` tokens: a slot of the gather ring (held
+        until zmq lets its frames go) shaped as :func:`gather_request` wants, or fresh
+        memory (None, None)."""
+        ring = self.gather_ring
+        if ring is None:
+            return None, None
+        need = self._request_bytes(held)
+        slot = ring.acquire(need, wait=lambda: self._pump(POLL_MS))
+        shape = self.cache.shape
+        dims = (self.cache.num_layers, shape.kv, held, shape.heads, shape.head_dim)
+        return slot.view(need).view(torch_dtype(self.cache.dtype)).view(dims), slot
+
+    def _landing_for(self, pairs: list[tuple[int, Payload]]) -> torch.Tensor | None:
+        """The reused landing buffer shaped for the one payload of ``pairs``, or None
+        (several payloads, no buffer, or one that does not fit)."""
+        if self.landing is None or len(pairs) != 1:
+            return None
+        payload = pairs[0][1]
+        tensors = [t for t in (*payload.key_cache, *payload.value_cache) if t is not None]
+        if not tensors:
+            return None
+        first = tensors[0]
+        dims = (len(payload.layers), payload.kv_tensors, *first.shape)
+        need = math.prod(dims) * first.element_size()
+        if need > self.landing.numel() or first.device.type != "cpu":
+            return None
+        return self.landing[:need].view(first.dtype).view(dims)
 
     def _open_control(self) -> None:
         """Connect to the parent and say who we are, signed with the run's secret."""
@@ -460,6 +525,7 @@ class Rank:
                 self.outbox = [r.request_id for r in self.workload.requests]
             if self.in_plan is not None:
                 self._expect_keys()
+            self._reserve_host_buffers()
             self._bind()
             endpoints = self._await_command("connect")["endpoints"]
             if self.link is not None:  # every process is up: meet in the process group
@@ -633,10 +699,12 @@ class Rank:
         request = self.requests[request_id]
         plan = self.out_plan.of(request)
         held = self._held(request)
+        slot = None
         if self.config.records:  # its rows of bytes, inline scales included [LAYOUT-7]
             kv = gather_rows(self.cache, self.model, self.tables[request_id], held)
         else:
-            kv = gather_request(self.cache, self.tables[request_id], held)
+            out, slot = self._gather_out(held)
+            kv = gather_request(self.cache, self.tables[request_id], held, out=out)
         _, block_size = self.config.layout_of(self.who.stage)
         keys = {(dst, c): key for key, dst, c in self._out_keys(request)}
         pieces = []  # per edge, its payload cut into chunks of its own tokens [CHUNK-1]
@@ -654,16 +722,20 @@ class Rank:
             pieces.append((shipment.edge.dst, chunks))
         started = time.time() if self.config.stream != "off" else None
         if self.groups:
-            self._stream(request, pieces, started)
+            self._stream(request, pieces, started, slot)
             return
         self._compute(len(self.owner.layers))  # whole: every layer first (none unless --stream)
         for chunk_id in range(len(request.chunks)):  # chunk by chunk, edge by edge
             for dst, chunks in pieces:
                 if chunk_id < len(chunks):
-                    self._transmit(dst, keys[(dst, chunk_id)], chunks[chunk_id], started)
+                    self._transmit(dst, keys[(dst, chunk_id)], chunks[chunk_id], started, slot)
 
     def _stream(
-        self, request: Request, pieces: list[tuple[int, Any]], started: float | None
+        self,
+        request: Request,
+        pieces: list[tuple[int, Any]],
+        started: float | None,
+        slot: Slot | None = None,
     ) -> None:
         """Send each layer group of every edge as soon as this rank has computed its
         layers of the group [STREAM-1]."""
@@ -680,7 +752,7 @@ class Rank:
                     key = stream_key(
                         request.request_id, self.who.stage, 0, g, self.groups, self.who.rank, dst
                     )
-                    self._transmit(dst, key, part, started)
+                    self._transmit(dst, key, part, started, slot)
 
     def _compute(self, layers: int) -> None:
         """The simulated prefill of ``layers`` layers; the rank serves its sockets meanwhile."""
@@ -806,8 +878,16 @@ class Rank:
         slot.hold(event)
         return replace(kv, data=moved[0], scales=moved[1] if len(moved) > 1 else None)
 
-    def _transmit(self, dst: int, key: str, payload: Payload, started: float | None = None) -> None:
-        """Send one data message, with the run's faults applied and booked [sim.faults]."""
+    def _transmit(
+        self,
+        dst: int,
+        key: str,
+        payload: Payload,
+        started: float | None = None,
+        gathered: Slot | None = None,
+    ) -> None:
+        """Send one data message, with the run's faults applied and booked [sim.faults];
+        frames in the ``gathered`` slot of the gather ring keep it in flight."""
         request = self.key_request(key)
         if (request, dst) in self.aborted_out:
             self.skipped[dst][key] = "a receiver of the request aborted it"
@@ -820,6 +900,7 @@ class Rank:
             self._put(dst, [messages.notice("failed", key)])
             return
         payload, slot = self._host(payload)
+        slot = slot or gathered
         # CRC-32C where compiled code computes it, else CRC-32 [WIRE-6, WIRE-7]
         wire = encode(payload, checksum=fastest() if self.config.checksum else False)
         if slot is not None and self.config.faults.any:  # pragma: no cover - needs a GPU
@@ -1430,7 +1511,10 @@ class Rank:
         plan = self.in_plan.of(request)
         try:
             if len(state.chunks) == 1:  # one chunk: straight to the shard, one copy fewer
-                kv = merge_to_request_kv(plan, self.who.rank, state.chunks[0])
+                pairs = state.chunks[0]
+                kv = merge_to_request_kv(
+                    plan, self.who.rank, pairs, landing=self._landing_for(pairs)
+                )
             elif plan.seq_len is not None:  # edges chunk their own tokens: each, then merge
                 by_source: dict[int, list[Payload]] = defaultdict(list)
                 for pairs in state.chunks.values():

@@ -91,6 +91,17 @@ class StagingRing:
     def _alloc(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
 
+    def reserve(self, nbytes: int) -> None:
+        """Grow every slot to at least ``nbytes`` now and touch its pages, off the data
+        path — as a connector registers (and so pins and faults in) its buffers at
+        start-up. A slot grown on the data path instead is fresh memory whose first
+        write page-faults per 4 KiB page inside the transfer."""
+        for slot in self.slots:
+            if slot.buffer.numel() < nbytes:
+                slot.buffer = self._alloc(nbytes)
+                self.allocations += 1
+            slot.buffer[:nbytes].zero_()
+
     def acquire(
         self,
         nbytes: int,

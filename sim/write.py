@@ -30,10 +30,10 @@ import zmq
 from kvspec.memory.descriptors import plan_runs, region_buffers, share_positions
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.tokens import Tokens
-from kvspec.transport.checksums import ALGORITHMS, checksum_of, fastest
+from kvspec.transport.checksums import checksum_of
 from sim import messages
 from sim.byteruns import Framing, frames_from, framing, land, packed_nbytes
-from sim.pull import PullAgent, _pick
+from sim.pull import PullAgent, _pick, ranges_intact
 from sim.staging import Slot, StagingRing
 from sim.workload import edge_chunks
 
@@ -55,7 +55,6 @@ class WriteAgent(PullAgent):
 
     def __init__(self, rank: Rank) -> None:
         super().__init__(rank)
-        self.algorithm = fastest()
         self.keys_by_request: dict[str, list[str]] = defaultdict(list)
         self.framings: dict[str, Framing] = {}
         self.ring = StagingRing(STAGING_SLOTS, 0, pin=False)
@@ -84,6 +83,11 @@ class WriteAgent(PullAgent):
             self.framings[key] = self._framing(request_id, chunk, me, dst, as_sender=True)
         for key, (request_id, chunk, src) in list(rank.key_owner.items())[:PREPARED]:
             self.framings[key] = self._framing(request_id, chunk, src, me, as_sender=False)
+        # The staging a sender packs short runs into, allocated and touched now, as a
+        # connector registers its buffers [sim.staging].
+        packed = [packed_nbytes(f) for k, f in self.framings.items() if k in self.keys_of]
+        if packed:
+            self.ring.reserve(max(packed))
 
     def _framed(
         self, key: str, request_id: str, chunk: int, src: int, dst: int, *, as_sender: bool
@@ -178,7 +182,21 @@ class WriteAgent(PullAgent):
         return  # the senders write
 
     def on_answer(self, src: int, frames: list[zmq.Frame], received_at: float) -> None:
-        """A write from ``src``: check it, land its bytes in the cache [DESC-1]."""
+        """A write from ``src``: check it, land its bytes in the cache [DESC-1].
+
+        How the bytes land, and why not by ``Socket.recv_into``: the frames arrive as
+        zero-copy :class:`zmq.Frame` s — views of the message buffers libzmq filled from
+        the socket — and the receiver checks the envelope (a key of ``src``'s, not seen
+        before: :meth:`Rank.admit_answer`), every frame's length against the runs it
+        computed itself, and the CRC of the ranges (:func:`sim.pull.ranges_intact`, over
+        those buffers in place) before :func:`sim.byteruns.land` copies each byte once
+        into the cache. ``recv_into`` (pyzmq >= 26) is ``zmq_recv``, which copies out of
+        libzmq's own message too: it saves no copy, only a Python object per frame.
+        Straight into the cache it would write before the length and CRC checks (a
+        longer frame is truncated silently) and a packed frame scatters to many
+        places, so it would need a scratch slot — a second copy. Landing only after
+        the checks means a corrupt, short, duplicate or unexpected write changes no
+        byte of the cache: what was verified stays verified [WIRE-6, WIRE-7]."""
         rank = self.rank
         read = rank.admit_answer(src, frames)
         if read is None:
@@ -188,14 +206,10 @@ class WriteAgent(PullAgent):
         request_id, chunk, _ = owner
         state = rank.incoming[request_id]
         data = [f.buffer for f in frames[1:]]
-        if rank.config.checksum or "ranges_crc" in head:
-            algorithm = head.get("ranges_alg", "crc32")
-            if algorithm not in ALGORITHMS or head.get("ranges_crc") != checksum_of(
-                algorithm, data
-            ):
-                rank.book.observe("corrupt", key)
-                rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC")
-                return
+        if not ranges_intact(head, data, required=rank.config.checksum):
+            rank.book.observe("corrupt", key)
+            rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC")
+            return
         if state.done:
             rank.stats["late_ignored"] += 1
             return

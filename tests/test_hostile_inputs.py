@@ -443,16 +443,17 @@ def test_a_chunk_id_of_a_trillion_costs_nothing() -> None:
     assert time.perf_counter() - started < SECONDS and peak < ALLOCATION_BUDGET
 
 
-def test_the_largest_legal_header_is_decoded_fast() -> None:
-    """A header at the 1 MiB limit, all block ids: refused or decoded well within 0.5 s."""
+def test_the_largest_legal_header_is_decoded() -> None:
+    """A header at the 1 MiB limit, all block ids, decodes to exactly those ids. How fast
+    is a benchmark row (``benchmarks.codec``: against ``json.loads`` of the same bytes),
+    not a timed test."""
     header, tensors = _header_and_frames(PAYLOADS[0], checksum=False)
     header["block_ids"] = list(range(140_000))
     head = json.dumps(header, separators=(",", ":")).encode()
     assert len(head) < 1 << 20
-    started = time.perf_counter()
     payload = decode([head, *tensors])
-    assert len(payload.block_ids) == 140_000
-    assert time.perf_counter() - started < 0.5
+    assert payload.block_ids == tuple(range(140_000))
+    assert payload.request_id == PAYLOADS[0].request_id
 
 
 def test_a_receiver_can_require_checksums() -> None:

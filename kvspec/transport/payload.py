@@ -324,10 +324,13 @@ class Payload:
 
     # -- the reference representation ----------------------------------------------------
 
-    def to_request_kv(self) -> RequestKV:
+    def to_request_kv(self, *, out: torch.Tensor | None = None) -> RequestKV:
         """The present layers as one :class:`RequestKV` ``[layers, kv, seq, heads, dim]``.
 
-        The present layers must be contiguous, as every edge's are [PAYLOAD-2].
+        The present layers must be contiguous, as every edge's are [PAYLOAD-2]. ``out``,
+        a contiguous tensor of exactly that shape and the payload's dtype and device
+        (a receiver's reused landing buffer), receives the copy instead of fresh memory,
+        whose pages would fault on first touch.
         """
         layers = self.layers
         if layers != tuple(range(layers[0], layers[-1] + 1)):
@@ -337,7 +340,21 @@ class Payload:
             )
         fields = CACHE_FIELDS[: self.kv_tensors]
         first = self._first()
-        data = first.new_empty((len(layers), len(fields), *first.shape))
+        want = (len(layers), len(fields), *first.shape)
+        if out is None:
+            data = first.new_empty(want)
+        elif (
+            tuple(out.shape) != want
+            or out.dtype != first.dtype
+            or out.device != first.device
+            or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"out must be a contiguous {first.dtype} tensor of shape {list(want)} on "
+                f"{first.device}; got {out.dtype} {list(out.shape)} on {out.device}"
+            )
+        else:
+            data = out
         for i, layer in enumerate(layers):  # one copy of each tensor, straight into place
             for j, name in enumerate(fields):
                 data[i, j].copy_(getattr(self, name)[layer])
@@ -509,8 +526,16 @@ def payload_from_shipment(
     )
 
 
-def shipment_from_payload(plan: TransferPlan, src: int, dst: int, payload: Payload) -> Shipment:
-    """The shipment a payload from ``src`` to ``dst`` stands for [PAYLOAD-2, RESHARD-3]."""
+def shipment_from_payload(
+    plan: TransferPlan,
+    src: int,
+    dst: int,
+    payload: Payload,
+    *,
+    out: torch.Tensor | None = None,
+) -> Shipment:
+    """The shipment a payload from ``src`` to ``dst`` stands for [PAYLOAD-2, RESHARD-3];
+    its tensors copied into ``out`` when given (:meth:`Payload.to_request_kv`)."""
     if src not in plan.sources_of(dst):
         raise ValueError(
             f"target rank {dst} got a payload from source rank {src}, which is not one of its "
@@ -534,7 +559,7 @@ def shipment_from_payload(plan: TransferPlan, src: int, dst: int, payload: Paylo
             f"{where} carries layers {_span(payload.layers)} but its edge carries "
             f"{_span(tuple(edge.layers))} [PAYLOAD-2]"
         )
-    return Shipment(edge, payload.head_slice, payload.to_request_kv())
+    return Shipment(edge, payload.head_slice, payload.to_request_kv(out=out))
 
 
 def slice_payload(payload: Payload, my_rank: int) -> Payload:
@@ -571,11 +596,20 @@ _AGREED = ("request_id", "seq_len", "num_layers", "dtype", "block_size", "chunk"
 
 
 def merge_to_request_kv(
-    plan: TransferPlan, dst: int, received: Iterable[tuple[int, Payload]]
+    plan: TransferPlan,
+    dst: int,
+    received: Iterable[tuple[int, Payload]],
+    *,
+    landing: torch.Tensor | None = None,
 ) -> RequestKV:
     """Receiver ``dst``'s shard as one :class:`RequestKV`, from ``(source rank, payload)``
     pairs in any order [PAYLOAD-3]: the checks of :func:`merge_payloads` without building
-    the dict form again, for a receiver that writes the shard into its cache next."""
+    the dict form again, for a receiver that writes the shard into its cache next.
+
+    ``landing``: with exactly one pair, a contiguous tensor of that payload's
+    ``[layers, kv, seq, heads, dim]`` shape and dtype that its frames are copied into
+    (a receiver's reused buffer) instead of fresh memory; when that payload is the
+    whole shard the result's data is ``landing`` itself. Ignored with several pairs."""
     pairs = list(received)
     for src, payload in pairs:
         require_int("source rank", src, minimum=0)
@@ -583,7 +617,8 @@ def merge_to_request_kv(
             raise ValueError(f"expected a Payload from source rank {src}, got {show(payload)}")
     _check_agreement(dst, pairs, tokens=plan.seq_len is not None)
     _check_layers(plan, dst, pairs)
-    shipments = [shipment_from_payload(plan, src, dst, p) for src, p in pairs]
+    out = landing if len(pairs) == 1 else None
+    shipments = [shipment_from_payload(plan, src, dst, p, out=out) for src, p in pairs]
     return receive(plan, dst, shipments)
 
 
