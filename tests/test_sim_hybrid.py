@@ -29,6 +29,7 @@ from sim.cli import main
 from sim.group_messages import piece_frames, read_header, read_piece
 from sim.hybrid import HybridRun, run_hybrid
 from sim.messages import MessageError
+from tests.test_block_size import WINDOWED  # vLLM block size 144 at TP1, 80 at TP4
 
 EVERY_KIND = ModelShape(
     6,
@@ -281,19 +282,6 @@ def test_block_sizes_derived_per_tp_differ_and_every_element_verifies(
     report = json.loads(out.read_text())
     assert report["ok"] and report["bytes_match"]
     assert report["block_size"] == {"source": blocks[source], "target": blocks[target]}
-
-
-WINDOWED = ModelShape(
-    4,
-    2,
-    256,
-    groups=(
-        SlidingWindow(2, 256, window=128),
-        Mamba2State(num_heads=32, head_dim=64, n_groups=2, d_state=64, conv_kernel=4),
-    ),
-    layers=(0, 1, 2, 2),
-)
-"""A window beside a Mamba-2 state; vLLM's block size is 144 tokens at TP1, 80 at TP4."""
 
 
 def test_a_window_hybrid_with_differing_block_sizes_moves_or_is_refused() -> None:

@@ -1252,6 +1252,31 @@ def _block_size_cases(rng: random.Random) -> list[tuple[TransferCase, int, int, 
     return found
 
 
+def _needed_tokens(model: ModelShape, seq_len: int, block: int) -> tuple[list[dict], list[dict]]:
+    """The tokens a receiver with ``block``-token blocks needs of each sliding-window and
+    each chunked group, as the vectors record them [WINDOW-1, LOCAL-1]."""
+    groups = list(enumerate(model.layer_groups))
+    windows = [
+        {
+            "group": g,
+            "window": group.window,
+            "tokens": window_tokens(group.window, seq_len, block).to_list(),
+        }
+        for g, group in groups
+        if isinstance(group, SlidingWindow)
+    ]
+    chunks = [
+        {
+            "group": g,
+            "chunk": group.chunk,
+            "tokens": chunk_tokens(group.chunk, seq_len, block).to_list(),
+        }
+        for g, group in groups
+        if isinstance(group, ChunkedLocal)
+    ]
+    return windows, chunks
+
+
 def _block_size_vectors(start: int, rng: random.Random) -> list[Case]:
     cases: list[Case] = []
     for i, (case, seq_len, sender, receiver, derived) in enumerate(_block_size_cases(rng)):
@@ -1263,25 +1288,8 @@ def _block_size_vectors(start: int, rng: random.Random) -> list[Case]:
             "seq_len": seq_len,
             "block_size": receiver,
             "source_block_size": sender,
-            "windows": [
-                {
-                    "group": g,
-                    "window": group.window,
-                    "tokens": window_tokens(group.window, seq_len, receiver).to_list(),
-                }
-                for g, group in enumerate(case.model.layer_groups)
-                if isinstance(group, SlidingWindow)
-            ],
         }
-        chunks = [
-            {
-                "group": g,
-                "chunk": group.chunk,
-                "tokens": chunk_tokens(group.chunk, seq_len, receiver).to_list(),
-            }
-            for g, group in enumerate(case.model.layer_groups)
-            if isinstance(group, ChunkedLocal)
-        ]
+        entry["windows"], chunks = _needed_tokens(case.model, seq_len, receiver)
         if chunks:
             entry["chunks"] = chunks
         if derived:
@@ -1320,24 +1328,7 @@ def _export_group_plans(rng: random.Random) -> tuple[list[Case], Tensors]:
             block_size=block,
             policy=case.policy,
         )
-        windows = [
-            {
-                "group": g,
-                "window": group.window,
-                "tokens": window_tokens(group.window, seq_len, block).to_list(),
-            }
-            for g, group in enumerate(case.model.layer_groups)
-            if isinstance(group, SlidingWindow)
-        ]
-        chunks = [
-            {
-                "group": g,
-                "chunk": group.chunk,
-                "tokens": chunk_tokens(group.chunk, seq_len, block).to_list(),
-            }
-            for g, group in enumerate(case.model.layer_groups)
-            if isinstance(group, ChunkedLocal)
-        ]
+        windows, chunks = _needed_tokens(case.model, seq_len, block)
         cases.append(
             {
                 "id": f"groups-{i:03d}",
