@@ -260,10 +260,10 @@ BIG = 2**40
 def test_malformed_messages_raise_the_codec_error(make, match: str) -> None:
     """WIRE-1..4: each malformed input raises WireError naming the problem, quickly."""
     frames = make()
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a guard against blow-ups, not a speed
     with pytest.raises(WireError, match=match):
         decode(frames)
-    assert time.perf_counter() - started < 2.0
+    assert time.process_time() - started < 2.0
 
 
 def _swap(frames: list) -> list:
