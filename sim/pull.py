@@ -31,7 +31,6 @@ answered or skipped every key of that receiver. Reads are bounded
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any
@@ -381,21 +380,7 @@ class PullAgent:
         self.answered.add(key)
         rank._maybe_die(sending=True)
         ranges, slot = self._ranges(listed)
-        if slot is not None and rank.config.faults.any:  # pragma: no cover - needs a GPU
-            ranges, slot = [bytes(r) for r in ranges], None  # faults keep frames back
-        seq = rank.next_seq[dst]
-        rank.next_seq[dst] += 1
-        checksum = rank.config.checksum
-        head = messages.envelope(
-            key,
-            seq,
-            time.time(),
-            epoch=rank.epoch,
-            checksum=checksum,
-            ranges_crc=checksum_of(self.algorithm, ranges) if checksum else None,
-            ranges_alg=self.algorithm if checksum else None,
-        )
-        rank._put_through_faults(dst, key, [head, *ranges], seq, slot=slot)
+        rank.put_ranges(dst, key, ranges, slot, self.algorithm)
 
     def _ranges(self, listed: list[Descriptor]) -> tuple[list[Any], Any]:
         """The bytes of each range, and the staging slot holding them: views of cache

@@ -59,7 +59,7 @@ from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
 from kvspec.topology.ownership import RankOwnership, rank_ownership
-from kvspec.transport.checksums import fastest
+from kvspec.transport.checksums import checksum_of, fastest
 from kvspec.transport.chunks import reassemble, split_chunks
 from kvspec.transport.payload import (
     Payload,
@@ -914,6 +914,30 @@ class Rank:
         )
         if self._put_through_faults(dst, key, [head, *wire], seq, slot=slot, traced=True):
             self._maybe_restart()
+
+    def put_ranges(
+        self, dst: int, key: str, frames: list[Any], slot: Slot | None, algorithm: str
+    ) -> None:
+        """Send byte ranges straight from cache memory (a pull answer, a write) as one data
+        message: the next sequence number, an envelope whose ``ranges_crc`` covers the
+        frames when the run checksums (``algorithm``), through the run's faults
+        [sim.faults]. Frames in a staging ``slot`` are copied first when faults may keep
+        them back."""
+        if slot is not None and self.config.faults.any:  # pragma: no cover - needs a GPU
+            frames, slot = [bytes(f) for f in frames], None  # faults keep frames back
+        seq = self.next_seq[dst]
+        self.next_seq[dst] += 1
+        checksum = self.config.checksum
+        head = messages.envelope(
+            key,
+            seq,
+            time.time(),
+            epoch=self.epoch,
+            checksum=checksum,
+            ranges_crc=checksum_of(algorithm, frames) if checksum else None,
+            ranges_alg=algorithm if checksum else None,
+        )
+        self._put_through_faults(dst, key, [head, *frames], seq, slot=slot)
 
     def _put_through_faults(
         self,

@@ -30,8 +30,6 @@ import zmq
 from kvspec.memory.descriptors import plan_runs, region_buffers, share_positions
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.tokens import Tokens
-from kvspec.transport.checksums import checksum_of
-from sim import messages
 from sim.byteruns import Framing, frames_from, framing, land, packed_nbytes
 from sim.pull import PullAgent, _pick, ranges_intact
 from sim.staging import Slot, StagingRing
@@ -151,21 +149,7 @@ class WriteAgent(PullAgent):
         rank._maybe_die(sending=True)
         made = self._framed(key, request_id, chunk, rank.who.rank, dst, as_sender=True)
         data, slot = self._frames(made)
-        if slot is not None and rank.config.faults.any:
-            data, slot = [bytes(f) for f in data], None  # faults keep frames back
-        seq = rank.next_seq[dst]
-        rank.next_seq[dst] += 1
-        checksum = rank.config.checksum
-        head = messages.envelope(
-            key,
-            seq,
-            time.time(),
-            epoch=rank.epoch,
-            checksum=checksum,
-            ranges_crc=checksum_of(self.algorithm, data) if checksum else None,
-            ranges_alg=self.algorithm if checksum else None,
-        )
-        rank._put_through_faults(dst, key, [head, *data], seq, slot=slot)
+        rank.put_ranges(dst, key, data, slot, self.algorithm)
 
     def _frames(self, made: Framing) -> tuple[list[Any], Slot | None]:
         """The frames, from cache memory: views of it, or runs packed into a slot of the
