@@ -25,7 +25,7 @@ from kvspec.tensors.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, 
 from kvspec.tensors.slicing import apply_head_slice
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.block_size import hybrid_block_size
-from kvspec.topology.group_plan import plan_groups
+from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
@@ -42,6 +42,24 @@ from kvspec.transport.wire import decode, encode
 def _plan(case: TransferCase, rule: ReplicaRule | None) -> TransferPlan:
     """Plans are pure functions of the case (and rule): the suite asks for one many times."""
     return case.plan(rule)
+
+
+def case_group_plan(
+    case: TransferCase, seq_len: int, *, model: ModelShape | None = None, **block_sizes: int
+) -> GroupPlan:
+    """The group plan [GROUP-3] of a drawn transfer case (its stages, policy and DP groups;
+    ``model`` replaces the case's), for ``seq_len`` tokens; ``block_sizes`` are
+    :func:`plan_groups`' ``block_size`` or ``source_block_size``/``target_block_size``."""
+    return plan_groups(
+        case.source,
+        case.target,
+        case.model if model is None else model,
+        seq_len=seq_len,
+        policy=case.policy,
+        source_dp=case.source_dp,
+        target_dp=case.target_dp,
+        **block_sizes,
+    )
 
 
 class ReferenceAdapter(Adapter):
@@ -185,31 +203,16 @@ class ReferenceAdapter(Adapter):
     def group_bytes(
         self, case: TransferCase, seq_len: int, block_size: int
     ) -> dict[tuple[int, int, int], int]:
-        plan = plan_groups(
-            case.source,
-            case.target,
-            case.model,
-            seq_len=seq_len,
-            block_size=block_size,
-            policy=case.policy,
-            source_dp=case.source_dp,
-            target_dp=case.target_dp,
-        )
-        return plan.bytes_per_edge()
+        return case_group_plan(case, seq_len, block_size=block_size).bytes_per_edge()
 
     def window_tokens(
         self, case: TransferCase, seq_len: int, source_block_size: int, target_block_size: int
     ) -> dict[tuple[int, int, int], list[tuple[int, int]]]:
-        plan = plan_groups(
-            case.source,
-            case.target,
-            case.model,
-            seq_len=seq_len,
+        plan = case_group_plan(
+            case,
+            seq_len,
             source_block_size=source_block_size,
             target_block_size=target_block_size,
-            policy=case.policy,
-            source_dp=case.source_dp,
-            target_dp=case.target_dp,
         )
         groups = case.model.layer_groups
         return {

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvspec.conformance.mutants import mutant
-from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.conformance.reference import ReferenceAdapter, case_group_plan
 from kvspec.strategies import TransferCase
 from kvspec.tensors.state_oracle import oracle_state
-from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import (
     KINDS,
     ChunkedLocal,
@@ -35,16 +34,7 @@ Config = dict[str, Any]
 
 
 def _bytes(case: TransferCase, model: ModelShape, seq_len: int, block_size: int) -> dict:
-    return plan_groups(
-        case.source,
-        case.target,
-        model,
-        seq_len=seq_len,
-        block_size=block_size,
-        policy=case.policy,
-        source_dp=case.source_dp,
-        target_dp=case.target_dp,
-    ).bytes_per_edge()
+    return case_group_plan(case, seq_len, model=model, block_size=block_size).bytes_per_edge()
 
 
 def _with_groups(model: ModelShape, groups: tuple, layers: tuple | None = None) -> ModelShape:

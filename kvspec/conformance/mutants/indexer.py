@@ -8,10 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvspec.conformance.mutants import mutant
-from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.conformance.reference import ReferenceAdapter, case_group_plan
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import itemsize
-from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.indexer import index_entry_bytes
 
 Config = dict[str, Any]
@@ -22,16 +21,7 @@ def _with_entry(
 ) -> dict:
     """The reference's bytes with each token's indexer entry counted as ``entry(d, case)``
     bytes instead of index_entry_bytes(d)."""
-    plan = plan_groups(
-        case.source,
-        case.target,
-        case.model,
-        seq_len=seq_len,
-        block_size=block_size,
-        policy=case.policy,
-        source_dp=case.source_dp,
-        target_dp=case.target_dp,
-    )
+    plan = case_group_plan(case, seq_len, block_size=block_size)
     got = {}
     for e in plan.edges:
         width = case.model.layer_groups[e.group].index_head_dim  # type: ignore[union-attr]
