@@ -140,8 +140,29 @@ def test_hybrid_vectors_cover_every_preset_and_catch_hybrid_mutants() -> None:
         (ReplicatedPartOffsetScaledByTpRatio, "states"),
         (ConvAlwaysStateLenFirst, "state-layouts"),
     ):
-        failed = {r.family for r in check_vectors(GOLDEN_DIR, mutant()) if r.verdict == "FAILED"}
-        assert family in failed, mutant.__name__
+        results = check_vectors(GOLDEN_DIR, mutant(), [family])
+        assert {r.family for r in results} == {family}
+        assert any(r.verdict == "FAILED" for r in results), mutant.__name__
+
+
+def test_a_family_filter_replays_those_families_alone_and_refuses_unknown_names(capsys) -> None:
+    results = check_vectors(GOLDEN_DIR, load_adapter("reference"), ["keys", "ports"])
+    manifest = json.loads((GOLDEN_DIR / "manifest.json").read_text())["families"]
+    assert [r.family for r in results] == ["keys"] * len(manifest["keys"]) + ["ports"] * len(
+        manifest["ports"]
+    )
+    with pytest.raises(ValueError, match=r"no vector family 'key'; the families are .*keys"):
+        check_vectors(GOLDEN_DIR, load_adapter("reference"), ["key"])
+    mutant = "kvspec.conformance.mutants.transfer:OffByOneHeadOffset"
+    assert main(["vectors", "check", "--impl", mutant, "--family", "keys"]) == 0
+    assert "\nkeys " in capsys.readouterr().out
+    assert main(["vectors", "check", "--impl", mutant, "--family", "reshard"]) == 1
+    out = capsys.readouterr().out
+    assert "\nreshard " in out and "\nkeys " not in out
+    with pytest.raises(SystemExit) as refused:
+        main(["vectors", "check", "--impl", "reference", "--family", "key"])
+    assert refused.value.code == 2
+    assert "invalid choice: 'key'" in capsys.readouterr().err
 
 
 def test_cli_checks_the_installed_vectors_by_default(tmp_path: Path, capsys) -> None:

@@ -17,7 +17,13 @@ from collections import Counter
 
 from kvspec.cli.output import add_json_option, write_json
 from kvspec.conformance.adapter import AdapterError, load_adapter
-from kvspec.conformance.vectors import GOLDEN_DIR, VectorsError, check_vectors, export_vectors
+from kvspec.conformance.vectors import (
+    FAMILY_NAMES,
+    GOLDEN_DIR,
+    VectorsError,
+    check_vectors,
+    export_vectors,
+)
 
 NAME = "vectors"
 HELP = "export or check the language-neutral golden vectors"
@@ -33,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "passed, FAILED or were not applicable (a capability the adapter lacks).\n\n"
             "examples:\n  kvspec vectors check --impl reference\n"
             "  kvspec vectors check --impl my_adapter:adapter --verbose\n"
+            "  kvspec vectors check --impl my_adapter:adapter --family plan --family reshard\n"
             "  kvspec vectors check ./my-vectors --impl reference --json -"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -44,6 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a vector set (default: the one installed with kvspec)",
     )
     check.add_argument("--impl", required=True, help="`reference` or MODULE:ATTR")
+    check.add_argument(
+        "--family",
+        action="append",
+        dest="families",
+        choices=FAMILY_NAMES,
+        metavar="NAME",
+        help=f"replay only this family (repeatable): {', '.join(FAMILY_NAMES)}",
+    )
     check.add_argument("--verbose", action="store_true", help="one line per vector")
     add_json_option(check, "the results, one object per vector")
     export = actions.add_parser(
@@ -70,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         adapter = load_adapter(args.impl)
-        results = check_vectors(args.directory, adapter)
+        results = check_vectors(args.directory, adapter, args.families)
     except (AdapterError, VectorsError) as error:
         print(f"kvspec vectors check: {error}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1655,12 +1655,28 @@ def _short(value: object, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
-def check_vectors(directory: str | Path, adapter: Adapter) -> list[VectorResult]:
-    """Replay every vector through ``adapter``; families it lacks are not applicable."""
+FAMILY_NAMES: tuple[str, ...] = tuple(f.name for f in FAMILIES)
+"""The vector families, in the order they are replayed."""
+
+
+def check_vectors(
+    directory: str | Path, adapter: Adapter, families: Collection[str] | None = None
+) -> list[VectorResult]:
+    """Replay every vector (or those of ``families``) through ``adapter``; families it
+    lacks are not applicable. An unknown family name is a ValueError naming the known
+    ones, raised before anything is read."""
+    unknown = sorted(set(families or ()) - set(FAMILY_NAMES))
+    if unknown:
+        raise ValueError(
+            f"no vector family {', '.join(map(repr, unknown))}; the families are "
+            f"{', '.join(FAMILY_NAMES)}"
+        )
     manifest, tensors = load_vectors(directory)
     provided = provided_capabilities(adapter)
     results = []
     for family in FAMILIES:
+        if families is not None and family.name not in families:
+            continue
         for case in manifest["families"].get(family.name, []):
             if not set(family.needs) <= provided:
                 results.append(

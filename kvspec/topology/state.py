@@ -174,9 +174,11 @@ def plan_state_reads(
                     consumers[(pp, part.name, unit)] += 1
                     pick = replicas[0] if policy == "lowest" else replicas[index % len(replicas)]
                     chosen.append((unit, senders[(pp, pick)], pick))
-                for layer in stage_layers:
+                runs = _runs(chosen, part, units, source, src_offsets, dst_offsets)
+                for layer in stage_layers:  # every layer of a stage reads the same runs
                     reads.extend(
-                        _runs(chosen, part, layer, dst, units, source, src_offsets, dst_offsets)
+                        StateRead(src, dst, layer, part.name, src_at, dst_at, length)
+                        for src, src_at, dst_at, length in runs
                     )
     return tuple(reads)
 
@@ -184,35 +186,30 @@ def plan_state_reads(
 def _runs(
     chosen: list[tuple[int, int, int]],
     part: StatePart,
-    layer: int,
-    dst: int,
     units: range,
     source: StageLayout,
     src_offsets: dict[str, int],
     dst_offsets: dict[str, int],
-) -> list[StateRead]:
-    """Consecutive units from one sender, merged into one read each [STATE-2]."""
-    reads: list[StateRead] = []
+) -> list[tuple[int, int, int, int]]:
+    """(sender, source offset, target offset, elements) of a receiver's reads of one part in
+    any layer: consecutive units from one sender, merged into one read each [STATE-2]."""
+    size = part.unit_elements
+    firsts: dict[int, int] = {}  # a sender's first unit, by its attention-TP rank
+    runs: list[list[int]] = []
     for unit, src, attn_rank in chosen:
-        first = owned_heads(part.units, source.attn_tp, attn_rank).start
-        src_at = src_offsets[part.name] + (unit - first) * part.unit_elements
-        dst_at = dst_offsets[part.name] + (unit - units.start) * part.unit_elements
-        last = reads[-1] if reads else None
+        first = firsts.get(attn_rank)
+        if first is None:
+            first = firsts[attn_rank] = owned_heads(part.units, source.attn_tp, attn_rank).start
+        src_at = src_offsets[part.name] + (unit - first) * size
+        dst_at = dst_offsets[part.name] + (unit - units.start) * size
+        last = runs[-1] if runs else None
         if (
             last is not None
-            and last.src == src
-            and last.src_offset + last.length == src_at
-            and last.dst_offset + last.length == dst_at
+            and last[0] == src
+            and last[1] + last[3] == src_at
+            and last[2] + last[3] == dst_at
         ):
-            reads[-1] = StateRead(
-                src,
-                dst,
-                layer,
-                part.name,
-                last.src_offset,
-                last.dst_offset,
-                last.length + part.unit_elements,
-            )
+            last[3] += size
         else:
-            reads.append(StateRead(src, dst, layer, part.name, src_at, dst_at, part.unit_elements))
-    return reads
+            runs.append([src, src_at, dst_at, size])
+    return [(src, src_at, dst_at, length) for src, src_at, dst_at, length in runs]
