@@ -16,6 +16,8 @@ VENV ?= .venv
 TORCH ?=
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
+# pytest workers (pytest-xdist): one per CPU; TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= auto
 
 .PHONY: setup run test smoke test-gpu stress bench vectors notebooks field clean
 
@@ -28,7 +30,7 @@ run: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 	DEV_PY=$(PY) tools/wheel_smoke.sh
 
 smoke: setup
