@@ -41,8 +41,8 @@ fi
 "$bin/kvspec" --version
 "$bin/kvspec" plan --source-tp 8 --target-tp 2 --kv-heads 4 --json - >/dev/null
 "$py" -m sim --version
-step "kvspec conform reference --profile dev"
-"$bin/kvspec" conform reference --profile dev --quiet --json "$work/conform.json" >/dev/null
+step "kvspec conform reference --profile dev --jobs 2"
+"$bin/kvspec" conform reference --profile dev --jobs 2 --quiet --json "$work/conform.json" >/dev/null
 step "kvspec vectors check --impl reference (the vectors installed with the wheel)"
 "$bin/kvspec" vectors check --impl reference >/dev/null
 "$bin/kvspec" vectors export "$work/vectors" >/dev/null

@@ -11,7 +11,7 @@ one realistic bug each) through the suite instead, and prints how many it kills.
 
 examples:
   kvspec conform reference
-  kvspec conform my_adapter:adapter --profile ci --json conform.json
+  kvspec conform my_adapter:adapter --profile ci --json conform.json --jobs 4
   kvspec conform my_adapter:adapter --clause PLAN --clause SLICE-3 --clause PAYLOAD-3.4
   kvspec conform my_adapter:adapter --check PLAN-2/exact-cover --replay '{...}'
   kvspec conform --list
@@ -78,7 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the project's mutant corpus through the suite and print the kill rate",
     )
     parser.add_argument(
-        "--jobs", type=int, default=1, metavar="N", help="with --mutants: worker processes (1)"
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes, each loading IMPL itself (1); results keep the checks' order",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -118,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"kvspec conform: refused: {error}", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print(f"kvspec conform: --jobs must be at least 1; got {args.jobs}", file=sys.stderr)
+        return 2
     if args.mutants:
         if args.impl:
             print("kvspec conform: --mutants takes no IMPL", file=sys.stderr)
@@ -151,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             skips=skips,
             progress=None if args.quiet else _progress,
+            jobs=args.jobs,
         )
     except ValueError as error:
         print(f"kvspec conform: {error}", file=sys.stderr)
@@ -203,9 +211,6 @@ def _mutants(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    if args.jobs < 1:
-        print("kvspec conform: --jobs must be at least 1", file=sys.stderr)
-        return 2
     report = run_corpus(
         profile=args.profile,
         device=args.device,

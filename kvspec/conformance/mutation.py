@@ -17,7 +17,7 @@ from typing import Any
 
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.mutants import Mutant, all_mutants, get_mutant
-from kvspec.conformance.runner import FAILED, checks_covering, run_check
+from kvspec.conformance.runner import FAILED, checks_covering, run_check, worker_start
 from kvspec.profiles import default_profile
 
 
@@ -106,12 +106,6 @@ def run_mutant(mutant: Mutant, *, device: str = "cpu", profile: str | None = Non
     return result
 
 
-def _worker_start() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-
-
 def _run_named(name: str, device: str, profile: str) -> MutantResult:
     return run_mutant(get_mutant(name), device=device, profile=profile)
 
@@ -142,7 +136,7 @@ def run_corpus(
         with ProcessPoolExecutor(
             max_workers=jobs,
             mp_context=get_context("spawn"),
-            initializer=_worker_start,
+            initializer=worker_start,
         ) as pool:
             futures = [pool.submit(_run_named, m.name, device, chosen_profile) for m in chosen]
             for i, future in enumerate(futures, 1):

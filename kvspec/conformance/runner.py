@@ -20,14 +20,16 @@ import shlex
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import example as pinned
 
 from kvspec.clauses import get_clause
-from kvspec.conformance.adapter import Adapter, NotProvided, provided_capabilities
+from kvspec.conformance.adapter import Adapter, NotProvided, load_adapter, provided_capabilities
 from kvspec.conformance.checks import (
     Check,
     Context,
@@ -218,6 +220,8 @@ def run_check(
     except _Unprovided as error:
         result.verdict, result.reason = NOT_PROVIDED, str(error)
     except BaseException:
+        if not failures:  # not the implementation's: an interrupt, a timeout, a Hypothesis error
+            raise
         result.verdict = FAILED
         example, error = failures[-1]  # Hypothesis replays the shrunk example last
         result.counterexample = example
@@ -296,25 +300,76 @@ def run_suite(
     progress: Callable[[int, int, CheckResult], None] | None = None,
     stop_at_first_failure: bool = False,
     shrink: bool = True,
+    jobs: int = 1,
 ) -> Report:
     """Run every selected check (``checks``, or those matching ``patterns``); skipped
-    checks (id -> reason) are reported, not run."""
+    checks (id -> reason) are reported, not run.
+
+    ``jobs`` > 1 runs the checks in that many worker processes (spawned, one torch thread
+    each), every worker loading the adapter itself from ``impl`` (``reference`` or
+    ``MODULE:ATTR``, as :func:`~kvspec.conformance.adapter.load_adapter` takes it); the
+    results come back in the order of the checks, as with one process.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1; got {jobs}")
+    if jobs > 1 and not impl:
+        raise ValueError("jobs > 1 needs impl, the name each worker loads the adapter by")
     chosen_profile = profile or default_profile()
     report = Report(impl or adapter.name, adapter, chosen_profile, device)
     started = time.perf_counter()
     selected = list(checks) if checks is not None else select_checks(patterns)
-    for i, check in enumerate(selected, 1):
-        if skips and check.id in skips:
-            result = CheckResult(check, SKIPPED, reason=skips[check.id])
-        else:
-            result = run_check(check, adapter, device=device, shrink=shrink, profile=chosen_profile)
-        report.results.append(result)
-        if progress:
-            progress(i, len(selected), result)
-        if stop_at_first_failure and result.verdict == FAILED:
-            break
+
+    pool, pending = None, {}
+    if jobs > 1:
+        pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=worker_start)
+        pending = {
+            c.id: pool.submit(_run_in_worker, impl, c.id, device, shrink, chosen_profile)
+            for c in selected
+            if not (skips and c.id in skips)
+        }
+    try:
+        for i, check in enumerate(selected, 1):
+            if skips and check.id in skips:
+                result = CheckResult(check, SKIPPED, reason=skips[check.id])
+            elif pool is not None:
+                result = CheckResult(check, **pending[check.id].result())
+            else:
+                result = run_check(
+                    check, adapter, device=device, shrink=shrink, profile=chosen_profile
+                )
+            report.results.append(result)
+            if progress:
+                progress(i, len(selected), result)
+            if stop_at_first_failure and result.verdict == FAILED:
+                break
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def worker_start() -> None:
+    """A worker process of a parallel run: one torch thread, as the workers share the CPUs."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+_WORKER_ADAPTERS: dict[str, Adapter] = {}
+"""The adapter a worker process loaded, by the name it was loaded from."""
+
+
+def _run_in_worker(
+    impl: str, check_id: str, device: str, shrink: bool, profile: str
+) -> dict[str, Any]:
+    """One check in a worker process; the result's fields other than the check (plain
+    data, so they cross the process boundary)."""
+    adapter = _WORKER_ADAPTERS.get(impl)
+    if adapter is None:
+        adapter = _WORKER_ADAPTERS[impl] = load_adapter(impl)
+    result = run_check(get_check(check_id), adapter, device=device, shrink=shrink, profile=profile)
+    return {name: value for name, value in vars(result).items() if name != "check"}
 
 
 def reproduction(impl: str, result: CheckResult) -> str:
