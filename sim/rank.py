@@ -190,7 +190,7 @@ class Rank:
         self.staging: StagingRing | None = None
         self.copy_stream: Any = None
         self.gather_ring: StagingRing | None = None  # a CPU sender's gathered requests
-        self.landing: torch.Tensor | None = None  # a CPU receiver's one-payload landing
+        self.landing: torch.Tensor | None = None  # a CPU receiver's reused shard buffer
         if self.device.type == "cuda":  # pragma: no cover - needs a GPU
             # Every CUDA call of this rank, allocations included, on its own device; copies
             # to and from host memory on a side stream, through a reusable pinned ring.
@@ -327,7 +327,10 @@ class Rank:
         """Push on the CPU without faults: the memory a request passes through, allocated
         and touched once before the run, as an engine reuses its buffers — a sender's
         ring of gathered requests whose frames go on the wire zero-copy [WIRE-5], and a
-        receiver's landing buffer for a payload's frames. Fresh memory per request
+        receiver's landing buffer: its whole shard of the largest request it holds, which
+        every sender's payload is copied straight into, its heads in their place
+        [PAYLOAD-3] (kvspec falls back to fresh memory where it does not fit: chunks,
+        streamed layer groups). Fresh memory per request
         instead faults on first touch, page by page, inside the transfer (profiled:
         the receiver's copy into fresh memory was its slowest step). With faults,
         frames are kept back or sent twice, so requests get their own memory."""
@@ -361,22 +364,6 @@ class Rank:
         shape = self.cache.shape
         dims = (self.cache.num_layers, shape.kv, held, shape.heads, shape.head_dim)
         return slot.view(need).view(torch_dtype(self.cache.dtype)).view(dims), slot
-
-    def _landing_for(self, pairs: list[tuple[int, Payload]]) -> torch.Tensor | None:
-        """The reused landing buffer shaped for the one payload of ``pairs``, or None
-        (several payloads, no buffer, or one that does not fit)."""
-        if self.landing is None or len(pairs) != 1:
-            return None
-        payload = pairs[0][1]
-        tensors = [t for t in (*payload.key_cache, *payload.value_cache) if t is not None]
-        if not tensors:
-            return None
-        first = tensors[0]
-        dims = (len(payload.layers), payload.kv_tensors, *first.shape)
-        need = math.prod(dims) * first.element_size()
-        if need > self.landing.numel() or first.device.type != "cpu":
-            return None
-        return self.landing[:need].view(first.dtype).view(dims)
 
     def _open_control(self) -> None:
         """Connect to the parent and say who we are, signed with the run's secret."""
@@ -1536,9 +1523,7 @@ class Rank:
         try:
             if len(state.chunks) == 1:  # one chunk: straight to the shard, one copy fewer
                 pairs = state.chunks[0]
-                kv = merge_to_request_kv(
-                    plan, self.who.rank, pairs, landing=self._landing_for(pairs)
-                )
+                kv = merge_to_request_kv(plan, self.who.rank, pairs, landing=self.landing)
             elif plan.seq_len is not None:  # edges chunk their own tokens: each, then merge
                 by_source: dict[int, list[Payload]] = defaultdict(list)
                 for pairs in state.chunks.values():

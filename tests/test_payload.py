@@ -8,15 +8,18 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvspec.strategies import TransferCase, transfer_cases
+from kvspec.tensors import reshard
 from kvspec.tensors.kv import kv_equal, random_request_kv
 from kvspec.tensors.reshard import send, shard
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import Tokens
 from kvspec.transport.payload import (
     Chunk,
     Payload,
     merge_payloads,
+    merge_to_request_kv,
     payload_equal,
     payload_from_shipment,
     shipment_from_payload,
@@ -98,6 +101,68 @@ def test_merge_gives_the_target_shard_in_any_order(
         assert payload_equal(merged, merge_payloads(plan, dst, dict(arrived).items()))
 
 
+TP8_TO_TP2 = TransferCase(StageLayout(8), StageLayout(2), ModelShape(2, 8, 4))
+
+
+def _shard_bytes(kv) -> int:
+    return kv.data.numel() * kv.data.element_size()
+
+
+@given(
+    case=transfer_cases(),
+    slicing=st.sampled_from(["sender", "receiver"]),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+@example(case=TP8_TO_TP2, slicing="sender", seed=4, data=None)
+@example(case=TP8_TO_TP2, slicing="receiver", seed=5, data=None)
+@example(case=FP8_REPLICATED, slicing="receiver", seed=1, data=None)
+@example(case=MLA_PP, slicing="sender", seed=2, data=None)
+@example(case=PP_INTO_TP, slicing="receiver", seed=3, data=None)
+def test_merge_into_a_landing_buffer_gives_the_same_shard(
+    case: TransferCase, slicing: str, seed: int, data
+) -> None:
+    """PAYLOAD-3: several senders' payloads merged into a reused landing buffer (holding
+    an older shard's bytes) give bit for bit the shard of the fresh path, in any arrival
+    order, in the buffer itself; a buffer too small is not used."""
+    plan, inbox, expected = payloads_of(case, slicing=slicing, seed=seed)
+    for dst, pairs in inbox.items():
+        if not pairs:
+            continue
+        arrived = data.draw(st.permutations(pairs)) if data is not None else pairs[::-1]
+        fresh = merge_to_request_kv(plan, dst, pairs)
+        need = _shard_bytes(fresh)
+        landing = torch.full((need + 64,), 0xA5, dtype=torch.uint8)  # a stale request's
+        landed = merge_to_request_kv(plan, dst, arrived, landing=landing)
+        assert kv_equal(landed, fresh) and kv_equal(landed, expected[dst])
+        assert landed.data.data_ptr() == landing.data_ptr()
+        again = merge_to_request_kv(plan, dst, pairs, landing=landing)  # reused as is
+        assert kv_equal(again, expected[dst])
+        small = torch.zeros(max(need - 1, 0), dtype=torch.uint8)
+        assert kv_equal(merge_to_request_kv(plan, dst, arrived, landing=small), fresh)
+        if need:
+            assert not small.any()
+
+
+def test_tp8_to_tp2_lands_every_payload_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PAYLOAD-3: TP8 -> TP2, four payloads per receiver, each copied once into its heads
+    of the landing buffer: receive finds them in place and copies none again (without
+    the buffer it places all four)."""
+    plan, inbox, expected = payloads_of(TP8_TO_TP2, seq_len=5)
+    pairs = inbox[1]
+    assert len(pairs) == 4
+    placed = []
+    copy_bits = reshard.copy_bits
+    monkeypatch.setattr(reshard, "copy_bits", lambda t, s: placed.append(s) or copy_bits(t, s))
+    assert kv_equal(merge_to_request_kv(plan, 1, pairs), expected[1])
+    assert len(placed) == 4
+    placed.clear()
+    landing = torch.zeros(_shard_bytes(expected[1]), dtype=torch.uint8)
+    kv = merge_to_request_kv(plan, 1, pairs, landing=landing)
+    assert kv_equal(kv, expected[1]) and kv.data.data_ptr() == landing.data_ptr()
+    assert placed == []
+
+
 GQA = ModelShape(4, 4, 2)
 SMALL = ModelShape(2, 2, 2)
 SMALL_FP8 = ModelShape(2, 2, 2, dtype="float8_e4m3fn")
@@ -156,6 +221,50 @@ def test_merge_refuses_shards_that_disagree(change, match: str) -> None:
     plan, by_src = _pair_to_rank_0()
     with pytest.raises(ValueError, match=match):
         merge_payloads(plan, 0, [(0, by_src[0]), (1, change(by_src[1]))])
+
+
+def _one_more_head(p: Payload) -> Payload:
+    grow = lambda values: tuple(None if t is None else torch.cat([t, t[:, :1]], 1) for t in values)  # noqa: E731
+    return replace(p, key_cache=grow(p.key_cache), value_cache=grow(p.value_cache))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda p: replace(p, request_id="req_2"),
+            r"disagree on request_id \(source rank 0: 'req_1', source rank 1: 'req_2'\)",
+        ),
+        (_as_float16, r"disagree on dtype \(source rank 0: 'bfloat16', source rank 1: 'float16'\)"),
+        (
+            lambda p: _without_layer(p, 3),
+            r"layer 3 is present on the shard of source rank 0 and missing on the shard of "
+            r"source rank 1",
+        ),
+        (
+            lambda p: replace(p, head_slice=replace(p.head_slice, target_rank=1)),
+            r"marked for target rank 1 but arrived at rank 0.*\[SLICE-3\]",
+        ),
+        (
+            lambda p: replace(p, head_slice=replace(p.head_slice, tokens=Tokens.span(0, 3))),
+            r"source rank 1 to target rank 0 is marked as carrying tokens .*\[SLICE-4\]",
+        ),
+        (_one_more_head, r"shipment from source rank 1 to target rank 0"),
+    ],
+)
+def test_merge_into_a_landing_buffer_refuses_as_the_fresh_path(change, match: str) -> None:
+    """PAYLOAD-3, RESHARD-3: with a landing buffer, bad payloads are refused with the same
+    reasons as without one, whichever arrives first."""
+    plan, by_src = _pair_to_rank_0()
+    landing = torch.zeros(1 << 12, dtype=torch.uint8)
+    bad = [(0, by_src[0]), (1, change(by_src[1]))]
+    for pairs in (bad, bad[::-1]):
+        with pytest.raises(ValueError, match=match):
+            merge_to_request_kv(plan, 0, pairs)
+        with pytest.raises(ValueError, match=match):
+            merge_to_request_kv(plan, 0, pairs, landing=landing)
+    with pytest.raises(ValueError, match=r"landing must be a contiguous 1-d uint8 tensor"):
+        merge_to_request_kv(plan, 0, by_src.items(), landing=landing.view(torch.int16))
 
 
 def test_merge_refuses_what_the_plan_does_not_say() -> None:

@@ -220,7 +220,8 @@ def receive(
     holds no token of the request, or it lives on another DP group) gets an empty shard.
     ``out``, a preallocated ``[layers, kv, seq_len, heads, head_dim]`` tensor of the
     shipments' dtype and device, receives the shard instead (always a copy, each byte
-    moved once) and is the result's data.
+    moved once) and is the result's data; a shipment whose data already is its place in
+    ``out`` (:func:`landing_region`) is checked like any other and moves nothing.
     """
     owner = plan.owner("target", dst)
     by_src = _match_plan(plan, dst, shipments)
@@ -229,10 +230,7 @@ def receive(
     seq_lens = sorted({s.kv.data.shape[2] for s in by_src.values() if s.kv.data.dim() == 5})
     if plan.seq_len is None and len(seq_lens) > 1:
         raise ValueError(f"shipments to target rank {dst} disagree on seq_len: {seq_lens}")
-    if plan.seq_len is None:
-        own = seq_lens[0] if seq_lens else 0  # every shipment carries every token
-    else:
-        own = plan.seq_len if owner.tokens is None else len(owner.tokens)
+    own = _own_tokens(plan, owner, seq_lens[0] if seq_lens else 0)
     mine = owner.tokens if owner.tokens is not None else Tokens.span(0, own)
 
     data: torch.Tensor | None = None
@@ -260,10 +258,6 @@ def receive(
                 f"{where} holds {piece.seq_len} tokens; its edge carries {len(edge.tokens)} "
                 f"({edge.tokens.describe()}) [RESHARD-3, SLICE-4]"
             )
-        layers = slice(
-            edge.layers.start - owner.layers.start, edge.layers.stop - owner.layers.start
-        )
-        heads = slice(edge.heads.start - owner.heads.start, edge.heads.stop - owner.heads.start)
         if (
             len(by_src) == 1
             and edge.heads == owner.heads
@@ -273,13 +267,17 @@ def receive(
         ):
             return piece  # one shipment is the whole shard: nothing to place, nothing to copy
         if data is None:
-            shape = (len(owner.layers), plan.model.kv_tensors, own, len(owner.heads))
-            shape += (plan.model.head_dim,)
+            shape = _shard_shape(plan, owner, own)
             data = sliced.new_empty(shape) if out is None else _check_out(out, shape, sliced, dst)
             if piece.scales is not None:
                 scales = piece.scales.new_empty((len(owner.layers), plan.model.kv_tensors))
-        target = data[layers, :, :, heads]
-        if edge.tokens is None:
+        target = _region(owner, edge, data)
+        layers = slice(
+            edge.layers.start - owner.layers.start, edge.layers.stop - owner.layers.start
+        )
+        if _same_view(target, sliced):
+            pass  # already in its place: a receiver's landing buffer [RESHARD-3]
+        elif edge.tokens is None:
             copy_bits(target, sliced)  # each byte once, as bits [DTYPE-2]
         else:
             put_tokens(target, edge.tokens.positions_in(mine), sliced, axis=TOKEN_AXIS)
@@ -287,6 +285,62 @@ def receive(
             _merge_scales(scales, scales_given, layers, piece.scales, src, dst)
     assert data is not None, "exact cover [PLAN-2] gives every receiver at least one edge"
     return RequestKV(data, scales)
+
+
+def _own_tokens(plan: TransferPlan, owner: RankOwnership, seq_len: int) -> int:
+    """How many tokens ``owner``'s shard holds: ``seq_len`` (the shipments' own) when every
+    shipment carries every token, else what the plan gives it [RESHARD-1, CP-1]."""
+    if plan.seq_len is None:
+        return seq_len
+    return plan.seq_len if owner.tokens is None else len(owner.tokens)
+
+
+def _shard_shape(plan: TransferPlan, owner: RankOwnership, own: int) -> tuple[int, ...]:
+    """``[layers, kv, seq_len, heads, head_dim]`` of ``owner``'s shard of ``own`` tokens
+    [RESHARD-1]."""
+    model = plan.model
+    return (len(owner.layers), model.kv_tensors, own, len(owner.heads), model.head_dim)
+
+
+def _region(owner: RankOwnership, edge: Edge, data: torch.Tensor) -> torch.Tensor:
+    """The view of receiver shard ``data`` holding ``edge``'s layers and heads, every
+    token of the shard [RESHARD-3]."""
+    start = owner.layers.start
+    heads = slice(edge.heads.start - owner.heads.start, edge.heads.stop - owner.heads.start)
+    return data[edge.layers.start - start : edge.layers.stop - start, :, :, heads]
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements: nothing to copy between them."""
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
+
+
+def landing_shape(plan: TransferPlan, dst: int, seq_len: int) -> tuple[int, ...] | None:
+    """The shape of receiver ``dst``'s shard when its shipments hold ``seq_len`` tokens
+    each, for a buffer :func:`receive` fills through ``out`` [RESHARD-1]; None when
+    ``dst`` has no edge (its shard is empty) [CP-1, DP-1]."""
+    if not plan.edges_to(dst):
+        return None
+    owner = plan.owner("target", dst)
+    return _shard_shape(plan, owner, _own_tokens(plan, owner, seq_len))
+
+
+def landing_region(plan: TransferPlan, edge: Edge, out: torch.Tensor) -> torch.Tensor | None:
+    """Where :func:`receive` places ``edge``'s shipment in the shard ``out`` (of
+    :func:`landing_shape`): a view to copy the shipment's data into beforehand, so that
+    receive finds it in place and moves nothing [RESHARD-3, DTYPE-2]. None when the edge
+    carries other tokens than the whole shard's, which receive places token by token
+    [SLICE-4]."""
+    owner = plan.owner("target", edge.dst)
+    if edge.tokens is not None and edge.tokens != owner.tokens:
+        return None
+    return _region(owner, edge, out)
 
 
 def _shown(tokens: Tokens | None) -> str:

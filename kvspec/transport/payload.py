@@ -37,6 +37,7 @@ has one implementation [PAYLOAD-3].
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -46,9 +47,10 @@ import torch
 from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
 from kvspec.naming.keys import check_request_id
+from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import FP8_DTYPES, bit_equal, check_dtype, dtype_name, torch_dtype
 from kvspec.tensors.kv import SCALES_DTYPE, RequestKV
-from kvspec.tensors.reshard import Shipment, receive
+from kvspec.tensors.reshard import Shipment, landing_region, landing_shape, receive
 from kvspec.tensors.slicing import HeadSlice, apply_head_slice
 from kvspec.topology.plan import TransferPlan
 from kvspec.topology.tokens import Tokens
@@ -328,9 +330,10 @@ class Payload:
         """The present layers as one :class:`RequestKV` ``[layers, kv, seq, heads, dim]``.
 
         The present layers must be contiguous, as every edge's are [PAYLOAD-2]. ``out``,
-        a contiguous tensor of exactly that shape and the payload's dtype and device
-        (a receiver's reused landing buffer), receives the copy instead of fresh memory,
-        whose pages would fault on first touch.
+        a tensor of exactly that shape and the payload's dtype and device (a receiver's
+        reused landing buffer, or this payload's place in it: a strided view), receives
+        the copy instead of fresh memory, whose pages would fault on first touch; each
+        tensor is copied once, as bits [DTYPE-2].
         """
         layers = self.layers
         if layers != tuple(range(layers[0], layers[-1] + 1)):
@@ -343,21 +346,16 @@ class Payload:
         want = (len(layers), len(fields), *first.shape)
         if out is None:
             data = first.new_empty(want)
-        elif (
-            tuple(out.shape) != want
-            or out.dtype != first.dtype
-            or out.device != first.device
-            or not out.is_contiguous()
-        ):
+        elif not self._fits(out):
             raise ValueError(
-                f"out must be a contiguous {first.dtype} tensor of shape {list(want)} on "
+                f"out must be a {first.dtype} tensor of shape {list(want)} on "
                 f"{first.device}; got {out.dtype} {list(out.shape)} on {out.device}"
             )
         else:
             data = out
         for i, layer in enumerate(layers):  # one copy of each tensor, straight into place
             for j, name in enumerate(fields):
-                data[i, j].copy_(getattr(self, name)[layer])
+                copy_bits(data[i, j], getattr(self, name)[layer])
         scales = None
         if self.key_scale is not None:
             scale_fields = SCALE_FIELDS[: self.kv_tensors]
@@ -365,6 +363,13 @@ class Payload:
                 [torch.stack([getattr(self, f)[layer] for f in scale_fields]) for layer in layers]
             )
         return RequestKV(data, scales)
+
+    def _fits(self, out: torch.Tensor) -> bool:
+        """Whether ``out`` has this payload's ``[layers, kv, seq, heads, dim]`` shape, dtype
+        and device (see :meth:`to_request_kv`)."""
+        first = self._first()
+        want = (len(self.layers), self.kv_tensors, *first.shape)
+        return tuple(out.shape) == want and out.dtype == first.dtype and out.device == first.device
 
 
 def _validate(p: Payload) -> None:
@@ -606,10 +611,16 @@ def merge_to_request_kv(
     pairs in any order [PAYLOAD-3]: the checks of :func:`merge_payloads` without building
     the dict form again, for a receiver that writes the shard into its cache next.
 
-    ``landing``: with exactly one pair, a contiguous tensor of that payload's
-    ``[layers, kv, seq, heads, dim]`` shape and dtype that its frames are copied into
-    (a receiver's reused buffer) instead of fresh memory; when that payload is the
-    whole shard the result's data is ``landing`` itself. Ignored with several pairs."""
+    ``landing``: a receiver's reused buffer, a 1-d uint8 tensor whose first bytes receive
+    the shard (the result's data is a view of them) instead of fresh memory, whose pages
+    would fault on first touch. Each payload's tensors are copied once, straight into
+    their place in the shard (:func:`~kvspec.tensors.reshard.landing_region`), and
+    :func:`~kvspec.tensors.reshard.receive` checks and places the shipments as always
+    [RESHARD-3], finding those in place. Fresh memory is used instead when the shard does
+    not fit the buffer or lives on another device; a payload whose place is not one view
+    (its edge carries some of the shard's tokens [SLICE-4]) or that does not fit its place
+    goes through fresh memory and is placed, or refused, by receive. On a refusal the
+    buffer may hold part of the shard; nothing is returned from it."""
     pairs = list(received)
     for src, payload in pairs:
         require_int("source rank", src, minimum=0)
@@ -617,9 +628,73 @@ def merge_to_request_kv(
             raise ValueError(f"expected a Payload from source rank {src}, got {show(payload)}")
     _check_agreement(dst, pairs, tokens=plan.seq_len is not None)
     _check_layers(plan, dst, pairs)
-    out = landing if len(pairs) == 1 else None
-    shipments = [shipment_from_payload(plan, src, dst, p, out=out) for src, p in pairs]
-    return receive(plan, dst, shipments)
+    out = _landing_shard(plan, dst, pairs, landing)
+    if out is None:
+        shipments = [shipment_from_payload(plan, src, dst, p) for src, p in pairs]
+        return receive(plan, dst, shipments)
+    shipments = [_landed_shipment(plan, src, dst, p, out) for src, p in pairs]
+    return receive(plan, dst, shipments, out=out)
+
+
+def _landing_shard(
+    plan: TransferPlan,
+    dst: int,
+    pairs: list[tuple[int, Payload]],
+    landing: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """Receiver ``dst``'s shard as a view of the first bytes of ``landing``, or None where
+    the buffer does not apply (none given, no payload, too small, another device or
+    dtype than the payloads') [PAYLOAD-3]."""
+    if landing is None:
+        return None
+    if (
+        not isinstance(landing, torch.Tensor)
+        or landing.dtype != torch.uint8
+        or landing.dim() != 1
+        or not landing.is_contiguous()
+    ):
+        shown = (
+            f"{landing.dtype} {list(landing.shape)}"
+            if isinstance(landing, torch.Tensor)
+            else show(landing)
+        )
+        raise ValueError(f"landing must be a contiguous 1-d uint8 tensor, got {shown}")
+    if not pairs:
+        return None
+    first = pairs[0][1]
+    dtype = torch_dtype(plan.model.dtype)
+    if any(p.device != landing.device or p.dtype != plan.model.dtype for _, p in pairs):
+        return None
+    shape = landing_shape(plan, dst, first.seq_len)
+    if shape is None:
+        return None
+    need = math.prod(shape) * dtype.itemsize
+    if need > landing.numel():
+        return None
+    return landing[:need].view(dtype).view(shape)
+
+
+def _landed_shipment(
+    plan: TransferPlan, src: int, dst: int, payload: Payload, out: torch.Tensor
+) -> Shipment:
+    """The shipment of ``payload``, its tensors copied once into their place in receiver
+    ``dst``'s shard ``out`` (receiver-side slicing cut first, as views [SLICE-3]); or,
+    where there is no such place or the payload does not fit it, copied into fresh
+    memory for :func:`~kvspec.tensors.reshard.receive` to place or refuse with its
+    reasons [PAYLOAD-2, RESHARD-3]."""
+    if src not in plan.sources_of(dst) or payload.head_slice.target_rank != dst:
+        return shipment_from_payload(plan, src, dst, payload)
+    edge = plan.edge(src, dst)
+    region = landing_region(plan, edge, out)
+    if region is None:
+        return shipment_from_payload(plan, src, dst, payload)
+    try:
+        cut = slice_payload(payload, dst)
+    except ValueError:
+        return shipment_from_payload(plan, src, dst, payload)  # refused there, with reasons
+    if not cut._fits(region):
+        return shipment_from_payload(plan, src, dst, payload)
+    return shipment_from_payload(plan, src, dst, cut, out=region)
 
 
 def merge_payloads(
