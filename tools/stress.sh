@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # make stress: the simulated-cluster tests RUNS times in a row (20 by default) beside a
-# CPU hog (one busy process per core), each run a fresh pytest; any failure fails it.
+# CPU hog (one busy process per core), each run a fresh pytest in WORKERS pytest-xdist
+# workers (auto: one per core, as make test runs them); any failure fails it.
 # The sim's tests must never flake on a busy machine: this is where we find out.
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-20}
+WORKERS=${WORKERS:-auto}
 TESTS=${TESTS:-tests/test_sim.py tests/test_sim_pull.py tests/test_sim_lifecycle.py tests/test_streaming.py tests/test_sim_p2p.py}
 cores=$(nproc)
 hogs=()
@@ -14,12 +16,12 @@ for _ in $(seq "$cores"); do
   "$PY" -c 'while True: pass' &
   hogs+=($!)
 done
-echo "stress: $RUNS runs of $TESTS beside $cores busy process(es)"
+echo "stress: $RUNS runs of $TESTS in $WORKERS worker(s) beside $cores busy process(es)"
 failed=0
 for run in $(seq "$RUNS"); do
   started=$(date +%s)
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  if CI=1 "$PY" -m pytest -q -p no:cacheprovider $TESTS >"/tmp/kvspec-stress-$$.log" 2>&1; then
+  if CI=1 "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" $TESTS >"/tmp/kvspec-stress-$$.log" 2>&1; then
     echo "stress: run $run/$RUNS passed in $(( $(date +%s) - started )) s"
   else
     failed=$((failed + 1))

@@ -63,7 +63,7 @@ step "the pytest plugin, once pytest is installed"
 mkdir -p "$work/user" && cd "$work/user"
 printf 'def test_mine():\n    assert True\n' > test_mine.py
 "$py" -m pytest -q -p no:cacheprovider | tail -1 | grep -q "1 passed"  # idle without an impl
-"$py" -m pytest -q -p no:cacheprovider --kvspec-impl reference --kvspec-clause PLAN \
+"$py" -m pytest -q -p no:cacheprovider --kvspec-impl reference --kvspec-clause PLAN-3 \
   | tail -1 | grep -qE "^[0-9]+ passed"
 
 step "the sdist carries its tests, and they run from it"
