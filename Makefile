@@ -16,8 +16,9 @@ VENV ?= .venv
 TORCH ?=
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
-# pytest workers (pytest-xdist): one per CPU; TEST_WORKERS=0 runs the suite in one process.
-TEST_WORKERS ?= auto
+# pytest workers (pytest-xdist): one more than the CPUs, since some tests mostly wait
+# (heartbeats, link cuts, kernels starting); TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 
 .PHONY: setup run test smoke test-gpu stress bench vectors notebooks field clean
 
