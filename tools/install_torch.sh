@@ -6,7 +6,8 @@
 # in a local wheel directory or on PyTorch's CPU index; with a GPU, the default PyPI
 # build. Override with TORCH='torch==2.5.1' TORCH_INDEX=https://download.pytorch.org/whl/cu121.
 # The chosen spec is remembered in $VENV/.torch-spec: change it and the next run
-# reinstalls torch; leave it and nothing is downloaded again.
+# reinstalls torch; leave it and nothing is downloaded again. TORCH_PIP_ARGS adds pip
+# options (the wheel smoke passes --no-compile: its venv lives for one run).
 set -euo pipefail
 : "${VENV:?VENV must name the virtual environment}"
 
@@ -17,7 +18,7 @@ fi
 if [ -z "${TORCH_INDEX:-}" ] && [ "$have_gpu" = 0 ]; then
   TORCH_INDEX=https://download.pytorch.org/whl/cpu
 fi
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" ${TORCH_PIP_ARGS:-}; }
 
 spec_file="$VENV/.torch-spec"
 if [ "$(cat "$spec_file" 2>/dev/null)" != "$TORCH|${TORCH_INDEX:-}" ] \

@@ -11,7 +11,7 @@ DEV_PY=${DEV_PY:-$repo/.venv/bin/python}
 DEV_PY=$(cd "$(dirname "$DEV_PY")" && pwd)/$(basename "$DEV_PY")  # we change directory below
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvspec-smoke-XXXXXX")
 trap 'rm -rf "$work"' EXIT
-step() { printf 'wheel smoke: %s\n' "$*" >&2; }
+step() { printf 'wheel smoke [%3ds]: %s\n' "$SECONDS" "$*" >&2; }
 
 step "building the wheel and the sdist"
 "$DEV_PY" -m pip --disable-pip-version-check -q wheel --no-deps -w "$work/dist" "$repo"
@@ -27,8 +27,11 @@ sdist=$(ls "$work"/dist/kvspec-*.tar.gz)
 
 step "a fresh venv outside the repository, torch, then the wheel alone"
 "$PYTHON" -m venv "$work/venv"
-VENV="$work/venv" "$repo/tools/install_torch.sh"
-"$work/venv/bin/python" -m pip --disable-pip-version-check -q install "$wheel"
+# This venv lives for one run: torch goes in without compiling its ~10k modules to
+# bytecode (about a minute), and the modules imported are compiled once, on first use.
+unset PYTHONDONTWRITEBYTECODE
+VENV="$work/venv" TORCH_PIP_ARGS=--no-compile "$repo/tools/install_torch.sh"
+"$work/venv/bin/python" -m pip --disable-pip-version-check -q install --no-compile "$wheel"
 cd "$work"
 py="$work/venv/bin/python"
 bin="$work/venv/bin"
