@@ -64,6 +64,7 @@ def _checksums(whole: Payload, nbytes: int, mib: str) -> list[Figure]:
             lambda: decode(encode(whole, checksum="crc32")),
             "the same with zlib CRC-32",
             note=f"CRC-32C in {how} (crc32c package); both read every byte twice",
+            reference=True,
         ),
         compare(
             f"CRC-32C alone ({mib})",
@@ -72,6 +73,7 @@ def _checksums(whole: Payload, nbytes: int, mib: str) -> list[Figure]:
             lambda: crc32(flat, 0),
             "zlib CRC-32",
             note=f"CRC-32C in {how}; the ratio is its speed-up over zlib",
+            reference=True,
         ),
     ]
 
@@ -105,6 +107,7 @@ def _largest_header() -> Figure:
         lambda: json.loads(head),
         "json.loads",
         note=f"{LARGEST_HEADER_BLOCK_IDS} block ids; the decoder parses and checks them all",
+        reference=True,
     )
 
 

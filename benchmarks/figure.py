@@ -47,6 +47,8 @@ class Figure:
     baseline median time / measured median time for the same bytes (1.0 = as fast as
     the baseline, higher is faster); ``None`` when the figure is not a speed.
     ``value_range`` is the measured value's (slowest, fastest) over the runs.
+    ``reference``: a figure that shows what something else costs (a floor the data
+    paths stand on, a parser against ``json.loads``), never held to the data-path goal.
     """
 
     name: str
@@ -58,6 +60,7 @@ class Figure:
     note: str = ""
     value_range: tuple[float, float] | None = None
     repeats: int = 1
+    reference: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,9 +105,11 @@ def compare(
     note: str = "",
     *,
     repeat: int | None = None,
+    reference: bool = False,
 ) -> Figure:
     """A throughput figure in GB/s: ``measured`` against ``baseline`` moving the same
-    ``nbytes``, interleaved; the medians, the measured range, the ratio of medians."""
+    ``nbytes``, interleaved; the medians, the measured range, the ratio of medians.
+    ``reference``: see :class:`Figure`."""
     mine, theirs = interleaved(measured, baseline, repeat=repeat)
     return Figure(
         name=name,
@@ -116,6 +121,7 @@ def compare(
         note=note,
         value_range=(nbytes / mine.high / 1e9, nbytes / mine.low / 1e9),
         repeats=REPEAT if repeat is None else repeat,
+        reference=reference,
     )
 
 

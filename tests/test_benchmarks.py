@@ -47,6 +47,38 @@ def test_markdown_marks_figures_below_the_goal(capsys: pytest.CaptureFixture[str
     assert "convert flash_attn->kv_tuple |" not in table.split("| from")[0]
 
 
+def test_a_reference_figure_is_never_held_to_the_goal() -> None:
+    """A floor or a parser against json.loads shows its ratio but is not marked below goal."""
+    from benchmarks.__main__ import GOAL, render_markdown
+    from benchmarks.figure import Figure
+
+    floor = Figure(
+        "floor: 256 B runs, shuffled", "GB/s", 1.0, 2.0, "memcpy", GOAL / 2, reference=True
+    )
+    path = Figure("gather from flash_attn_hnd, block 16", "GB/s", 1.0, 2.0, "memcpy", GOAL / 2)
+    rows = render_markdown([floor, path]).splitlines()
+    assert "| 0.40 |" in rows[2] and "✗" not in rows[2]
+    assert "| 0.40 ✗ |" in rows[3]
+
+
+def test_the_floor_orders_are_permutations_of_whole_runs() -> None:
+    """Each floor copies every run exactly once; the transpose order reads a block's runs
+    head by head, as a NHD -> HND conversion does."""
+    import torch
+
+    from benchmarks.access import HEADS, SLOTS, orders
+
+    runs = 4 * SLOTS * HEADS
+    found = orders(runs)
+    for index in found.values():
+        assert torch.equal(index.sort().values, torch.arange(runs))
+    transpose = next(i for name, i in found.items() if name.startswith("NHD"))
+    nhd = torch.arange(runs).view(-1, SLOTS, HEADS)  # run id of (block, slot, head)
+    assert transpose[:SLOTS].tolist() == [int(nhd[0, slot, 0]) for slot in range(SLOTS)]
+    assert transpose[SLOTS].item() == nhd[0, 0, 1].item()
+    assert not torch.equal(found["shuffled"], torch.arange(runs))
+
+
 def test_interleaving_alternates_and_counts_every_run() -> None:
     """Both sides run equally often, alternating who goes first, after one warmup each."""
     from benchmarks.figure import interleaved
