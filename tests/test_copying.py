@@ -5,6 +5,11 @@ with (LAYOUT-3, PAGED-4, RESHARD-2, WIRE-5), and refuse an output it cannot fill
 """
 
 import itertools
+import multiprocessing
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -22,6 +27,7 @@ from kvspec.memory.cache_layout import (
 )
 from kvspec.memory.paged import empty_paged_cache, gather_request
 from kvspec.strategies import TransferCase, transfer_cases
+from kvspec.tensors import copying
 from kvspec.tensors.copying import copy_bits, gather_blocks, scatter_blocks, wide_bits
 from kvspec.tensors.dtypes import DTYPES, bit_equal, raw_bits, torch_dtype
 from kvspec.tensors.kv import kv_equal, random_request_kv
@@ -77,6 +83,76 @@ def test_copy_bits_moves_every_bit_through_any_strides(
     expected.narrow(-1, start, target.shape[-1]).transpose(1, 2).copy_(raw_bits(source))
     copy_bits(target, source)
     assert torch.equal(raw_bits(base), expected)
+
+
+@contextmanager
+def shared_by_three_threads() -> Iterator[None]:
+    """Every CPU copy shared by three threads, slice by slice, however small it is."""
+    with (
+        patch.object(copying, "_SHARED", 0),
+        patch.object(copying, "_PIECES", 1),
+        patch.object(copying, "copy_threads", lambda: 3),
+    ):
+        yield
+
+
+@given(pair=strided_pairs())
+def test_shared_copies_move_every_bit(
+    pair: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int],
+) -> None:
+    """DTYPE-2: a copy the threads share is the same bits as one copy."""
+    with shared_by_three_threads():
+        test_copy_bits_moves_every_bit_through_any_strides.hypothesis.inner_test(pair)
+
+
+@given(data=st.data(), dtype=st.sampled_from(tuple(DTYPES)))
+def test_shared_gathers_and_scatters_follow_the_index(data: st.DataObject, dtype: str) -> None:
+    """PAGED-1: a scatter the threads share writes every block where the index says."""
+    with shared_by_three_threads():
+        test_gather_and_scatter_blocks_follow_the_index.hypothesis.inner_test(data, dtype)
+
+
+def test_a_copy_above_the_sharing_size_is_shared_and_exact() -> None:
+    """The thresholds as shipped: a 2 MiB NHD -> HND copy runs in slices on the copy
+    threads (whenever torch has more than one) and is the plain copy."""
+    source = random_bits((64, 16, 8, 64), "bfloat16", 5)  # 2 MiB
+    target = torch.empty(64, 8, 16, 64, dtype=torch.bfloat16)
+    pieces: list[slice] = []
+    real = copying._in_pieces
+
+    def counted(length: int, nbytes: int, piece: Callable[[slice], None]) -> None:
+        real(length, nbytes, lambda part: (pieces.append(part), piece(part)))
+
+    with patch.object(copying, "_in_pieces", counted):
+        copy_bits(target.transpose(1, 2), source)
+    assert bit_equal(target, source.transpose(1, 2).contiguous())
+    want = 1 if copying.copy_threads() == 1 else copying._PIECES * copying.copy_threads()
+    assert len(pieces) == want
+
+
+def _copy_in_child(result: Any) -> None:
+    torch.set_num_threads(1)  # torch's own pool does not survive a fork (the sim does this)
+    source = random_bits((64, 16, 8, 64), "bfloat16", 6)
+    target = torch.empty(64, 8, 16, 64, dtype=torch.bfloat16)
+    copy_bits(target.transpose(1, 2), source)
+    result.put(bit_equal(target, source.transpose(1, 2).contiguous()))
+
+
+def test_a_forked_child_shares_copies_with_threads_of_its_own() -> None:
+    """A child forked after its parent shared a copy has none of the parent's threads;
+    its own shared copies still finish (the sim forks its ranks)."""
+    with patch.object(copying, "copy_threads", lambda: 2):
+        source = random_bits((64, 16, 8, 64), "bfloat16", 7)
+        copy_bits(torch.empty(64, 8, 16, 64, dtype=torch.bfloat16).transpose(1, 2), source)
+        fork = multiprocessing.get_context("fork")
+        result = fork.Queue()
+        child = fork.Process(target=_copy_in_child, args=(result,))
+        child.start()
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+            pytest.fail("the forked child's shared copy never finished")
+    assert child.exitcode == 0 and result.get(timeout=5) is True
 
 
 def test_wide_bits_takes_the_widest_integer_the_views_allow() -> None:

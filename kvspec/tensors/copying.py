@@ -9,12 +9,20 @@ moves each byte exactly once, with these helpers, as bits and never as values
   contiguous run, strides and addresses allow, so a 128-wide bfloat16 head is copied as
   32 eight-byte words instead of 128 two-byte ones;
 - a block table is an index tensor: a gather is one ``index_select`` and a scatter one
-  indexed assignment per tensor, never a Python loop over blocks.
+  indexed assignment per tensor, never a Python loop over blocks;
+- a strided copy runs on every thread torch may use: a large one in torch's parallel
+  copy, a smaller one in NumPy loops that the threads take slice by slice, so that a
+  busy core delays it by one slice, not by a wait at a barrier.
 
 The caller owns the output: nothing here allocates the bytes it moves.
 """
 
 from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -69,30 +77,109 @@ def copy_bits(target: torch.Tensor, source: torch.Tensor) -> None:
     if target.numel() == 0:
         return
     wide_target, wide_source = wide_bits(target, source)
-    if _cpu(wide_target, wide_source) and _numpy_copies(wide_target, wide_source):
-        np.copyto(wide_target.numpy(), wide_source.numpy(), casting="no")
+    nbytes = wide_target.numel() * wide_target.element_size()
+    strided = not (wide_target.is_contiguous() and wide_source.is_contiguous())
+    if _cpu(wide_target, wide_source) and strided and nbytes < _LARGE:
+        _numpy_copy(wide_target.numpy(), wide_source.numpy(), nbytes)
         return
     wide_target.copy_(wide_source)
 
 
-_SMALL = 16 << 20
-"""Below this many bytes a strided CPU copy is NumPy's (see :func:`_numpy_copies`)."""
+_LARGE = 16 << 20
+"""From this many bytes a strided CPU copy is torch's own parallel copy; below it, NumPy's
+(see :func:`_numpy_copy`).
+
+Measured on the shared 2-core machine (issue 18), in copies of 256 B runs: torch's
+parallel copy waits for every one of its threads at the end of every call, which costs
+up to ~20 ms when a neighbour holds a core (32 strided 2 MiB copies beside two CPU hogs:
+0.06 of memcpy with torch, 0.54 with NumPy), but a 64 MiB copy amortises that wait and
+torch's loop is the faster one (a 64 MiB NHD->HND transpose: 0.82 of memcpy with torch,
+0.61 shared by NumPy threads, 0.34 in one NumPy loop, on a quiet machine)."""
+
+_SHARED = 1 << 20
+"""From this many bytes a NumPy copy is shared by :func:`copy_threads` threads."""
 
 
-def _numpy_copies(target: torch.Tensor, source: torch.Tensor) -> bool:
-    """Whether a CPU copy runs in NumPy's single strided loop rather than torch's parallel
-    copy: when a side is strided and the copy is small, or lands a contiguous source in
-    strided runs.
+def copy_threads() -> int:
+    """Threads a strided CPU copy is shared by: torch's intra-op thread count."""
+    return max(1, torch.get_num_threads())
 
-    Measured on the shared 2-core machine (issue 18): torch's parallel copy waits for its
-    second thread at every call, up to ~20 ms when a neighbour holds the other core (32
-    strided 2 MiB copies: 624 ms with torch, 63 ms with NumPy, a 64 MiB memcpy 32 ms); and
-    it lands a contiguous source in 256 B runs 1.7-3x slower than NumPy at any size. Large
-    transposes (strided on both sides) stay with torch, 25-35% faster there.
+
+def _numpy_copy(target: np.ndarray, source: np.ndarray, nbytes: int) -> None:
+    """A strided copy in NumPy loops, shared along the outermost axis long enough to
+    cut (:func:`_in_pieces`)."""
+    axis = _split_axis(target.shape, _PIECES * copy_threads())
+    if axis is None:
+        np.copyto(target, source, casting="no")
+        return
+    before = (slice(None),) * axis
+
+    def piece(part: slice) -> None:
+        np.copyto(target[(*before, part)], source[(*before, part)], casting="no")
+
+    _in_pieces(target.shape[axis], nbytes, piece)
+
+
+def _split_axis(shape: tuple[int, ...], pieces: int) -> int | None:
+    """The outermost axis with at least ``pieces`` elements, or None."""
+    return next((axis for axis, size in enumerate(shape) if size >= pieces), None)
+
+
+_PIECES = 4
+"""Pieces per thread of a shared copy: a thread the OS holds back delays it by one."""
+
+
+def _in_pieces(length: int, nbytes: int, piece: Callable[[slice], None]) -> None:
+    """Run ``piece`` over ``[0, length)`` cut into slices, moving ``nbytes`` in all.
+
+    NumPy loops hold no lock and never spin, so below :data:`_SHARED` bytes (or with one
+    thread) the calling thread runs them alone; above, the calling thread and
+    ``copy_threads() - 1`` pool threads take the slices one at a time, so a thread the
+    OS holds back delays the copy by one slice at most. Measured on the shared 2-core
+    machine (issue 18), 2-8 MiB copies of 256 B runs: 0.28-0.34 of memcpy in one loop,
+    0.51-0.53 shared, on a quiet machine; 0.54-0.56 and 0.49-0.54 beside two CPU hogs.
     """
-    if target.is_contiguous() and source.is_contiguous():
-        return False
-    return source.is_contiguous() or target.numel() * target.element_size() < _SMALL
+    threads = copy_threads()
+    if threads == 1 or nbytes < _SHARED or length < _PIECES * threads:
+        piece(slice(0, length))
+        return
+    step = -(-length // (_PIECES * threads))
+    parts = [slice(start, min(start + step, length)) for start in range(0, length, step)]
+    taken = itertools.count()  # next() on a count is atomic under the GIL
+
+    def work() -> None:
+        while (i := next(taken)) < len(parts):
+            piece(parts[i])
+
+    helpers = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+    try:
+        work()
+    finally:  # every slice is written (or has failed) before the caller goes on
+        for helper in helpers:
+            helper.result()
+
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+"""The process's copy threads and how many there are."""
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """``workers`` copy threads or more, made on first use (and again after a fork, whose
+    child has none of its parent's threads)."""
+    global _POOL
+    if _POOL is None or _POOL[0] < workers:
+        if _POOL is not None:
+            _POOL[1].shutdown(wait=False)
+        _POOL = (workers, ThreadPoolExecutor(workers, thread_name_prefix="kvspec-copy"))
+    return _POOL[1]
+
+
+def _forget_pool() -> None:
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _cpu(*tensors: torch.Tensor) -> bool:
@@ -120,12 +207,18 @@ def scatter_blocks(source: torch.Tensor, index: torch.Tensor, target: torch.Tens
 
     ``index`` holds distinct ids [PAGED-2], so every write lands on its own block. On
     the CPU the assignment runs through NumPy's indexed copy of whole sub-arrays (which
-    moves each block as strided runs); elsewhere it is torch's ``index_put_``.
+    moves each block as strided runs), shared by the copy threads (:func:`_in_pieces`);
+    elsewhere it is torch's ``index_put_``.
     """
     if source.numel() == 0:
         return
     wide_target, wide_source = wide_bits(target, source)
     if _cpu(wide_target, wide_source, index):
-        wide_target.numpy()[index.numpy()] = wide_source.numpy()
+        into, ids, rows = wide_target.numpy(), index.numpy(), wide_source.numpy()
+
+        def piece(part: slice) -> None:
+            into[ids[part]] = rows[part]
+
+        _in_pieces(len(ids), rows.nbytes, piece)
     else:
         wide_target.index_put_((index,), wide_source)
