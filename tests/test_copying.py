@@ -90,6 +90,7 @@ def shared_by_three_threads() -> Iterator[None]:
     """Every CPU copy shared by three threads, slice by slice, however small it is."""
     with (
         patch.object(copying, "_SHARED", 0),
+        patch.object(copying, "_SLICE", 1),
         patch.object(copying, "_PIECES", 1),
         patch.object(copying, "copy_threads", lambda: 3),
     ):
@@ -113,9 +114,9 @@ def test_shared_gathers_and_scatters_follow_the_index(data: st.DataObject, dtype
 
 
 def test_a_copy_above_the_sharing_size_is_shared_and_exact() -> None:
-    """The thresholds as shipped: a 2 MiB NHD -> HND copy runs in slices on the copy
+    """The thresholds as shipped: a 1 MiB NHD -> HND copy runs in slices on the copy
     threads (whenever torch has more than one) and is the plain copy."""
-    source = random_bits((64, 16, 8, 64), "bfloat16", 5)  # 2 MiB
+    source = random_bits((64, 16, 8, 64), "bfloat16", 5)  # 1 MiB
     target = torch.empty(64, 8, 16, 64, dtype=torch.bfloat16)
     pieces: list[slice] = []
     real = copying._in_pieces
@@ -126,8 +127,20 @@ def test_a_copy_above_the_sharing_size_is_shared_and_exact() -> None:
     with patch.object(copying, "_in_pieces", counted):
         copy_bits(target.transpose(1, 2), source)
     assert bit_equal(target, source.transpose(1, 2).contiguous())
-    want = 1 if copying.copy_threads() == 1 else copying._PIECES * copying.copy_threads()
+    threads = copying.copy_threads()
+    want = 1 if threads == 1 else min(copying._PIECES * threads, (1 << 20) // copying._SLICE)
     assert len(pieces) == want
+
+
+def test_a_machine_with_many_cores_shares_a_copy_in_slices_worth_a_thread() -> None:
+    """With 64 threads a 1 MiB copy is cut in four slices of 256 KiB (four threads), a
+    64 MiB one in 256; a copy under 1 MiB is not shared."""
+    with patch.object(copying, "copy_threads", lambda: 64):
+        assert copying._slices(1 << 20) == 4
+        assert copying._slices(64 << 20) == 256
+        assert copying._slices((1 << 20) - 1) == 1
+    with patch.object(copying, "copy_threads", lambda: 1):
+        assert copying._slices(64 << 20) == 1
 
 
 def _copy_in_child(result: Any) -> None:

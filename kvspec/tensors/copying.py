@@ -108,7 +108,7 @@ def copy_threads() -> int:
 def _numpy_copy(target: np.ndarray, source: np.ndarray, nbytes: int) -> None:
     """A strided copy in NumPy loops, shared along the outermost axis long enough to
     cut (:func:`_in_pieces`)."""
-    axis = _split_axis(target.shape, _PIECES * copy_threads())
+    axis = _split_axis(target.shape, _slices(nbytes))
     if axis is None:
         np.copyto(target, source, casting="no")
         return
@@ -126,24 +126,36 @@ def _split_axis(shape: tuple[int, ...], pieces: int) -> int | None:
 
 
 _PIECES = 4
-"""Pieces per thread of a shared copy: a thread the OS holds back delays it by one."""
+"""Slices per thread of a shared copy: a thread the OS holds back delays it by one."""
+
+_SLICE = 256 << 10
+"""The fewest bytes in a slice: less is not worth a thread's wake-up and the GIL (on a
+machine with many cores, a 1 MiB copy goes to four threads, not to all of them)."""
+
+
+def _slices(nbytes: int) -> int:
+    """How many slices a copy of ``nbytes`` is cut into; 1: it is not shared."""
+    threads = copy_threads()
+    if threads == 1 or nbytes < _SHARED:
+        return 1
+    return max(1, min(_PIECES * threads, nbytes // _SLICE))
 
 
 def _in_pieces(length: int, nbytes: int, piece: Callable[[slice], None]) -> None:
     """Run ``piece`` over ``[0, length)`` cut into slices, moving ``nbytes`` in all.
 
     NumPy loops hold no lock and never spin, so below :data:`_SHARED` bytes (or with one
-    thread) the calling thread runs them alone; above, the calling thread and
+    thread) the calling thread runs them alone; above, the calling thread and up to
     ``copy_threads() - 1`` pool threads take the slices one at a time, so a thread the
     OS holds back delays the copy by one slice at most. Measured on the shared 2-core
     machine (issue 18), 2-8 MiB copies of 256 B runs: 0.28-0.34 of memcpy in one loop,
     0.51-0.53 shared, on a quiet machine; 0.54-0.56 and 0.49-0.54 beside two CPU hogs.
     """
-    threads = copy_threads()
-    if threads == 1 or nbytes < _SHARED or length < _PIECES * threads:
+    count = min(_slices(nbytes), length)
+    if count < 2:
         piece(slice(0, length))
         return
-    step = -(-length // (_PIECES * threads))
+    step = -(-length // count)
     parts = [slice(start, min(start + step, length)) for start in range(0, length, step)]
     taken = itertools.count()  # next() on a count is atomic under the GIL
 
@@ -151,7 +163,8 @@ def _in_pieces(length: int, nbytes: int, piece: Callable[[slice], None]) -> None
         while (i := next(taken)) < len(parts):
             piece(parts[i])
 
-    helpers = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+    helpers_needed = min(copy_threads(), len(parts)) - 1
+    helpers = [_pool(helpers_needed).submit(work) for _ in range(helpers_needed)]
     try:
         work()
     finally:  # every slice is written (or has failed) before the caller goes on
