@@ -5,15 +5,15 @@ A strided data path (a NHD<->HND conversion, a gather from HND pages, a reshard 
 one head among four) moves each byte once, in runs of 256 B (one head of 128 bfloat16),
 but reads or writes them in another order than memory holds them. ``index_select`` over
 rows of 256 B is one memcpy per run, with no strided iteration and torch's threads, so
-what it costs in an order is what that order costs this machine's memory, whatever code
-moves the runs:
+what it costs in an order is what reading in that order costs this machine's memory:
 
 - in order, the runs are one long copy again: this row shows a run's own overhead;
 - in the order a NHD<->HND transpose reads them (16 slots x 8 heads per block);
 - shuffled, as a gather over a random block table of single-run blocks would.
 
-These are references, not data paths: a data-path figure in the same order cannot beat
-its floor by more than noise, and one well below it pays for something else.
+These are references, not data paths. Torch's and NumPy's copies write in memory order
+and read in whatever order that gives, so a data-path figure built on them that reads
+in one of these orders stands on its floor; one well below it pays for something else.
 """
 
 from __future__ import annotations
