@@ -9,6 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvspec.strategies import TransferCase, models, transfer_cases
+from kvspec.tensors import oracle
 from kvspec.tensors.dtypes import DTYPES, FLOAT_FORMATS, bit_equal, raw_bits
 from kvspec.tensors.kv import RequestKV, kv_equal
 from kvspec.tensors.oracle import oracle_kv, oracle_scales, request_value, verify
@@ -72,6 +73,39 @@ def test_the_clause_text_is_the_definition(device: str, dtype: str, attention: s
                         )
                         expected.append(clause_value(clause_hash(coords, seed, rid), dtype))
     assert unsigned(raw_bits(kv.data).cpu()) == expected
+
+
+def test_a_large_fill_is_the_clause_text_across_its_chunks() -> None:
+    """ORACLE-1, ORACLE-2: a fill hashed chunk by chunk (kvspec.tensors.oracle._CHUNK
+    elements at a time) is the literal reading at every chunk's edges."""
+    model = ModelShape(2, 3, 128, dtype="bfloat16")
+    tokens, seed, rid = range(40, 140), 11, "req-chunks"
+    kv = oracle_kv(model, rid, tokens=tokens, seed=seed)
+    rows = raw_bits(kv.data).reshape(-1, model.head_dim)  # [layer, kv, token, head] rows
+    step = oracle._CHUNK // model.head_dim
+    edges = sorted(
+        {0, rows.shape[0] - 1} | {e + d for e in range(step, rows.shape[0], step) for d in (-1, 0)}
+    )
+    assert len(edges) > 4, "the fill spans several chunks"
+    for row in edges:
+        rest, head = divmod(row, model.num_kv_heads)
+        rest, token = divmod(rest, len(tokens))
+        layer, k = divmod(rest, model.kv_tensors)
+        for dim in (0, model.head_dim - 1):
+            coords = [layer, k, head, tokens[token], dim]
+            want = clause_value(clause_hash(coords, seed, rid), "bfloat16")
+            assert unsigned(rows[row, dim : dim + 1]) == [want], (row, dim)
+
+
+@given(st.integers(0, 2**62 - 1))
+@example(P - 1)
+@example(P)
+@example(P + 1)
+@example(2 * P)
+@example(2**62 - 1)
+def test_the_division_free_remainder_is_the_remainder(x: int) -> None:
+    """ORACLE-1's ``mod P`` on tensors, by folding the Mersenne prime's bits, is ``%``."""
+    assert int(oracle._mod_p(torch.tensor([x], dtype=torch.int64))[0]) == x % P
 
 
 def test_pinned_values() -> None:
