@@ -121,8 +121,8 @@ def test_a_copy_above_the_sharing_size_is_shared_and_exact() -> None:
     pieces: list[slice] = []
     real = copying._in_pieces
 
-    def counted(length: int, nbytes: int, piece: Callable[[slice], None]) -> None:
-        real(length, nbytes, lambda part: (pieces.append(part), piece(part)))
+    def counted(length: int, count: int, piece: Callable[[slice], None]) -> None:
+        real(length, count, lambda part: (pieces.append(part), piece(part)))
 
     with patch.object(copying, "_in_pieces", counted):
         copy_bits(target.transpose(1, 2), source)

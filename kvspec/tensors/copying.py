@@ -108,7 +108,8 @@ def copy_threads() -> int:
 def _numpy_copy(target: np.ndarray, source: np.ndarray, nbytes: int) -> None:
     """A strided copy in NumPy loops, shared along the outermost axis long enough to
     cut (:func:`_in_pieces`)."""
-    axis = _split_axis(target.shape, _slices(nbytes))
+    pieces = _slices(nbytes)
+    axis = _split_axis(target.shape, pieces) if pieces > 1 else None
     if axis is None:
         np.copyto(target, source, casting="no")
         return
@@ -117,7 +118,7 @@ def _numpy_copy(target: np.ndarray, source: np.ndarray, nbytes: int) -> None:
     def piece(part: slice) -> None:
         np.copyto(target[(*before, part)], source[(*before, part)], casting="no")
 
-    _in_pieces(target.shape[axis], nbytes, piece)
+    _in_pieces(target.shape[axis], pieces, piece)
 
 
 def _split_axis(shape: tuple[int, ...], pieces: int) -> int | None:
@@ -141,17 +142,17 @@ def _slices(nbytes: int) -> int:
     return max(1, min(_PIECES * threads, nbytes // _SLICE))
 
 
-def _in_pieces(length: int, nbytes: int, piece: Callable[[slice], None]) -> None:
-    """Run ``piece`` over ``[0, length)`` cut into slices, moving ``nbytes`` in all.
+def _in_pieces(length: int, pieces: int, piece: Callable[[slice], None]) -> None:
+    """Run ``piece`` over ``[0, length)`` cut into ``pieces`` slices (:func:`_slices`).
 
-    NumPy loops hold no lock and never spin, so below :data:`_SHARED` bytes (or with one
-    thread) the calling thread runs them alone; above, the calling thread and up to
+    NumPy loops hold no lock and never spin. With one slice (a copy under :data:`_SHARED`
+    bytes, or one thread) the calling thread runs it alone; else the calling thread and up to
     ``copy_threads() - 1`` pool threads take the slices one at a time, so a thread the
     OS holds back delays the copy by one slice at most. Measured on the shared 2-core
     machine (issue 18), 2-8 MiB copies of 256 B runs: 0.28-0.34 of memcpy in one loop,
     0.51-0.53 shared, on a quiet machine; 0.54-0.56 and 0.49-0.54 beside two CPU hogs.
     """
-    count = min(_slices(nbytes), length)
+    count = min(pieces, length)
     if count < 2:
         piece(slice(0, length))
         return
@@ -232,6 +233,6 @@ def scatter_blocks(source: torch.Tensor, index: torch.Tensor, target: torch.Tens
         def piece(part: slice) -> None:
             into[ids[part]] = rows[part]
 
-        _in_pieces(len(ids), rows.nbytes, piece)
+        _in_pieces(len(ids), _slices(rows.nbytes), piece)
     else:
         wide_target.index_put_((index,), wide_source)

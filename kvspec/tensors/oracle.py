@@ -132,7 +132,7 @@ def _mod_p(x: torch.Tensor | int) -> torch.Tensor | int:
     P = 2**31 - 1 is a Mersenne prime: 2**31 = 1 (mod P), so x = (x >> 31) * 2**31 +
     (x & P) is congruent to (x >> 31) + (x & P). Folding twice leaves at most P + 1, and
     one subtraction ends it. CPUs have no vector division of int64: torch's ``%`` costs
-    a scalar division per element, these five operations vectorise.
+    a scalar division per element, while masks, shifts, adds and a select vectorise.
     """
     if not isinstance(x, torch.Tensor):
         return x % PRIME
