@@ -193,7 +193,8 @@ def _forget_pool() -> None:
     _POOL = None
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+if hasattr(os, "register_at_fork"):  # POSIX; elsewhere there is no fork to survive
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _cpu(*tensors: torch.Tensor) -> bool:
