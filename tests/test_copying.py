@@ -35,6 +35,7 @@ from kvspec.tensors.reshard import reshard, shard
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
+from kvspec.transport import wire
 from kvspec.transport.wire import WireError, decode, encode, staging_nbytes
 
 MHA_PLAIN = tuple(n for n, spec in LAYOUTS.items() if spec.kv_tensors in (2, None))
@@ -318,3 +319,137 @@ def test_encode_into_staging_gives_the_same_frames() -> None:
             encode(payload, out=staging[:1])
         with pytest.raises(WireError, match=r"uint8 CPU tensor; got a torch.float32 tensor"):
             encode(payload, out=torch.empty(4))
+
+
+def test_a_sliced_request_is_staged_in_one_copy() -> None:
+    """WIRE-5: a head slice's K and V of every layer are one strided tensor's slices, so
+    encode stages them with one copy, landing each where tensor-by-tensor staging would."""
+    from benchmarks.codec import _payloads
+
+    payload = _payloads(8, 2)[0]
+    staging = torch.empty(staging_nbytes(payload), dtype=torch.uint8)
+    with patch.object(wire, "copy_bits", wraps=wire.copy_bits) as copies:
+        frames = encode(payload, out=staging)
+    assert copies.call_count == 1
+    assert len(frames) == 1 + 2 * payload.num_layers
+    assert _frame_offsets(frames[1:], staging) == _one_by_one([t for *_, t in payload.tensors()])
+
+
+def _frame_offsets(frames: list[Any], staging: torch.Tensor) -> list[int]:
+    base = staging.data_ptr()
+    return [
+        torch.frombuffer(f, dtype=torch.uint8).data_ptr() - base if len(f) else -1 for f in frames
+    ]
+
+
+def _one_by_one(tensors: list[torch.Tensor]) -> list[int]:
+    """[WIRE-5]'s staging, tensor by tensor: each at the first 64-byte boundary after the
+    one before it; -1 for a tensor not staged."""
+    offsets, end = [], 0
+    for t in tensors:
+        if t.numel() == 0 or t.is_contiguous():
+            offsets.append(-1)
+            continue
+        start = -(-end // 64) * 64
+        offsets.append(start)
+        end = start + t.nbytes
+    return offsets
+
+
+def _staging_cases() -> dict[str, tuple[list[torch.Tensor], int]]:
+    """Staged tensors and the copies [WIRE-5]'s grouping makes of them: one per run of
+    slices of one strided tensor, a constant step apart, each a whole multiple of 64 B."""
+    base = torch.arange(5 * 4 * 64, dtype=torch.float16).view(5, 4, 64)
+    half = [base[i, :, :32] for i in range(5)]  # [4, 32] of 2 B, rows 128 B apart: 256 B
+    odd = torch.arange(5 * 4 * 24, dtype=torch.float16).view(5, 4, 24)[:, :, :12]  # 96 B
+    return {
+        "a run": (half[:4], 1),
+        "uneven steps": ([half[0], half[1], half[3]], 2),
+        "a row short": ([half[0], base[1, :3, :32], half[2]], 3),
+        "other strides": ([half[0], base[1, :, ::2], half[2]], 3),
+        "another dtype": ([half[0], half[1].view(torch.int16), half[2]], 3),
+        "memory of its own": ([half[0], base[1].clone()[:, :32]], 2),
+        "backwards": ([half[1], half[0]], 2),
+        "off 64 bytes": (list(odd.unbind(0)), 5),
+    }
+
+
+@pytest.mark.parametrize("case", list(_staging_cases()))
+def test_staging_groups_only_slices_of_one_strided_tensor(case: str) -> None:
+    """WIRE-5: one copy per run of slices of one strided tensor; anything else is staged
+    alone, and every tensor lands where staging it alone would put it."""
+    tensors, copies = _staging_cases()[case]
+    want = _one_by_one(tensors)
+    out = torch.zeros(want[-1] + tensors[-1].nbytes, dtype=torch.uint8)
+    with patch.object(wire, "copy_bits", wraps=wire.copy_bits) as calls:
+        got = wire._stage_all(tensors, out)
+    assert calls.call_count == copies
+    assert [g.data_ptr() - out.data_ptr() for g in got] == want
+    for have, tensor in zip(got, tensors, strict=True):
+        assert (have.shape, have.dtype) == (tensor.shape, tensor.dtype) and bit_equal(have, tensor)
+
+
+@st.composite
+def _slices_of_one_base(draw: st.DrawFn) -> list[torch.Tensor]:
+    """Tensors to stage: runs of slices of strided bases (steps up, down or uneven,
+    overlapping or not, strides, shapes and dtypes alike or not, sizes on and off a 64-byte
+    multiple) mixed with look-alikes in memory of their own and contiguous ones."""
+    tensors: list[torch.Tensor] = []
+    for _ in range(draw(st.integers(1, 4))):
+        rows = draw(st.integers(1, 5))
+        dtype = draw(st.sampled_from([torch.float16, torch.int32, torch.uint8]))
+        width = draw(st.sampled_from([24, 64, 128])) // dtype.itemsize  # row bytes
+        count = draw(st.integers(1, 5))
+        base = torch.arange(count * rows * 2 * width).to(dtype).view(count, rows, 2 * width)
+        kind = draw(
+            st.sampled_from(
+                [
+                    *("slices", "picked", "reversed", "overlapping"),
+                    *("strides", "shapes", "dtypes", "apart", "contiguous"),
+                ]
+            )
+        )
+        if kind == "contiguous":
+            tensors += list(base.unbind(0))
+            continue
+        halves = base[:, :, :width]  # strided: each row's first half
+        if kind == "reversed":
+            tensors += list(halves.unbind(0))[::-1]
+        elif kind == "strides":  # one base, a constant step, every other slice strided apart
+            tensors += [base[i, :, :width] if i % 2 else base[i, :, ::2] for i in range(count)]
+        elif kind == "shapes":  # one base, a constant step, every other slice a row short
+            tensors += [base[i, : rows - i % 2, :width] for i in range(count)]
+        elif kind == "dtypes":  # one base, a constant step, every other slice read as another
+            other = {torch.float16: torch.int16, torch.int32: torch.float32}.get(dtype, torch.int8)
+            tensors += [base[i, :, :width].view(other if i % 2 else dtype) for i in range(count)]
+        elif kind == "apart":  # the same shapes and strides, each in memory of its own
+            tensors += [base[i].clone()[:, :width] for i in range(count)]
+        elif kind == "picked":  # one base, steps that differ
+            picked = draw(st.lists(st.integers(0, count - 1), min_size=1, unique=True))
+            tensors += [halves[i] for i in sorted(picked)]
+        elif kind == "overlapping":
+            flat = base.view(-1)
+            tensors += [flat[i : i + rows * width].view(rows, width)[:, ::2] for i in range(count)]
+        else:
+            tensors += list(halves.unbind(0))
+    return tensors
+
+
+@given(_slices_of_one_base())
+def test_staging_in_groups_lands_every_tensor_where_one_by_one_would(
+    tensors: list[torch.Tensor],
+) -> None:
+    """WIRE-5: grouped staging moves the same bytes to the same offsets as staging each
+    tensor alone, whatever runs of slices the tensors form."""
+    staged_only = [t for t in tensors if t.numel() and not t.is_contiguous()]
+    want = [o for o in _one_by_one(tensors) if o >= 0]
+    size = (want[-1] + staged_only[-1].nbytes) if staged_only else 0
+    out = torch.full((size + 64,), 0xAB, dtype=torch.uint8)
+    got = wire._stage_all(staged_only, out)
+    assert [g.data_ptr() - out.data_ptr() for g in got] == want
+    for have, tensor in zip(got, staged_only, strict=True):
+        assert (have.shape, have.dtype) == (tensor.shape, tensor.dtype)
+        assert bit_equal(have, tensor)
+    if staged_only:
+        with pytest.raises(WireError, match=rf"holds {size - 1} bytes; .* at least {size}"):
+            wire._stage_all(staged_only, out[: size - 1])

@@ -211,19 +211,69 @@ def staging_nbytes(payload: Payload) -> int:
     return total
 
 
-def _stage(tensor: torch.Tensor, out: torch.Tensor, offset: int) -> tuple[torch.Tensor, int]:
-    """Copy ``tensor`` into ``out`` at the first 64-byte boundary from ``offset``, each byte
-    once; the copy (a view of ``out``) and the offset after it [WIRE-5]."""
-    start = -(-offset // _STAGING_ALIGN) * _STAGING_ALIGN
-    end = start + tensor.nbytes
-    if end > out.numel():
-        raise WireError(
-            f"encode's staging buffer holds {out.numel()} bytes; this payload needs at least "
-            f"{end} (staging_nbytes) [WIRE-5]"
-        )
-    staged = out[start:end].view(tensor.dtype).view(tensor.shape)
-    copy_bits(staged, tensor.detach())
-    return staged, end
+def _stage_all(tensors: list[torch.Tensor], out: torch.Tensor) -> list[torch.Tensor]:
+    """Copy every tensor into ``out``, each at the first 64-byte boundary after the one
+    before it, each byte once; the copies, views of ``out`` [WIRE-5].
+
+    Consecutive tensors that are one strided tensor's slices (same shape, strides and
+    dtype, a constant distance apart, whole multiples of 64 bytes: a sliced request's
+    K and V of every layer) are staged in one copy, which lands every byte where
+    tensor-by-tensor staging would but lets a large copy run on every copy thread.
+    """
+    staged: list[torch.Tensor] = []
+    offset = 0
+    for group in _strided_groups(tensors):
+        first, size = group[0], group[0].nbytes
+        start = -(-offset // _STAGING_ALIGN) * _STAGING_ALIGN
+        end = start + size * len(group)
+        if end > out.numel():
+            raise WireError(
+                f"encode's staging buffer holds {out.numel()} bytes; this payload needs at "
+                f"least {end} (staging_nbytes) [WIRE-5]"
+            )
+        landing = out[start:end].view(first.dtype).view(len(group), *first.shape)
+        if len(group) == 1:
+            source = first.detach().unsqueeze(0)
+        else:
+            step = (group[1].data_ptr() - first.data_ptr()) // first.element_size()
+            source = first.detach().as_strided(
+                (len(group), *first.shape), (step, *first.stride()), first.storage_offset()
+            )
+        copy_bits(landing, source)
+        staged.extend(landing.unbind(0))
+        offset = end
+    return staged
+
+
+def _strided_groups(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` cut into runs that are slices of one strided tensor (see
+    :func:`_stage_all`), in order."""
+    groups: list[list[torch.Tensor]] = []
+    for tensor in tensors:
+        group = groups[-1] if groups else None
+        if group is not None and _continues(group, tensor):
+            group.append(tensor)
+        else:
+            groups.append([tensor])
+    return groups
+
+
+def _continues(group: list[torch.Tensor], tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is the next slice of ``group``'s strided tensor."""
+    last = group[-1]
+    if (
+        tensor.shape != last.shape
+        or tensor.stride() != last.stride()
+        or tensor.dtype != last.dtype
+        or tensor.device != last.device
+        or tensor.untyped_storage().data_ptr() != last.untyped_storage().data_ptr()
+        or tensor.nbytes % _STAGING_ALIGN
+    ):
+        return False
+    step = tensor.data_ptr() - last.data_ptr()
+    if step <= 0 or step % tensor.element_size():
+        return False
+    return len(group) == 1 or step == last.data_ptr() - group[-2].data_ptr()
 
 
 def _host_frame(tensor: torch.Tensor) -> memoryview | bytes:
@@ -275,20 +325,22 @@ def encode(
         raise WireError(
             f"encode's out must be a contiguous 1-d uint8 CPU tensor; got {got} [WIRE-5]"
         )
-    entries, frames = [], []
-    offset = 0
-    for name, layer, tensor in payload.tensors():
-        entries.append(
-            {
-                "field": name,
-                "layer": layer,
-                "dtype": "float32" if name in SCALE_FIELDS else payload.dtype,
-                "shape": list(tensor.shape),
-            }
-        )
-        if out is not None and _staged(tensor):
-            tensor, offset = _stage(tensor, out, offset)
-        frames.append(_host_frame(tensor))
+    present = payload.tensors()
+    entries = [
+        {
+            "field": name,
+            "layer": layer,
+            "dtype": "float32" if name in SCALE_FIELDS else payload.dtype,
+            "shape": list(tensor.shape),
+        }
+        for name, layer, tensor in present
+    ]
+    tensors = [tensor for _, _, tensor in present]
+    if out is not None:
+        at = [i for i, tensor in enumerate(tensors) if _staged(tensor)]
+        for i, staged in zip(at, _stage_all([tensors[i] for i in at], out), strict=True):
+            tensors[i] = staged
+    frames = [_host_frame(tensor) for tensor in tensors]
     header = {
         "format": FORMAT,
         "version": VERSION,
