@@ -6,8 +6,9 @@
 #   make test TORCH='torch==2.5.1' TORCH_INDEX=https://download.pytorch.org/whl/cu121
 #
 # Also: make smoke (build the wheel, install it in a fresh venv, use it), make test-gpu
-# (everything on CUDA; fails without a GPU), make stress (the sim tests 20 times beside
-# a CPU hog; RUNS=N), make bench (the benchmark table, --quick), make vectors
+# (tools/gpu_check.sh: the suite with CUDA required, a sim run, the benchmarks' CUDA
+# rows and the conformance suite on cuda; fails without a GPU), make stress (the sim
+# tests 20 times beside a CPU hog; RUNS=N), make bench (the benchmark table, --quick), make vectors
 # (regenerate the golden vectors), make notebooks (execute and render the notebooks),
 # make field (real engines through the suite: builds .venv-field, rewrites
 # docs/field-report.md; see field/run.sh).
@@ -38,13 +39,7 @@ smoke: setup
 	DEV_PY=$(PY) tools/wheel_smoke.sh
 
 test-gpu: setup
-	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
-	  f'make test-gpu: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda})')"
-	KVSPEC_REQUIRE_CUDA=1 $(PY) -m pytest -ra
-	$(VENV)/bin/kvspec conform reference --device cuda --profile ci --quiet
-	$(PY) -m sim run --device cuda --source-tp 4 --target-tp 2 --kv-heads 4 --dtype float8_e4m3fn \
-	  --src-layout flashinfer --dst-layout flash_attn_hnd --dst-block-size 32 --chunks 2 --quiet
-	$(PY) -m benchmarks --quick --only reshard
+	PY=$(PY) PYTEST_ARGS="-n $(TEST_WORKERS) --dist worksteal" tools/gpu_check.sh
 
 stress: setup
 	PY=$(PY) tools/stress.sh
