@@ -48,6 +48,7 @@ from dataclasses import replace
 
 from kvspec import __version__
 from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, seconds_in
+from kvspec.cli.exits import run_to_exit
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.cli.plan import add_parallel_arguments, groups_from_args, model_from_args
 from kvspec.memory.cache_layout import PRESETS
@@ -334,12 +335,8 @@ def _port(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted (Ctrl-C)", file=sys.stderr)
-        return 130
+    parser = build_parser()
+    return run_to_exit(lambda: _run(parser.parse_args(argv)), PROG)
 
 
 def _run_once(config: SimConfig, quiet: bool) -> SimReport:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from kvspec import __version__
 from kvspec.cli import clauses, conform, desc, field_report, layouts, plan, ports, vectors
 from kvspec.cli.args import Parser
+from kvspec.cli.exits import run_to_exit
 
 SUBCOMMANDS = (plan, ports, layouts, desc, conform, vectors, clauses, field_report)
 """Each module provides ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
@@ -37,12 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
+    parser = build_parser()
+
+    def command() -> int:
+        args = parser.parse_args(argv)
         return args.run(args)
-    except KeyboardInterrupt:
-        print(f"\nkvspec {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
-        return 130
+
+    return run_to_exit(command, "kvspec")
 
 
 if __name__ == "__main__":
