@@ -133,6 +133,7 @@ def test_nccl_without_cuda_is_refused_naming_what_is_missing() -> None:
     assert "refused: --transport nccl needs CUDA" in done.stderr
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nccl_needs_a_gpu_per_process() -> None:
     gpus = torch.cuda.device_count()
@@ -140,6 +141,7 @@ def test_nccl_needs_a_gpu_per_process() -> None:
         validate(make(gpus + 1, 1, transport="nccl"), processes_here=gpus + 1)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,
     reason="NCCL needs a GPU per rank process: two GPUs",

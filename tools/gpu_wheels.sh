@@ -7,6 +7,7 @@
 #
 #   tools/gpu_wheels.sh                 for Python 3.12 on x86-64 Linux
 #   PYVER=3.11 tools/gpu_wheels.sh      for another Python
+#   DEST=w tools/gpu_wheels.sh          into w/ (gpu_check.sh then needs WHEELS=w)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,15 +25,18 @@ for name in "${NEEDED[@]}"; do
   pins+=("$name==$version")
 done
 
-rm -rf "$DEST"
-mkdir -p "$DEST"
+fresh=$(mktemp -d "${TMPDIR:-/tmp}/kvspec-wheels-XXXXXX")  # $DEST stays as it was until all came
+trap 'rm -rf "$fresh"' EXIT
 platforms=()
 for tag in manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_17 manylinux2014 \
   manylinux_2_5 manylinux1; do
   platforms+=(--platform "${tag}_x86_64")
 done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --implementation cp \
-  --python-version "$PYVER" "${platforms[@]}" -d "$DEST" "${pins[@]}"
-"$PY" -m pip wheel -q --no-deps -w "$DEST" .
+  --python-version "$PYVER" "${platforms[@]}" -d "$fresh" "${pins[@]}"
+"$PY" -m pip wheel -q --no-deps -w "$fresh" .
+rm -rf "$DEST"
+mkdir -p "$DEST"
+mv "$fresh"/*.whl "$DEST"/
 echo "gpu_wheels: $(ls "$DEST" | wc -l) wheels, $(du -sh "$DEST" | cut -f1), in $DEST:"
 ls "$DEST" | sed 's/^/  /'
