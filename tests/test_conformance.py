@@ -11,7 +11,14 @@ from kvspec.clauses import all_clauses
 from kvspec.cli import main
 from kvspec.conformance import Adapter, AdapterError, load_adapter
 from kvspec.conformance.checks import all_checks
-from kvspec.conformance.runner import FAILED, INCONCLUSIVE, NOT_PROVIDED, PASSED, run_suite
+from kvspec.conformance.runner import (
+    FAILED,
+    INCONCLUSIVE,
+    NOT_PROVIDED,
+    PASSED,
+    run_suite,
+    select_checks,
+)
 from kvspec.conformance.skips import read_skips, resolve_skips
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,9 +252,42 @@ def test_skips_file(tmp_path: Path) -> None:
         read_skips(path)
 
 
+def test_skips_name_checks_as_clause_does_and_take_tabs(tmp_path: Path) -> None:
+    """A skips line names checks as --clause does (a clause, a family, an obligation, a
+    glob of ids), and its reason may follow a tab."""
+    path = tmp_path / "skips.txt"
+    path.write_text("PLAN-4\tno named policy here\nPAYLOAD-3.4   marker merges elsewhere\n")
+    skips, unused = resolve_skips(read_skips(path), all_checks())
+    plan_4 = {c.id for c in all_checks() if c.clause == "PLAN-4"}
+    covering = {c.id for c in all_checks() if "PAYLOAD-3.4" in c.covers}
+    assert plan_4 and covering and unused == []
+    assert set(skips) == plan_4 | covering
+    assert {skips[i] for i in plan_4} == {"no named policy here"}
+
+
+def test_a_skips_file_that_cannot_be_read_is_refused_naming_it(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nosuch.txt"
+    with pytest.raises(ValueError, match=r"cannot read the skips file '.*nosuch.txt': No such"):
+        read_skips(missing)
+    code = main(["conform", "reference", "--clause", "PLAN-3", "--skips", str(missing)])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot read the skips file" in err and "Traceback" not in err
+
+
+def test_a_clause_pattern_that_matches_nothing_is_refused_beside_good_ones() -> None:
+    """A typo never narrows a run in silence: 'HAED-1' beside 'PLAN-3' is refused."""
+    with pytest.raises(
+        ValueError, match=r"no check matches 'HAED-1' \(of \['PLAN-3', 'HAED-1'\]\)"
+    ):
+        select_checks(["PLAN-3", "HAED-1"])
+    assert {c.clause for c in select_checks(["PLAN-3", "HEAD-1"])} == {"PLAN-3", "HEAD-1"}
+
+
 def test_pytest_plugin(pytester: pytest.Pytester) -> None:
     pytester.syspathinsert(ROOT)
-    skips = pytester.makefile(".txt", skips="PLAN-4/* chosen elsewhere\nZZZ-1/* stale\n")
+    skips = pytester.makefile(
+        ".txt", skips="PLAN-4/* chosen elsewhere\nZZZ-1/* stale\nHEAD-1 not run here\n"
+    )
     result = pytester.runpytest(
         "--kvspec-impl",
         "kvspec.conformance.mutants.routing:TargetsOmitLast",
@@ -271,6 +311,7 @@ def test_pytest_plugin(pytester: pytest.Pytester) -> None:
             "*skips file: chosen elsewhere*",
         ]
     )
+    assert "'HEAD-1' matches no check" not in result.stdout.str()  # a check, not run here
     outcomes = result.parseoutcomes()
     plan_4 = [c for c in all_checks() if c.clause == "PLAN-4"]
     assert outcomes["failed"] == 1 and outcomes["skipped"] == len(plan_4)

@@ -10,6 +10,7 @@ import torch
 
 from kvspec.cli import main
 from kvspec.conformance import load_adapter
+from kvspec.conformance.domain import Domain
 from kvspec.conformance.mutants.block_sizes import (
     OneBlockSizeForBoth,
     StatePageAtTp1,
@@ -23,6 +24,7 @@ from kvspec.conformance.mutants.groups import (
 from kvspec.conformance.mutants.routing import ReplicasMergedTwice
 from kvspec.conformance.mutants.state_layouts import ConvAlwaysStateLenFirst
 from kvspec.conformance.mutants.transfer import OffByOneHeadOffset
+from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.vectors import (
     GOLDEN_DIR,
     MANIFEST_FILE,
@@ -96,6 +98,27 @@ def test_the_reference_passes_every_vector() -> None:
     results = check_vectors(GOLDEN_DIR, load_adapter("reference"))
     assert {r.verdict for r in results if r.family != "errors"} == {"passed"}
     assert [r for r in results if r.verdict == "FAILED"] == []
+
+
+class PipelineFreeMha(ReferenceAdapter):
+    """An implementation of one-stage-deep MHA only, which says so in its domain."""
+
+    domain = Domain(pp_sizes=(1,), attention=("mha",), replicated_heads=False)
+
+    def owned(self, layout, model, rank):
+        assert layout.pp == 1 and model.attention == "mha", "asked outside its domain"
+        assert model.num_kv_heads >= layout.tp, "asked outside its domain"
+        return super().owned(layout, model, rank)
+
+
+def test_a_vector_outside_the_adapters_domain_is_not_applicable() -> None:
+    """Ownership vectors with PP > 1, MLA or replicated heads are not asked of an adapter
+    whose domain leaves them out: the same stages the suite would not draw for it."""
+    results = check_vectors(GOLDEN_DIR, PipelineFreeMha(), families=("ownership",))
+    verdicts = {r.verdict for r in results}
+    assert verdicts == {"passed", "not applicable"}, [r for r in results if r.verdict == "FAILED"]
+    outside = [r for r in results if r.verdict == "not applicable"]
+    assert all("outside the adapter's declared domain" in r.detail for r in outside)
 
 
 def test_mutants_fail_the_vectors() -> None:

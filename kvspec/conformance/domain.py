@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from kvspec.memory.cache_layout import PRESETS, get_layout, layouts_for
 from kvspec.strategies import TP_SIZES, TransferCase, divides, dividing_pairs, transfer_cases
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, check_dtype
-from kvspec.topology.model import ATTENTION_KINDS, SCALE_FORMATS
+from kvspec.topology.model import ATTENTION_KINDS, SCALE_FORMATS, ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.tokens import RULE_KINDS
 
@@ -180,19 +180,25 @@ class Domain:
 
     def holds(self, case: TransferCase) -> bool:
         """Whether a transfer case lies inside the domain (pinned examples may not)."""
-        model = case.model
-        tps = (case.source.tp, case.target.tp)
+        return (case.source.tp, case.target.tp) in self.pairs() and all(
+            self.holds_stage(layout, case.model) for layout in (case.source, case.target)
+        )
+
+    def holds_stage(self, layout: StageLayout, model: ModelShape) -> bool:
+        """Whether one stage of ``model`` laid out as ``layout`` lies inside the domain: a
+        TP of one of its pairs, its PP sizes, partitions and parallel axes, the model's
+        attention and dtype, and heads enough for the TP unless replicated heads are in
+        (what a question about one stage, such as who owns what, may ask)."""
         return (
-            tps in self.pairs()
-            and case.source.pp in self.pp_sizes
-            and case.target.pp in self.pp_sizes
-            and (self.explicit_partitions or not _explicit(case))
+            any(layout.tp in pair for pair in self.pairs())
+            and layout.pp in self.pp_sizes
+            and (self.explicit_partitions or layout.layer_partition is None)
             and (
-                self.replicated_heads or model.attention == "mla" or model.num_kv_heads >= max(tps)
+                self.replicated_heads or model.attention == "mla" or model.num_kv_heads >= layout.tp
             )
             and model.attention in self.attention
             and model.dtype in self.model_dtypes()
-            and all(self.holds_layout(layout) for layout in (case.source, case.target))
+            and self.holds_layout(layout)
         )
 
     def holds_layout(self, layout: StageLayout) -> bool:
@@ -247,10 +253,6 @@ class Domain:
             if getattr(self, name) != getattr(EVERYTHING, name)
         ]
         return ", ".join(parts) or "everything the spec allows"
-
-
-def _explicit(case: TransferCase) -> bool:
-    return case.source.layer_partition is not None or case.target.layer_partition is not None
 
 
 FIRST_RELEASE = Domain()

@@ -14,7 +14,6 @@ whole domain was covered.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import shlex
 import time
@@ -140,32 +139,28 @@ def select_checks(patterns: Sequence[str] = ()) -> list[Check]:
     """Checks whose id (``CLAUSE/slug``) matches any glob in ``patterns`` (all if none).
 
     A bare clause id or family prefix matches too: ``PLAN-2``, ``PLAN``, ``PLAN-*``; so
-    does an obligation id (``PAYLOAD-3.4``): the checks that cover it.
+    does an obligation id (``PAYLOAD-3.4``): the checks that cover it
+    (:meth:`Check.matches`). A pattern that matches no check is refused, naming it, even
+    beside others that match: a typo never narrows a run in silence.
     """
     checks = all_checks()
     if not patterns:
         return checks
-    chosen = [c for c in checks if any(_matches(c, p) for p in patterns)]
-    if not chosen:
-        raise ValueError(f"no check matches {list(patterns)}; see `kvspec conform --list`")
-    return chosen
+    unmatched = [p for p in patterns if not any(c.matches(p) for c in checks)]
+    if unmatched:
+        which = ", ".join(map(repr, unmatched))
+        raise ValueError(
+            f"no check matches {which}"
+            + (f" (of {list(patterns)})" if len(unmatched) < len(patterns) else "")
+            + "; see `kvspec conform --list`"
+        )
+    return [c for c in checks if any(c.matches(p) for p in patterns)]
 
 
 def checks_covering(obligations: Sequence[str]) -> list[Check]:
     """The checks that exercise any of ``obligations``, in table order."""
     wanted = set(obligations)
     return [c for c in all_checks() if wanted & set(c.covers)]
-
-
-def _matches(check: Check, pattern: str) -> bool:
-    pattern = pattern.upper() if "/" not in pattern else pattern
-    return (
-        fnmatch.fnmatchcase(check.id, pattern)
-        or check.clause == pattern
-        or check.clause.split("-")[0] == pattern
-        or fnmatch.fnmatchcase(check.clause, pattern)
-        or pattern in check.covers
-    )
 
 
 def run_check(

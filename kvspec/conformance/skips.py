@@ -6,13 +6,14 @@ The file belongs to the implementation, not to the suite. One entry per line::
     PLAN-4/*            we choose replicas by load, not by a named policy
     SLICE-2/modes-agree receiver-side slicing is not implemented yet
 
-The first word is a glob over check ids (``CLAUSE/slug``); the rest is the reason,
-which is required. Entries that match no check are reported so they can be removed.
+The first word names checks as ``--clause`` does (:meth:`~kvspec.conformance.checks.
+Check.matches`): a check id or a glob of ids, a clause (``PLAN-4``), a family or an
+obligation. The rest of the line, after spaces or tabs, is the reason, which is
+required. Entries that match no check of the suite are reported so they can be removed.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,16 +28,22 @@ class SkipEntry:
 
 
 def read_skips(path: str | Path) -> list[SkipEntry]:
-    """Parse a skips file; a line without a reason is an error naming the line."""
+    """Parse a skips file. A file that cannot be read, or a line without a reason, is a
+    ValueError naming the file (and the line)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        why = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ValueError(f"cannot read the skips file {str(path)!r}: {why}") from None
     entries = []
-    for number, raw in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        pattern, _, reason = line.partition(" ")
-        if not reason.strip():
+        pattern, *rest = line.split(None, 1)
+        if not rest:
             raise ValueError(f"{path}:{number}: {pattern!r} needs a reason after the pattern")
-        entries.append(SkipEntry(pattern, reason.strip(), number))
+        entries.append(SkipEntry(pattern, rest[0].strip(), number))
     return entries
 
 
@@ -47,7 +54,7 @@ def resolve_skips(
     skipped: dict[str, str] = {}
     unused = []
     for entry in entries:
-        hits = [c.id for c in checks if fnmatch.fnmatchcase(c.id, entry.pattern)]
+        hits = [c.id for c in checks if c.matches(entry.pattern)]
         if not hits:
             unused.append(entry)
         for check_id in hits:

@@ -284,7 +284,7 @@ def _export_groups(start: int) -> list[Case]:
 
 def _check_ownership(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     layout, model = StageLayout.from_dict(case["layout"]), ModelShape.from_dict(case["model"])
-    if not adapter.domain.holds_layout(layout):
+    if not adapter.domain.holds_stage(layout, model):
         raise NotApplicable("outside the adapter's declared domain")
     for expected in case["ranks"]:
         heads, layers = adapter.owned(layout, model, expected["rank"])
@@ -346,7 +346,7 @@ def _export_tokens(rng: random.Random) -> tuple[list[Case], Tensors]:
 
 def _check_tokens(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     layout, model = StageLayout.from_dict(case["layout"]), ModelShape.from_dict(case["model"])
-    if not adapter.domain.holds_layout(layout):
+    if not adapter.domain.holds_stage(layout, model):
         raise NotApplicable("outside the adapter's declared domain")
     for expected in case["ranks"]:
         got = as_tokens(adapter.owned_tokens(layout, model, expected["rank"], case["seq_len"]))

@@ -14,6 +14,7 @@ them all.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import re
 from collections.abc import Callable
@@ -95,6 +96,20 @@ class Check:
     def id(self) -> str:
         """Stable id: ``CLAUSE/slug``, e.g. ``PLAN-2/exact-cover``."""
         return f"{self.clause}/{self.slug}"
+
+    def matches(self, pattern: str) -> bool:
+        """Whether ``pattern`` names this check: its id or a glob of ids
+        (``PLAN-2/exact-cover``, ``PLAN-*``), its clause (``PLAN-2``), its family
+        (``PLAN``) or an obligation it covers (``PAYLOAD-3.4``); what ``--clause`` and a
+        skips file's lines take."""
+        pattern = pattern.upper() if "/" not in pattern else pattern
+        return (
+            fnmatch.fnmatchcase(self.id, pattern)
+            or self.clause == pattern
+            or self.clause.split("-")[0] == pattern
+            or fnmatch.fnmatchcase(self.clause, pattern)
+            or pattern in self.covers
+        )
 
 
 _REGISTRY: dict[str, Check] = {}

@@ -242,7 +242,7 @@ def _no_groups(adapter: Adapter) -> str | None:
 def attention_groups(ctx: Context, example: Example) -> None:
     layout = StageLayout.from_dict(example["layout"])
     model = ModelShape.from_dict(example["model"])
-    if not ctx.adapter.domain.holds_layout(layout) or layout.pp not in ctx.adapter.domain.pp_sizes:
+    if not ctx.adapter.domain.holds_stage(layout, model):
         raise OutsideDomain
     for rank in layout.ranks():
         spec = rank_ownership(layout, model, rank)
@@ -306,7 +306,7 @@ def _compare_tokens(ctx: Context, example: Example, obligation: str) -> None:
     layout = StageLayout.from_dict(example["layout"])
     model = ModelShape.from_dict(example["model"])
     seq_len = example["seq_len"]
-    if not ctx.adapter.domain.holds_layout(layout):
+    if not ctx.adapter.domain.holds_stage(layout, model):
         raise OutsideDomain
     for rank in layout.ranks():
         spec = rank_ownership(layout, model, rank, seq_len=seq_len).tokens
@@ -382,7 +382,7 @@ def dcp_tokens(ctx: Context, example: Example) -> None:
     layout = StageLayout.from_dict(example["layout"])
     model = ModelShape.from_dict(example["model"])
     seq_len = example["seq_len"]
-    if not ctx.adapter.domain.holds_layout(layout):
+    if not ctx.adapter.domain.holds_stage(layout, model):
         raise OutsideDomain
     groups: dict[tuple[int, int, int, int], list[tuple[int, Tokens]]] = {}
     for rank in layout.ranks():
