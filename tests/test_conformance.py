@@ -240,6 +240,61 @@ def test_loading_refuses_malformed_adapters() -> None:
         load_adapter("nonsense")
 
 
+def test_loading_refuses_a_capability_half_written_or_misspelled() -> None:
+    """An adapter that writes one method of a capability of several, or misspells one,
+    is told at load time, not left with a silent 'not provided'."""
+    from kvspec.conformance.adapter import check_adapter
+
+    class TargetsAndATypo(Adapter):
+        def targets(self, case, src):
+            return []
+
+        def source(self, case, dst):  # sources, misspelled
+            return []
+
+    with pytest.raises(
+        AdapterError,
+        match=r"overrides targets but not sources \(did you mean sources for source\?\): "
+        r"the routing capability is sources \+ targets",
+    ):
+        check_adapter(TargetsAndATypo(), where="mine")
+
+    class OnlyATypo(Adapter):
+        def ownd(self, layout, model, rank):
+            return range(0), range(0)
+
+    with pytest.raises(AdapterError, match=r"overrides no capability \(did you mean owned for"):
+        check_adapter(OnlyATypo(), where="mine")
+
+
+def test_loading_refuses_a_method_that_cannot_take_the_suites_arguments() -> None:
+    """A wrong signature is the adapter's mistake, said at load time (exit 2), not a
+    TypeError reported as the implementation's failure."""
+    from kvspec.conformance.adapter import check_adapter
+
+    class ForgotDst(Adapter):
+        def sources(self, case):
+            return []
+
+        def targets(self, case, src):
+            return []
+
+    with pytest.raises(AdapterError, match=r"ForgotDst.sources\(self, case\) cannot take"):
+        check_adapter(ForgotDst(), where="mine")
+
+    class Generous(Adapter):  # extra optional arguments and **kwargs are fine
+        def sources(self, case, dst, extra=None):
+            return []
+
+        def targets(self, *args, **kwargs):
+            return []
+
+        def read_layer(self, cache, layout):  # page_size is passed only to token pools
+            return ()
+
+    check_adapter(Generous(), where="mine")
+
+
 def test_skips_file(tmp_path: Path) -> None:
     path = tmp_path / "skips.txt"
     path.write_text("# ours\nPLAN-4/* no named policy here\nNOPE-9/* stale entry\n")

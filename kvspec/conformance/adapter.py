@@ -17,6 +17,7 @@ The checks draw their examples inside that domain.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import sys
@@ -705,8 +706,74 @@ def check_adapter(obj: object, *, where: str) -> None:
             f"{where}: slicing_modes must be a non-empty subset of {SLICING_MODES}, got "
             f"{obj.slicing_modes!r}"
         )
+    _check_partial_capabilities(type(obj), where)
     if not method_capabilities(obj):
         raise AdapterError(
-            f"{where} overrides no capability; override at least one of "
-            + ", ".join(f"{c} ({', '.join(m)})" for c, m in CAPABILITIES.items())
+            f"{where} overrides no capability{_near_misses(type(obj))}; override at least one "
+            "of " + ", ".join(f"{c} ({', '.join(m)})" for c, m in CAPABILITIES.items())
         )
+    _check_signatures(type(obj), where)
+
+
+def _capability_methods() -> list[str]:
+    """Every method a capability consists of, and their older names."""
+    names = [m for methods in CAPABILITIES.values() for m in methods]
+    return names + sorted({a for aliases in _ALIASES.values() for a in aliases})
+
+
+def _near_misses(cls: type) -> str:
+    """``" (did you mean sources for source?)"`` for public methods of ``cls`` that are not
+    the base's but are spelled close to a capability method; ``""`` when there are none."""
+    known = _capability_methods()
+    guesses = []
+    for name, value in vars(cls).items():
+        if name.startswith("_") or not callable(value) or hasattr(Adapter, name):
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close:
+            guesses.append(f"{close[0]} for {name}")
+    return f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+
+
+def _check_partial_capabilities(cls: type, where: str) -> None:
+    """Refuse a capability of several methods that the adapter overrides only in part:
+    the suite would skip it as not provided, and say nothing of the method written."""
+    for capability, methods in CAPABILITIES.items():
+        done = [m for m in methods if any(_overrides(cls, n) for n in (m, *_ALIASES.get(m, ())))]
+        if done and len(done) < len(methods):
+            rest = [m for m in methods if m not in done]
+            raise AdapterError(
+                f"{where} overrides {', '.join(done)} but not {', '.join(rest)}"
+                f"{_near_misses(cls)}: the {capability} capability is "
+                f"{' + '.join(methods)}; override the rest too, or none of them"
+            )
+
+
+def _check_signatures(cls: type, where: str) -> None:
+    """Refuse an overriding method that cannot take the arguments the suite always passes
+    (the base method's required ones), before a check calls it and blames the
+    implementation."""
+    for name in _capability_methods():
+        if not _overrides(cls, name):
+            continue
+        base = inspect.signature(getattr(Adapter, name))
+        mine = getattr(cls, name)
+        try:
+            theirs = inspect.signature(mine)
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+            continue
+        args, kwargs = [], {}
+        for param in list(base.parameters.values())[1:]:  # after self
+            if param.default is not param.empty:
+                continue  # passed only where it applies (a token pool's page size, ...)
+            if param.kind is param.POSITIONAL_OR_KEYWORD:
+                args.append(None)
+            elif param.kind is param.KEYWORD_ONLY:
+                kwargs[param.name] = None
+        try:
+            theirs.bind(None, *args, **kwargs)
+        except TypeError as error:
+            raise AdapterError(
+                f"{where}: {cls.__name__}.{name}{theirs} cannot take what the suite passes, "
+                f"Adapter.{name}{base} ({error})"
+            ) from None
