@@ -240,6 +240,20 @@ def test_loading_refuses_malformed_adapters() -> None:
         load_adapter("nonsense")
 
 
+def test_loading_says_where_an_adapter_module_broke_and_how_to_name_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "broken_at_two.py").write_text("import json\nx = json.nothere\n")
+    with pytest.raises(AdapterError, match=r"has no attribute 'nothere'.* at .*broken_at_two.py:2"):
+        load_adapter("broken_at_two:adapter")
+    with pytest.raises(AdapterError, match=r"names a file; .* it: broken_at_two:adapter \("):
+        load_adapter("./broken_at_two.py:adapter")
+    with pytest.raises(AdapterError, match=r"names a file; .* it: pkg.mine:adapter \("):
+        load_adapter("pkg/mine.py:adapter")
+
+
 def test_loading_refuses_a_capability_half_written_or_misspelled() -> None:
     """An adapter that writes one method of a capability of several, or misspells one,
     is told at load time, not left with a silent 'not provided'."""

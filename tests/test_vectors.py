@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvspec.cli import main
-from kvspec.conformance import load_adapter
+from kvspec.conformance import Adapter, load_adapter
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.mutants.block_sizes import (
     OneBlockSizeForBoth,
@@ -119,6 +119,26 @@ def test_a_vector_outside_the_adapters_domain_is_not_applicable() -> None:
     assert verdicts == {"passed", "not applicable"}, [r for r in results if r.verdict == "FAILED"]
     outside = [r for r in results if r.verdict == "not applicable"]
     assert all("outside the adapter's declared domain" in r.detail for r in outside)
+
+
+def test_an_adapter_naming_no_policy_has_its_plans_checked_as_lowest() -> None:
+    """Without Adapter.policies the suite draws its routing cases with 'lowest'; the plan
+    vectors do the same instead of leaving every plan not applicable."""
+
+    class RoutingOnly(Adapter):
+        domain = load_adapter("reference").domain
+
+        def sources(self, case, dst):
+            return sorted({e.src for e in case.plan().edges if e.dst == dst})
+
+        def targets(self, case, src):
+            return sorted({e.dst for e in case.plan().edges if e.src == src})
+
+    results = check_vectors(GOLDEN_DIR, RoutingOnly(), families=("plan",))
+    passed = [r for r in results if r.verdict == "passed"]
+    skipped = {r.detail for r in results if r.verdict == "not applicable"}
+    assert passed and not [r for r in results if r.verdict == "FAILED"]
+    assert skipped <= {"policy 'balanced' not implemented by the adapter"}
 
 
 def test_mutants_fail_the_vectors() -> None:

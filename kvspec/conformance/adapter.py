@@ -20,7 +20,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import re
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -655,12 +657,20 @@ def load_adapter(spec: str) -> Adapter:
         raise AdapterError(
             f"{spec!r} is neither a built-in adapter ({', '.join(BUILTIN)}) nor MODULE:ATTR"
         )
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        parts = [p for p in re.split(r"[/\\]", module_name.removesuffix(".py")) if p != "."]
+        raise AdapterError(
+            f"{spec!r} names a file; name the module as Python imports it: "
+            f"{'.'.join(parts)}:{attr} (run from the directory that holds it)"
+        )
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
     except Exception as error:
-        raise AdapterError(f"cannot import {module_name!r}: {error!r}") from error
+        raise AdapterError(
+            f"cannot import {module_name!r}: {error!r}{_raised_at(error)}"
+        ) from error
     try:
         obj: Any = getattr(module, attr)
     except AttributeError:
@@ -674,6 +684,19 @@ def load_adapter(spec: str) -> Adapter:
             raise AdapterError(f"calling {target} with no arguments failed: {error!r}") from error
     check_adapter(obj, where=target)
     return obj
+
+
+def _raised_at(error: BaseException) -> str:
+    """`` at FILE:LINE``: where ``error`` was raised, when that is outside Python's import
+    machinery (a line of the adapter's own module, say); ``""`` otherwise."""
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if "importlib" not in f.filename and not f.filename.startswith("<frozen")
+    ]
+    if isinstance(error, SyntaxError) or not frames:
+        return ""  # a SyntaxError names its file and line itself
+    return f" at {frames[-1].filename}:{frames[-1].lineno}"
 
 
 def check_adapter(obj: object, *, where: str) -> None:
