@@ -11,6 +11,8 @@ from kvspec.clauses import all_clauses
 from kvspec.cli import main
 from kvspec.conformance import Adapter, AdapterError, load_adapter
 from kvspec.conformance.checks import all_checks
+from kvspec.conformance.domain import Domain
+from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import (
     FAILED,
     INCONCLUSIVE,
@@ -20,6 +22,9 @@ from kvspec.conformance.runner import (
     select_checks,
 )
 from kvspec.conformance.skips import read_skips, resolve_skips
+from kvspec.strategies import TransferCase
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytester"]
@@ -307,6 +312,65 @@ def test_loading_refuses_a_method_that_cannot_take_the_suites_arguments() -> Non
             return ()
 
     check_adapter(Generous(), where="mine")
+
+
+def test_a_replay_outside_the_domain_is_not_a_pass(capsys) -> None:
+    """A replayed example the adapter's domain leaves out checks nothing: it says so
+    instead of 'passed'; --replay without --check names what is missing."""
+    from kvspec.conformance.runner import get_check, run_check
+
+    class PipelineFree(ReferenceAdapter):
+        domain = Domain(pp_sizes=(1,))
+
+    example = TransferCase(StageLayout(2, pp=2), StageLayout(1), ModelShape(4, 2, 2)).to_dict()
+    check = get_check("PLAN-3/inverse")
+    result = run_check(check, PipelineFree(), replay=example)
+    assert (result.verdict, result.effective) == (NOT_PROVIDED, 0)
+    assert "outside the adapter's declared domain" in result.reason
+    assert run_check(check, ReferenceAdapter(), replay=example).verdict == PASSED
+    assert main(["conform", "reference", "--replay", "{}"]) == 2
+    assert "--replay needs --check naming the one check" in capsys.readouterr().err
+
+
+def test_a_run_that_checks_nothing_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "ports_only.py").write_text(
+        "from kvspec.conformance import Adapter\n\n"
+        "class PortsOnly(Adapter):\n"
+        "    def kv_port(self, base, stage, rank, replica):\n"
+        "        return base\n"
+    )
+    code = main(["conform", "ports_only:PortsOnly", "--clause", "PLAN-3", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 0 and "warning: nothing was checked: ports_only:PortsOnly" in err, err
+
+
+def test_the_plugin_header_names_an_unversioned_adapter_cleanly(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        ports_only="from kvspec.conformance import Adapter\n\n"
+        "class PortsOnly(Adapter):\n"
+        "    name = 'mykv'\n"
+        "    def kv_port(self, base, stage, rank, replica):\n"
+        "        return base\n"
+    )
+    pytester.syspathinsert()
+    result = pytester.runpytest(
+        "--kvspec-impl",
+        "ports_only:PortsOnly",
+        "--kvspec-clause",
+        "PORT-1",
+        "-p",
+        "no:cacheprovider",
+        "--co",
+    )
+    result.stdout.fnmatch_lines(
+        ["kvspec conformance: ports_only:PortsOnly (mykv), capabilities: *"]
+    )
 
 
 def test_skips_file(tmp_path: Path) -> None:

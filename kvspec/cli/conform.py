@@ -33,6 +33,7 @@ from kvspec.cli.output import check_writable
 from kvspec.conformance.adapter import AdapterError, load_adapter
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.runner import (
+    NOT_PROVIDED,
     CheckResult,
     Report,
     render,
@@ -164,6 +165,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvspec conform: {error}", file=sys.stderr)
         return 2
     _emit(args.json, render(report), report.to_dict())
+    if report.results and all(r.verdict == NOT_PROVIDED for r in report.results):
+        print(
+            f"kvspec conform: warning: nothing was checked: {args.impl} provides none of "
+            "what the selected checks need (the table says what each needs)",
+            file=sys.stderr,
+        )
     return report.exit_code
 
 
@@ -187,9 +194,14 @@ def _progress(i: int, total: int, result: CheckResult) -> None:
 
 
 def _replay(args: argparse.Namespace, adapter) -> int:
+    if not args.patterns:
+        raise ValueError("--replay needs --check naming the one check to replay it through")
     checks = select_checks(args.patterns)
     if len(checks) != 1:
-        raise ValueError(f"--replay needs exactly one check; {len(checks)} match {args.patterns}")
+        raise ValueError(
+            f"--replay needs exactly one check; {len(checks)} match {args.patterns}: name one "
+            "check id (see `kvspec conform --list`)"
+        )
     try:
         example = json.loads(args.replay)
     except ValueError as error:

@@ -30,6 +30,7 @@ from kvspec.conformance.runner import (
     FAILED,
     INCONCLUSIVE,
     NOT_PROVIDED,
+    adapter_label,
     reproduction,
     run_check,
     select_checks,
@@ -108,8 +109,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     adapter = state["adapter"]
     return [
-        f"kvspec conformance: {state['impl']} ({adapter.name} {adapter.version})".rstrip()
-        + f", capabilities: {', '.join(sorted(provided_capabilities(adapter)))}",
+        f"kvspec conformance: {state['impl']} ({adapter_label(adapter)}), capabilities: "
+        + ", ".join(sorted(provided_capabilities(adapter))),
         f"kvspec: profile {state['profile']}, device {state['device']}, "
         f"skips file {state['skips_path'] or 'none'}",
     ]

@@ -221,6 +221,13 @@ def run_check(
         example, error = failures[-1]  # Hypothesis replays the shrunk example last
         result.counterexample = example
         result.reason = describe_failure(error)
+    if result.verdict == PASSED and replay is not None and not result.effective:
+        result.verdict = NOT_PROVIDED  # nothing was checked: not a pass
+        result.reason = (
+            "the replayed example lies outside the adapter's declared domain"
+            if result.outside_domain
+            else "the replayed example has nothing to test"
+        )
     if result.verdict == PASSED and replay is None:
         _judge_sample(result)
     result.seconds = time.perf_counter() - started
@@ -382,12 +389,13 @@ def python_reproduction(impl: str, result: CheckResult) -> str:
     example = json.dumps(result.counterexample, separators=(",", ":"))
     return (
         "import json; from kvspec.conformance import get_check, load_adapter, run_check; "
-        f"run_check(get_check({result.check.id!r}), load_adapter({impl!r}), "
-        f"replay=json.loads({example!r}))"
+        f"result = run_check(get_check({result.check.id!r}), load_adapter({impl!r}), "
+        f"replay=json.loads({example!r})); print(result.verdict, result.reason)"
     )
 
 
-def _adapter_label(adapter: Adapter) -> str:
+def adapter_label(adapter: Adapter) -> str:
+    """The adapter's name and version, as reports show them."""
     return f"{adapter.name} {adapter.version}".strip()
 
 
@@ -398,7 +406,7 @@ def render(report: Report) -> str:
     that gave the check something to test.
     """
     lines = [
-        f"kvspec conform: {report.impl} ({_adapter_label(report.adapter)}), "
+        f"kvspec conform: {report.impl} ({adapter_label(report.adapter)}), "
         f"profile {report.profile}, device {report.device}",
         f"capabilities: {', '.join(sorted(provided_capabilities(report.adapter))) or 'none'}",
         f"domain: {report.adapter.domain.describe()}",
