@@ -352,7 +352,7 @@ def test_the_plugin_header_names_an_unversioned_adapter_cleanly(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
-        ports_only="from kvspec.conformance import Adapter\n\n"
+        unversioned_mykv="from kvspec.conformance import Adapter\n\n"
         "class PortsOnly(Adapter):\n"
         "    name = 'mykv'\n"
         "    def kv_port(self, base, stage, rank, replica):\n"
@@ -361,7 +361,7 @@ def test_the_plugin_header_names_an_unversioned_adapter_cleanly(
     pytester.syspathinsert()
     result = pytester.runpytest(
         "--kvspec-impl",
-        "ports_only:PortsOnly",
+        "unversioned_mykv:PortsOnly",
         "--kvspec-clause",
         "PORT-1",
         "-p",
@@ -369,7 +369,7 @@ def test_the_plugin_header_names_an_unversioned_adapter_cleanly(
         "--co",
     )
     result.stdout.fnmatch_lines(
-        ["kvspec conformance: ports_only:PortsOnly (mykv), capabilities: *"]
+        ["kvspec conformance: unversioned_mykv:PortsOnly (mykv), capabilities: *"]
     )
 
 
