@@ -253,6 +253,9 @@ def test_loading_says_where_an_adapter_module_broke_and_how_to_name_a_file(
     (tmp_path / "broken_at_two.py").write_text("import json\nx = json.nothere\n")
     with pytest.raises(AdapterError, match=r"has no attribute 'nothere'.* at .*broken_at_two.py:2"):
         load_adapter("broken_at_two:adapter")
+    (tmp_path / "unparsable.py").write_text("x = 1\ndef f(:\n")
+    with pytest.raises(AdapterError, match=r"SyntaxError: .* at .*unparsable.py:2"):
+        load_adapter("unparsable:adapter")
     with pytest.raises(AdapterError, match=r"names a file; .* it: broken_at_two:adapter \("):
         load_adapter("./broken_at_two.py:adapter")
     with pytest.raises(AdapterError, match=r"names a file; .* it: pkg.mine:adapter \("):
@@ -348,6 +351,24 @@ def test_a_run_that_checks_nothing_says_so(
     assert code == 0 and "warning: nothing was checked: ports_only:PortsOnly" in err, err
 
 
+def test_the_plugin_refuses_a_clause_typo_as_a_usage_error_of_its_own(
+    pytester: pytest.Pytester,
+) -> None:
+    result = pytester.runpytest(
+        "--kvspec-impl",
+        "reference",
+        "--kvspec-clause",
+        "PLAN-3",
+        "--kvspec-clause",
+        "HAED-1",
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: kvspec: no check matches 'HAED-1' (of *PLAN-3*"])
+    assert "cannot use reference" not in result.stderr.str()
+
+
 def test_the_plugin_header_names_an_unversioned_adapter_cleanly(
     pytester: pytest.Pytester,
 ) -> None:
@@ -389,7 +410,7 @@ def test_skips_name_checks_as_clause_does_and_take_tabs(tmp_path: Path) -> None:
     """A skips line names checks as --clause does (a clause, a family, an obligation, a
     glob of ids), and its reason may follow a tab."""
     path = tmp_path / "skips.txt"
-    path.write_text("PLAN-4\tno named policy here\nPAYLOAD-3.4   marker merges elsewhere\n")
+    path.write_text("PLAN-4\tno named policy here\nPAYLOAD-3.4:  marker merges elsewhere\n")
     skips, unused = resolve_skips(read_skips(path), all_checks())
     plan_4 = {c.id for c in all_checks() if c.clause == "PLAN-4"}
     covering = {c.id for c in all_checks() if "PAYLOAD-3.4" in c.covers}

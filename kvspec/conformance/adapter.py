@@ -668,9 +668,8 @@ def load_adapter(spec: str) -> Adapter:
     try:
         module = importlib.import_module(module_name)
     except Exception as error:
-        raise AdapterError(
-            f"cannot import {module_name!r}: {error!r}{_raised_at(error)}"
-        ) from error
+        what = f"SyntaxError: {error.msg}" if isinstance(error, SyntaxError) else repr(error)
+        raise AdapterError(f"cannot import {module_name!r}: {what}{_raised_at(error)}") from error
     try:
         obj: Any = getattr(module, attr)
     except AttributeError:
@@ -687,15 +686,17 @@ def load_adapter(spec: str) -> Adapter:
 
 
 def _raised_at(error: BaseException) -> str:
-    """`` at FILE:LINE``: where ``error`` was raised, when that is outside Python's import
-    machinery (a line of the adapter's own module, say); ``""`` otherwise."""
+    """`` at FILE:LINE``: where ``error`` was raised (the line a SyntaxError points at, or
+    the last frame outside Python's import machinery); ``""`` when there is none."""
     frames = [
         f
         for f in traceback.extract_tb(error.__traceback__)
         if "importlib" not in f.filename and not f.filename.startswith("<frozen")
     ]
-    if isinstance(error, SyntaxError) or not frames:
-        return ""  # a SyntaxError names its file and line itself
+    if isinstance(error, SyntaxError):
+        return f" at {error.filename}:{error.lineno}"
+    if not frames:
+        return ""
     return f" at {frames[-1].filename}:{frames[-1].lineno}"
 
 

@@ -71,10 +71,13 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     try:
         adapter = load_adapter(impl)
+    except AdapterError as error:
+        raise pytest.UsageError(f"kvspec: cannot use {impl}: {error}") from error
+    try:
         checks = select_checks(config.getoption("kvspec_clause"))
         profile = config.getoption("kvspec_profile", None) or default_profile()
-    except (AdapterError, ValueError) as error:
-        raise pytest.UsageError(f"kvspec: cannot use {impl}: {error}") from error
+    except ValueError as error:
+        raise pytest.UsageError(f"kvspec: {error}") from error
     skips_path = config.getoption("kvspec_skips", None) or os.environ.get("KVSPEC_SKIPS")
     skips: dict[str, str] = {}
     unused: list[SkipEntry] = []

@@ -8,8 +8,9 @@ The file belongs to the implementation, not to the suite. One entry per line::
 
 The first word names checks as ``--clause`` does (:meth:`~kvspec.conformance.checks.
 Check.matches`): a check id or a glob of ids, a clause (``PLAN-4``), a family or an
-obligation. The rest of the line, after spaces or tabs, is the reason, which is
-required. Entries that match no check of the suite are reported so they can be removed.
+obligation. The rest of the line, after spaces or tabs (and a colon, if you like), is
+the reason, which is required. Entries that match no check of the suite are reported so
+they can be removed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def read_skips(path: str | Path) -> list[SkipEntry]:
         if not line:
             continue
         pattern, *rest = line.split(None, 1)
+        pattern = pattern.removesuffix(":")  # "PLAN-3/inverse: reason" reads naturally too
         if not rest:
             raise ValueError(f"{path}:{number}: {pattern!r} needs a reason after the pattern")
         entries.append(SkipEntry(pattern, rest[0].strip(), number))
