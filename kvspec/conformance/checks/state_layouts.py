@@ -151,38 +151,29 @@ def _offset(page: StatePage, block: int, part: str, unit: int, element: int) -> 
 
 
 # SLAYOUT-1: refusals ------------------------------------------------------------------------
-_BREAKS = {
-    "SLAYOUT-1.3": "an unknown state layout name",
-    "SLAYOUT-1.4": "a page size below the state's bytes, or unaligned",
-    "SLAYOUT-1.5": "a unit the rank does not hold, an element outside its unit, a negative block",
-}
-
-
 @st.composite
 def _broken(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A valid read, and what breaks each refusal: an unknown layout name, a page too
+    small or unaligned, and (for one part) a unit the rank does not hold when there is
+    one. The check tries every break on every example, so no obligation waits on the
+    draw to come its way."""
     example = draw(_pages(adapter))
-    obligation = draw(st.sampled_from(sorted(_BREAKS)))
     model = ModelShape.from_dict(example["model"])
     state = model.layer_groups[example["group"]]
     part = draw(st.sampled_from(state.parts()))  # type: ignore[union-attr]
     page = state_page(example["layout"], model, example["group"], **_where(example))
     held = page.units[part.name]
-    where = {"block": 0, "part": part.name, "unit": held.start, "element": 0}
-    bad = dict(example)
-    if obligation == "SLAYOUT-1.3":
-        bad["layout"] = draw(st.sampled_from(["vllm_conv", "DS", "SD", "vllm_conv_hnd", "mamba"]))
-    elif obligation == "SLAYOUT-1.4":
-        # Every drawn dtype is 2 or 4 bytes: one byte more leaves the page unaligned.
-        short = page.state_bytes - draw(st.sampled_from([1, 2, 4, page.state_bytes]))
-        bad["page_size"] = draw(st.sampled_from([short, page.state_bytes + 1]))
-    else:
-        foreign = [u for u in range(part.units) if u not in held]
-        choices = [("element", part.unit_elements), ("block", -1)]
-        if foreign:
-            choices.append(("unit", draw(st.sampled_from(foreign))))
-        key, value = draw(st.sampled_from(choices))
-        where = {**where, key: value}
-    return {"obligation": obligation, "good": example, "bad": bad, "where": where}
+    foreign = [u for u in range(part.units) if u not in held]
+    # Every drawn dtype is 2 or 4 bytes: one byte more leaves the page unaligned.
+    short = page.state_bytes - draw(st.sampled_from([1, 2, 4, page.state_bytes]))
+    return {
+        "good": example,
+        "part": part.name,
+        "unit_elements": part.unit_elements,
+        "bad_layout": draw(st.sampled_from(["vllm_conv", "DS", "SD", "vllm_conv_hnd", "mamba"])),
+        "bad_page_size": draw(st.sampled_from([short, page.state_bytes + 1])),
+        "foreign_unit": draw(st.sampled_from(foreign)) if foreign else None,
+    }
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -202,24 +193,59 @@ def _numel(shape: tuple[int, ...]) -> int:
     covers=("SLAYOUT-1.3", "SLAYOUT-1.4", "SLAYOUT-1.5"),
 )
 def _refusals(ctx: Context, example: Example) -> None:
-    good, bad, obligation = example["good"], example["bad"], example["obligation"]
+    good = example["good"]
     if good["attn_tp"] not in _tp_sizes(ctx.adapter):
         raise OutsideDomain
-    model = ModelShape.from_dict(good["model"])
-    base = {"block": 0, "part": example["where"]["part"], "element": 0}
-    page = state_page(good["layout"], model, good["group"], **_where(good))
-    base["unit"] = page.units[base["part"]].start
-    ctx.adapter.state_offset(good["layout"], model, good["group"], **_where(good), **base)
-    where = example["where"] if obligation == "SLAYOUT-1.5" else base
-    expect_refused(
-        obligation,
-        f"{_BREAKS[obligation]} (layout {bad['layout']!r}, page {bad['page_size']}, {where} of "
-        f"{model.layer_groups[good['group']].describe()} at attention-TP rank "
-        f"{good['attn_tp_rank']} of {good['attn_tp']})",
-        lambda: ctx.adapter.state_offset(
-            bad["layout"], model, good["group"], **_where(bad), **where
-        ),
+    model, group, layout = ModelShape.from_dict(good["model"]), good["group"], good["layout"]
+    page = state_page(layout, model, group, **_where(good))
+    base = {"block": 0, "part": example["part"], "unit": page.units[example["part"]].start}
+    base["element"] = 0
+    ctx.adapter.state_offset(layout, model, group, **_where(good), **base)
+    at = (
+        f"of {model.layer_groups[group].describe()} at attention-TP rank "
+        f"{good['attn_tp_rank']} of {good['attn_tp']}"
     )
+    bad_page = {**_where(good), "page_size": example["bad_page_size"]}
+    breaks = [
+        (
+            "SLAYOUT-1.3",
+            f"unknown state layout {example['bad_layout']!r}",
+            example["bad_layout"],
+            _where(good),
+            base,
+        ),
+        (
+            "SLAYOUT-1.4",
+            f"page size {example['bad_page_size']} (too small or unaligned)",
+            layout,
+            bad_page,
+            base,
+        ),
+        (
+            "SLAYOUT-1.5",
+            f"element {example['unit_elements']}, past its unit",
+            layout,
+            _where(good),
+            {**base, "element": example["unit_elements"]},
+        ),
+        ("SLAYOUT-1.5", "block -1", layout, _where(good), {**base, "block": -1}),
+    ]
+    if example["foreign_unit"] is not None:
+        breaks.append(
+            (
+                "SLAYOUT-1.5",
+                f"unit {example['foreign_unit']}, which the rank does not hold",
+                layout,
+                _where(good),
+                {**base, "unit": example["foreign_unit"]},
+            )
+        )
+    for obligation, what, name, sizes, where in breaks:
+        expect_refused(
+            obligation,
+            f"{what} (layout {name!r}, {where}) {at}",
+            lambda n=name, z=sizes, w=where: ctx.adapter.state_offset(n, model, group, **z, **w),
+        )
 
 
 # SLAYOUT-2: maximal runs --------------------------------------------------------------------
