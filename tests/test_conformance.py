@@ -329,7 +329,10 @@ def test_a_replay_outside_the_domain_is_not_a_pass(capsys) -> None:
     check = get_check("PLAN-3/inverse")
     result = run_check(check, PipelineFree(), replay=example)
     assert (result.verdict, result.effective) == (NOT_PROVIDED, 0)
-    assert "outside the adapter's declared domain" in result.reason
+    assert result.reason == (
+        "the replayed example lies outside the adapter's declared domain: the source stage: "
+        "PP2 is not among pp_sizes (1,)"
+    )
     assert run_check(check, ReferenceAdapter(), replay=example).verdict == PASSED
     assert main(["conform", "reference", "--replay", "{}"]) == 2
     assert "--replay needs --check naming the one check" in capsys.readouterr().err

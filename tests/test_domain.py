@@ -22,7 +22,10 @@ from kvspec.conformance.runner import (
     run_check,
     run_suite,
 )
+from kvspec.strategies import TransferCase
+from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import ReplicaChoice
+from kvspec.topology.stage import StageLayout
 
 NARROW = Domain(pp_sizes=(1,), dtypes=("float32", "float16", "bfloat16"))
 """A connector without pipeline parallelism or fp8 scales (like examples/field_adapter.py)."""
@@ -320,3 +323,52 @@ def test_a_domain_refuses_what_the_spec_has_not() -> None:
     assert all(s == t for s, t in Domain(tp_ratios=(1,)).pairs())
     described = NARROW.describe()
     assert "pp_sizes=(1,)" in described and "float8" not in described and "tp_" not in described
+
+
+def _case(source: StageLayout, target: StageLayout, heads: int = 2, **model) -> TransferCase:
+    return TransferCase(source, target, ModelShape(2, heads, 2, **model))
+
+
+@pytest.mark.parametrize(
+    ("domain", "case", "why"),
+    [
+        (
+            Domain(tp_pairs=((2, 1),)),
+            _case(StageLayout(4), StageLayout(1), heads=4),
+            "TP4 -> TP1 is not one of its TP pairs",
+        ),
+        (
+            Domain(pp_sizes=(1,)),
+            _case(StageLayout(2), StageLayout(1, pp=2)),
+            "the target stage: PP2 is not among pp_sizes (1,)",
+        ),
+        (
+            Domain(replicated_heads=False),
+            _case(StageLayout(4), StageLayout(2)),
+            "the source stage: 2 KV heads over TP4 are replicated, and replicated_heads is False",
+        ),
+        (
+            Domain(attention=("mha",)),
+            _case(StageLayout(2), StageLayout(1), heads=1, attention="mla"),
+            "the source stage: mla attention is not among ('mha',)",
+        ),
+        (
+            Domain(dtypes=("float16",)),
+            _case(StageLayout(2), StageLayout(1)),
+            "the source stage: bfloat16 is not among its dtypes ('float16',)",
+        ),
+        (
+            Domain(),
+            _case(StageLayout(2, dp=2), StageLayout(1)),
+            "the source stage: DP2, CP1, DCP1 (contiguous) is not among dp_sizes (1,)",
+        ),
+    ],
+    ids=["tp-pair", "pp", "replicated-heads", "attention", "dtype", "dp"],
+)
+def test_a_domain_says_what_puts_a_case_outside_it(domain, case, why) -> None:
+    """Domain.outside names the first thing that puts a case outside (a replay reports it);
+    holds is exactly its absence."""
+    assert (domain.outside(case) or "").startswith(why)
+    assert not domain.holds(case)
+    inside = TransferCase(StageLayout(2), StageLayout(1), ModelShape(2, 2, 2))
+    assert Domain().outside(inside) is None and Domain().holds(inside)

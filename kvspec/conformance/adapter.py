@@ -736,7 +736,7 @@ def check_adapter(obj: object, *, where: str) -> None:
             f"{where} overrides no capability{_near_misses(type(obj))}; override at least one "
             "of " + ", ".join(f"{c} ({', '.join(m)})" for c, m in CAPABILITIES.items())
         )
-    _check_signatures(type(obj), where)
+    _check_signatures(type(obj))
 
 
 def _capability_methods() -> list[str]:
@@ -773,7 +773,7 @@ def _check_partial_capabilities(cls: type, where: str) -> None:
             )
 
 
-def _check_signatures(cls: type, where: str) -> None:
+def _check_signatures(cls: type) -> None:
     """Refuse an overriding method that cannot take the arguments the suite always passes
     (the base method's required ones), before a check calls it and blames the
     implementation."""
@@ -798,6 +798,6 @@ def _check_signatures(cls: type, where: str) -> None:
             theirs.bind(None, *args, **kwargs)
         except TypeError as error:
             raise AdapterError(
-                f"{where}: {cls.__name__}.{name}{theirs} cannot take what the suite passes, "
+                f"{cls.__name__}.{name}{theirs} cannot take what the suite passes, "
                 f"Adapter.{name}{base} ({error})"
             ) from None

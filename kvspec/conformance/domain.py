@@ -180,26 +180,52 @@ class Domain:
 
     def holds(self, case: TransferCase) -> bool:
         """Whether a transfer case lies inside the domain (pinned examples may not)."""
-        return (case.source.tp, case.target.tp) in self.pairs() and all(
-            self.holds_stage(layout, case.model) for layout in (case.source, case.target)
-        )
+        return self.outside(case) is None
+
+    def outside(self, case: TransferCase) -> str | None:
+        """What puts a transfer case outside the domain, in words; None when it is inside."""
+        tps = (case.source.tp, case.target.tp)
+        if tps not in self.pairs():
+            return f"TP{tps[0]} -> TP{tps[1]} is not one of its TP pairs"
+        for side, layout in (("source", case.source), ("target", case.target)):
+            why = self.stage_outside(layout, case.model)
+            if why:
+                return f"the {side} stage: {why}"
+        return None
 
     def holds_stage(self, layout: StageLayout, model: ModelShape) -> bool:
-        """Whether one stage of ``model`` laid out as ``layout`` lies inside the domain: a
-        TP of one of its pairs, its PP sizes, partitions and parallel axes, the model's
-        attention and dtype, and heads enough for the TP unless replicated heads are in
-        (what a question about one stage, such as who owns what, may ask)."""
-        return (
-            any(layout.tp in pair for pair in self.pairs())
-            and layout.pp in self.pp_sizes
-            and (self.explicit_partitions or layout.layer_partition is None)
-            and (
-                self.replicated_heads or model.attention == "mla" or model.num_kv_heads >= layout.tp
+        """Whether one stage of ``model`` laid out as ``layout`` lies inside the domain (what
+        a question about one stage, such as who owns what, may ask)."""
+        return self.stage_outside(layout, model) is None
+
+    def stage_outside(self, layout: StageLayout, model: ModelShape) -> str | None:
+        """What puts one stage outside the domain, in words, or None: a TP of none of its
+        pairs, its PP sizes, partitions and parallel axes, the model's attention and dtype,
+        and heads fewer than the TP unless replicated heads are in."""
+        if not any(layout.tp in pair for pair in self.pairs()):
+            return f"TP{layout.tp} is in none of its TP pairs"
+        if layout.pp not in self.pp_sizes:
+            return f"PP{layout.pp} is not among pp_sizes {self.pp_sizes}"
+        if not self.explicit_partitions and layout.layer_partition is not None:
+            return "an explicit layer partition, and explicit_partitions is False"
+        if not (
+            self.replicated_heads or model.attention == "mla" or model.num_kv_heads >= layout.tp
+        ):
+            return (
+                f"{model.num_kv_heads} KV heads over TP{layout.tp} are replicated, and "
+                "replicated_heads is False"
             )
-            and model.attention in self.attention
-            and model.dtype in self.model_dtypes()
-            and self.holds_layout(layout)
-        )
+        if model.attention not in self.attention:
+            return f"{model.attention} attention is not among {self.attention}"
+        if model.dtype not in self.model_dtypes():
+            return f"{model.dtype} is not among its dtypes {self.model_dtypes()}"
+        if not self.holds_layout(layout):
+            return (
+                f"DP{layout.dp}, CP{layout.cp}, DCP{layout.dcp} ({layout.rule.kind}) is not "
+                f"among dp_sizes {self.dp_sizes}, cp_sizes {self.cp_sizes}, dcp_sizes "
+                f"{self.dcp_sizes}, cp_rules {self.cp_rules}"
+            )
+        return None
 
     def holds_layout(self, layout: StageLayout) -> bool:
         return (

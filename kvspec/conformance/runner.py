@@ -189,13 +189,15 @@ def run_check(
         return result
     ctx = Context(adapter, device)
     failures: list[tuple[Example, BaseException]] = []
+    last_outside: list[str] = []  # why the last example was outside the domain, if told
 
     def body(example: Example) -> None:
         result.tried += 1
         try:
             check.run(ctx, example)
-        except OutsideDomain:
+        except OutsideDomain as outside:
             result.outside_domain += 1
+            last_outside[:] = [str(outside)]
         except Vacuous:
             result.vacuous += 1
         except NotProvided as error:
@@ -225,6 +227,7 @@ def run_check(
         result.verdict = NOT_PROVIDED  # nothing was checked: not a pass
         result.reason = (
             "the replayed example lies outside the adapter's declared domain"
+            + "".join(f": {why}" for why in last_outside if why)
             if result.outside_domain
             else "the replayed example has nothing to test"
         )

@@ -212,5 +212,8 @@ def vacuous() -> NoReturn:
 def within_domain(ctx: Context, case: Any) -> None:
     """Raise :class:`OutsideDomain` when ``case`` lies outside the adapter's declared domain
     (a pinned example may) or its :meth:`~kvspec.conformance.adapter.Adapter.supports`."""
-    if not ctx.adapter.domain.holds(case) or not ctx.adapter.supports(case):
-        raise OutsideDomain
+    why = ctx.adapter.domain.outside(case)
+    if why:
+        raise OutsideDomain(why)
+    if not ctx.adapter.supports(case):
+        raise OutsideDomain("the adapter's supports() refuses it")
