@@ -352,7 +352,15 @@ def _histories(obligations: tuple[str, ...]) -> Callable[[Any], st.SearchStrateg
 
 
 def _pins(obligations: tuple[str, ...]) -> tuple[Example, ...]:
-    return tuple(history([o], lambda n: 0, 0) for o in obligations)
+    """Each hazard with every choice made the same way, first, second or third (as far as
+    each choice goes): a hazard's every variant runs on every run, whatever the draw."""
+    pins: list[Example] = []
+    for obligation in obligations:
+        for k in range(3):
+            pin = history([obligation], lambda n, k=k: min(k, max(0, n - 1)), 0)
+            if pin not in pins:
+                pins.append(pin)
+    return tuple(pins)
 
 
 def _event(event: dict[str, Any]) -> str:
