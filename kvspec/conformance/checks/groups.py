@@ -185,75 +185,80 @@ _BREAKS: dict[str, str] = {
 }
 
 
-@st.composite
-def _broken(draw: st.DrawFn, adapter: Adapter, obligation: str) -> Example:
-    model = draw(_hybrid())
-    tp = 2
+def _bad_models(draw: st.DrawFn, model: dict[str, Any], obligation: str) -> list[dict[str, Any]]:
+    """``model`` broken against ``obligation``, in each way the obligation names."""
     bad = copy.deepcopy(model)
-    if obligation == "GROUP-1.2":
-        bad["layers"] = bad["layers"] + [0] if draw(st.booleans()) else bad["layers"][:-1]
-    elif obligation == "GROUP-1.3":
+    if obligation == "GROUP-1.2":  # one layer too many, and one too few
+        short = copy.deepcopy(model)
+        short["layers"] = short["layers"][:-1]
+        bad["layers"] = bad["layers"] + [0]
+        return [bad, short]
+    if obligation == "GROUP-1.3":
         bad["layers"][draw(st.integers(0, len(bad["layers"]) - 1))] = len(bad["groups"]) + 1
-    elif obligation == "GROUP-1.4":
+        return [bad]
+    if obligation == "GROUP-1.4":
         bad["groups"].append(draw(_group(draw(st.sampled_from(KINDS)))))
-    elif obligation == "GROUP-2.1":
+        return [bad]
+    if obligation == "GROUP-2.1":
         group = draw(st.sampled_from(bad["groups"]))
         fact = draw(st.sampled_from(sorted(k for k, v in group.items() if isinstance(v, int))))
         minimum = {"conv_kernel": 2, "num_spec": 0}.get(fact, 1)
         group[fact] = draw(st.sampled_from([minimum - 1, float(group[fact]), str(group[fact])]))
-    elif obligation == "GROUP-2.2":
+        return [bad]
+    if obligation == "GROUP-2.2":
         heads = draw(st.sampled_from([2, 4, 8]))  # units that TP 2 holds: only the ratio is bad
-        bad["groups"].append({**draw(_group("mamba2")), "num_heads": heads, "n_groups": heads * 2})
-        bad["layers"].append(len(bad["groups"]))
-        bad["num_layers"] += 1
+        extra = {**draw(_group("mamba2")), "num_heads": heads, "n_groups": heads * 2}
     elif obligation == "GROUP-2.3":
         kind = draw(st.sampled_from(["chunked_attention", "swa", "Mamba2", "kda", "linear"]))
-        bad["groups"].append({**draw(_group("full")), "kind": kind})
-        bad["layers"].append(len(bad["groups"]))
-        bad["num_layers"] += 1
+        extra = {**draw(_group("full")), "kind": kind}
     elif obligation == "GROUP-3.3":
-        bad["groups"].append({**draw(_group("draft")), "num_kv_heads": 3, "attention": "mha"})
-        bad["layers"].append(len(bad["groups"]))
-        bad["num_layers"] += 1
+        extra = {**draw(_group("draft")), "num_kv_heads": 3, "attention": "mha"}
     elif obligation == "LOCAL-1.3":
-        chunk = draw(st.sampled_from([0, -1, -8192]))
-        bad["groups"].append({**draw(_group("chunked")), "chunk": chunk})
-        bad["layers"].append(len(bad["groups"]))
-        bad["num_layers"] += 1
+        extra = {**draw(_group("chunked")), "chunk": draw(st.sampled_from([0, -1, -8192]))}
     else:  # STATE-1.3
-        bad["groups"].append({**draw(_group("gdn")), "num_k_heads": 3, "num_v_heads": 3})
-        bad["layers"].append(len(bad["groups"]))
-        bad["num_layers"] += 1
-    source, target = StageLayout(1).to_dict(), StageLayout(tp).to_dict()
+        extra = {**draw(_group("gdn")), "num_k_heads": 3, "num_v_heads": 3}
+    bad["groups"].append(extra)  # a layer of a group of its own, the break in it
+    bad["layers"].append(len(bad["groups"]))
+    bad["num_layers"] += 1
+    return [bad]
+
+
+@st.composite
+def _broken(draw: st.DrawFn, adapter: Adapter, obligations: tuple[str, ...]) -> Example:
+    """A valid hybrid model and, for every obligation, the same model broken against it:
+    the check tries every break on every example, so none waits on the draw."""
+    model = draw(_hybrid())
+    source, target = StageLayout(1).to_dict(), StageLayout(2).to_dict()
+    config = {"source": source, "target": target, "seq_len": 8}
     return {
-        "obligation": obligation,
-        "good": {"source": source, "target": target, "model": model, "seq_len": 8},
-        "bad": {"source": source, "target": target, "model": bad, "seq_len": 8},
+        "good": {**config, "model": model},
+        "breaks": [
+            {"obligation": o, "bad": {**config, "model": bad}}
+            for o in obligations
+            for bad in _bad_models(draw, model, o)
+        ],
     }
 
 
 def _refusal_check(clause: str, obligations: tuple[str, ...]) -> None:
-    def strategy(adapter: Adapter) -> st.SearchStrategy[Example]:
-        return st.sampled_from(obligations).flatmap(lambda o: _broken(adapter, o))
-
     @check(
         clause,
         "refuses-" + clause.lower().replace("-", ""),
         "; ".join(_BREAKS[o] for o in obligations) + ": each refused, the valid model accepted",
         needs=("models",),
-        strategy=strategy,
+        strategy=lambda adapter: _broken(adapter, obligations),
         covers=obligations,
     )
     def run(ctx: Context, example: Example) -> None:
         if 2 not in _tp_sizes(ctx.adapter):
             raise OutsideDomain
         ctx.adapter.validate_model(example["good"])
-        obligation = example["obligation"]
-        expect_refused(
-            obligation,
-            f"{_BREAKS[obligation]} ({example['bad']['model']})",
-            lambda: ctx.adapter.validate_model(example["bad"]),
-        )
+        for broken in example["breaks"]:
+            expect_refused(
+                broken["obligation"],
+                f"{_BREAKS[broken['obligation']]} ({broken['bad']['model']})",
+                lambda bad=broken["bad"]: ctx.adapter.validate_model(bad),
+            )
 
 
 _refusal_check("GROUP-1", ("GROUP-1.2", "GROUP-1.3", "GROUP-1.4"))
