@@ -153,6 +153,12 @@ class Adapter:
     slicing_modes: tuple[str, ...] = ("sender",)
     coalesces: bool = False
 
+    @property
+    def drawn_policies(self) -> tuple[str, ...]:
+        """The replica policies the suite routes this adapter's cases under: those it
+        names (:attr:`policies`), or ``lowest`` when it names none [PLAN-4]."""
+        return tuple(self.policies) or ("lowest",)
+
     def supports(self, case: TransferCase) -> bool:
         """Whether ``case`` is inside the implementation's domain, beyond :attr:`domain`.
 

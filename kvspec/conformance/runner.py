@@ -189,15 +189,16 @@ def run_check(
         return result
     ctx = Context(adapter, device)
     failures: list[tuple[Example, BaseException]] = []
-    last_outside: list[str] = []  # why the last example was outside the domain, if told
+    outside_why = ""  # why the last example was outside the domain, if told
 
     def body(example: Example) -> None:
+        nonlocal outside_why
         result.tried += 1
         try:
             check.run(ctx, example)
         except OutsideDomain as outside:
             result.outside_domain += 1
-            last_outside[:] = [str(outside)]
+            outside_why = str(outside)
         except Vacuous:
             result.vacuous += 1
         except NotProvided as error:
@@ -227,7 +228,7 @@ def run_check(
         result.verdict = NOT_PROVIDED  # nothing was checked: not a pass
         result.reason = (
             "the replayed example lies outside the adapter's declared domain"
-            + "".join(f": {why}" for why in last_outside if why)
+            + (f": {outside_why}" if outside_why else "")
             if result.outside_domain
             else "the replayed example has nothing to test"
         )

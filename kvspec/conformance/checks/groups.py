@@ -125,7 +125,7 @@ def _cases(draw: st.DrawFn, adapter: Adapter, kinds: tuple[str, ...] = KINDS) ->
     pp = [p for p in adapter.domain.pp_sizes if p <= model["num_layers"]] or [1]
     source = StageLayout(draw(st.sampled_from(tps)), draw(st.sampled_from(pp)))
     target = StageLayout(draw(st.sampled_from(tps)), draw(st.sampled_from(pp)))
-    policy = draw(st.sampled_from(list(adapter.policies) or ["lowest"]))
+    policy = draw(st.sampled_from(adapter.drawn_policies))
     return {
         "case": TransferCase(source, target, ModelShape.from_dict(model), policy).to_dict(),
         "seq_len": draw(st.integers(0, 96)),
@@ -135,7 +135,7 @@ def _cases(draw: st.DrawFn, adapter: Adapter, kinds: tuple[str, ...] = KINDS) ->
 
 def _case(ctx: Context, example: Example) -> TransferCase:
     case = TransferCase.from_dict(example["case"])
-    if case.policy not in (ctx.adapter.policies or ("lowest",)):
+    if case.policy not in ctx.adapter.drawn_policies:
         raise OutsideDomain
     return case
 

@@ -28,9 +28,7 @@ from kvspec.topology.tokens import Tokens
 
 def case_examples(adapter: Adapter, **kwargs) -> st.SearchStrategy[Example]:
     """Valid transfer cases inside the adapter's domain, under the policies it names."""
-    return adapter.domain.cases(policies=adapter.policies or ("lowest",), **kwargs).map(
-        TransferCase.to_dict
-    )
+    return adapter.domain.cases(policies=adapter.drawn_policies, **kwargs).map(TransferCase.to_dict)
 
 
 def spec_plan(adapter: Adapter, case: TransferCase) -> TransferPlan:
@@ -101,10 +99,6 @@ def _sources(ctx: Context, case: TransferCase, dst: int) -> list[int]:
         f"{case.source.world_size - 1} [PLAN-2.3]",
     )
     return sources
-
-
-def _adapter_policies(adapter: Adapter) -> tuple[str, ...]:
-    return tuple(adapter.policies) or ("lowest",)
 
 
 def _cover(
@@ -202,7 +196,7 @@ def exact_cover(ctx: Context, example: Example) -> None:
 
 def policy_in_domain(ctx: Context, case: TransferCase) -> None:
     """A pinned case under a policy the adapter does not name lies outside its domain."""
-    if case.policy not in _adapter_policies(ctx.adapter):
+    if case.policy not in ctx.adapter.drawn_policies:
         raise OutsideDomain
 
 
@@ -253,7 +247,7 @@ def _has_policy(adapter: Adapter) -> str | None:
 def _policy_cases(draw: st.DrawFn, adapter: Adapter) -> Example:
     """A case of the domain, under one of the adapter's policies."""
     example = draw(case_examples(adapter))
-    return {**example, "policy": draw(st.sampled_from(_adapter_policies(adapter)))}
+    return {**example, "policy": draw(st.sampled_from(adapter.drawn_policies))}
 
 
 @check(
