@@ -107,6 +107,7 @@ class Board:
 
         Returns every worker's record, by worker number.
         """
+        allowed = max(0.0, deadline - time.monotonic())
         self.put(
             f"worker/{self.worker}",
             {"host": host, "digest": config_digest(config_json), "config": config_json},
@@ -114,7 +115,7 @@ class Board:
         self.wait_for(
             [f"worker/{w}" for w in range(self.workers)],
             deadline,
-            f"workers never joined the board within the deadline ({self.workers} expected)",
+            f"workers never joined the board within {allowed:.3g} s ({self.workers} expected)",
         )
         records = [self.get(f"worker/{w}") for w in range(self.workers)]
         first = records[0]

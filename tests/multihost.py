@@ -253,7 +253,9 @@ class Hosts:
 
     def leftovers(self) -> list[int]:
         """Processes of any host's group still running (after ``wait``: none allowed)."""
-        deadline = time.monotonic() + 5.0  # a killed parent's children notice within 0.5 s
+        # a killed parent's children notice within 0.5 s on an idle host; the bound is for
+        # a busy one (it returns as soon as none is left)
+        deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline:
             left = [pid for launched in self.launched for pid in launched.members()]
             if not left:

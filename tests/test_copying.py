@@ -166,7 +166,7 @@ def test_a_forked_child_shares_copies_with_threads_of_its_own() -> None:
         if child.is_alive():
             child.kill()
             pytest.fail("the forked child's shared copy never finished")
-    assert child.exitcode == 0 and result.get(timeout=5) is True
+    assert child.exitcode == 0 and result.get(timeout=60) is True
 
 
 def test_wide_bits_takes_the_widest_integer_the_views_allow() -> None:
