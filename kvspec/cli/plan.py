@@ -47,7 +47,7 @@ from kvspec.cli.args import (
     int_in,
 )
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.tensors.dtypes import DTYPES
+from kvspec.tensors.dtype_names import DTYPE_NAMES
 from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS, model_preset
@@ -117,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--latent-dim", type=int_in(1, MAX_HEAD_DIM), default=576, help="MLA latent width (576)"
     )
-    model.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="(bfloat16)")
+    model.add_argument("--dtype", choices=DTYPE_NAMES, default="bfloat16", help="(bfloat16)")
     out = parser.add_argument_group("output")
     out.add_argument("--policy", choices=POLICIES, default="lowest", help="replica choice (lowest)")
     out.add_argument(

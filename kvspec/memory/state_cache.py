@@ -25,7 +25,7 @@ from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.memory.layout_model import StateCacheLayout
 from kvspec.memory.presets import STATE_PRESETS
-from kvspec.tensors.dtypes import itemsize
+from kvspec.tensors.dtype_names import itemsize
 from kvspec.tensors.state_oracle import part_dtype, state_group
 from kvspec.topology.model import ModelShape
 from kvspec.topology.state import part_units

@@ -2,17 +2,40 @@
 
 Dtypes are named by strings (``"bfloat16"``) everywhere in the spec so that plans,
 reports and golden vectors stay language-neutral; :func:`torch_dtype` turns a name
-into the torch dtype only where tensors are made.
+into the torch dtype only where tensors are made. The names, bit layouts and widths
+themselves live in the torch-free :mod:`kvspec.tensors.dtype_names` (re-exported here),
+so topology arithmetic never loads torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from kvspec._checks import show
 from kvspec.clause import Clause, must, refuses
+from kvspec.tensors.dtype_names import (
+    DTYPE_NAMES,
+    FLOAT_FORMATS,
+    FP8_DTYPES,
+    FloatFormat,
+    check_dtype,
+    itemsize,
+)
+
+__all__ = [
+    "CLAUSES",
+    "DTYPES",
+    "DTYPE_NAMES",
+    "FLOAT_FORMATS",
+    "FP8_DTYPES",
+    "FloatFormat",
+    "bit_equal",
+    "bits_view",
+    "check_dtype",
+    "dtype_name",
+    "itemsize",
+    "raw_bits",
+    "torch_dtype",
+]
 
 CLAUSES = (
     Clause(
@@ -46,39 +69,8 @@ DTYPES: dict[str, torch.dtype] = {
 }
 """The allowed cache dtypes by name [DTYPE-1]."""
 
-FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
-
-
-@dataclass(frozen=True)
-class FloatFormat:
-    """The bit layout of a cache dtype: sign, then exponent (with its bias), then mantissa."""
-
-    bits: int
-    exponent_bits: int
-    mantissa_bits: int
-    exponent_bias: int
-
-
-FLOAT_FORMATS: dict[str, FloatFormat] = {
-    "float32": FloatFormat(32, 8, 23, 127),
-    "float16": FloatFormat(16, 5, 10, 15),
-    "bfloat16": FloatFormat(16, 8, 7, 127),
-    "float8_e4m3fn": FloatFormat(8, 4, 3, 7),
-    "float8_e5m2": FloatFormat(8, 5, 2, 15),
-}
-"""Bit layouts of the allowed dtypes [DTYPE-1]; the oracle builds values from them."""
-
 # An integer dtype of the same width, to read a tensor's raw bits [DTYPE-2].
 _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def check_dtype(name: object) -> str:
-    """Return ``name`` if it names an allowed cache dtype [DTYPE-1]."""
-    # The isinstance test first: an unhashable name (a list from untrusted JSON) must be
-    # refused with this message, not a TypeError from the dict lookup.
-    if not isinstance(name, str) or name not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {show(name)}")
-    return name
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -92,11 +84,6 @@ def dtype_name(dtype: torch.dtype) -> str:
         if candidate == dtype:
             return name
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype}")
-
-
-def itemsize(name: str) -> int:
-    """Bytes per element of an allowed dtype."""
-    return torch_dtype(name).itemsize
 
 
 def raw_bits(tensor: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must
-from kvspec.tensors.dtypes import check_dtype, itemsize
+from kvspec.tensors.dtype_names import check_dtype, itemsize
 from kvspec.topology.groups import FullAttention
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import owned_heads

@@ -19,7 +19,7 @@ from typing import Any
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtypes import itemsize
+from kvspec.tensors.dtype_names import itemsize
 from kvspec.topology.groups import FullAttention
 from kvspec.topology.indexer import index_entry_bytes
 from kvspec.topology.model import ModelShape

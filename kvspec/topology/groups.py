@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtypes import check_dtype
+from kvspec.tensors.dtype_names import check_dtype
 from kvspec.topology.indexer import check_indexer
 
 CLAUSES = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtypes import itemsize
+from kvspec.tensors.dtype_names import itemsize
 
 INDEX_BLOCK = 128
 """Indexer values per float32 scale (vLLM ``quant_block_size``)."""

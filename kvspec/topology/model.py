@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtypes import FP8_DTYPES, check_dtype, itemsize
+from kvspec.tensors.dtype_names import FP8_DTYPES, check_dtype, itemsize
 from kvspec.topology.groups import FullAttention, LayerGroup, group_from_dict
 from kvspec.topology.indexer import check_indexer
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kvspec._checks import require_choice
 from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtypes import itemsize
+from kvspec.tensors.dtype_names import itemsize
 from kvspec.topology.groups import StateGroup, StatePart
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import check_heads, head_replicas, layer_ranges, owned_heads

@@ -31,13 +31,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtypes import bits_view
+
+if TYPE_CHECKING:
+    import torch
 
 CLAUSES = (
     Clause(
@@ -228,6 +228,12 @@ def take_tokens(tensor: torch.Tensor, positions: Tokens, *, axis: int) -> torch.
         return tensor.narrow(axis, r.start, len(r))
     if not positions.ranges:
         return tensor.narrow(axis, 0, 0)
+    # torch is imported here and in put_tokens only: token sets are arithmetic, and
+    # planning a transfer (or starting `kvspec`) must not load it.
+    import torch
+
+    from kvspec.tensors.dtypes import bits_view
+
     index = torch.tensor(positions.tokens(), dtype=torch.long, device=tensor.device)
     # Gathered as raw bits: every dtype (fp8 included) on every device, bit for bit.
     return bits_view(tensor).index_select(axis, index).view(tensor.dtype)
@@ -240,6 +246,10 @@ def put_tokens(target: torch.Tensor, positions: Tokens, values: torch.Tensor, *,
         target.narrow(axis, r.start, len(r)).copy_(values)
         return
     if positions.ranges:
+        import torch
+
+        from kvspec.tensors.dtypes import bits_view
+
         index = torch.tensor(positions.tokens(), dtype=torch.long, device=target.device)
         bits_view(target).index_copy_(axis, index, bits_view(values.to(target.device)))
 
