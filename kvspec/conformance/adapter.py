@@ -31,6 +31,9 @@ from typing import Any
 import torch
 
 from kvspec.conformance.domain import FIRST_RELEASE, Domain
+from kvspec.conformance.transfer_config import TransferConfig
+from kvspec.memory.descriptors import RegisteredCache
+from kvspec.memory.paged import PagedCache
 from kvspec.naming.ports import PortScheme
 from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
@@ -39,6 +42,7 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import POLICIES, ReplicaRule
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.tokens import Tokens
+from kvspec.transport.payload import Payload
 
 
 class NotProvided(Exception):
@@ -118,6 +122,11 @@ def validator_for(clause: str) -> str:
     }.get(family, "validate_topology")
 
 
+REFUSAL_TYPES: Mapping[str, type[Exception]] = MappingProxyType({"WIRE-4.1": ValueError})
+"""Refusals the suite holds to one exception type, by obligation: a decoder refuses a
+damaged message with a ``ValueError`` [WIRE-4.1]. Every other refusal may raise any
+exception; the suite judges that something was refused, not how."""
+
 _ALIASES: dict[str, tuple[str, ...]] = {method: ("validate",) for method in VALIDATORS}
 """Methods an older adapter may provide under another name: ``validate`` refused every
 invalid configuration before the refusals were separate capabilities."""
@@ -135,7 +144,9 @@ class Adapter:
       be checked on them.
     - ``policies``: the replica-choice policies [PLAN-4] it implements: the spec's names
       (``lowest``, ``balanced``) or names of ``policy_rules``; generated cases use only
-      these, and the policy checks run only if any.
+      these, and the policy checks run only if any. :meth:`sources` must refuse (raise) a
+      ``case.policy`` it does not implement rather than route under another [PLAN-4.4];
+      an adapter naming no policy is routed under ``lowest`` only.
     - ``policy_rules``: policies of its own, name -> rule (a function of a
       :class:`~kvspec.topology.plan.ReplicaChoice` returning the sending TP rank), checked against
       PLAN-2, PLAN-3 and determinism, and routing against the rule [PLAN-4].
@@ -183,7 +194,12 @@ class Adapter:
 
     # routing --------------------------------------------------------------------
     def sources(self, case: TransferCase, dst: int) -> Sequence[int]:
-        """Source ranks receiver ``dst`` takes KV from [PLAN-2, PLAN-3]."""
+        """Source ranks receiver ``dst`` takes KV from [PLAN-2, PLAN-3], under the replica
+        policy ``case.policy`` [PLAN-4].
+
+        Refuse (raise) a ``case.policy`` the implementation does not implement, one in
+        neither :attr:`policies` nor :attr:`policy_rules`, rather than route under another
+        policy [PLAN-4.4]."""
         raise NotProvided
 
     def targets(self, case: TransferCase, src: int) -> Sequence[int]:
@@ -230,46 +246,42 @@ class Adapter:
     # stages in the transfer code, model facts (heads over TP among them) when the model
     # loads and its attention layers are built, the two stages' agreement in a
     # handshake. One method each, so an adapter provides what its engine's transfer code
-    # really does. Every ``config`` is plain data: ``source`` and ``target`` (``tp``,
-    # ``pp``, ``layer_partition``, and where they apply ``dp``, ``cp``, ``dcp``,
-    # ``cp_rule``), ``model`` (ModelShape fields), optionally ``policy``, ``rank``
-    # (``{"side": "source" | "target", "rank": int}``), ``target_model`` (the receiver's
-    # model facts), the request's ``seq_len``, the router's ``source_dp`` and
-    # ``target_dp``, and cache block sizes ``source_block_size`` and ``target_block_size``
-    # [CP-2, DP-1]. Attention groups that do not fit TP are parallel sizes [STAGE-2];
-    # token rules, DCP and DP ranks are refused with the pair of stages [CP-1..3, DP-1,
-    # PLAN-6].
+    # really does. Every ``config`` is plain data, a TransferConfig: its keys, their types,
+    # meanings and examples are data in kvspec/conformance/transfer_config.py, which the
+    # suite holds every configuration it hands out to and docs/adapter-api.md is rendered
+    # from. Attention groups that do not fit TP are parallel sizes [STAGE-2]; token rules,
+    # DCP and DP ranks are refused with the pair of stages [CP-1..3, DP-1, PLAN-6].
 
-    def validate_sizes(self, config: dict[str, Any]) -> None:
+    def validate_sizes(self, config: TransferConfig) -> None:
         """Raise if the implementation refuses these parallel sizes: TP and PP of at least
         1, a rank inside its stage [STAGE-1]."""
         return self._legacy_validate(config)
 
-    def validate_partition(self, config: dict[str, Any]) -> None:
+    def validate_partition(self, config: TransferConfig) -> None:
         """Raise if the implementation refuses these pipeline layer partitions
         [LAYER-1, LAYER-2]."""
         return self._legacy_validate(config)
 
-    def validate_topology(self, config: dict[str, Any]) -> None:
+    def validate_topology(self, config: TransferConfig) -> None:
         """Raise if the implementation refuses to transfer between these two stages
         [PLAN-1]."""
         return self._legacy_validate(config)
 
-    def validate_model(self, config: dict[str, Any]) -> None:
+    def validate_model(self, config: TransferConfig) -> None:
         """Raise if the implementation refuses these model facts, its head count over
         either side's TP included [MODEL-1, MODEL-2, DTYPE-1, HEAD-1, HEAD-2]."""
         return self._legacy_validate(config)
 
-    def validate_agreement(self, config: dict[str, Any]) -> None:
+    def validate_agreement(self, config: TransferConfig) -> None:
         """Raise if the implementation refuses a receiver whose model facts
         (``target_model``) differ from the sender's (``model``) [MODEL-3]."""
         return self._legacy_validate(config)
 
-    def validate(self, config: dict[str, Any]) -> None:
+    def validate(self, config: TransferConfig) -> None:
         """Deprecated: one method for every ``validate_*`` above."""
         raise NotProvided
 
-    def _legacy_validate(self, config: dict[str, Any]) -> None:
+    def _legacy_validate(self, config: TransferConfig) -> None:
         if _overrides(type(self), "validate"):
             return self.validate(config)
         raise NotProvided
@@ -322,11 +334,11 @@ class Adapter:
         raise NotProvided
 
     # paged requests --------------------------------------------------------------
-    def gather(self, cache: Any, block_ids: list[int], seq_len: int) -> RequestKV:
+    def gather(self, cache: PagedCache, block_ids: list[int], seq_len: int) -> RequestKV:
         """A request from a :class:`~kvspec.memory.paged.PagedCache` by block ids [PAGED-1..3]."""
         raise NotProvided
 
-    def scatter(self, kv: RequestKV, cache: Any, block_ids: list[int]) -> None:
+    def scatter(self, kv: RequestKV, cache: PagedCache, block_ids: list[int]) -> None:
         """Write ``kv`` into the cache's blocks in place; refuse bad tables [PAGED-2..5]."""
         raise NotProvided
 
@@ -336,9 +348,9 @@ class Adapter:
         case: TransferCase,
         src: int,
         dst: int,
-        source: Any,
+        source: RegisteredCache,
         source_ids: list[int],
-        target: Any,
+        target: RegisteredCache,
         target_ids: list[int],
         tokens: range,
     ) -> Sequence[Any]:
@@ -558,12 +570,14 @@ class Adapter:
         raise NotProvided
 
     # payloads and the wire ----------------------------------------------------------
-    def merge(self, case: TransferCase, dst: int, received: Sequence[tuple[int, Any]]) -> Any:
+    def merge(
+        self, case: TransferCase, dst: int, received: Sequence[tuple[int, Payload]]
+    ) -> Payload:
         """Receiver ``dst``'s shard from ``(source rank, Payload)`` pairs in arrival order
         [PAYLOAD-3]; refuse shards that disagree."""
         raise NotProvided
 
-    def reassemble(self, chunks: Sequence[Any]) -> Any:
+    def reassemble(self, chunks: Sequence[Payload]) -> Payload:
         """One whole-request :class:`~kvspec.transport.payload.Payload` from its chunks
         [CHUNK-2]."""
         raise NotProvided
@@ -587,19 +601,19 @@ class Adapter:
         raise NotProvided
 
     def merge_layers(
-        self, case: TransferCase, dst: int, group: range, received: Sequence[tuple[int, Any]]
-    ) -> Any:
+        self, case: TransferCase, dst: int, group: range, received: Sequence[tuple[int, Payload]]
+    ) -> RequestKV:
         """Receiver ``dst``'s :class:`~kvspec.tensors.kv.RequestKV` on the layers it owns in
         ``group``, from each source's part of the group (a Payload holding only the group's
         layers), in arrival order [STREAM-1.3]."""
         raise NotProvided
 
-    def encode(self, payload: Any) -> Sequence[Any]:
+    def encode(self, payload: Payload) -> Sequence[Any]:
         """The frames of a :class:`~kvspec.transport.payload.Payload` in the spec's format
         [WIRE-1]."""
         raise NotProvided
 
-    def decode(self, frames: Sequence[bytes]) -> Any:
+    def decode(self, frames: Sequence[bytes]) -> Payload:
         """The payload of a list of frames; refuse anything malformed [WIRE-4]."""
         raise NotProvided
 

@@ -24,6 +24,7 @@ from kvspec.conformance.checks import (
     fail,
     vacuous,
 )
+from kvspec.conformance.transfer_config import handed
 from kvspec.strategies import TP_SIZES, TransferCase
 from kvspec.tensors.dtypes import bits_view
 from kvspec.tensors.state_oracle import oracle_state
@@ -252,6 +253,8 @@ def _refusal_check(clause: str, obligations: tuple[str, ...]) -> None:
     def run(ctx: Context, example: Example) -> None:
         if 2 not in _tp_sizes(ctx.adapter):
             raise OutsideDomain
+        for config in (example["good"], *(b["bad"] for b in example["breaks"])):
+            handed(config)
         ctx.adapter.validate_model(example["good"])
         for broken in example["breaks"]:
             expect_refused(

@@ -22,6 +22,7 @@ from kvspec.conformance.checks import (
     expect_refused,
     vacuous,
 )
+from kvspec.conformance.transfer_config import handed
 from kvspec.strategies import TP_SIZES, TransferCase
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.indexer import index_entry_bytes
@@ -210,6 +211,8 @@ def _broken(draw: st.DrawFn, adapter: Adapter) -> Example:
 def _refuses(ctx: Context, example: Example) -> None:
     if 2 not in _tp_sizes(ctx.adapter):
         raise OutsideDomain
+    handed(example["good"])
+    handed(example["bad"])
     ctx.adapter.validate_model(example["good"])
     expect_refused(
         "INDEX-1.3",

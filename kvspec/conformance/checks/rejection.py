@@ -35,6 +35,7 @@ from kvspec.conformance.checks import (
     within_domain,
 )
 from kvspec.conformance.checks.routing import case_examples
+from kvspec.conformance.transfer_config import handed
 from kvspec.error_cases import ERROR_CASES, OPERATIONS
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
@@ -221,6 +222,7 @@ def _refusal_check(
     def run(ctx: Context, config: Example) -> None:
         probes = variants(ctx.adapter, config) if variants else [(covers[0], title, config)]
         for obligation, what, probe in probes:
+            handed(probe)
             expect_refused(
                 obligation,
                 f"configuration {probe} ({what})",
@@ -515,6 +517,7 @@ def _accepts_check(slug: str, method: str, *, agreeing: bool = False, ranked: bo
             side = "source" if config["source"]["pp"] > 1 else "target"
             last = config[side]["tp"] * config[side]["pp"] - 1
             given = {**given, "rank": {"side": side, "rank": last}}
+        handed(given)
         try:
             getattr(ctx.adapter, method)(copy.deepcopy(given))
         except Exception as error:
@@ -658,6 +661,7 @@ _refusal_check(
 def accepts_allowed(ctx: Context, config: Example) -> None:
     if config["model"]["dtype"] not in ctx.adapter.domain.model_dtypes():
         raise OutsideDomain
+    handed(config)
     try:
         ctx.adapter.validate_model(copy.deepcopy(config))
     except Exception as error:
