@@ -1,11 +1,21 @@
 """``python -m sim`` runs the simulated cluster (see ``python -m sim run --help``)."""
 
-import os
-import sys
+import time
 
-from sim.cli import main
+ENTERED = time.time()  # before torch is imported: the start, where /proc cannot say
 
-code = main()
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from sim.cli import main  # noqa: E402
+from sim.clock import process_start  # noqa: E402
+
+started = process_start()
+code = main(
+    started=(started, "the process's start")
+    if started is not None
+    else (ENTERED, "python -m sim starting")
+)
 if code == 130:
     # Ctrl-C: every rank is already stopped and reaped and the report is printed; skip
     # the interpreter's teardown (most of a second with torch loaded) so the run ends

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -334,9 +335,13 @@ def _port(text: str) -> int:
         raise ValueError(f"--base-port: {error} (or 'auto')") from None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, started: tuple[float, str] | None = None) -> int:
+    """``sim run``; ``started`` is (``time.time()``, what it is) of the command's start, for
+    the report's wall time (``python -m sim`` passes the process's; by default, now)."""
+    if started is None:
+        started = (time.time(), "sim.cli.main being called")
     parser = build_parser()
-    return run_to_exit(lambda: _run(parser.parse_args(argv)), PROG)
+    return run_to_exit(lambda: _run(parser.parse_args(argv), started), PROG)
 
 
 def _run_once(config: SimConfig, quiet: bool) -> SimReport:
@@ -426,7 +431,7 @@ def _run_hybrid_args(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, started: tuple[float, str]) -> int:
     if args.model is not None:
         return _run_hybrid_args(args)
     if args.vllm_block_size:
@@ -456,6 +461,7 @@ def _run(args: argparse.Namespace) -> int:
             return 130
     report = _run_once(config, args.quiet)
     report.baseline = baseline
+    report.time_command(*started)
     if args.json != STDOUT:
         print(report.render())
     if args.json:

@@ -242,6 +242,7 @@ class Cluster:
         self.endpoints: dict[str, str] = {}
         self.ready: set[str] = set()
         self.startup_s = 0.0
+        self.marks: dict[str, float] = {}  # phase -> time.time() it ended (SimReport.marks)
         self.active_senders: set[str] = set()
         self.timed_out = self.interrupted = False
         self.results: dict[RankId, dict[str, dict[str, Any]]] = defaultdict(dict)
@@ -271,6 +272,7 @@ class Cluster:
         """Validate, start, run and stop; a refused configuration raises ``ValueError``."""
         validate(self.config)
         started = time.time()
+        self.marks["started"] = started
         self._open_control()
         drain = False
         try:
@@ -279,8 +281,10 @@ class Cluster:
             self._broadcast({"cmd": "connect", "endpoints": self.endpoints})
             self._await_setup("ready", None)
             self.startup_s = time.time() - started
+            self.marks["go"] = time.time()
             self._broadcast({"cmd": "go"})
             self.timed_out = not self._watch(time.time() + self.config.timeout)
+            self.marks["results"] = time.time()
             if self.timed_out:
                 self._collect_pending()
                 self.stack_dumps = self._dump_stacks()
@@ -301,6 +305,7 @@ class Cluster:
                 self.p2p_server = None  # its listening port closes with it
                 if self.dump_dir is not None:
                     shutil.rmtree(self.dump_dir, ignore_errors=True)
+        self.marks["stopped"] = time.time()
         return self._report(time.time() - started)
 
     def _open_control(self) -> None:
@@ -742,6 +747,7 @@ class Cluster:
             books_closed=len(self.ledger.closed),
             strangers=dict(self.strangers),
             lifecycle=_lifecycle_summary(self.lifecycle, self.by_tag),
+            marks=dict(self.marks),
         )
         for stats in self.rank_stats.values():
             report.receiver_stats.update(

@@ -6,6 +6,7 @@ import sys
 import time
 
 from kvspec.cli.plan import human_bytes
+from sim.report import human_rate
 
 
 class ProgressBar:
@@ -22,7 +23,7 @@ class ProgressBar:
         elapsed = max(1e-9, time.monotonic() - self.started)
         line = (
             f"{done}/{total} requests ({verified} verified, {failed} failed), "
-            f"{human_bytes(int(moved))} moved, {moved / elapsed / 1e9:.2f} GB/s"
+            f"{human_bytes(int(moved))} moved, {human_rate(moved / elapsed)}"
         )
         if self.tty:
             filled = self.width * done // self.total

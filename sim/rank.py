@@ -1575,6 +1575,8 @@ class Rank:
                         "received": now,
                         "verified": now,
                         "edge_bytes": {},
+                        "elements": 0,
+                        "checked_bytes": 0,
                     }
                 )
                 if self.out_plan is not None:
@@ -1583,7 +1585,7 @@ class Rank:
     def _verify(self, state: Incoming) -> None:
         """Check every element of the stored request against the oracle [ORACLE-5]."""
         request = state.request
-        verdict = self._oracle_verdict(request.request_id)
+        verdict, checked = self._oracle_verdict(request.request_id)
         if not verdict.ok:
             self._fail(state, self._with_clobbers(verdict.message, request.request_id))
             return
@@ -1600,6 +1602,8 @@ class Rank:
                 "started": None if state.started == float("inf") else state.started,
                 "ready": state.ready_at,
                 "edge_bytes": {str(src): n for src, n in state.edge_bytes.items()},
+                "elements": verdict.total,  # what the report says was verified
+                "checked_bytes": checked,
             }
         )
         if self.out_plan is not None:
@@ -1622,14 +1626,15 @@ class Rank:
                 self._recheck(oldest)
             self.pool.release(oldest)
 
-    def _oracle_verdict(self, request_id: str) -> Verdict | FieldVerdict:
+    def _oracle_verdict(self, request_id: str) -> tuple[Verdict | FieldVerdict, int]:
         """Every element this rank holds of ``request_id``, against the oracle: its own
         tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]; of a
-        record cache, every byte of every field, inline scales included [ORACLE-6]."""
+        record cache, every byte of every field, inline scales included [ORACLE-6].
+        With the verdict, the bytes it compared."""
         request = self.requests[request_id]
         if self.config.records:
             fields = gather_fields(self.cache, self.tables[request_id], self._held(request))
-            return verify_fields(
+            verdict = verify_fields(
                 fields,
                 self.model,
                 self.cache.layout,
@@ -1637,14 +1642,17 @@ class Rank:
                 **self._region(request),
                 seed=self.config.seed,
             )
+            return verdict, sum(t.numel() * t.element_size() for t in fields.values())
         stored = gather_request(self.cache, self.tables[request_id], self._held(request))
-        return verify(
+        verdict = verify(
             stored, self.model, request_id, **self._region(request), seed=self.config.seed
         )
+        tensors = [stored.data] if stored.scales is None else [stored.data, stored.scales]
+        return verdict, sum(t.numel() * t.element_size() for t in tensors)
 
     def _recheck(self, request_id: str) -> None:
         """Verify a held request again; a late write into its reused blocks shows here."""
-        verdict = self._oracle_verdict(request_id)
+        verdict, _ = self._oracle_verdict(request_id)
         if not verdict.ok:
             self.corrupted.append(
                 {

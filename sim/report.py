@@ -3,8 +3,10 @@ against the plan, throughput and latency; rendered for people and as JSON."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import statistics
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +39,10 @@ class RequestOutcome:
     ready_s: dict[int, float] = field(default_factory=dict)
     """Per stage pair (by its sending stage): from the first source starting to compute the
     request to every receiver holding all its layers (``--stream`` runs) [STREAM-1]."""
+    elements: int = 0
+    """Elements its receiving ranks compared with the oracle, summed over them [ORACLE-5]."""
+    checked_bytes: int = 0
+    """The bytes of those elements (scales and record fields included)."""
 
 
 @dataclass
@@ -71,6 +77,59 @@ class SimReport:
     """Corruption found in held blocks, trace violations, traces checked [LIFE]."""
     baseline: SimReport | None = None
     """A streamed run's whole-request twin: the same run with ``--stream whole``."""
+    marks: dict[str, float] = field(default_factory=dict)
+    """``time.time()`` as each phase of the run ended: ``started`` (validated, about to
+    start ranks), ``go`` (every rank ready), ``results`` (every result in or the
+    deadline), ``stopped`` (every rank stopped) (:mod:`sim.cluster`)."""
+    clock: tuple[float, float, str] | None = None
+    """(start, end, what the start is) of the whole command, set by :meth:`time_command`."""
+
+    def time_command(self, started: float, since: str) -> None:
+        """Time the command around the run: from ``started`` (``time.time()`` of ``since``,
+        e.g. the process's start) to now, when the report is made, so the wall time it
+        shows is the one ``time`` shows for the command."""
+        self.clock = (started, time.time(), since)
+
+    def wall_split(self) -> dict[str, Any] | None:
+        """The command's wall time, split into start-up, transfer and shutdown, which add up
+        to the total; None unless :meth:`time_command` was called."""
+        if self.clock is None or "started" not in self.marks:
+            return None
+        started, ended, since = self.clock
+        ranks = self.marks["started"]
+        stopped = self.marks.get("stopped", ended)
+        go = self.marks.get("go", stopped)  # a run that never started: all start-up
+        results = self.marks.get("results", go)
+        return {
+            "since": since,
+            "total_seconds": ended - started,
+            "startup_seconds": go - started,
+            "before_ranks_seconds": ranks - started,
+            "ranks_startup_seconds": go - ranks,
+            "transfer_seconds": results - go,
+            "shutdown_seconds": ended - results,
+        }
+
+    @property
+    def elements_verified(self) -> int:
+        """Elements compared with the oracle, equal, in the verified requests."""
+        return sum(o.elements for o in self.outcomes if o.ok)
+
+    @property
+    def bytes_verified(self) -> int:
+        return sum(o.checked_bytes for o in self.outcomes if o.ok)
+
+    @property
+    def receiving_ranks(self) -> int:
+        """Ranks that receive and verify: every stage's but the first, in every group."""
+        stages = self.config.stages[1:]
+        return sum(s.world_size for s in stages) * self.config.replicas
+
+    def edges_off_plan(self) -> int:
+        """Edges whose bytes moved (by verified requests) differ from the plan's."""
+        return sum(
+            self.edge_bytes.get(key, 0) != planned for key, planned in self.planned_bytes.items()
+        )
 
     @property
     def verified(self) -> int:
@@ -108,6 +167,10 @@ class SimReport:
     @property
     def throughput_gbps(self) -> float:
         return self.bytes_moved / self.transfer_s / 1e9 if self.transfer_s > 0 else 0.0
+
+    @property
+    def throughput_bytes_per_s(self) -> float:
+        return self.bytes_moved / self.transfer_s if self.transfer_s > 0 else 0.0
 
     def latencies(self) -> list[float]:
         return sorted(o.latency_s for o in self.outcomes if o.ok and o.latency_s is not None)
@@ -222,11 +285,23 @@ class SimReport:
                 for (r, s, src, dst), planned in sorted(self.planned_bytes.items())
             ],
             "bytes_moved": self.bytes_moved,
+            "verified": {
+                "requests": self.verified,
+                "of": len(self.outcomes),
+                "elements": self.elements_verified,
+                "bytes": self.bytes_verified,
+                "receiving_ranks": self.receiving_ranks,
+                "edges": len(self.planned_bytes),
+                "edges_off_plan": self.edges_off_plan(),
+            },
             "transfer_seconds": self.transfer_s,
             "throughput_gbps": self.throughput_gbps,
+            "throughput_bytes_per_second": self.throughput_bytes_per_s,
+            "measured_on": self.measured_on(),
             "latency_seconds": {"p50": self.percentile(50), "p99": self.percentile(99)},
             "wall_seconds": self.wall_s,
             "startup_seconds": self.startup_s,
+            "command_wall": self.wall_split(),
             "processes": self.processes,
             "faults": self.fault_counts(),
             "faults_unbalanced": self.unbalanced_faults(),
@@ -257,6 +332,71 @@ class SimReport:
             if self.config.stream != "off"
             else {},
         }
+
+    def verified_lines(self) -> list[str]:
+        """What the run checked and found equal, from its counters: the requests whose
+        every element on every receiving rank equals the oracle, and the edges whose bytes
+        equal the plan's. Only what the ranks and :func:`planned_edge_bytes` compare."""
+        total, edges = len(self.outcomes), len(self.planned_bytes)
+        ranks = self.receiving_ranks
+        found = f"{self.verified} of {total} request(s)"
+        if self.verified:
+            found += (
+                f": every element the {ranks} receiving rank(s) hold of them equals the "
+                f"coordinate-hash oracle, bit for bit ({self.elements_verified:,} elements, "
+                f"{human_bytes(self.bytes_verified)})"
+            )
+        if self.failed:
+            found += f"; {self.failed} failed, each with its first reason below"
+        off = self.edges_off_plan()
+        return [
+            f"verified:   {found}",
+            f"            {edges - off} of {edges} edge(s) moved exactly the plan's bytes for "
+            "these requests [PLAN-5]" + (f"; {off} differ (marked below)" if off else ""),
+        ]
+
+    def measured_on(self) -> str:
+        """Where the run's timings come from: its ranks, their links, their caches."""
+        c = self.config
+        if c.transport == "inproc":
+            ranks = "threads of one Python process over inproc:// ZMQ sockets"
+        else:
+            try:
+                loopback = ipaddress.ip_address(c.host).is_loopback
+            except ValueError:
+                loopback = c.host == "localhost"
+            link = "loopback" if loopback else c.host
+            ranks = f"{self.processes} Python process(es), ZMQ over {link}"
+            if c.p2p:
+                ranks += f", tensor frames over torch.distributed ({c.transport})"
+        return f"{ranks}, caches on {c.device}"
+
+    def wall_lines(self) -> list[str]:
+        """The wall time: the whole command's, split so the parts add up to it, when the
+        CLI timed it (:meth:`time_command`); else the run's, from starting the ranks."""
+        split = self.wall_split()
+        if split is None:
+            return [
+                f"wall time:  {self.wall_s:.2f} s from starting the ranks to stopping them, "
+                f"{self.processes} process(es), {self.startup_s:.2f} s of it starting them up"
+            ]
+        before = "the interpreter, imports and validation" + (
+            ", the whole-request twin run" if self.baseline is not None else ""
+        )
+        started = (
+            f"{self.processes} rank process(es)"
+            if self.processes
+            else f"{sum(s.world_size for s in self.config.stages) * self.config.replicas} rank "
+            "thread(s)"
+        )
+        return [
+            f"wall time:  {split['total_seconds']:.2f} s from {split['since']} to this report:",
+            f"  start-up  {split['startup_seconds']:.2f} s: {before} "
+            f"{split['before_ranks_seconds']:.2f} s; {started} started and handshaken "
+            f"{split['ranks_startup_seconds']:.2f} s",
+            f"  transfer  {split['transfer_seconds']:.2f} s: from go to the last request verified",
+            f"  shutdown  {split['shutdown_seconds']:.2f} s: books closed, every rank stopped",
+        ]
 
     def descriptor_summary(self) -> dict[str, float] | None:
         """A pull or write run's descriptors: in all, per request (over every receiving
@@ -305,15 +445,13 @@ class SimReport:
             f"requests: {self.verified} verified, {self.failed} failed, of {len(self.outcomes)} "
             f"— {verdict} (every element checked against the coordinate-hash oracle)"
         )
+        lines += self.verified_lines()
         for o in [o for o in self.outcomes if not o.ok][:10]:
             lines.append(f"  replica {o.replica} {o.request_id}: {o.reasons[0]}")
         if self.failed > 10:
             lines.append(f"  ... and {self.failed - 10} more (see --json)")
         lines += ["", "bytes per edge (KV moved / the plan's bytes for these requests):"]
-        mismatched = 0
-        for (r, s, src, dst), planned in sorted(self.planned_bytes.items()):
-            got = self.edge_bytes.get((r, s, src, dst), 0)
-            mismatched += got != planned
+        mismatched = self.edges_off_plan()
         shown = sorted(self.planned_bytes.items())[:12]
         for (r, s, src, dst), planned in shown:
             got = self.edge_bytes.get((r, s, src, dst), 0)
@@ -344,13 +482,14 @@ class SimReport:
         latency = "n/a" if p50 is None else f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
         lines += [
             "",
-            f"throughput: {self.throughput_gbps:.3f} GB/s over {self.transfer_s:.2f} s from the "
-            "first shard sent to the last received"
+            f"throughput: {human_rate(self.throughput_bytes_per_s)} over {self.transfer_s:.2f} s "
+            "from the first shard sent to the last received"
             + (" (verification after)" if c.verify_after else " (verifying as requests land)"),
+            f"            the simulator's, on this machine ({self.measured_on()}): a correctness "
+            "harness, not a performance figure",
             f"latency:    {latency} (first shard sent to request verified, end to end)",
             *self.kv_ready_lines(),
-            f"wall time:  {self.wall_s:.2f} s, {self.processes} process(es), "
-            f"{self.startup_s:.2f} s of it starting them up",
+            *self.wall_lines(),
         ]
         counts = self.fault_counts()
         if counts:
@@ -433,6 +572,7 @@ def outcomes_from(
     for replica in range(config.replicas):
         for request in Workload(config, replica).requests:
             reasons, first_sent, verified_at = [], [], []
+            elements = checked = 0
             started: dict[int, list[float]] = defaultdict(list)
             ready: dict[int, list[float]] = defaultdict(list)
             for stage in range(1, len(config.stages)):
@@ -446,6 +586,8 @@ def outcomes_from(
                     elif not event["ok"]:
                         reasons.append(f"stage {stage} rank {rank}: {event['reason']}")
                     else:
+                        elements += event.get("elements", 0)
+                        checked += event.get("checked_bytes", 0)
                         if event.get("started") is not None and event.get("ready") is not None:
                             started[stage - 1].append(event["started"])
                             ready[stage - 1].append(event["ready"])
@@ -456,7 +598,16 @@ def outcomes_from(
             latency = max(verified_at) - min(first_sent) if not reasons else None
             spans = {s: max(ready[s]) - min(started[s]) for s in ready} if not reasons else {}
             outcomes.append(
-                RequestOutcome(replica, request.request_id, not reasons, reasons, latency, spans)
+                RequestOutcome(
+                    replica,
+                    request.request_id,
+                    not reasons,
+                    reasons,
+                    latency,
+                    spans,
+                    elements if not reasons else 0,
+                    checked if not reasons else 0,
+                )
             )
     return outcomes
 
@@ -476,6 +627,11 @@ def measured_edge_bytes(
             start = min(start, event["first_sent"])
             end = max(end, event["received"])
     return dict(edges), start, end
+
+
+def human_rate(bytes_per_s: float) -> str:
+    """A rate in the unit that keeps it readable: ``512 B/s``, ``3.2 KiB/s``, ``12.4 MiB/s``."""
+    return f"{human_bytes(round(bytes_per_s))}/s"
 
 
 def _pct(values: list[float], q: float) -> float:
