@@ -50,8 +50,15 @@ from dataclasses import replace
 from kvspec import __version__
 from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, seconds_in
 from kvspec.cli.exits import run_to_exit
+from kvspec.cli.nearby import Knob, flag_hint, nearby, print_hints
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.cli.plan import add_parallel_arguments, groups_from_args, model_from_args
+from kvspec.cli.plan import (
+    SIDES,
+    add_parallel_arguments,
+    groups_from_args,
+    model_from_args,
+    parallel_knobs,
+)
 from kvspec.memory.cache_layout import PRESETS
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.block_size import hybrid_block_size
@@ -328,6 +335,31 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
+def checked_config(args: argparse.Namespace) -> SimConfig:
+    """The run ``args`` ask for, refused (``ValueError``) exactly as ``sim run`` refuses it,
+    before any process starts or any tensor is allocated."""
+    config = config_from_args(args)
+    if args.base_port == "auto" and config.ports == "spec":
+        config = replace(config, base_port=find_free_base(config))
+    validate(config)
+    return config
+
+
+def nearby_runs(args: argparse.Namespace, *, count: int = 3) -> list[str]:
+    """Runs one change away from a refused ``args`` that :func:`checked_config` accepts,
+    closest first: the knobs ``kvspec plan`` hints at, and with token shards, each cache's
+    block size [CP-2]. A ``--chain`` sets the stages itself: no TP is hinted at."""
+    if args.chain is not None:
+        return []
+    blocks = {"source": args.src_block_size, "target": args.dst_block_size}
+    knobs = parallel_knobs(args, block_sizes=blocks)
+    sharded = any(getattr(args, f"{side}_{k}") > 1 for side in SIDES for k in ("cp", "dcp"))
+    for name in ("src_block_size", "dst_block_size") if sharded else ():
+        sizes = range(1, min(LIMITS.block_size, 4 * max(getattr(args, name), 16)) + 1)
+        knobs.append(Knob(name, sizes, flag_hint(f"--{name.replace('_', '-')}")))
+    return nearby(args, checked_config, knobs, count=count)
+
+
 def _port(text: str) -> int:
     try:
         return int_in(1, 65535)(text)
@@ -443,12 +475,14 @@ def _run(args: argparse.Namespace, started: tuple[float, str]) -> int:
         return 2
     try:
         check_writable(args.json)
-        config = config_from_args(args)
-        if args.base_port == "auto" and config.ports == "spec":
-            config = replace(config, base_port=find_free_base(config))
-        validate(config)
     except ValueError as error:
         print(f"{PROG}: refused: {error}", file=sys.stderr)
+        return 2
+    try:
+        config = checked_config(args)
+    except ValueError as error:
+        print(f"{PROG}: refused: {error}", file=sys.stderr)
+        print_hints(nearby_runs(args), sys.stderr)
         return 2
     exposed = exposure(config)
     if exposed:

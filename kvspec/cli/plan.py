@@ -46,6 +46,7 @@ from kvspec.cli.args import (
     MAX_PARALLEL,
     int_in,
 )
+from kvspec.cli.nearby import Knob, either, flag_hint, nearby, print_hints
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.tensors.dtype_names import DTYPE_NAMES
 from kvspec.topology.group_plan import GroupPlan, plan_groups
@@ -223,11 +224,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         print(f"kvspec plan: refused: {error}", file=sys.stderr)
-        hints = nearby_valid(args)
-        if hints:
-            print("nearby valid configurations:", file=sys.stderr)
-            for hint in hints:
-                print(f"  {hint}", file=sys.stderr)
+        print_hints(nearby_valid(args), sys.stderr)
         return 2
     report = plan_report(plan, args.seq_len)
     if args.json != STDOUT:
@@ -349,63 +346,64 @@ def nearby_valid(args: argparse.Namespace, *, count: int = 3) -> list[str]:
     """Closest valid alternatives that change one thing: source TP, target TP or the head
     count, and where they are given, a side's cp, dcp, dp, rule size, DP rank or the
     request length."""
-    heads = 1 if args.attention == "mla" else args.kv_heads
-    if heads is None or heads < 1 or args.source_tp < 1 or args.target_tp < 1:
+    if not _sized(args):
         return []
+    blocks = {side: getattr(args, f"{side}_block_size") for side in SIDES}
+    knobs = parallel_knobs(args, block_sizes=blocks)
+    if "zigzag" in (args.cp_rule, args.source_cp_rule, args.target_cp_rule):
+        lengths = range(1, 4 * MAX_PARALLEL)
+        knobs.append(Knob("seq_len", lengths, lambda found: f"--seq-len {found[0]} or more"))
+    return nearby(args, check_args, knobs, count=count)
 
-    def valid(**changes: Any) -> bool:
-        try:
-            check_args(argparse.Namespace(**{**vars(args), **changes}))
-        except ValueError:
-            return False
-        return True
 
-    def closest(values: range | list[int], key: int, ok) -> list[int]:
-        return sorted((v for v in values if v != key and ok(v)), key=lambda v: (abs(v - key), v))[
-            :count
-        ]
+def _sized(args: argparse.Namespace) -> bool:
+    heads = 1 if args.attention == "mla" else args.kv_heads
+    return heads is not None and heads >= 1 and args.source_tp >= 1 and args.target_tp >= 1
 
+
+def parallel_knobs(args: argparse.Namespace, *, block_sizes: dict[str, int]) -> list[Knob]:
+    """The one-change hints of the flags ``kvspec plan`` and ``python -m sim run`` share:
+    either side's TP, the head count (MHA), and where they are given, a side's cp, dcp,
+    dp, DP rank (``kvspec plan``) and token-rule size, up to twice the largest size in
+    play; ``block_sizes`` bounds a side's rule sizes [STAGE-2, CP-1, CP-2, DP-1]."""
+    if not _sized(args):
+        return []
+    heads = 1 if args.attention == "mla" else args.kv_heads
     limit = range(1, 2 * max(args.source_tp, args.target_tp, heads, 4) + 1)
-    hints = []
-    targets = closest(limit, args.target_tp, lambda t: valid(target_tp=t))
-    if targets:
-        tps = " or ".join(map(str, targets))
-        hints.append(f"--source-tp {args.source_tp} --target-tp {tps}")
-    sources = closest(limit, args.source_tp, lambda s: valid(source_tp=s))
-    if sources:
-        hints.append(f"--source-tp {' or '.join(map(str, sources))} --target-tp {args.target_tp}")
+    source, target = args.source_tp, args.target_tp
+    knobs = [
+        Knob("target_tp", limit, lambda found: f"--source-tp {source} --target-tp {either(found)}"),
+        Knob("source_tp", limit, lambda found: f"--source-tp {either(found)} --target-tp {target}"),
+    ]
     if args.attention == "mha":
-        counts = closest(limit, heads, lambda h: valid(kv_heads=h))
-        if counts:
-            hints.append(
-                f"--source-tp {args.source_tp} --target-tp {args.target_tp} "
-                f"--kv-heads {' or '.join(map(str, counts))}"
-            )
+        both = f"--source-tp {source} --target-tp {target}"
+        knobs.append(Knob("kv_heads", limit, lambda found: f"{both} --kv-heads {either(found)}"))
     for side in SIDES:
         for knob in ("cp", "dcp", "dp", "dp_rank"):
             name = f"{side}_{knob}"
-            value = getattr(args, name)
-            if value == (0 if knob == "dp_rank" else 1):
-                continue
             low = 0 if knob == "dp_rank" else 1
-            found = closest(range(low, max(limit) + 1), value, lambda v, n=name: valid(**{n: v}))
-            if found:
-                hints.append(f"--{name.replace('_', '-')} {' or '.join(map(str, found))}")
+            if getattr(args, name, low) == low:
+                continue
+            flag = f"--{name.replace('_', '-')}"
+            values = range(low, max(limit) + 1)
+            knobs.append(Knob(name, values, flag_hint(flag)))
         rule = getattr(args, f"{side}_cp_rule") or args.cp_rule
         kind, _, size = (rule or "").partition(":")
         if size.isdigit() and kind:
-            sizes = closest(
-                range(1, 2 * max(int(size), getattr(args, f"{side}_block_size")) + 1),
-                int(size),
-                lambda v, k=kind, side=side: valid(**{f"{side}_cp_rule": f"{k}:{v}"}),
+            sizes = range(1, 2 * max(int(size), block_sizes[side]) + 1)
+            knobs.append(
+                Knob(
+                    f"{side}_cp_rule",
+                    [f"{kind}:{v}" for v in sizes if v != int(size)],
+                    flag_hint(f"--{side}-cp-rule"),
+                    distance=lambda r, size=int(size): (abs(_rule_size(r) - size), _rule_size(r)),
+                )
             )
-            if sizes:
-                hints.append(f"--{side}-cp-rule " + " or ".join(f"{kind}:{v}" for v in sizes))
-    if "zigzag" in (args.cp_rule, args.source_cp_rule, args.target_cp_rule):
-        lengths = closest(range(1, 4 * MAX_PARALLEL), args.seq_len, lambda n: valid(seq_len=n))
-        if lengths:
-            hints.append(f"--seq-len {lengths[0]} or more")
-    return hints
+    return knobs
+
+
+def _rule_size(rule: str) -> int:
+    return int(rule.rpartition(":")[2])
 
 
 def _rank_entry(plan: TransferPlan, side: str, rank: int) -> dict[str, Any]:
