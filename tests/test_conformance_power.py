@@ -99,3 +99,18 @@ def test_a_validation_mutant_still_accepts_every_valid_configuration(mutant) -> 
     for obligation, check_id in wrong.items():
         if obligation not in mutant.obligations:
             assert verdicts[check_id] in (PASSED, "not provided"), (mutant.name, verdicts)
+
+
+@pytest.mark.parametrize(
+    "name", ["PadsMissingShipment", "TruncatesToShortest", "TrustsFirstSendersScales"]
+)
+def test_an_accepted_wrong_shipment_is_named_by_shape_not_dumped(name: str) -> None:
+    """What a receiver wrongly returned is shown by dtype and shape (values only when there
+    are a few): a reason is a line to read, not a tensor's printout [RESHARD-3, DTYPE-3]."""
+    mutant = get_mutant(name)
+    [check] = [c for c in checks_covering(mutant.obligations) if "refuses" in c.id]
+    result = run_check(check, mutant.cls(), shrink=False)
+    assert result.verdict == FAILED
+    assert "tensor(" not in result.reason and "\n" not in result.reason, result.reason
+    assert re.search(r"it returned RequestKV\(data=\w+ tensor \[\d+(, \d+){4}\]", result.reason)
+    assert len(result.reason) < 400, result.reason

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, NoReturn
 
 from hypothesis import strategies as st
@@ -199,9 +201,44 @@ def expect_refused(obligation: str, what: str, call: Callable[[], object]) -> No
     raise Violation(f"{what} was accepted{shown}; it must be refused [{obligation}]")
 
 
-def _brief(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
+def _brief(value: object, limit: int = 160) -> str:
+    """``value`` in a line: a tensor by its dtype and shape (its values when there are a
+    few), a dataclass or container by its parts — never a tensor's dump."""
+    text = _shown(value, depth=0)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shown(value: object, *, depth: int) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type):
+        shape = [int(n) for n in value.shape]  # type: ignore[attr-defined]
+        dtype = str(value.dtype).removeprefix("torch.")  # type: ignore[attr-defined]
+        values = ""
+        if math.prod(shape) <= 4:
+            with suppress(Exception):  # some dtypes (fp8) have no Python values
+                listed = value.flatten().tolist()  # type: ignore[attr-defined]
+                values = " [" + ", ".join(f"{v:.4g}" for v in listed) + "]"
+        return f"{dtype} tensor {shape}{values}"
+    if depth < 3:
+        inner = depth + 1
+        if is_dataclass(value) and not isinstance(value, type):
+            parts = ", ".join(
+                f"{f.name}={_shown(getattr(value, f.name), depth=inner)}"
+                for f in fields(value)
+                if f.repr
+            )
+            return f"{type(value).__name__}({parts})"
+        if isinstance(value, dict):
+            shown = [f"{k!r}: {_shown(v, depth=inner)}" for k, v in list(value.items())[:3]]
+            return "{" + _joined(shown, len(value)) + "}"
+        if isinstance(value, (list, tuple)):
+            shown = [_shown(v, depth=inner) for v in value[:3]]
+            ends = "[]" if isinstance(value, list) else "()"
+            return ends[0] + _joined(shown, len(value)) + ends[1]
+    return repr(value)
+
+
+def _joined(shown: list[str], count: int) -> str:
+    return ", ".join(shown if count <= len(shown) else [*shown, f"... {count} in all"])
 
 
 def vacuous() -> NoReturn:
