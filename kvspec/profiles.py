@@ -9,27 +9,26 @@ They are registered under namespaced names (``kvspec-dev``, ``kvspec-ci``,
 user's own project registers. The conformance suite applies its profile to the
 checks it runs, through :func:`profile_settings`; it never loads a profile
 globally, so a user's own Hypothesis profile stays in force for the user's tests.
-Choose one with ``KVSPEC_PROFILE=thorough`` or ``kvspec conform --profile``.
+Choose one with ``KVSPEC_PROFILE=thorough`` or ``kvspec conform --profile``. The names
+and the choice need no Hypothesis and live in :mod:`kvspec.profile_names`.
 """
 
 from __future__ import annotations
 
-import os
-
 from hypothesis import HealthCheck, settings
 
-PROFILES: tuple[str, ...] = ("dev", "ci", "thorough")
-"""The short names users type; :func:`registered_name` gives Hypothesis's name."""
+from kvspec.profile_names import PROFILES, default_profile, registered_name
+
+__all__ = [
+    "PROFILES",
+    "current_profile_name",
+    "default_profile",
+    "load_profile",
+    "profile_settings",
+    "registered_name",
+]
 
 _SUPPRESSED = [HealthCheck.too_slow, HealthCheck.data_too_large]
-
-
-def registered_name(name: str) -> str:
-    """``ci`` -> ``kvspec-ci``: the name the profile is registered under in Hypothesis."""
-    if name not in PROFILES:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {name!r}")
-    return f"kvspec-{name}"
-
 
 settings.register_profile(
     registered_name("dev"), max_examples=50, deadline=None, suppress_health_check=_SUPPRESSED
@@ -48,14 +47,6 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=_SUPPRESSED,
 )
-
-
-def default_profile() -> str:
-    """``KVSPEC_PROFILE`` if set, else ``ci`` when ``CI`` is set, else ``dev``."""
-    chosen = os.environ.get("KVSPEC_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
-    if chosen not in PROFILES:
-        raise ValueError(f"KVSPEC_PROFILE must be one of {', '.join(PROFILES)}; got {chosen!r}")
-    return chosen
 
 
 def profile_settings(name: str | None = None) -> settings:

@@ -27,22 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvspec.cli.output import check_writable
-from kvspec.conformance.adapter import AdapterError, load_adapter
-from kvspec.conformance.checks import all_checks
-from kvspec.conformance.runner import (
-    NOT_PROVIDED,
-    CheckResult,
-    Report,
-    render,
-    run_check,
-    run_suite,
-    select_checks,
-)
-from kvspec.conformance.skips import read_skips, resolve_skips
-from kvspec.profiles import PROFILES
+from kvspec.profile_names import PROFILES
+
+# The suite (and so torch and Hypothesis) is imported by run(), so that `kvspec --help`
+# and every other command start without it.
+if TYPE_CHECKING:
+    from kvspec.conformance.runner import CheckResult
 
 NAME = "conform"
 HELP = "check an implementation (through its adapter) against every clause"
@@ -108,6 +101,8 @@ def device_problem(device: str) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
+        from kvspec.conformance.checks import all_checks
+
         for check in all_checks():
             print(f"{check.id:<44} needs {'+'.join(check.needs):<22} {check.title}")
         return 0
@@ -134,6 +129,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.impl:
         print("kvspec conform: give IMPL (`reference` or MODULE:ATTR); see --help", file=sys.stderr)
         return 2
+    # Only now, after every refusal that needs none of it: the suite, torch and Hypothesis.
+    from kvspec.conformance.adapter import AdapterError, load_adapter
+    from kvspec.conformance.checks import all_checks
+    from kvspec.conformance.runner import NOT_PROVIDED, render, run_suite
+    from kvspec.conformance.skips import read_skips, resolve_skips
+
     try:
         adapter = load_adapter(args.impl)
     except AdapterError as error:
@@ -194,6 +195,8 @@ def _progress(i: int, total: int, result: CheckResult) -> None:
 
 
 def _replay(args: argparse.Namespace, adapter) -> int:
+    from kvspec.conformance.runner import Report, render, run_check, select_checks
+
     if not args.patterns:
         raise ValueError("--replay needs --check naming the one check to replay it through")
     checks = select_checks(args.patterns)

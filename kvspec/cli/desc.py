@@ -26,22 +26,18 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvspec.cli import plan as plan_cli
 from kvspec.cli.args import int_in
 from kvspec.cli.output import STDOUT, check_writable, write_json
-from kvspec.memory.cache_layout import PRESETS, get_layout, layouts_for
-from kvspec.memory.descriptors import (
-    DescriptorPlan,
-    RegisteredCache,
-    judge_descriptors,
-    plan_descriptors,
-    share_positions,
-)
-from kvspec.memory.paged import blocks_needed
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import TransferPlan, plan_transfer
+
+# The layouts and descriptors (and so torch) are imported where they are used, so that
+# `kvspec --help` and every other command start without them.
+if TYPE_CHECKING:
+    from kvspec.memory.descriptors import DescriptorPlan, RegisteredCache
 
 NAME = "desc"
 HELP = "show the byte-range descriptors (and their count) that realise a transfer"
@@ -95,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _layouts(args: argparse.Namespace, attention: str) -> tuple[str, str]:
+    from kvspec.memory.cache_layout import PRESETS, get_layout, layouts_for
+
     default = "mla" if attention == "mla" else "flash_attn"
     chosen = (args.src_layout or default, args.dst_layout or args.src_layout or default)
     kv = 1 if attention == "mla" else 2
@@ -132,6 +130,10 @@ def _registered(
 ) -> tuple[RegisteredCache, list[int]]:
     """The rank's registered cache and the request's first block ids, enough for ``slots``
     token slots: the rank's own tokens up to the share's last [CP-1, PAGED-3]."""
+    from kvspec.memory.cache_layout import get_layout
+    from kvspec.memory.descriptors import RegisteredCache
+    from kvspec.memory.paged import blocks_needed
+
     model = plan.model
     stage = plan.source if side == "src" else plan.target
     owner = rank_ownership(stage, model, rank)
@@ -168,6 +170,8 @@ def _registered(
 
 def desc_report(plan: TransferPlan, args: argparse.Namespace) -> dict[str, Any]:
     """Every chosen edge's descriptor plan: its count, bytes and bytes per descriptor."""
+    from kvspec.memory.descriptors import plan_descriptors, share_positions
+
     seq_len = args.seq_len
     src_layout, dst_layout = _layouts(args, plan.model.attention)
     edges = _edges(plan, args.edge)
@@ -247,6 +251,8 @@ def _totals(plans: list[DescriptorPlan], seq_len: int) -> dict[str, Any]:
 
 def _check(path: str, made: DescriptorPlan) -> dict[str, Any]:
     """Judge the JSON list in ``path`` against the edge's plan; refuse a wrong one [DESC-1]."""
+    from kvspec.memory.descriptors import judge_descriptors
+
     file = Path(path)
     try:
         if file.stat().st_size > MAX_CHECK_BYTES:

@@ -26,28 +26,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, int_in
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.memory.cache_layout import (
-    PRESETS,
-    CacheLayout,
-    CacheShape,
-    convert,
-    empty_cache,
-    field_views,
-    get_layout,
-)
-from kvspec.memory.layout_model import StateCacheLayout
-from kvspec.memory.presets import STATE_PRESETS
-from kvspec.memory.state_cache import element_offset, state_page, state_runs
-from kvspec.tensors.dtypes import DTYPES, bit_equal
+from kvspec.tensors.dtype_names import DTYPE_NAMES
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
 from kvspec.topology.model_presets import model_preset
+
+# The layouts and their tensors (and so torch) are imported where they are used, so that
+# `kvspec --help` and every other command start without them.
+if TYPE_CHECKING:
+    from kvspec.memory.cache_layout import CacheLayout
+    from kvspec.memory.layout_model import StateCacheLayout
 
 NAME = "layouts"
 HELP = "list the cache layout presets (shape, stride order, source); convert between two"
@@ -69,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--to-block-size", type=int_in(1, 4096), help="B's block size (A's)", metavar="N"
     )
     size.add_argument("--layers", type=int_in(1, 64), default=2, help="cross-layer layers (2)")
-    size.add_argument("--dtype", choices=tuple(DTYPES), help="cache dtype (bfloat16, or A's)")
+    size.add_argument("--dtype", choices=DTYPE_NAMES, help="cache dtype (bfloat16, or A's)")
     state = parser.add_argument_group("a state layout's page (NAME a state layout)")
     state.add_argument("--model", choices=tuple(MODEL_PRESETS), help="a hybrid preset")
     state.add_argument("--tp", type=int_in(1, 1024), default=1, help="attention TP (1)")
@@ -124,6 +116,9 @@ def _source(layout: CacheLayout) -> str:
 
 
 def render_list() -> str:
+    from kvspec.memory.cache_layout import PRESETS
+    from kvspec.memory.presets import STATE_PRESETS
+
     lines = [f"{len(PRESETS)} cache layouts (kvspec layouts NAME for one in full):", ""]
     for layout in PRESETS.values():
         lines.append(f"{layout.name:<24}{layout.shape}")
@@ -155,6 +150,8 @@ def describe_state(layout: StateCacheLayout) -> dict[str, Any]:
 
 def state_pages(args: argparse.Namespace, layout: StateCacheLayout) -> list[dict[str, Any]]:
     """The page of every state group of ``--model`` at ``--rank`` of ``--tp`` [SLAYOUT-1, -2]."""
+    from kvspec.memory.state_cache import element_offset, state_page, state_runs
+
     model: ModelShape = model_preset(args.model)
     pages = []
     for index, group in enumerate(model.layer_groups):
@@ -246,6 +243,9 @@ def render_one(layout: CacheLayout) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvspec.memory.cache_layout import PRESETS, get_layout
+    from kvspec.memory.presets import STATE_PRESETS
+
     try:
         check_writable(args.json)
         if args.convert:
@@ -278,6 +278,11 @@ def run(args: argparse.Namespace) -> int:
 
 def convert_report(args: argparse.Namespace) -> dict[str, Any]:
     """Convert a random cache from A to B and back; what moved and whether it is bit-exact."""
+    import torch
+
+    from kvspec.memory.cache_layout import CacheShape, convert, empty_cache, field_views, get_layout
+    from kvspec.tensors.dtypes import bit_equal
+
     source, target = (get_layout(name) for name in args.convert)
     dtype = args.dtype or (source.dtypes[0] if source.dtypes else "bfloat16")
     kv = source.kv_tensors or target.kv_tensors or 2
