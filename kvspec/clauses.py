@@ -3,14 +3,24 @@
 Each spec module declares its own ``CLAUSES`` beside the code that implements them;
 this module is the single place that gathers them. ``docs/clauses.md`` is produced by
 ``kvspec clauses --markdown`` and a test keeps it in step.
+
+Listing the clauses imports none of the spec modules that are not imported yet: each
+``CLAUSES`` is a literal of :class:`~kvspec.clause.Clause`, :func:`~kvspec.clause.must`
+and :func:`~kvspec.clause.refuses`, and is read from the module's source, so that
+``kvspec clauses`` starts without the tensor modules (and torch). A declaration in any
+other form is read by importing its module.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
+import sys
 from functools import cache
+from pathlib import Path
 
-from kvspec.clause import Clause, Obligation
+from kvspec.clause import Clause, Obligation, must, refuses
 
 SPEC_MODULES: tuple[str, ...] = (
     "kvspec.topology.stage",
@@ -46,12 +56,74 @@ SPEC_MODULES: tuple[str, ...] = (
 """Modules that declare clauses, in the order their families appear in the table."""
 
 
+_DECLARATION_NAMES = {"Clause": Clause, "must": must, "refuses": refuses}
+"""The only names a ``CLAUSES`` literal may use to be read without importing its module."""
+
+_DECLARATION_NODES = (
+    ast.Tuple,
+    ast.List,
+    ast.Call,
+    ast.keyword,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.BinOp,  # "..." + "..." across lines
+    ast.Add,
+)
+
+
+def read_clauses(name: str) -> tuple[Clause, ...] | None:
+    """The ``CLAUSES`` of spec module ``name`` read from its source without importing it,
+    or None when it is not one literal of Clause, must and refuses (or has no source)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    try:
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"), spec.origin)
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return None
+    bindings = [
+        node
+        for node in tree.body
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        and any(
+            isinstance(target, ast.Name) and target.id == "CLAUSES"
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
+    ]
+    if len(bindings) != 1 or isinstance(bindings[0], ast.AugAssign) or bindings[0].value is None:
+        return None
+    value = bindings[0].value
+    for node in ast.walk(value):
+        if not isinstance(node, _DECLARATION_NODES) or (
+            isinstance(node, ast.Name) and node.id not in _DECLARATION_NAMES
+        ):
+            return None
+    code = compile(ast.Expression(value), spec.origin, "eval")
+    clauses = eval(code, {"__builtins__": {}}, dict(_DECLARATION_NAMES))  # only the names above
+    if not isinstance(clauses, tuple) or not all(isinstance(c, Clause) for c in clauses):
+        return None
+    return clauses
+
+
+def declared_clauses(name: str) -> tuple[Clause, ...]:
+    """The ``CLAUSES`` of spec module ``name``: its own if it is imported, else read from
+    its source (:func:`read_clauses`), else imported."""
+    module = sys.modules.get(name)
+    if module is None:
+        clauses = read_clauses(name)
+        if clauses is not None:
+            return clauses
+        module = importlib.import_module(name)
+    return module.CLAUSES
+
+
 @cache
 def all_clauses() -> dict[str, Clause]:
     """Every clause by id, in table order; duplicate ids are a bug and refused."""
     registry: dict[str, Clause] = {}
     for name in SPEC_MODULES:
-        for clause in importlib.import_module(name).CLAUSES:
+        for clause in declared_clauses(name):
             if clause.id in registry:
                 raise RuntimeError(f"clause id {clause.id} is declared twice (again in {name})")
             registry[clause.id] = clause
