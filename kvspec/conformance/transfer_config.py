@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, TypedDict, TypeVar
+from typing import Any, Literal, NewType, TypedDict, TypeVar
 
 from kvspec.topology.model import ModelShape
 
-ModelFacts = dict[str, Any]
-"""A model's facts as :meth:`ModelShape.to_dict` writes them: its fields by name."""
+ModelFacts = NewType("ModelFacts", dict[str, Any])
+"""A model's facts as :meth:`ModelShape.to_dict` writes them: a plain dict of its fields
+by name (:data:`MODEL_KEYS`)."""
 
 
 class _StageRequired(TypedDict):
@@ -105,8 +106,16 @@ RANK_KEYS: Mapping[str, Key] = {
 """The keys of a :class:`RankConfig`."""
 
 TRANSFER_KEYS: Mapping[str, Key] = {
-    "source": Key("the sending stage's layout", {"tp": 4, "pp": 1, "layer_partition": None}),
-    "target": Key("the receiving stage's layout", {"tp": 2, "pp": 1, "layer_partition": None}),
+    "source": Key(
+        "the sending stage's layout",
+        {"tp": 4, "pp": 1, "layer_partition": None},
+        ("STAGE-1", "PLAN-1"),
+    ),
+    "target": Key(
+        "the receiving stage's layout",
+        {"tp": 2, "pp": 1, "layer_partition": None},
+        ("STAGE-1", "PLAN-1"),
+    ),
     "model": Key(
         "the model's facts (the sender's, when target_model is given)",
         {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"},
@@ -118,7 +127,9 @@ TRANSFER_KEYS: Mapping[str, Key] = {
         "lowest",
         ("PLAN-4",),
     ),
-    "rank": Key("a rank whose existence is in question", {"side": "target", "rank": 3}),
+    "rank": Key(
+        "a rank whose existence is in question", {"side": "target", "rank": 3}, ("STAGE-1",)
+    ),
     "target_model": Key(
         "the receiver's model facts, when they may differ from the sender's",
         {"num_layers": 32, "num_kv_heads": 4, "head_dim": 128, "dtype": "bfloat16"},
