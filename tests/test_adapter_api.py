@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kvspec.cli import main
 from kvspec.conformance import transfer_config
 from kvspec.conformance.adapter import CAPABILITIES, VALIDATORS
 from kvspec.conformance.api_doc import COMMAND, render
@@ -35,6 +36,16 @@ def test_the_committed_page_is_the_one_the_code_renders() -> None:
     assert PAGE.read_text() == render(), (
         f"docs/adapter-api.md is not what the code renders; regenerate it: {COMMAND}"
     )
+
+
+def test_kvspec_adapter_doc_prints_and_writes_the_page(tmp_path: Path, capsys) -> None:
+    assert main(["adapter", "doc"]) == 0
+    assert capsys.readouterr().out == render()
+    out = tmp_path / "api.md"
+    assert main(["adapter", "doc", "--output", str(out)]) == 0
+    assert out.read_text() == render()
+    assert main(["adapter", "doc", "--output", str(tmp_path / "no" / "api.md")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def _section(page: str, capability: str) -> str:
