@@ -375,19 +375,17 @@ class SimReport:
         """The wall time: the whole command's, split so the parts add up to it, when the
         CLI timed it (:meth:`time_command`); else the run's, from starting the ranks."""
         split = self.wall_split()
+        ranks = sum(s.world_size for s in self.config.stages) * self.config.replicas
+        started = (
+            f"{self.processes} rank process(es)" if self.processes else f"{ranks} rank thread(s)"
+        )
         if split is None:
             return [
                 f"wall time:  {self.wall_s:.2f} s from starting the ranks to stopping them, "
-                f"{self.processes} process(es), {self.startup_s:.2f} s of it starting them up"
+                f"{started}, {self.startup_s:.2f} s of it starting them up"
             ]
         before = "the interpreter, imports and validation" + (
             ", the whole-request twin run" if self.baseline is not None else ""
-        )
-        started = (
-            f"{self.processes} rank process(es)"
-            if self.processes
-            else f"{sum(s.world_size for s in self.config.stages) * self.config.replicas} rank "
-            "thread(s)"
         )
         return [
             f"wall time:  {split['total_seconds']:.2f} s from {split['since']} to this report:",
