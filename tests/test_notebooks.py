@@ -102,9 +102,12 @@ def test_notebook_runs(path: Path, kernel_name: str, monkeypatch: pytest.MonkeyP
         if output.get("output_type") == "stream"
     )
     imported = [line for line in printed.splitlines() if line.startswith("kvspec from ")]
-    assert imported == [f"kvspec from {ROOT / 'kvspec' / '__init__.py'}"], (
+    # relative to the kernel's working directory, the repository root: this checkout
+    assert imported == [f"kvspec from {Path('kvspec', '__init__.py')}"], (
         f"{path.name} must print where it imported kvspec from, and it must be this checkout"
     )
+    if path.stem == "simulated_cluster":  # the figure's caption, computed from its runs
+        assert re.search(r"the whiskers overlap for \d+ of \d+ stage pairs", printed), printed
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
@@ -170,6 +173,49 @@ def test_strip_tool_strips_and_checks(tmp_path: Path) -> None:
     assert cell["metadata"] == {"tags": ["keep"]}, "run-dependent metadata goes, tags stay"
     assert stripped["metadata"]["language_info"] == {"name": "python"}
     assert subprocess.run([*tool, "--check", str(path)], capture_output=True).returncode == 0
+
+
+def _render_tool():
+    pytest.importorskip("nbclient", reason="nbclient is a dev dependency")
+    spec = importlib.util.spec_from_file_location(
+        "render_notebooks", ROOT / "tools/render_notebooks.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MACHINE_PATHS = re.compile(
+    r"(?<![\w.:/])/(?:home/|Users/|root/|tmp/|(?:[\w.-]+/)+(?:kvspec|sim|notebooks)/)"
+)
+"""An absolute path a reader's machine does not have: a home directory, a temporary one,
+or a checkout's files (``/work/other-checkout/kvspec/...``); URLs are not matched."""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_rendered_copy_shows_no_path_of_the_machine_it_ran_on(path: Path) -> None:
+    text = (ROOT / "docs" / "notebooks" / f"{path.stem}.md").read_text()
+    for private in (ROOT, Path.home()):
+        if private.parent != private:
+            assert not re.search(re.escape(str(private)) + r"(?![\w.-])", text), private
+    found = MACHINE_PATHS.search(text)
+    assert found is None, f"{path.stem}.md shows {text[found.start() : found.start() + 60]!r}"
+
+
+def test_the_renderer_replaces_this_machines_paths(tmp_path: Path) -> None:
+    nbformat = pytest.importorskip("nbformat", reason="nbformat is a dev dependency")
+    tool = _render_tool()
+    tool.OUT = tmp_path  # where a figure would go
+    here, home = ROOT / "kvspec" / "__init__.py", Path.home() / "data"
+    cell = nbformat.v4.new_code_cell("print(here, home)")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{here} {home}\n")]
+    text = tool.render(nbformat.v4.new_notebook(cells=[cell]), "n", note="test")
+    assert str(ROOT) not in text and "./kvspec/__init__.py" in text
+    if home.parent.parent != home.parent:  # a home of "/" is left alone
+        assert str(home) not in text and "~/data" in text
+    assert MACHINE_PATHS.search(text) is None
+    assert MACHINE_PATHS.search(f"ran in {ROOT}/kvspec/x.py") is not None  # the net catches
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import re
 import shutil
 import sys
 import time
@@ -49,8 +50,18 @@ def execute(path: Path, *, quick: bool) -> nbformat.NotebookNode:
     return notebook
 
 
+def portable(text: str) -> str:
+    """``text`` without this machine's paths: the repository root becomes ``.`` and the
+    home directory ``~``, so a rendered page never shows where it was rendered."""
+    for private, shown in ((ROOT, "."), (Path.home(), "~")):
+        if private.parent != private:  # a home of "/" is no one's
+            text = re.sub(re.escape(str(private)) + r"(?![\w.-])", shown, text)
+    return text
+
+
 def render(notebook: nbformat.NotebookNode, name: str, *, note: str) -> str:
-    """Markdown of an executed notebook; its PNG figures are written to ``NAME_files/``."""
+    """Markdown of an executed notebook; its PNG figures are written to ``NAME_files/``.
+    Outputs pass through :func:`portable`."""
     figures = OUT / f"{name}_files"
     shutil.rmtree(figures, ignore_errors=True)
     lines = [f"<!-- {note} -->", ""]
@@ -65,7 +76,7 @@ def render(notebook: nbformat.NotebookNode, name: str, *, note: str) -> str:
         for output in cell.get("outputs", []):
             kind = output.get("output_type")
             if kind == "stream":
-                lines += ["```text", output["text"].rstrip("\n"), "```", ""]
+                lines += ["```text", portable(output["text"].rstrip("\n")), "```", ""]
             elif kind in ("display_data", "execute_result"):
                 data = output.get("data", {})
                 if "image/png" in data:
@@ -75,7 +86,7 @@ def render(notebook: nbformat.NotebookNode, name: str, *, note: str) -> str:
                     target.write_bytes(base64.b64decode(data["image/png"]))
                     lines += [f"![figure {figure}]({name}_files/{target.name})", ""]
                 elif "text/plain" in data:
-                    lines += ["```text", data["text/plain"].rstrip("\n"), "```", ""]
+                    lines += ["```text", portable(data["text/plain"].rstrip("\n")), "```", ""]
             elif kind == "error":
                 raise RuntimeError(f"{name}: a cell raised {output.get('ename')}")
     return "\n".join(lines).rstrip("\n") + "\n"
