@@ -46,6 +46,10 @@ fi
 "$py" -m sim --version
 step "kvspec conform reference --profile dev --jobs 2"
 "$bin/kvspec" conform reference --profile dev --jobs 2 --quiet --json "$work/conform.json" >/dev/null
+step "kvspec adapter new (the wheel's template) passes kvspec conform as written"
+mkdir "$work/scaffold"
+(cd "$work/scaffold" && "$bin/kvspec" adapter new smoke_adapter >/dev/null \
+  && "$bin/kvspec" conform smoke_adapter:adapter --profile dev --clause PLAN --quiet >/dev/null)
 step "kvspec vectors check --impl reference (the vectors installed with the wheel)"
 "$bin/kvspec" vectors check --impl reference >/dev/null
 "$bin/kvspec" vectors export "$work/vectors" >/dev/null
