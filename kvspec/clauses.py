@@ -19,6 +19,7 @@ import importlib.util
 import sys
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from kvspec.clause import Clause, Obligation, must, refuses
 
@@ -72,6 +73,23 @@ _DECLARATION_NODES = (
 )
 
 
+def _build(node: ast.AST) -> Any:
+    """The value of a declaration literal already limited to :data:`_DECLARATION_NODES`."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return _DECLARATION_NAMES[node.id]
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [_build(item) for item in node.elts]
+        return tuple(items) if isinstance(node, ast.Tuple) else items
+    if isinstance(node, ast.BinOp):
+        return _build(node.left) + _build(node.right)
+    if isinstance(node, ast.Call):
+        kwargs = {k.arg: _build(k.value) for k in node.keywords if k.arg is not None}
+        return _build(node.func)(*[_build(a) for a in node.args], **kwargs)
+    raise ValueError(f"not a declaration node: {type(node).__name__}")
+
+
 def read_clauses(name: str) -> tuple[Clause, ...] | None:
     """The ``CLAUSES`` of spec module ``name`` read from its source without importing it,
     or None when it is not one literal of Clause, must and refuses (or has no source)."""
@@ -99,8 +117,7 @@ def read_clauses(name: str) -> tuple[Clause, ...] | None:
             isinstance(node, ast.Name) and node.id not in _DECLARATION_NAMES
         ):
             return None
-    code = compile(ast.Expression(value), spec.origin, "eval")
-    clauses = eval(code, {"__builtins__": {}}, dict(_DECLARATION_NAMES))  # only the names above
+    clauses = _build(value)  # interpreted node by node: nothing of the source executes
     if not isinstance(clauses, tuple) or not all(isinstance(c, Clause) for c in clauses):
         return None
     return clauses
