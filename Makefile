@@ -1,7 +1,12 @@
 # The two commands of the README:
 #   make run    the main job on a fresh machine: a simulated cluster moves and verifies KV
-#   make test   the whole test suite (ruff, pytest, the notebooks, the wheel smoke test)
+#   make test   the whole test suite, in stages (setup, ruff, pytest, the notebooks, the
+#               wheel smoke test): every stage runs even after one fails, and a table of
+#               each stage's result and time ends it (tools/stages.sh)
 # Both create or refresh the virtual environment first (tools/bootstrap.sh).
+# Also the quick tier: make check (ruff, the spec's unit and property tests at the quick
+# Hypothesis profile, the reference through the conformance suite's quick profile),
+# under two minutes on two cores.
 # Override the torch build with, e.g.:
 #   make test TORCH='torch==2.5.1' TORCH_INDEX=https://download.pytorch.org/whl/cu121
 #
@@ -21,7 +26,15 @@ PY := $(VENV)/bin/python
 # (heartbeats, link cuts, kernels starting); TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 
-.PHONY: setup run test smoke test-gpu stress bench vectors notebooks field clean
+# The spec's own unit and property tests (pure functions; no processes, CLI or notebooks):
+# what make check runs.
+SPEC_TESTS := $(addprefix tests/test_,$(addsuffix .py,block_size cache_layout checksums \
+	chunks clauses copying descriptors errors group_reshard groups keys lifecycle model oracle \
+	ownership paged paged_transfer parallel_layouts payload plan ports presets records reshard \
+	stage state_cache wire wire_fuzz))
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
+
+.PHONY: setup run test check smoke test-gpu stress bench vectors notebooks field clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
@@ -29,11 +42,20 @@ setup:
 run: setup
 	$(PY) -m sim run --source-tp 8 --target-tp 2 --kv-heads 4
 
-test: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
-	DEV_PY=$(PY) tools/wheel_smoke.sh
+test:
+	@tools/stages.sh test \
+	  "setup=VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh" \
+	  "ruff=$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check ." \
+	  "pytest=$(PYTEST) --ignore tests/test_notebooks.py" \
+	  "notebooks=$(PYTEST) tests/test_notebooks.py" \
+	  "wheel smoke=DEV_PY=$(PY) tools/wheel_smoke.sh"
+
+check:
+	@tools/stages.sh check \
+	  "setup=VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh" \
+	  "ruff=$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check ." \
+	  "spec tests=KVSPEC_PROFILE=quick $(PYTEST) $(SPEC_TESTS)" \
+	  "reference=$(VENV)/bin/kvspec conform reference --profile quick --quiet"
 
 smoke: setup
 	DEV_PY=$(PY) tools/wheel_smoke.sh

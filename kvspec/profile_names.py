@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-PROFILES: tuple[str, ...] = ("dev", "ci", "thorough")
+PROFILES: tuple[str, ...] = ("dev", "ci", "thorough", "quick")
 """The short names users type; :func:`registered_name` gives Hypothesis's name."""
 
 

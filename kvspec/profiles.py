@@ -3,6 +3,7 @@
 - ``dev``: the default; quick, randomized.
 - ``ci``: derandomized, no deadline, chosen automatically when ``CI`` is set.
 - ``thorough``: many more examples, for a slow, deep run.
+- ``quick``: 25 examples, derandomized: ``make check``'s tier, a first look in seconds.
 
 They are registered under namespaced names (``kvspec-dev``, ``kvspec-ci``,
 ``kvspec-thorough``) so they never shadow a profile of the same short name that a
@@ -36,6 +37,14 @@ settings.register_profile(
 settings.register_profile(
     registered_name("ci"),
     max_examples=50,
+    derandomize=True,
+    deadline=None,
+    print_blob=False,
+    suppress_health_check=_SUPPRESSED,
+)
+settings.register_profile(
+    registered_name("quick"),
+    max_examples=25,
     derandomize=True,
     deadline=None,
     print_blob=False,
