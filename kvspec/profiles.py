@@ -42,13 +42,8 @@ settings.register_profile(
     print_blob=False,
     suppress_health_check=_SUPPRESSED,
 )
-settings.register_profile(
-    registered_name("quick"),
-    max_examples=25,
-    derandomize=True,
-    deadline=None,
-    print_blob=False,
-    suppress_health_check=_SUPPRESSED,
+settings.register_profile(  # ci's settings, at half its examples
+    registered_name("quick"), settings.get_profile(registered_name("ci")), max_examples=25
 )
 settings.register_profile(
     registered_name("thorough"),
