@@ -10,6 +10,7 @@ implementation is named). Nothing here imports pytest.
 
 from kvspec.conformance.adapter import (
     CAPABILITIES,
+    Acceptance,
     Adapter,
     AdapterError,
     NotProvided,
@@ -21,6 +22,7 @@ from kvspec.conformance.runner import Report, get_check, render, run_check, run_
 
 __all__ = [
     "CAPABILITIES",
+    "Acceptance",
     "Adapter",
     "AdapterError",
     "Domain",

@@ -25,6 +25,7 @@ import re
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any
@@ -133,6 +134,20 @@ _ALIASES: dict[str, tuple[str, ...]] = {method: ("validate",) for method in VALI
 invalid configuration before the refusals were separate capabilities."""
 
 
+REPLICAS_WRITE: tuple[str, ...] = ("one", "every")
+"""How many replicas of a replicated head write it to a receiver: kvspec's exactly one
+[PLAN-2], or every one of them (identical bytes, counted by the receiver)."""
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """The engine's own verdict on a deployment [:meth:`Adapter.serving_accepts`]:
+    whether it starts with it, and the evidence (the engine's error, or what was run)."""
+
+    accepted: bool
+    evidence: str
+
+
 class Adapter:
     """Base class of every adapter; the defaults provide nothing.
 
@@ -155,6 +170,25 @@ class Adapter:
       transform can do [SLICE-2].
     - ``coalesces``: its descriptor lists claim to be coalesced into maximal runs, so
       they are held to the minimum count [DESC-3].
+
+    The engine's contract — its own legitimate choices, against which a failure is
+    judged (what it costs, and whether serving can reach it):
+
+    - ``refusal_types``: the exceptions the implementation refuses an input with. A
+      refusal probe passes only on one of these whose message names the offending value;
+      any other exception (``IndexError``, ``ZeroDivisionError``) is a crash, tier
+      ``breaks``, never a refusal.
+    - ``replicas_write``: ``"one"`` (kvspec's choice: exactly one replica sends a
+      replicated head [PLAN-2]) or ``"every"`` (every replica sends identical bytes and
+      the receiver counts them, as SGLang does); under ``"every"`` a second sender of a
+      replica's identical bytes is tier ``differs``, not ``corrupts``.
+    - ``serving_never_produces``: obligation id -> why serving cannot produce the input
+      its refusal probe hands over (request ids the engine generates, ranks taken from
+      its process groups, a shipment from a sender its own plan never lists), citing the
+      engine's source. A failure on those obligations alone is reported not reachable in
+      serving.
+    - :meth:`serving_accepts`: runs the engine's own start-up validation on a deployment
+      and says whether the engine starts with it.
     """
 
     name: str = "unnamed"
@@ -164,12 +198,21 @@ class Adapter:
     policy_rules: Mapping[str, ReplicaRule] = MappingProxyType({})
     slicing_modes: tuple[str, ...] = ("sender",)
     coalesces: bool = False
+    refusal_types: tuple[type[BaseException], ...] = (ValueError,)
+    replicas_write: str = "one"
+    serving_never_produces: Mapping[str, str] = MappingProxyType({})
 
     @property
     def drawn_policies(self) -> tuple[str, ...]:
         """The replica policies the suite routes this adapter's cases under: those it
         names (:attr:`policies`), or ``lowest`` when it names none [PLAN-4]."""
         return tuple(self.policies) or ("lowest",)
+
+    def serving_accepts(self, config: TransferConfig) -> Acceptance | None:
+        """Whether the engine starts with the deployment ``config`` (both stages and the
+        model), by its own start-up validation (server-argument checks, config checks,
+        stage config), with the evidence; ``None`` when the adapter cannot tell."""
+        return None
 
     def supports(self, case: TransferCase) -> bool:
         """Whether ``case`` is inside the implementation's domain, beyond :attr:`domain`.
