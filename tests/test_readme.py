@@ -9,7 +9,8 @@ import pytest
 from kvspec.cli import main
 from sim.cli import main as sim_main
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
 
 
@@ -32,7 +33,10 @@ def _transcripts() -> list[tuple[str, list[str]]]:
 
 
 @pytest.mark.parametrize("index", range(len(_blocks("python"))))
-def test_python_block_runs(index: int) -> None:
+def test_python_block_runs(index: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The README's reader runs its blocks from the checkout's root (`examples` is found there).
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT))
     exec(compile(_blocks("python")[index], f"README.md python block {index}", "exec"), {})
 
 
