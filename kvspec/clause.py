@@ -10,8 +10,11 @@ A clause's text is split into :class:`Obligation` s: the sentences an implementa
 can violate, numbered ``HEAD-2.1``, ``HEAD-2.2``, ... in the order they are declared.
 An obligation is *positive* (:func:`must`: the implementation produces or accepts
 something) or *negative* (:func:`refuses`: it refuses an input just outside the
-domain). Numbers are stable: new obligations are appended, never inserted. The
-conformance suite names, for every obligation, the checks that exercise it and the
+domain). A positive obligation declared with :func:`accepts` says an implementation
+*accepts a valid input* (a dtype, a pair of layouts): breaking it is refusing, or crashing
+on, what an engine starts with, so it is tier ``breaks`` rather than ``corrupts``
+(:mod:`kvspec.conformance.tiers`). Numbers are stable: new obligations are appended, never
+inserted. The conformance suite names, for every obligation, the checks that exercise it and the
 one-bug implementations (mutants) those checks kill.
 """
 
@@ -36,12 +39,16 @@ class Obligation:
     id: str
     kind: str
     text: str
+    accepts_valid: bool = False
+    """A positive obligation that an implementation accepts a valid input (:func:`accepts`)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"obligation kind must be one of {KINDS}, got {self.kind!r}")
         if not self.text:
             raise ValueError("an obligation needs a text")
+        if self.accepts_valid and self.kind != "positive":
+            raise ValueError("only a positive obligation can be one of accepting a valid input")
         if self.id and not _OBLIGATION_ID.match(self.id):
             raise ValueError(f"obligation id must look like 'FAMILY-N.M', got {self.id!r}")
 
@@ -54,6 +61,12 @@ class Obligation:
 def must(text: str) -> Obligation:
     """A positive obligation (numbered by the clause that holds it)."""
     return Obligation("", "positive", text)
+
+
+def accepts(text: str) -> Obligation:
+    """A positive obligation that a valid input is accepted (``text`` names it): breaking
+    it refuses, or crashes on, a configuration the engine starts with (tier ``breaks``)."""
+    return Obligation("", "positive", text, accepts_valid=True)
 
 
 def refuses(text: str) -> Obligation:

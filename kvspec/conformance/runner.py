@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import shlex
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import example as pinned
 
-from kvspec.clauses import get_clause
+from kvspec.clauses import all_obligations, get_clause
 from kvspec.conformance.adapter import Adapter, NotProvided, load_adapter, provided_capabilities
 from kvspec.conformance.checks import (
     Check,
@@ -37,7 +36,11 @@ from kvspec.conformance.checks import (
     Vacuous,
     Violation,
     all_checks,
+    crash_report,
+    judging,
 )
+from kvspec.conformance.tiers import TIERS, default_fail_on, tier_of
+from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.profiles import default_profile, profile_settings
 
 PASSED, FAILED, INCONCLUSIVE = "passed", "FAILED", "inconclusive"
@@ -62,6 +65,13 @@ class CheckResult:
     reason: str = ""
     counterexample: Example | None = None
     seconds: float = 0.0
+    tier: str | None = None
+    """FAILED only: the consequence tier (:mod:`kvspec.conformance.tiers`)."""
+    obligation: str | None = None
+    """FAILED only: the violated obligation, when one is known."""
+    reachable_in_serving: str | None = None
+    """FAILED only: ``yes``, ``no`` or ``unknown`` (:func:`serving_reachability`)."""
+    reachability_evidence: str = ""
 
     @property
     def effective(self) -> int:
@@ -83,6 +93,10 @@ class CheckResult:
             "reason": self.reason,
             "counterexample": self.counterexample,
             "seconds": round(self.seconds, 3),
+            "tier": self.tier,
+            "obligation": self.obligation,
+            "reachable_in_serving": self.reachable_in_serving,
+            "reachability_evidence": self.reachability_evidence,
         }
 
 
@@ -96,9 +110,30 @@ class Report:
     device: str
     results: list[CheckResult] = field(default_factory=list)
     seconds: float = 0.0
+    fail_on: tuple[str, ...] | None = None
+    """The tiers whose failures fail the exit status (None: :func:`default_fail_on`)."""
 
     def count(self, verdict: str) -> int:
         return sum(r.verdict == verdict for r in self.results)
+
+    @property
+    def failing_tiers(self) -> tuple[str, ...]:
+        return self.fail_on if self.fail_on is not None else default_fail_on(self.impl)
+
+    def summary_by_tier(self) -> dict[str, int]:
+        """FAILED results by tier, every tier present (most severe first)."""
+        return {t: sum(r.verdict == FAILED and r.tier == t for r in self.results) for t in TIERS}
+
+    def failing(self) -> list[CheckResult]:
+        """The FAILED results that fail the exit status: tier in :attr:`failing_tiers` and
+        not known to be unreachable in serving."""
+        return [
+            r
+            for r in self.results
+            if r.verdict == FAILED
+            and (r.tier or "breaks") in self.failing_tiers
+            and r.reachable_in_serving != "no"
+        ]
 
     @property
     def failed(self) -> bool:
@@ -110,8 +145,10 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 nothing failed or under-sampled, 1 a check failed, 3 a check was inconclusive."""
-        return 1 if self.failed else 3 if self.inconclusive else 0
+        """1 iff a FAILED result's tier is in :attr:`failing_tiers` and serving may reach
+        it (``reachable_in_serving`` not ``no``); else 3 when a check was inconclusive;
+        else 0 (failures of other tiers are reported, not failing)."""
+        return 1 if self.failing() else 3 if self.inconclusive else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -211,10 +248,11 @@ def run_check(
     count = max_examples if max_examples is not None else base.max_examples
     result.requested = max(1, round(count * check.weight))
     try:
-        if replay is not None:
-            body(replay)
-        else:
-            _hypothesis_test(check, adapter, body, result.requested, shrink, profile)()
+        with judging(adapter):
+            if replay is not None:
+                body(replay)
+            else:
+                _hypothesis_test(check, adapter, body, result.requested, shrink, profile)()
     except _Unprovided as error:
         result.verdict, result.reason = NOT_PROVIDED, str(error)
     except BaseException:
@@ -224,6 +262,7 @@ def run_check(
         example, error = failures[-1]  # Hypothesis replays the shrunk example last
         result.counterexample = example
         result.reason = describe_failure(error)
+        judge_failure(result, error, adapter)
     if result.verdict == PASSED and replay is not None and not result.effective:
         result.verdict = NOT_PROVIDED  # nothing was checked: not a pass
         result.reason = (
@@ -289,9 +328,74 @@ def describe_failure(error: BaseException) -> str:
     """The violation message, or the exception with its innermost frame."""
     if isinstance(error, Violation):
         return str(error)
-    frames = traceback.extract_tb(error.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return f"the implementation raised {type(error).__name__}: {error}{where}"
+    return f"the implementation raised {crash_report(error)}"
+
+
+def judge_failure(result: CheckResult, error: BaseException, adapter: Adapter) -> None:
+    """Fill a FAILED result's tier and violated obligation (:func:`~kvspec.conformance.
+    tiers.tier_of`) and whether serving can reach its counterexample."""
+    result.tier, result.obligation = tier_of(error, all_obligations(), result.check.covers)
+    result.reachable_in_serving, result.reachability_evidence = serving_reachability(
+        adapter, [result.obligation] if result.obligation else [], result.counterexample
+    )
+
+
+_DEPLOYMENT_KEYS = ("source", "target", "model")
+_PREFERRED = ("bad", "case", "config", "good")
+"""Where an example keeps its deployment, first first: the wrongly accepted input of a
+refusal probe (``bad``) before the valid one it was made from (``good``)."""
+
+
+def deployment_of(example: object) -> TransferConfig | None:
+    """The deployment ``{source, target, model}`` a counterexample runs on, whatever the
+    check's example shape: the example itself when it is a transfer configuration, else
+    the first one found inside it (``bad`` before ``case`` before ``good``, then the
+    rest in order, breadth first); None when it has none (a layout, a key, a port)."""
+    queue: list[object] = [example]
+    while queue:
+        item = queue.pop(0)
+        if isinstance(item, dict):
+            if (
+                all(k in item for k in _DEPLOYMENT_KEYS)
+                and all(isinstance(item[k], dict) for k in _DEPLOYMENT_KEYS)
+                and "tp" in item["source"]
+                and "tp" in item["target"]
+            ):
+                return TransferConfig(  # type: ignore[typeddict-item]
+                    {k: json.loads(json.dumps(item[k])) for k in _DEPLOYMENT_KEYS}
+                )
+            ordered = [item[k] for k in _PREFERRED if k in item]
+            ordered += [v for k, v in item.items() if k not in _PREFERRED]
+            queue += [v for v in ordered if isinstance(v, (dict, list, tuple))]
+        elif isinstance(item, (list, tuple)):
+            queue += [v for v in item if isinstance(v, (dict, list, tuple))]
+    return None
+
+
+def serving_reachability(
+    adapter: Adapter, obligations: Sequence[str], counterexample: object
+) -> tuple[str, str]:
+    """(``yes`` | ``no`` | ``unknown``, evidence): whether serving can reach a failure
+    of ``obligations`` on ``counterexample``.
+
+    ``no`` when every violated obligation is one the adapter says serving never produces
+    (``serving_never_produces``: evidence, its reason) or the engine's own start-up
+    validation refuses the counterexample's deployment (``serving_accepts`` returns
+    ``accepted=False``: its evidence); ``yes`` when that validation accepts it; else
+    ``unknown`` (no deployment in the example, or the adapter cannot tell)."""
+    never = adapter.serving_never_produces
+    if obligations and all(o in never for o in obligations):
+        return "no", "; ".join(f"{o}: {never[o]}" for o in obligations)
+    config = deployment_of(counterexample)
+    if config is None:
+        return "unknown", "the counterexample names no deployment (source, target, model)"
+    try:
+        verdict = adapter.serving_accepts(config)
+    except Exception as error:
+        return "unknown", f"serving_accepts raised {crash_report(error)}"
+    if verdict is None:
+        return "unknown", "the adapter cannot tell (serving_accepts returned None)"
+    return ("yes" if verdict.accepted else "no"), verdict.evidence
 
 
 def run_suite(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kvspec.clause import Clause, must, refuses
+from kvspec.clause import Clause, accepts, must, refuses
 from kvspec.tensors.dtype_names import (
     DTYPE_NAMES,
     FLOAT_FORMATS,
@@ -47,7 +47,7 @@ CLAUSES = (
             refuses(
                 "a dtype name outside float32, float16, bfloat16, float8_e4m3fn and float8_e5m2"
             ),
-            must("each of the five allowed dtypes is accepted"),
+            accepts("each of the five allowed dtypes is accepted"),
         ),
     ),
     Clause(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec._checks import require_choice, require_int, require_rank
-from kvspec.clause import Clause, must, refuses
+from kvspec.clause import Clause, accepts, must, refuses
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import (
     RankOwnership,
@@ -48,7 +48,7 @@ CLAUSES = (
                 "a pair where one side alone cannot hold the model (its heads or its DCP), "
                 "while the other can"
             ),
-            must(
+            accepts(
                 "every pair of layouts each valid alone is accepted: non-dividing TP pairs, "
                 "token shards on either side, attention-DP groups, any PP sizes"
             ),

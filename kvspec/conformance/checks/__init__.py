@@ -14,18 +14,21 @@ them all.
 
 from __future__ import annotations
 
+import contextvars
 import fnmatch
 import importlib
 import math
 import re
-from collections.abc import Callable
-from contextlib import suppress
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, NoReturn
 
 from hypothesis import strategies as st
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import REFUSAL_TYPES, Adapter
+from kvspec.conformance.tiers import BREAKS, TIERS
 
 Example = dict[str, Any]
 
@@ -56,7 +59,18 @@ CHECK_MODULES: tuple[str, ...] = (
 
 
 class Violation(AssertionError):
-    """The implementation broke the clause; the message says how, with the values."""
+    """The implementation broke the clause; the message says how, with the values.
+
+    ``tier`` is set by a check only from what it observed (``differs`` for a replica's
+    identical bytes sent by an engine whose replicas all write, ``breaks`` for a crash
+    where a refusal was due); left None, the runner derives it from the violated
+    obligation (:mod:`kvspec.conformance.tiers`)."""
+
+    def __init__(self, message: str = "", tier: str | None = None) -> None:
+        if tier is not None and tier not in TIERS:
+            raise ValueError(f"a violation's tier must be one of {TIERS}, got {tier!r}")
+        super().__init__(message)
+        self.tier = tier
 
 
 class OutsideDomain(Exception):
@@ -170,32 +184,136 @@ def all_checks() -> list[Check]:
     return sorted(_REGISTRY.values(), key=lambda c: (order[c.clause], c.slug))
 
 
-def expect(condition: bool, message: str) -> None:
-    """Raise :class:`Violation` with ``message`` unless ``condition`` holds."""
+def expect(condition: bool, message: str, *, tier: str | None = None) -> None:
+    """Raise :class:`Violation` with ``message`` (and ``tier``) unless ``condition`` holds."""
     if not condition:
-        raise Violation(message)
+        raise Violation(message, tier)
 
 
-def fail(message: str) -> NoReturn:
-    """Raise :class:`Violation` with ``message``."""
-    raise Violation(message)
+def fail(message: str, *, tier: str | None = None) -> NoReturn:
+    """Raise :class:`Violation` with ``message`` (and ``tier``, when observed)."""
+    raise Violation(message, tier)
 
 
-def refused(call: Callable[[], object]) -> bool:
-    """Whether ``call()`` raises: any exception counts as a refusal (the suite judges that
-    something was refused, not the wording)."""
+_ADAPTER: contextvars.ContextVar[Adapter | None] = contextvars.ContextVar(
+    "kvspec_conformance_adapter", default=None
+)
+"""The adapter the running check judges (set by the runner): its ``refusal_types``."""
+
+
+@contextmanager
+def judging(adapter: Adapter) -> Iterator[None]:
+    """Run checks against ``adapter``: :func:`refused` and :func:`expect_refused` accept
+    only its declared ``refusal_types`` as refusals."""
+    token = _ADAPTER.set(adapter)
+    try:
+        yield
+    finally:
+        _ADAPTER.reset(token)
+
+
+def refusal_types(obligation: str | None = None) -> tuple[type[BaseException], ...]:
+    """What counts as a refusal of ``obligation``: the one type the suite holds it to
+    (:data:`~kvspec.conformance.adapter.REFUSAL_TYPES`, e.g. ``ValueError`` for
+    WIRE-4.1), else the judged adapter's ``refusal_types`` (``ValueError`` without one)."""
+    if obligation in REFUSAL_TYPES:
+        return (REFUSAL_TYPES[obligation],)
+    adapter = _ADAPTER.get()
+    declared = tuple(adapter.refusal_types) if adapter is not None else ()
+    return declared or (ValueError,)
+
+
+def crash_report(error: BaseException) -> str:
+    """What was raised, for a report: type, message and the innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
+
+
+def names_value(message: str, values: Iterable[object]) -> bool:
+    """Whether ``message`` names one of ``values``: its ``repr`` or its ``str``, as a whole
+    token where it begins or ends with a word character (``16`` is named by "stage 16",
+    not by "160" or "16.5"); the empty string only by its repr (``''``)."""
+    for value in values:
+        texts = {repr(value)} | ({str(value)} if str(value) else set())
+        if isinstance(value, str) and not value:
+            texts = {"''", '""'}
+        for text in texts:
+            pattern = re.escape(text)
+            if text[0].isalnum() or text[0] == "_":
+                pattern = r"(?<![\w.])" + pattern
+            if text[-1].isalnum() or text[-1] == "_":
+                pattern += r"(?!\w|\.[0-9])"
+            if re.search(pattern, message):
+                return True
+    return False
+
+
+def _refusal_problem(
+    error: BaseException, obligation: str | None, naming: tuple[object, ...]
+) -> str | None:
+    """Why ``error`` is not a refusal (of ``obligation``, naming one of ``naming``), or None."""
+    kinds = refusal_types(obligation)
+    if not isinstance(error, kinds):
+        declared = ", ".join(k.__name__ for k in kinds)
+        raised = crash_report(error)
+        return f"crashed instead of refusing: it raised {raised} (refusals: {declared})"
+    if naming and not names_value(str(error), naming):
+        listed = ", ".join(_brief(v, 60) for v in naming)
+        return (
+            f"was refused with {type(error).__name__} whose message names none of the offending "
+            f"values ({listed}): {str(error)!r}; a refusal says what it refuses"
+        )
+    return None
+
+
+def refused(
+    call: Callable[[], object],
+    *,
+    obligation: str | None = None,
+    what: str = "the input",
+    naming: Iterable[object] = (),
+) -> bool:
+    """Whether ``call()`` refuses: True when it raises one of the judged adapter's
+    ``refusal_types`` (whose message names one of ``naming``, when given), False when it
+    returns. Any other exception is not a refusal but a crash: :class:`Violation`, tier
+    ``breaks``, saying what was raised. With no ``naming`` the type alone decides."""
+    values = tuple(naming)
     try:
         call()
-    except Exception:
+    except Exception as error:
+        problem = _refusal_problem(error, obligation, values)
+        if problem:
+            cited = f" [{obligation}]" if obligation else ""
+            raise Violation(f"{what} {problem}{cited}", BREAKS) from error
         return True
     return False
 
 
-def expect_refused(obligation: str, what: str, call: Callable[[], object]) -> None:
-    """Raise :class:`Violation` unless ``call()`` refuses ``what`` [``obligation``]."""
+def expect_refused(
+    obligation: str,
+    what: str,
+    call: Callable[[], object],
+    *,
+    naming: Iterable[object] = (),
+) -> None:
+    """Raise :class:`Violation` unless ``call()`` refuses ``what`` [``obligation``].
+
+    A refusal is one of the judged adapter's ``refusal_types`` (the one type
+    :data:`~kvspec.conformance.adapter.REFUSAL_TYPES` holds ``obligation`` to, if any)
+    whose message names one of ``naming``, the offending values; call sites that know them
+    pass them, and where a call site passes none the exception's type alone decides.
+    Accepting ``what`` is a violation of ``obligation`` (its tier derived from it, a
+    negative obligation: ``accepts-invalid``); raising anything else is tier ``breaks``
+    ("crashed instead of refusing", with the exception's type, message and innermost
+    frame)."""
+    values = tuple(naming)
     try:
         got = call()
-    except Exception:
+    except Exception as error:
+        problem = _refusal_problem(error, obligation, values)
+        if problem:
+            raise Violation(f"{what} {problem} [{obligation}]", BREAKS) from error
         return
     shown = "" if got is None else f" (it returned {_brief(got)})"
     raise Violation(f"{what} was accepted{shown}; it must be refused [{obligation}]")
