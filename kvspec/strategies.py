@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +25,22 @@ from kvspec.naming.keys import LegacyKey, RankAwareKey
 from kvspec.naming.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.model import ModelShape
-from kvspec.topology.ownership import RankOwnership, check_heads, rank_ownership
+from kvspec.topology.ownership import (
+    RankOwnership,
+    check_heads,
+    default_layer_partition,
+    rank_ownership,
+)
 from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan, plan_transfer
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.tokens import RULE_KINDS
 
 TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 """TP sizes drawn by default: powers of two and the non-powers 3, 6, 12, 24."""
+
+Partitioner = Callable[[int, int], "Sequence[int] | None"]
+"""An engine's default layer split: (num_layers, pp) -> layers per stage, or None for
+kvspec's [LAYER-1] (``Adapter.layer_partition``)."""
 
 
 def _valid(check, *args) -> bool:
@@ -160,17 +170,22 @@ def stage_layouts(
     pp_sizes: tuple[int, ...] | None = None,
     explicit: bool = True,
     groups: dict[str, Any] | None = None,
+    partition: Partitioner | None = None,
 ) -> StageLayout:
     """A stage at TP ``tp`` with 1..max_pp pipeline ranks (or one of ``pp_sizes`` that fit
     ``num_layers``), default or (when ``explicit``) explicit partition; ``groups`` gives
-    its ``dp``, ``cp``, ``dcp`` and ``cp_rule`` [STAGE-2, CP-1]."""
+    its ``dp``, ``cp``, ``dcp`` and ``cp_rule`` [STAGE-2, CP-1]. A stage drawn with the
+    default partition gets ``partition(num_layers, pp)`` as its explicit one when that
+    is given and differs from kvspec's [LAYER-1]: the split the engine really runs."""
     groups = groups or {}
     if pp_sizes is None:
         pp = draw(st.integers(1, min(max_pp, num_layers)))
     else:
         pp = draw(st.sampled_from([p for p in pp_sizes if p <= num_layers] or [1]))
     if pp == 1 or not explicit or draw(st.booleans()):
-        return StageLayout(tp=tp, pp=pp, **groups)
+        return StageLayout(
+            tp=tp, pp=pp, layer_partition=engine_default(partition, num_layers, pp), **groups
+        )
     cuts = sorted(draw(st.sets(st.integers(1, num_layers - 1), min_size=pp - 1, max_size=pp - 1)))
     bounds = [0, *cuts, num_layers]
     return StageLayout(
@@ -179,6 +194,18 @@ def stage_layouts(
         layer_partition=tuple(b - a for a, b in itertools.pairwise(bounds)),
         **groups,
     )
+
+
+def engine_default(
+    partition: Partitioner | None, num_layers: int, pp: int
+) -> tuple[int, ...] | None:
+    """An engine's default split as an explicit partition, or None where it has none or
+    it is kvspec's own [LAYER-1, LAYER-2]."""
+    split = None if partition is None or pp == 1 else partition(num_layers, pp)
+    if split is None:
+        return None
+    split = tuple(int(n) for n in split)
+    return None if split == default_layer_partition(num_layers, pp) else split
 
 
 RULE_SIZES: dict[str, tuple[int, ...]] = {
@@ -251,6 +278,7 @@ def transfer_cases(
     dcp_sizes: tuple[int, ...] = (1,),
     rules: tuple[str, ...] = RULE_KINDS,
     max_seq_len: int = 12,
+    partition: Partitioner | None = None,
 ) -> TransferCase:
     """A valid transfer: TP pair, each side's attention groups, a model valid for both,
     DCP and token rules, a request length and DP ranks where they apply, PP layouts.
@@ -258,7 +286,8 @@ def transfer_cases(
     ``pairs``, ``pp_sizes``, ``replicated_heads``, ``explicit_partitions``,
     ``non_dividing``, ``dp_sizes``, ``cp_sizes``, ``dcp_sizes`` and ``rules`` narrow the
     draw to an implementation's declared domain; the defaults draw the first release's
-    layouts (TP and PP) and every TP pair that divides.
+    layouts (TP and PP) and every TP pair that divides. ``partition`` is the engine's own
+    default layer split, given to stages drawn without one (:func:`stage_layouts`).
     """
     source_tp, target_tp = draw(tp_pairs(sizes=sizes, pairs=pairs, non_dividing=non_dividing))
     source_dp, source_cp = draw(st.sampled_from(_groups(source_tp, dp_sizes, cp_sizes)))
@@ -291,6 +320,7 @@ def transfer_cases(
         "max_pp": max_pp,
         "pp_sizes": pp_sizes,
         "explicit": explicit_partitions,
+        "partition": partition,
     }
     source = draw(stage_layouts(tp=source_tp, groups=sides[0], **layouts))
     target = draw(stage_layouts(tp=target_tp, groups=sides[1], **layouts))

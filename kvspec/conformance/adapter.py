@@ -214,6 +214,14 @@ class Adapter:
         stage config), with the evidence; ``None`` when the adapter cannot tell."""
         return None
 
+    def layer_partition(self, num_layers: int, pp: int) -> Sequence[int] | None:
+        """The engine's own default split of ``num_layers`` layers over ``pp`` pipeline
+        stages (layers per stage, in order), when a deployment names no partition; ``None``
+        when its default is kvspec's [LAYER-1]. Generated stages that name no partition
+        are given this one explicitly [LAYER-2], so an engine is checked on the split it
+        really runs (SGLang's ``get_pp_indices`` puts the extra layers last)."""
+        return None
+
     def supports(self, case: TransferCase) -> bool:
         """Whether ``case`` is inside the implementation's domain, beyond :attr:`domain`.
 

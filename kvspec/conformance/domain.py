@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from kvspec.memory.cache_layout import PRESETS, get_layout, layouts_for
-from kvspec.strategies import TP_SIZES, TransferCase, divides, dividing_pairs, transfer_cases
+from kvspec.strategies import (
+    TP_SIZES,
+    Partitioner,
+    TransferCase,
+    divides,
+    dividing_pairs,
+    transfer_cases,
+)
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, check_dtype
 from kvspec.topology.model import ATTENTION_KINDS, SCALE_FORMATS, ModelShape
 from kvspec.topology.stage import StageLayout
@@ -251,9 +258,12 @@ class Domain:
         max_pp: int = 3,
         dtypes: tuple[str, ...] | None = None,
         attention: tuple[str, ...] | None = None,
+        partition: Partitioner | None = None,
     ) -> st.SearchStrategy[TransferCase]:
         """Valid transfer cases inside the domain; ``dtypes`` and ``attention`` narrow it
-        further (an empty intersection is the caller's "not provided")."""
+        further (an empty intersection is the caller's "not provided"); ``partition`` is
+        the engine's default layer split (``Adapter.layer_partition``), given to stages
+        drawn without a partition."""
         return transfer_cases(
             pairs=self.pairs(),
             pp_sizes=tuple(p for p in self.pp_sizes if p <= max_pp) or (min(self.pp_sizes),),
@@ -269,6 +279,7 @@ class Domain:
             cp_sizes=self.cp_sizes,
             dcp_sizes=self.dcp_sizes,
             rules=self.cp_rules,
+            partition=partition,
         )
 
     def describe(self) -> str:

@@ -60,7 +60,12 @@ def desc_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
     attention = tuple(a for a in domain.attention if domain.cache_layouts(a)) or domain.attention
     case = draw(
         domain.cases(
-            policies=adapter.policies, max_layers=3, max_head_dim=3, max_pp=2, attention=attention
+            policies=adapter.policies,
+            max_layers=3,
+            max_head_dim=3,
+            max_pp=2,
+            attention=attention,
+            partition=adapter.layer_partition,
         )
     )
     plan = case.plan(adapter.policy_rules.get(case.policy))

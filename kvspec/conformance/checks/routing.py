@@ -27,8 +27,12 @@ from kvspec.topology.tokens import Tokens
 
 
 def case_examples(adapter: Adapter, **kwargs) -> st.SearchStrategy[Example]:
-    """Valid transfer cases inside the adapter's domain, under the policies it names."""
-    return adapter.domain.cases(policies=adapter.drawn_policies, **kwargs).map(TransferCase.to_dict)
+    """Valid transfer cases inside the adapter's domain, under the policies it names, its
+    stages split as the engine splits layers by default (``Adapter.layer_partition``)."""
+    cases = adapter.domain.cases(
+        policies=adapter.drawn_policies, partition=adapter.layer_partition, **kwargs
+    )
+    return cases.map(TransferCase.to_dict)
 
 
 def spec_plan(adapter: Adapter, case: TransferCase) -> TransferPlan:
