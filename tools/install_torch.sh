@@ -21,8 +21,11 @@ fi
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" ${TORCH_PIP_ARGS:-}; }
 
 spec_file="$VENV/.torch-spec"
+# The installed distribution is asked, not imported: importing torch costs seconds of CPU
+# (and, on a busy machine, tens of seconds) on every `make run`.
 if [ "$(cat "$spec_file" 2>/dev/null)" != "$TORCH|${TORCH_INDEX:-}" ] \
-   || ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+   || ! "$VENV/bin/python" -c 'from importlib.metadata import version; version("torch")' \
+        >/dev/null 2>&1; then
   echo "install_torch: installing $TORCH into $VENV (gpu=$have_gpu)" >&2
   # A local wheel or the default index first; the extra index only if needed,
   # so a machine without access to it still works when the wheel is at hand.
