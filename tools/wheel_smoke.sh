@@ -44,6 +44,12 @@ fi
 "$bin/kvspec" --version
 "$bin/kvspec" plan --source-tp 8 --target-tp 2 --kv-heads 4 --json - >/dev/null
 "$py" -m sim --version
+# The installed CLI starts without torch: help, version, clauses and plan with torch
+# made unimportable (a None entry in sys.modules refuses the import).
+for args in "--help" "--version" "clauses" "plan --source-tp 8 --target-tp 2 --kv-heads 4"; do
+  "$py" -c 'import sys; sys.modules["torch"] = None; from kvspec.cli import main; sys.exit(main(sys.argv[1:]))' \
+    $args >/dev/null || { echo "wheel smoke: kvspec $args needs torch" >&2; exit 1; }
+done
 step "kvspec conform reference --profile dev --jobs 2"
 "$bin/kvspec" conform reference --profile dev --jobs 2 --quiet --json "$work/conform.json" >/dev/null
 step "kvspec adapter new (the wheel's template) passes kvspec conform as written"
