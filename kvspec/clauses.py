@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from kvspec.clause import Clause, Obligation, must, refuses
+from kvspec.clause import Clause, Obligation, accepts, must, refuses
 
 SPEC_MODULES: tuple[str, ...] = (
     "kvspec.topology.stage",
@@ -57,7 +57,7 @@ SPEC_MODULES: tuple[str, ...] = (
 """Modules that declare clauses, in the order their families appear in the table."""
 
 
-_DECLARATION_NAMES = {"Clause": Clause, "must": must, "refuses": refuses}
+_DECLARATION_NAMES = {"Clause": Clause, "must": must, "accepts": accepts, "refuses": refuses}
 """The only names a ``CLAUSES`` literal may use to be read without importing its module."""
 
 _DECLARATION_NODES = (
