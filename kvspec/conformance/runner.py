@@ -72,6 +72,9 @@ class CheckResult:
     reachable_in_serving: str | None = None
     """FAILED only: ``yes``, ``no`` or ``unknown`` (:func:`serving_reachability`)."""
     reachability_evidence: str = ""
+    accepted_input: Any = None
+    """FAILED refusal probes only: the input that was wrongly accepted (or crashed on),
+    made from the counterexample (which stays what ``--replay`` takes)."""
 
     @property
     def effective(self) -> int:
@@ -97,6 +100,7 @@ class CheckResult:
             "obligation": self.obligation,
             "reachable_in_serving": self.reachable_in_serving,
             "reachability_evidence": self.reachability_evidence,
+            "accepted_input": self.accepted_input,
         }
 
 
@@ -335,8 +339,12 @@ def judge_failure(result: CheckResult, error: BaseException, adapter: Adapter) -
     """Fill a FAILED result's tier and violated obligation (:func:`~kvspec.conformance.
     tiers.tier_of`) and whether serving can reach its counterexample."""
     result.tier, result.obligation = tier_of(error, all_obligations(), result.check.covers)
+    result.accepted_input = error.input if isinstance(error, Violation) else None
+    where = result.counterexample
+    if deployment_of(result.accepted_input) is not None:
+        where = result.accepted_input  # the deployment the implementation was handed
     result.reachable_in_serving, result.reachability_evidence = serving_reachability(
-        adapter, [result.obligation] if result.obligation else [], result.counterexample
+        adapter, [result.obligation] if result.obligation else [], where
     )
 
 
@@ -534,6 +542,11 @@ def render(report: Report) -> str:
             f"{r.check.id}: {clause.title} (obligations {', '.join(r.check.covers)})",
             f"  rule: {clause.text}",
             f"  counterexample: {json.dumps(r.counterexample)}",
+            *(
+                [f"  input it was handed: {json.dumps(r.accepted_input)}"]
+                if r.accepted_input is not None
+                else []
+            ),
             f"  what happened: {r.reason}",
             f"  reproduce: {reproduction(report.impl, r)}",
             f"  or in Python: {python_reproduction(report.impl, r)}",

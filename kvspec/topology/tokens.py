@@ -275,7 +275,7 @@ class CPRule:
         try:
             require_int(f"the size of {self.kind}", self.size, minimum=1)
         except ValueError as error:
-            raise ValueError(f"{error} [CP-1]") from None
+            raise ValueError(f"{error} (cp_rule {self.kind}:{self.size}) [CP-1]") from None
         if self.kind == "zigzag" and self.size != 1:
             raise ValueError(f"zigzag takes no size, got zigzag:{self.size} [CP-1]")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import fnmatch
 import importlib
+import json
 import math
 import re
 import traceback
@@ -66,11 +67,14 @@ class Violation(AssertionError):
     where a refusal was due); left None, the runner derives it from the violated
     obligation (:mod:`kvspec.conformance.tiers`)."""
 
-    def __init__(self, message: str = "", tier: str | None = None) -> None:
+    def __init__(self, message: str = "", tier: str | None = None, input: object = None) -> None:
         if tier is not None and tier not in TIERS:
             raise ValueError(f"a violation's tier must be one of {TIERS}, got {tier!r}")
         super().__init__(message)
         self.tier = tier
+        self.input = input
+        """The input the implementation was handed when it broke the clause, as data,
+        where it is not the example itself (a refusal probe made from it), else None."""
 
 
 class OutsideDomain(Exception):
@@ -290,12 +294,48 @@ def refused(
     return False
 
 
+def changed_values(before: object, after: object) -> tuple[object, ...]:
+    """The values of ``after`` that differ from ``before``'s, leaf by leaf: what a refusal
+    probe made from a valid input changed, so the values its refusal should name. Dicts
+    and lists of one length are compared item by item; a changed list also counts as
+    itself (and, when its length changed, as its length and each of its leaves); a key
+    ``before`` lacks, as each of its leaves."""
+    if before == after:
+        return ()
+    if isinstance(after, dict):
+        was = before if isinstance(before, dict) else {}
+        found: list[object] = []
+        for key, value in after.items():
+            found += changed_values(was[key], value) if key in was else _leaves(value)
+        return tuple(found)
+    if isinstance(after, (list, tuple)):
+        if isinstance(before, (list, tuple)) and len(before) == len(after):
+            inner = [v for b, a in zip(before, after, strict=True) for v in changed_values(b, a)]
+            return (after, *inner)
+        return (after, len(after), *_leaves(after)[1:])
+    return (after,)
+
+
+def _leaves(value: object) -> list[object]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [value, *(leaf for v in value for leaf in _leaves(v))]
+    return [value]
+
+
+def plain(value: object) -> object:
+    """``value`` as JSON data (what a report shows): anything JSON cannot hold by repr."""
+    return json.loads(json.dumps(value, default=repr))
+
+
 def expect_refused(
     obligation: str,
     what: str,
     call: Callable[[], object],
     *,
     naming: Iterable[object] = (),
+    accepted: object = None,
 ) -> None:
     """Raise :class:`Violation` unless ``call()`` refuses ``what`` [``obligation``].
 
@@ -306,17 +346,22 @@ def expect_refused(
     Accepting ``what`` is a violation of ``obligation`` (its tier derived from it, a
     negative obligation: ``accepts-invalid``); raising anything else is tier ``breaks``
     ("crashed instead of refusing", with the exception's type, message and innermost
-    frame)."""
+    frame).
+
+    ``accepted`` is the input handed over, as data (the arguments, the configuration):
+    the violation carries it, so the report shows the input that was wrongly accepted
+    rather than only the valid example it was made from."""
     values = tuple(naming)
+    given = None if accepted is None else plain(accepted)
     try:
         got = call()
     except Exception as error:
         problem = _refusal_problem(error, obligation, values)
         if problem:
-            raise Violation(f"{what} {problem} [{obligation}]", BREAKS) from error
+            raise Violation(f"{what} {problem} [{obligation}]", BREAKS, given) from error
         return
     shown = "" if got is None else f" (it returned {_brief(got)})"
-    raise Violation(f"{what} was accepted{shown}; it must be refused [{obligation}]")
+    raise Violation(f"{what} was accepted{shown}; it must be refused [{obligation}]", None, given)
 
 
 def _brief(value: object, limit: int = 160) -> str:

@@ -27,6 +27,7 @@ from kvspec.conformance.checks import (
 from kvspec.conformance.checks.payloads import BLOCK_SIZE, inbox
 from kvspec.conformance.checks.routing import case_examples
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup
+from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.dtypes import FP8_DTYPES
 from kvspec.transport.chunks import reassemble, split_chunks
 from kvspec.transport.payload import Chunk, Payload, payload_equal
@@ -86,7 +87,8 @@ def reassembles(ctx: Context, example: Example) -> None:
     except Exception as error:
         fail(
             f"{setup.case.describe()}: a complete set of {len(chunks)} chunks arriving as "
-            f"{[c.chunk.chunk_id for c in shuffled]} was refused: {error!r} [CHUNK-2.1]"
+            f"{[c.chunk.chunk_id for c in shuffled]} was refused: {error!r} [CHUNK-2.1]",
+            tier=BREAKS,
         )
     want = reassemble(chunks)
     if payload_equal(got, want):

@@ -242,6 +242,7 @@ def refuses_short_region(ctx: Context, example: Example) -> None:
         f"{setup.what}, the receiver's region {last.dst_region!r} registered with {size} bytes "
         f"(the request's bytes run to {size + 1})",
         lambda: setup.ask(ctx, short),
+        naming=(last.dst_region, size),
     )
 
 

@@ -18,6 +18,7 @@ from kvspec.conformance.checks import (
     Context,
     Example,
     OutsideDomain,
+    changed_values,
     check,
     expect,
     expect_refused,
@@ -261,6 +262,8 @@ def _refusal_check(clause: str, obligations: tuple[str, ...]) -> None:
                 broken["obligation"],
                 f"{_BREAKS[broken['obligation']]} ({broken['bad']['model']})",
                 lambda bad=broken["bad"]: ctx.adapter.validate_model(bad),
+                naming=changed_values(example["good"], broken["bad"]),
+                accepted=broken["bad"],
             )
 
 

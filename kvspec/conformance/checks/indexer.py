@@ -17,6 +17,7 @@ from kvspec.conformance.checks import (
     Context,
     Example,
     OutsideDomain,
+    changed_values,
     check,
     expect,
     expect_refused,
@@ -218,4 +219,6 @@ def _refuses(ctx: Context, example: Example) -> None:
         "INDEX-1.3",
         f"{_BREAKS[example['how']]} ({example['bad']['model']['groups'][-1]})",
         lambda: ctx.adapter.validate_model(example["bad"]),
+        naming=changed_values(example["good"], example["bad"]),
+        accepted=example["bad"],
     )

@@ -23,6 +23,7 @@ from kvspec.conformance.checks import (
     fail,
     vacuous,
 )
+from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.cache_layout import (
     PRESETS,
     CacheShape,
@@ -203,6 +204,7 @@ def refuses_unknown_name(ctx: Context, example: Example) -> None:
         "LAYOUT-1.2",
         f"{_describe(base)} read under the unknown layout name {name!r}",
         lambda: ctx.adapter.read_layer(cache, name),
+        naming=(name,),
     )
 
 
@@ -424,7 +426,8 @@ def detect_unambiguous(ctx: Context, example: Example) -> None:
     except Exception as error:
         fail(
             f"a cache of shape {shape} (knowing {known}) is {expected}: the stated facts leave "
-            f"only it; detection raised {error!r} [{'LAYOUT-4.3' if known else 'LAYOUT-4.1'}]"
+            f"only it; detection raised {error!r} [{'LAYOUT-4.3' if known else 'LAYOUT-4.1'}]",
+            tier=BREAKS,
         )
     expect(
         answer == expected,

@@ -19,6 +19,7 @@ from kvspec.conformance.checks.transfer import (
     difference,
     tensor_examples,
 )
+from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.reshard import Shipment
 
 
@@ -28,7 +29,8 @@ def _apply(ctx: Context, setup: Setup, dst: int, shipment: Shipment, label: str)
     except Exception as error:
         fail(
             f"{setup.case.describe()}: target rank {dst} refused {label} shipment from source "
-            f"{shipment.edge.src} (marker {shipment.marker.to_dict()}): {error!r} [SLICE-3.1]"
+            f"{shipment.edge.src} (marker {shipment.marker.to_dict()}): {error!r} [SLICE-3.1]",
+            tier=BREAKS,
         )
     if not isinstance(out, Shipment):
         fail(f"apply_marker returned a {type(out).__name__}, not a Shipment [SLICE-3.1]")
@@ -109,4 +111,6 @@ def refuses_other_rank(ctx: Context, example: Example) -> None:
                 f"{setup.case.describe()}: at target rank {dst}, {state} payload from source "
                 f"{shipment.edge.src} marked for target rank {other}",
                 lambda stray=stray, dst=dst: ctx.adapter.apply_marker(setup.case, dst, stray),
+                naming=(other,),
+                accepted={"target_rank": dst, "marker": stray.marker.to_dict()},
             )

@@ -19,6 +19,7 @@ from kvspec.conformance.checks import (
     expect,
     expect_refused,
     fail,
+    refusal_types,
     within_domain,
 )
 from kvspec.conformance.checks.routing import (
@@ -173,11 +174,12 @@ def _colliding_inputs(draw: st.DrawFn) -> Example:
 )
 def injective(ctx: Context, example: Example) -> None:
     made: dict[str, list[str]] = defaultdict(list)
+    refusals = refusal_types()  # refusing is always allowed; crashing is not (tier breaks)
     for label in ("first", "second"):
-        with suppress(Exception):  # refusing is always allowed
+        with suppress(*refusals):
             key = ctx.adapter.rank_aware_key(**example[label])
             made[key].append(f"rank-aware {example[label]}")
-    with suppress(Exception):
+    with suppress(*refusals):
         made[ctx.adapter.legacy_key(**example["legacy"])].append(f"legacy {example['legacy']}")
     clashes = {k: v for k, v in made.items() if len(v) > 1}
     legacy_head = any("omni_" in str(example[lab]["request_id"]) for lab in ("first", "second"))
@@ -232,6 +234,8 @@ def refuses_outside_key_domain(ctx: Context, example: Example) -> None:
             obligation,
             f"a {kind} key with {field}={args[field]!r} ({args})",
             lambda make=make, args=args: make(**args),
+            naming=(args[field],),
+            accepted={"kind": kind, **args},
         )
 
 
@@ -407,21 +411,26 @@ def dp_term(ctx: Context, example: Example) -> None:
     )
 
 
-def _outside_port_domain(args: Example) -> list[tuple[str, str, Example]]:
+def _outside_port_domain(args: Example) -> list[tuple[str, str, Example, tuple[object, ...]]]:
     """Valid port arguments with one step outside the domain of [PORT-2], of every kind:
-    (obligation, what, arguments)."""
-    found = []
+    (obligation, what, arguments, the offending values a refusal names)."""
+    found: list[tuple[str, str, Example, tuple[object, ...]]] = []
     stage = {**args, "stage": 16 + args["stage"] % 4, "rank": min(args["rank"], 62)}
-    found.append(("PORT-2.1", f"stage {stage['stage']} >= rank_stride 16", stage))
+    found.append(
+        ("PORT-2.1", f"stage {stage['stage']} >= rank_stride 16", stage, (stage["stage"],))
+    )
     rank = {**args, "rank": 64 + args["rank"] % 4}
-    found.append(("PORT-2.2", f"rank {rank['rank']}: rank*16 + stage >= 1024", rank))
+    found.append(
+        ("PORT-2.2", f"rank {rank['rank']}: rank*16 + stage >= 1024", rank, (rank["rank"],))
+    )
     high = 65536 - 100 - args["replica"] * 1024 - args["rank"] * 16 - args["stage"]
     over = {**args, "base": high + args["base"] % 16}
-    found.append(("PORT-2.3", "a port past 65535", over))
+    port = 65536 + args["base"] % 16  # the KV purpose's offset of 100 included
+    found.append(("PORT-2.3", f"port {port}, past 65535", over, (port, over["base"])))
     for field in ("base", "stage", "rank", "replica"):
-        found.append(("PORT-2.4", f"{field} -1", {**args, field: -1}))
+        found.append(("PORT-2.4", f"{field} -1", {**args, field: -1}, (-1,)))
         for bad in (float(args[field]), str(args[field]), None):
-            found.append(("PORT-2.5", f"{field} {bad!r}", {**args, field: bad}))
+            found.append(("PORT-2.5", f"{field} {bad!r}", {**args, field: bad}, (bad,)))
     return found
 
 
@@ -435,11 +444,13 @@ def _outside_port_domain(args: Example) -> list[tuple[str, str, Example]]:
     covers=tuple(f"PORT-2.{i}" for i in range(1, 6)),
 )
 def refuses_outside_domain(ctx: Context, example: Example) -> None:
-    for obligation, what, args in _outside_port_domain(example):
+    for obligation, what, args, offending in _outside_port_domain(example):
         expect_refused(
             obligation,
             f"the KV port of {args} ({what})",
             lambda args=args: ctx.adapter.kv_port(**args),
+            naming=offending,
+            accepted=args,
         )
 
 
@@ -472,8 +483,8 @@ def deployment_distinct(ctx: Context, example: Example) -> None:
             for rank in range(tp):
                 try:
                     number = ctx.adapter.kv_port(example["base"], stage, rank, replica)
-                except Exception:
-                    continue  # a refusal is allowed; PORT-1 checks it is not wrong
+                except refusal_types():
+                    continue  # a refusal is allowed (a crash is not); PORT-1 checks it is not wrong
                 owners[number].append((stage, replica, rank))
     clashes = {p: o for p, o in owners.items() if len(o) > 1}
     expect(

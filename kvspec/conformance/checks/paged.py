@@ -307,6 +307,8 @@ def _table_refusals(ctx: Context, example: Example, kinds: tuple[str, ...]) -> N
             obligation,
             f"gathering with {what}",
             lambda bad=bad: ctx.adapter.gather(cache, list(bad), example["seq_len"]),
+            naming=(bad, *bad),
+            accepted={"block_ids": list(bad), "seq_len": example["seq_len"]},
         )
         _expect_nothing_written(
             ctx,

@@ -24,6 +24,7 @@ from kvspec.conformance.checks import (
     fail,
 )
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
+from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.paged import blocks_needed
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.transport.payload import (
@@ -102,7 +103,8 @@ def merge(ctx: Context, example: Example) -> None:
         except Exception as error:
             fail(
                 f"{setup.case.describe()}: target rank {dst} refused a valid set of payloads "
-                f"from {[s for s, _ in shuffled]}: {error!r} [PAYLOAD-3.1]"
+                f"from {[s for s, _ in shuffled]}: {error!r} [PAYLOAD-3.1]",
+                tier=BREAKS,
             )
         if payload_equal(got, want):
             continue

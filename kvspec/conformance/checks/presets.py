@@ -216,6 +216,7 @@ def token_pool(ctx: Context, example: Example) -> None:
         "LAYOUT-5.3",
         f"a {layout} pool of {rows} rows read in pages of {bad}, which does not divide {rows}",
         lambda: ctx.adapter.read_layer(cache, layout, page_size=bad),
+        naming=(bad,),
     )
 
 

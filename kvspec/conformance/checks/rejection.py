@@ -29,12 +29,14 @@ from kvspec.conformance.checks import (
     Context,
     Example,
     OutsideDomain,
+    changed_values,
     check,
     expect,
     expect_refused,
     within_domain,
 )
 from kvspec.conformance.checks.routing import case_examples
+from kvspec.conformance.tiers import BREAKS
 from kvspec.conformance.transfer_config import handed
 from kvspec.error_cases import ERROR_CASES, OPERATIONS
 from kvspec.strategies import TransferCase
@@ -179,7 +181,8 @@ def _bad_partitions(adapter: Adapter, config: Example) -> list[Variant]:
             changed = copy.deepcopy(base)
             for other in ("source", "target"):
                 changed[other] = {**changed[other], "layer_partition": None}
-            changed[side] = {"tp": changed[side]["tp"], "pp": pp, "layer_partition": counts}
+            kept = {k: changed[side][k] for k in ("dp",) if k in changed[side]}  # its DP rank
+            changed[side] = {"tp": changed[side]["tp"], "pp": pp, "layer_partition": counts, **kept}
             found.append((obligation, f"{side} partition {counts} ({what})", changed))
     return found
 
@@ -227,6 +230,9 @@ def _refusal_check(
                 obligation,
                 f"configuration {probe} ({what})",
                 lambda probe=probe: getattr(ctx.adapter, method)(copy.deepcopy(probe)),
+                # a variant names what it changed; a drawn invalid config: its type decides
+                naming=changed_values(config, probe) if variants else (),
+                accepted=probe,
             )
 
 
@@ -521,7 +527,9 @@ def _accepts_check(slug: str, method: str, *, agreeing: bool = False, ranked: bo
         try:
             getattr(ctx.adapter, method)(copy.deepcopy(given))
         except Exception as error:
-            expect(False, f"valid configuration {given} was refused: {error!r} [PLAN-1.2]")
+            expect(
+                False, f"valid configuration {given} was refused: {error!r} [PLAN-1.2]", tier=BREAKS
+            )
 
 
 _accepts_check("accepts-valid", "validate_topology")
@@ -669,4 +677,5 @@ def accepts_allowed(ctx: Context, config: Example) -> None:
             False,
             f"a {config['model']['dtype']} model ({config['model']}) was refused: {error!r}; "
             "each allowed dtype is accepted [DTYPE-1.2]",
+            tier=BREAKS,
         )

@@ -16,6 +16,7 @@ from kvspec.conformance.checks import (
     check,
     expect,
     fail,
+    refused,
     within_domain,
 )
 from kvspec.strategies import TransferCase
@@ -364,10 +365,17 @@ def refuses_unknown_policy(ctx: Context, example: Example) -> None:
     within_domain(ctx, case)
     answers = {}
     for dst in case.target.ranks():
-        try:
-            answers[dst] = list(ctx.adapter.sources(case, dst))
-        except Exception:
+        asked: dict[str, list[int]] = {}
+        if refused(
+            lambda dst=dst, asked=asked: asked.setdefault(
+                "got", list(ctx.adapter.sources(case, dst))
+            ),
+            obligation="PLAN-4.4",
+            what=f"{case.describe()}: target {dst} routed under the unknown {case.policy!r}",
+            naming=(case.policy,),
+        ):
             return
+        answers[dst] = asked["got"]
     fail(
         f"{case.describe()}: routing under the unknown policy {case.policy!r} was accepted "
         f"(sources {answers}); a policy name the implementation does not have must be "

@@ -16,6 +16,7 @@ from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check, fail, vacuous
 from kvspec.conformance.checks.payloads import inbox
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
+from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.kv import RequestKV, kv_equal
 from kvspec.transport.payload import merge_to_request_kv
 from kvspec.transport.streaming import group_layers, layer_groups, layer_part, stream_key
@@ -151,7 +152,7 @@ def group_placed(ctx: Context, example: Example) -> None:
         try:
             got = ctx.adapter.merge_layers(setup.case, dst, group, arrived)
         except Exception as error:
-            fail(f"{where}: refused: {error!r} [STREAM-1.3]")
+            fail(f"{where}: refused: {error!r} [STREAM-1.3]", tier=BREAKS)
         if not isinstance(got, RequestKV) or not kv_equal(got, want):
             fail(f"{where}: placed KV differs from those layers of the merged shard [STREAM-1.3]")
         return

@@ -24,6 +24,7 @@ from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
 from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples, policy_in_domain
 from kvspec.conformance.checks.routing import spec_plan as _spec_plan
+from kvspec.conformance.tiers import BREAKS
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import FP8_DTYPES, raw_bits
 from kvspec.tensors.kv import RequestKV, random_request_kv
@@ -114,7 +115,8 @@ class Setup:
             fail(
                 f"{self.case.describe()}: target rank {dst} refused a valid set of "
                 f"{len(shipments)} shipment(s) from sources "
-                f"{[s.edge.src for s in shipments]}: {error!r} [RESHARD-2.1]"
+                f"{[s.edge.src for s in shipments]}: {error!r} [RESHARD-2.1]",
+                tier=BREAKS,
             )
 
     def received(self, dst: int, shipments: list[Shipment]) -> list[Shipment]:
@@ -129,7 +131,8 @@ class Setup:
                 fail(
                     f"{self.case.describe()}: target rank {dst} refused the marker "
                     f"{s.marker.to_dict()} of the shipment from source {s.edge.src}: "
-                    f"{error!r} [SLICE-3.1]"
+                    f"{error!r} [SLICE-3.1]",
+                    tier=BREAKS,
                 )
         return out
 
@@ -162,7 +165,8 @@ class Setup:
         except Exception as error:
             fail(
                 f"{self.case.describe()}: source rank {src} ({slicing}-side) raised {error!r} "
-                "[SLICE-1.1]"
+                "[SLICE-1.1]",
+                tier=BREAKS,
             )
         bad = sorted(d for d in out if d not in self.case.target.ranks())
         expect(

@@ -26,12 +26,14 @@ from kvspec.conformance.checks import (
     Context,
     Example,
     check,
+    crash_report,
     expect,
     expect_refused,
     fail,
 )
 from kvspec.conformance.checks.payloads import inbox
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
+from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.transport.payload import Payload, payload_equal
 from kvspec.transport.wire import DEFAULT_LIMITS, WireError, decode, encode
@@ -65,7 +67,10 @@ def _decoded(ctx: Context, frames: list[bytes], what: str, obligation: str) -> P
     try:
         return ctx.adapter.decode(frames)
     except Exception as error:
-        fail(f"{what}: the implementation refused a valid message: {error!r} [{obligation}]")
+        fail(
+            f"{what}: the implementation refused a valid message: {error!r} [{obligation}]",
+            tier=BREAKS,
+        )
 
 
 @check(
@@ -286,8 +291,10 @@ def refuses_malformed(ctx: Context, example: Example) -> None:
         except Exception as error:
             fail(
                 f"{setup.case.describe()}: a damaged message ({len(frames)} frames, header "
-                f"{frames[0][:80]!r}...) raised {type(error).__name__}: {error}; a decoder "
-                "refuses with a ValueError (WireError), never another exception [WIRE-4.1]"
+                f"{frames[0][:80]!r}...) crashed instead of refusing: it raised "
+                f"{crash_report(error)}; a decoder refuses with a ValueError (WireError), "
+                "never another exception [WIRE-4.1]",
+                tier=BREAKS,
             )
         expect(
             want is not None,
