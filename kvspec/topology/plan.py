@@ -171,7 +171,10 @@ class ReplicaChoice:
     ``head`` (and, with token shards, the shard the choice is for [CP-3]; a range that
     may step); ``consumer_index`` is the receiver's index (ascending rank order) among
     the receivers that need the head from that stage and shard; ``receiver_rank`` and
-    ``receiver_tp_rank`` name the receiver.
+    ``receiver_tp_rank`` name the receiver. ``source_attn_tp`` and ``target_attn_tp``
+    are the two stages' attention-TP sizes, which the field's rules are stated in
+    (SGLang's ``rank // ratio``, vLLM's ``tp_rank * P // D``:
+    kvspec/topology/field_policies.py); 0 in a choice built without them.
     """
 
     head: int
@@ -180,6 +183,8 @@ class ReplicaChoice:
     receiver_rank: int
     receiver_tp_rank: int
     source_pp_rank: int
+    source_attn_tp: int = 0
+    target_attn_tp: int = 0
 
 
 ReplicaRule = Callable[[ReplicaChoice], int]
@@ -444,6 +449,8 @@ def plan_transfer(
                         receiver_rank=receiver.rank,
                         receiver_tp_rank=receiver.tp_rank,
                         source_pp_rank=pp_rank,
+                        source_attn_tp=source.attn_tp,
+                        target_attn_tp=target.attn_tp,
                     ),
                 )
                 chosen.add(source.rank(pp_rank, tp_rank))
