@@ -33,6 +33,7 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.conformance",
     "benchmarks.sim",
     "benchmarks.transports",
+    "benchmarks.startup",
 )
 """Benchmark modules, in the order they run; each has ``run(quick) -> list[Figure]``."""
 
