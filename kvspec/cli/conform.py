@@ -17,9 +17,25 @@ examples:
   kvspec conform --list
   kvspec conform --mutants --profile ci
 
-exit status: 0 nothing failed, 1 a check failed (with --mutants: a mutant survived),
-2 the adapter could not be loaded or is malformed (or the arguments are wrong),
-3 nothing failed but a check was inconclusive.
+Every failure has a consequence tier, derived from the obligation it broke and what
+was observed: corrupts (the receiver ends with KV, scales or state that differ from the
+model's, with no error), breaks (a crash, or a valid configuration refused),
+accepts-invalid (an input the clause says to refuse goes through: hardening), differs (a
+correct result by another legitimate choice the adapter declares, e.g. every replica
+writing). The table ends with the count by tier; failures are listed by cause, the most
+basic failing obligation first with its consequences under it.
+
+--fail-on TIERS (a comma list, or all) says which tiers fail the exit status. Default:
+all for `reference` (kvspec holds itself to every tier); corrupts,breaks for any other
+adapter (an engine's hardening notes and legitimate differences are reported, not
+failed). A failure whose counterexample serving never reaches (the adapter's
+serving_never_produces, or the engine's own start-up validation refusing the deployment)
+never fails the exit status.
+
+exit status: 0 nothing failed in a --fail-on tier, 1 a check failed in a --fail-on tier
+and serving may reach it (with --mutants: a mutant survived), 2 the adapter could not be
+loaded or is malformed (or the arguments are wrong: an unknown tier), 3 nothing failed
+that way but a check was inconclusive.
 """
 
 from __future__ import annotations
@@ -78,6 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="worker processes, each loading IMPL itself (1); results keep the checks' order",
     )
+    parser.add_argument(
+        "--fail-on",
+        metavar="TIERS",
+        help="tiers that fail the exit status, a comma list of corrupts, breaks, "
+        "accepts-invalid, differs, or all (default: all for reference, corrupts,breaks "
+        "for any other adapter)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -121,6 +144,19 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         print(f"kvspec conform: --jobs must be at least 1; got {args.jobs}", file=sys.stderr)
         return 2
+    fail_on = None
+    if args.fail_on is not None:
+        from kvspec.conformance.tiers import parse_tiers  # light: no torch, no Hypothesis
+
+        try:
+            fail_on = parse_tiers(args.fail_on)
+        except ValueError as error:
+            print(f"kvspec conform: --fail-on: {error}", file=sys.stderr)
+            return 2
+        if args.mutants:
+            print("kvspec conform: --fail-on does not apply to --mutants", file=sys.stderr)
+            return 2
+    args.fail_on_tiers = fail_on
     if args.mutants:
         if args.impl:
             print("kvspec conform: --mutants takes no IMPL", file=sys.stderr)
@@ -165,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"kvspec conform: {error}", file=sys.stderr)
         return 2
+    report.fail_on = args.fail_on_tiers
     _emit(args.json, render(report), report.to_dict())
     if report.results and all(r.verdict == NOT_PROVIDED for r in report.results):
         print(
@@ -210,7 +247,14 @@ def _replay(args: argparse.Namespace, adapter) -> int:
     except ValueError as error:
         raise ValueError(f"--replay must be JSON: {error}") from None
     result = run_check(checks[0], adapter, device=args.device, replay=example, profile=args.profile)
-    report = Report(args.impl, adapter, args.profile or "replay", args.device, [result])
+    report = Report(
+        args.impl,
+        adapter,
+        args.profile or "replay",
+        args.device,
+        [result],
+        fail_on=args.fail_on_tiers,
+    )
     _emit(args.json, render(report), report.to_dict())
     return report.exit_code
 

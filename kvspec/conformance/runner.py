@@ -26,7 +26,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import example as pinned
 
-from kvspec.clauses import all_obligations, get_clause
+from kvspec.clauses import all_obligations
 from kvspec.conformance.adapter import Adapter, NotProvided, load_adapter, provided_capabilities
 from kvspec.conformance.checks import (
     Check,
@@ -164,8 +164,33 @@ class Report:
             "device": self.device,
             "seconds": round(self.seconds, 2),
             "summary": {v: self.count(v) for v in VERDICTS},
-            "results": [r.to_dict() for r in self.results],
+            "summary_by_tier": self.summary_by_tier(),
+            "fail_on": list(self.failing_tiers),
+            "causes": [c.to_dict() for c in _causes(self)],
+            "results": [
+                {**r.to_dict(), "pytest": _pytest(self.impl, r, self.device)} for r in self.results
+            ],
         }
+
+
+def _causes(report: Report) -> list[Any]:
+    """The report's failures grouped by cause (:func:`kvspec.conformance.causes.group`),
+    most severe first; none without a failure."""
+    failures = [r for r in report.results if r.verdict == FAILED]
+    if not failures:
+        return []
+    from kvspec.conformance.causes import group  # imported only when something failed
+
+    return group(report.results)
+
+
+def _pytest(impl: str, result: CheckResult, device: str) -> str | None:
+    """The paste-ready pytest test reproducing a FAILED result, or None."""
+    if result.verdict != FAILED:
+        return None
+    from kvspec.conformance.causes import pytest_test
+
+    return pytest_test(impl, result, device=device)
 
 
 def get_check(check_id: str) -> Check:
@@ -534,23 +559,11 @@ def render(report: Report) -> str:
         lines.append(f"{r.check.id:<42} {r.verdict:<13} {shown:>8}  {r.check.title}")
     failures = [r for r in report.results if r.verdict == FAILED]
     if failures:
-        lines += ["", "failures:"]
-    for r in failures:
-        clause = get_clause(r.check.clause)
-        lines += [
-            "",
-            f"{r.check.id}: {clause.title} (obligations {', '.join(r.check.covers)})",
-            f"  rule: {clause.text}",
-            f"  counterexample: {json.dumps(r.counterexample)}",
-            *(
-                [f"  input it was handed: {json.dumps(r.accepted_input)}"]
-                if r.accepted_input is not None
-                else []
-            ),
-            f"  what happened: {r.reason}",
-            f"  reproduce: {reproduction(report.impl, r)}",
-            f"  or in Python: {python_reproduction(report.impl, r)}",
-        ]
+        from kvspec.conformance.causes import render_causes
+
+        causes = _causes(report)
+        lines += ["", f"failures, by cause ({len(failures)} failed, {len(causes)} cause(s)):"]
+        lines += render_causes(report.impl, causes)
     unsure = [r for r in report.results if r.verdict == INCONCLUSIVE]
     if unsure:
         lines += ["", "inconclusive:"]
@@ -565,4 +578,23 @@ def render(report: Report) -> str:
         f"{report.count(INCONCLUSIVE)} inconclusive, {report.count(NOT_PROVIDED)} not provided, "
         f"{report.count(SKIPPED)} skipped in {report.seconds:.1f} s",
     ]
+    if failures:
+        lines.append(summary_by_tier_line(report))
     return "\n".join(lines)
+
+
+def summary_by_tier_line(report: Report) -> str:
+    """``by tier: corrupts 1, breaks 0, ...; failing the exit status: corrupts, breaks``,
+    with how many of the failing tiers' failures serving cannot reach."""
+    counts = report.summary_by_tier()
+    fails = report.failing()
+    unreachable = sum(
+        r.verdict == FAILED and r.tier in report.failing_tiers and r.reachable_in_serving == "no"
+        for r in report.results
+    )
+    return (
+        "by tier: "
+        + ", ".join(f"{t} {n}" for t, n in counts.items())
+        + f"; --fail-on {','.join(report.failing_tiers)}: {len(fails)} failing the exit status"
+        + (f" ({unreachable} more not reachable in serving)" if unreachable else "")
+    )

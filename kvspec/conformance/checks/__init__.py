@@ -336,6 +336,7 @@ def expect_refused(
     *,
     naming: Iterable[object] = (),
     accepted: object = None,
+    accepted_tier: str | None = None,
 ) -> None:
     """Raise :class:`Violation` unless ``call()`` refuses ``what`` [``obligation``].
 
@@ -350,7 +351,10 @@ def expect_refused(
 
     ``accepted`` is the input handed over, as data (the arguments, the configuration):
     the violation carries it, so the report shows the input that was wrongly accepted
-    rather than only the valid example it was made from."""
+    rather than only the valid example it was made from. ``accepted_tier`` is the tier of
+    its going through where the check observed more than the obligation says (``differs``:
+    a replica's identical bytes, from an engine whose replicas all write); None derives it
+    from ``obligation``."""
     values = tuple(naming)
     given = None if accepted is None else plain(accepted)
     try:
@@ -361,7 +365,9 @@ def expect_refused(
             raise Violation(f"{what} {problem} [{obligation}]", BREAKS, given) from error
         return
     shown = "" if got is None else f" (it returned {_brief(got)})"
-    raise Violation(f"{what} was accepted{shown}; it must be refused [{obligation}]", None, given)
+    raise Violation(
+        f"{what} was accepted{shown}; it must be refused [{obligation}]", accepted_tier, given
+    )
 
 
 def _brief(value: object, limit: int = 160) -> str:

@@ -19,6 +19,7 @@ from kvspec.conformance.checks import (
     refused,
     within_domain,
 )
+from kvspec.conformance.tiers import DIFFERS
 from kvspec.strategies import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import RankOwnership
@@ -161,6 +162,7 @@ def exact_cover(ctx: Context, example: Example) -> None:
         case.model.attention == "mla"
     )
     dp = case.source.dp > 1 or case.target.dp > 1
+    differs: str | None = None  # a replica's second delivery, where every replica writes
     for dst in case.target.ranks():
         receiver = case.owner("target", dst)
         sources = _sources(ctx, case, dst)
@@ -183,12 +185,21 @@ def exact_cover(ctx: Context, example: Example) -> None:
             except ValueError as error:
                 fail(f"{case.describe()}: target rank {dst} lists source {src}: {error} [PLAN-2.3]")
         twice, missing, senders = _cover(receiver, edges, case.seq_len)
+        by_replicas = twice and _replicas_only(ctx, case, twice, senders)
         expect(
-            not twice,
+            not twice or by_replicas,
             f"{case.describe()}: target rank {dst} receives {_cell(twice[0]) if twice else ''} "
             f"from source ranks {senders[twice[0][:2]] if twice else []}; each (head, layer, "
             f"token) must come from exactly one sender (replicas merged twice?) [PLAN-2.2]{mla}",
         )
+        if by_replicas and differs is None:
+            differs = (
+                f"{case.describe()}: target rank {dst} receives {_cell(twice[0])} from source "
+                f"ranks {senders[twice[0][:2]]}, each a replica holding it: the adapter declares "
+                "replicas_write='every' (every replica writes identical bytes, the receiver "
+                "counts them), a legitimate choice where kvspec has exactly one sender "
+                f"[PLAN-2.2]{mla}"
+            )
         holds = "" if receiver.tokens is None else f", tokens {receiver.tokens.describe()}"
         expect(
             not missing,
@@ -197,6 +208,29 @@ def exact_cover(ctx: Context, example: Example) -> None:
             f"{', '.join(_cell(c) for c in missing[:3])}{' ...' if len(missing) > 3 else ''} "
             f"from sources {sources} [PLAN-2.1]{mla}",
         )
+    if differs is not None:  # after every receiver's cover: a missing cell is worse
+        fail(differs, tier=DIFFERS)
+
+
+def _replicas_only(
+    ctx: Context,
+    case: TransferCase,
+    twice: list[tuple[int, int, int]],
+    senders: dict[tuple[int, int], list],
+) -> bool:
+    """Whether the adapter declares that every replica writes (``replicas_write``
+    ``"every"``) and every sender of every cell delivered more than once is a source rank
+    that holds that cell (head, layer and token), by kvspec's ownership of the source
+    layout: a replica's identical bytes, not a merge of different ones."""
+    if ctx.adapter.replicas_write != "every":
+        return False
+    for head, layer, token in twice:
+        for src in senders[(head, layer)]:
+            owner = case.owner("source", src)
+            holds_token = token < 0 or owner.tokens is None or token in owner.tokens.tokens()
+            if head not in owner.heads or layer not in owner.layers or not holds_token:
+                return False
+    return True
 
 
 def policy_in_domain(ctx: Context, case: TransferCase) -> None:

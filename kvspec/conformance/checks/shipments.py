@@ -27,6 +27,7 @@ from kvspec.conformance.checks.transfer import (
     no_fp8,
     tensor_examples,
 )
+from kvspec.conformance.tiers import DIFFERS
 from kvspec.tensors.dtypes import FP8_DTYPES
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import Shipment, send
@@ -144,14 +145,43 @@ def refuses_wrong_shipments(ctx: Context, example: Example) -> None:
     rng = random.Random(setup.seed)
     for dst in setup.receivers():
         for obligation, what, shipments in _variants(setup, dst, rng):
+            replica = obligation == "RESHARD-3.2" and _replica_extra(setup, dst, shipments[-1])
             expect_refused(
                 obligation,
                 f"{setup.case.describe()}, seq_len {setup.seq_len}: target rank {dst} assembling "
-                f"with {what}",
+                f"with {what}"
+                + (
+                    ", a replica sending the identical bytes it holds, as the adapter declares "
+                    "every replica does (replicas_write='every')"
+                    if replica
+                    else ""
+                ),
                 lambda shipments=shipments, dst=dst: ctx.adapter.receiver_combine(
                     setup.case, dst, shipments
                 ),
+                accepted_tier=DIFFERS if replica else None,
             )
+
+
+def _replica_extra(setup: Setup, dst: int, extra: Shipment) -> bool:
+    """Whether ``extra`` is what an engine whose replicas all write sends ``dst``: the
+    adapter declares ``replicas_write`` ``"every"``, and the shipment is the edge from a
+    source rank holding part of what ``dst`` owns (a replica) with the bytes it holds."""
+    if setup.ctx.adapter.replicas_write != "every":
+        return False
+    case = setup.case
+    try:
+        edge = edge_between(
+            case.owner("source", extra.edge.src), case.owner("target", dst), case.model
+        )
+    except ValueError:
+        return False
+    if extra.edge != edge:
+        return False
+    alone = replace(setup.plan, edges=(edge,))
+    [want] = send(alone, extra.edge.src, setup.source_shards[extra.edge.src])
+    bits = [s.kv.data.contiguous().view(torch.uint8) for s in (want, extra)]
+    return bits[0].shape == bits[1].shape and torch.equal(*bits)
 
 
 def _scale_variants(setup: Setup, dst: int, rng: random.Random) -> list[Variant]:
