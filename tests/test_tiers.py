@@ -197,3 +197,14 @@ def test_a_passing_result_has_no_tier() -> None:
     result = run_check(get_check("PLAN-2/exact-cover"), ReferenceAdapter(), replay=REPLICATED)
     assert result.verdict == PASSED
     assert (result.tier, result.obligation, result.reachable_in_serving) == (None, None, None)
+
+
+def test_an_adapter_with_an_unknown_replicas_write_is_refused_at_load() -> None:
+    from kvspec.conformance.adapter import AdapterError, check_adapter
+
+    class Some(ReferenceAdapter):
+        replicas_write = "all"
+
+    with pytest.raises(AdapterError, match=r"replicas_write must be one of \('one', 'every'\)"):
+        check_adapter(Some(), where="test")
+    check_adapter(EveryReplicaWrites(), where="test")

@@ -927,6 +927,10 @@ def check_adapter(obj: object, *, where: str) -> None:
             f"{where}: policies {sorted(unknown_policies)} are neither spec policies "
             f"{POLICIES} nor declared in policy_rules"
         )
+    if obj.replicas_write not in REPLICAS_WRITE:
+        raise AdapterError(
+            f"{where}: replicas_write must be one of {REPLICAS_WRITE}, got {obj.replicas_write!r}"
+        )
     unknown_modes = set(obj.slicing_modes) - set(SLICING_MODES)
     if unknown_modes or not obj.slicing_modes:
         raise AdapterError(
