@@ -34,7 +34,7 @@ SPEC_TESTS := $(addprefix tests/test_,$(addsuffix .py,block_size cache_layout ch
 	stage state_cache wire wire_fuzz))
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: setup run test check smoke test-gpu stress bench vectors notebooks field clean
+.PHONY: setup run test check smoke test-gpu stress bench vectors notebooks field field-report clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
@@ -78,6 +78,11 @@ vectors: setup
 CONFORM_JSON ?= --json
 field:
 	CONFORM_JSON=$(CONFORM_JSON) field/run.sh
+
+# Rewrite docs/field-report.{md,json} from the last `make field`'s reports/field/ and the
+# ledger field/defects.json, without running the engines again (seconds).
+field-report:
+	.venv-field/bin/kvspec field-report --reports reports/field --ledger field/defects.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # `make field`: build .venv-field, run every field adapter through the conformance suite,
-# replay the targeted examples, run the repro scripts, and rewrite docs/field-report.md.
+# replay the targeted examples, run the repro scripts and the standalone repros of the
+# draft upstream issues (field/upstream/ID.md), and rewrite docs/field-report.md and
+# docs/field-report.json from the reports and the ledger field/defects.json.
 #
 # usage: field/run.sh [ENGINE ...]      (default: every field/requirements/*.txt)
 # Environment: CONFORM_JSON  the conform option that writes the JSON report (--json)
 #              PROFILE       the Hypothesis profile (ci)
-# Exit status: 0 when every failure is triaged (field/triage.json), 1 otherwise.
+# Exit status: 0 when every failure is triaged in field/defects.json and the run contradicts
+# none of its verdicts, 1 otherwise.
 set -euo pipefail
 
 VENV=${VENV_FIELD:-.venv-field}
@@ -22,6 +25,16 @@ fi
 field/setup.sh "${engines[@]}"
 mkdir -p "$OUT"
 echo '{}' > "$OUT/repro.json"
+
+record() {  # record SCRIPT EXIT: a repro's exit status, into $OUT/repro.json
+  "$VENV/bin/python" - "$OUT/repro.json" "$1" "$2" <<'EOF'
+import json, sys
+path, script, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+data = json.load(open(path))
+data[script] = rc
+json.dump(dict(sorted(data.items())), open(path, "w"), indent=2)
+EOF
+}
 
 for engine in "${engines[@]}"; do
   path=$VENV/engines/$engine
@@ -44,17 +57,40 @@ for engine in "${engines[@]}"; do
     [ -f "$script" ] || continue
     rc=0
     PYTHONPATH=$path timeout 300 "$VENV/bin/python" "$script" >> "$OUT/$engine.log" 2>&1 || rc=$?
-    "$VENV/bin/python" - "$OUT/repro.json" "$script" "$rc" <<'EOF'
+    record "$script" "$rc"
+  done
+  # Each draft upstream issue's "Standalone repro" block, as a maintainer would paste it
+  # (on a CPU-only machine with field/repro/ENGINE/_cpu.py imported first).
+  mkdir -p "$OUT/upstream"
+  drafts=$("$VENV/bin/python" - "$engine" <<'EOF'
 import json, sys
-path, script, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
-data = json.load(open(path))
-data[script] = rc
-json.dump(dict(sorted(data.items())), open(path, "w"), indent=2)
+ledger = json.load(open("field/defects.json"))["defects"]
+print(" ".join(d["upstream_draft"] for d in ledger.values()
+               if d["engine"] == sys.argv[1] and d.get("upstream_draft")))
 EOF
+  )
+  for draft in $drafts; do
+    script=$OUT/upstream/$(basename "$draft" .md).py
+    "$VENV/bin/python" - "$draft" "$script" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read().split("\n## Standalone repro", 1)[1]
+open(sys.argv[2], "w").write(re.search(r"```python\n(.*?)```", text, re.S).group(1))
+EOF
+    rc=0
+    PYTHONPATH=$path timeout 300 "$VENV/bin/python" -c '
+import runpy, sys
+sys.path.insert(0, sys.argv[1])
+try:
+    import _cpu  # noqa: F401
+except ImportError:
+    pass
+runpy.run_path(sys.argv[2], run_name="__main__")' "field/repro/$engine" "$script" \
+      >> "$OUT/$engine.log" 2>&1 || rc=$?
+    record "$draft" "$rc"
   done
 done
 
 minutes=$(( ($(date +%s) - started + 30) / 60 ))
 echo "{\"minutes\": $minutes}" > "$OUT/run.json"
-"$VENV/bin/kvspec" field-report --reports "$OUT" --triage field/triage.json \
-  --out docs/field-report.md
+"$VENV/bin/kvspec" field-report --reports "$OUT" --ledger field/defects.json \
+  --out docs/field-report.md --json docs/field-report.json
