@@ -139,27 +139,29 @@ def test_omni_payload_translation_round_trips_a_merged_shard() -> None:
     assert payload_equal(back, payload.__class__(**{**payload.__dict__, "head_slice": marker}))
 
 
-def test_omni_read_as_names_the_layout_of_the_view_it_got() -> None:
-    stacked = torch.zeros(2, 3, 4, 2, 5)
-    assert vllm_omni.read_as(stacked, stacked[0]) == "flash_attn"
-    assert vllm_omni.read_as(stacked, stacked[:, 0]) == "flashinfer"
-    pair = (torch.zeros(3, 4, 2, 5), torch.zeros(3, 4, 2, 5))
-    assert vllm_omni.read_as(pair, pair[0]) == "kv_tuple"
-    packed = torch.zeros(3, 2, 4, 10)
-    assert vllm_omni.read_as(packed, packed.transpose(1, 2)[..., :5]) is None
-
-
 def test_omni_none_marks_the_single_sender_rank_zero() -> None:
     assert vllm_omni.recv_sources([("k", None), ("j", 3)]) == [("k", 0), ("j", 3)]
 
 
-def test_omni_domain_has_no_pp_no_fp8_scales_and_reads_three_layouts() -> None:
+def test_omni_domain_is_what_omni_does_no_pp_no_mla_no_fp8_and_vllm_030s_layouts() -> None:
     assert vllm_omni.DOMAIN.holds(case(4, 2, 2))  # replication: inside, nothing refuses it
-    assert vllm_omni.DOMAIN.holds(case(4, 2, 0))  # MLA too
+    assert not vllm_omni.DOMAIN.holds(case(4, 2, 0))  # MLA: normalize_layer_kv has no latent
     assert not vllm_omni.DOMAIN.holds(case(4, 2, 8, dtype="float8_e4m3fn"))
     pp = TransferCase(StageLayout(1, 2), StageLayout(1), ModelShape(2, 2, 2))
     assert not vllm_omni.DOMAIN.holds(pp)
-    assert vllm_omni.DOMAIN.layouts == ("flash_attn", "flashinfer", "kv_tuple")
+    # the per-layer views vLLM 0.30 hands a connector, not the 5-D stacks of vLLM <= 0.22
+    assert vllm_omni.DOMAIN.layouts == ("vllm_packed_nhd", "vllm_packed_hnd")
+    assert dict(vllm_omni.VLLM_LAYOUTS) == {"vllm_packed_nhd": "LBNHC", "vllm_packed_hnd": "LBHNC"}
+
+
+def test_omni_contract_names_real_obligations_and_refuses_with_value_error() -> None:
+    from kvspec.clauses import all_obligations
+
+    known = all_obligations()
+    assert set(vllm_omni.SERVING_NEVER_PRODUCES) <= set(known)
+    assert vllm_omni.REFUSAL_TYPES[0] is ValueError and len(vllm_omni.REFUSAL_TYPES) == 1
+    # every reason cites engine code, not an opinion
+    assert all("(" in why and "_" in why for why in vllm_omni.SERVING_NEVER_PRODUCES.values())
 
 
 def test_omni_shipments_translate_with_their_marker() -> None:
@@ -279,8 +281,6 @@ def test_sglang_slices_heads_only_for_unequal_tp_without_mla() -> None:
 
 
 def test_sglang_layer_pointers_list_k_then_v() -> None:
-    layout = StageLayout(1, 2, (1, 3))
-    assert sglang.layer_ids(layout, 4, 1) == [1, 2, 3]
     v = sglang.V_OFFSET
     assert sglang.layer_pointers([1, 2]) == [1, 2, v + 1, v + 2]
     assert sglang.layer_pointers([1, 2], kv=1) == [1, 2]
@@ -305,6 +305,8 @@ def test_field_adapter_checks_a_common_case_when_its_engine_is_installed(name: s
     pytest.importorskip(engine, reason=f"{engine} is not installed; `make field` runs it")
     from kvspec.conformance import get_check, run_check
 
-    example = {"case": case(4, 2, 8).to_dict(), "seq_len": 2, "seed": 0}
-    result = run_check(get_check("RESHARD-2/round-trip"), load_adapter(name), replay=example)
+    adapter = load_adapter(name)
+    routed = {**case(4, 2, 8).to_dict(), "policy": adapter.drawn_policies[0]}  # its own rule
+    example = {"case": routed, "seq_len": 2, "seed": 0}
+    result = run_check(get_check("RESHARD-2/round-trip"), adapter, replay=example)
     assert result.verdict == "passed", result.reason
