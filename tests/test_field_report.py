@@ -463,3 +463,38 @@ def test_the_ledger_keeps_every_earlier_claim_with_a_verdict() -> None:
     pairing = defects["sglang-pp-layer-pairing"]
     assert pairing["status"] == "open" and "sgl-project/sglang#27740" in pairing["upstream"]
     assert defects["sglang-replicated-prefill-heads"]["status"] == "differs"
+
+
+def test_each_draft_upstream_issue_has_a_standalone_repro_without_kvspec() -> None:
+    """The block `field/run.sh` extracts and runs against the pinned engine: Python that
+    parses, imports the engine and not kvspec, and exits by itself."""
+    import ast
+    import re
+
+    ledger = json.loads((ROOT / fr.LEDGER).read_text())
+    drafts = {d["upstream_draft"] for d in ledger["defects"].values() if d.get("upstream_draft")}
+    assert drafts == {str(p.relative_to(ROOT)) for p in (ROOT / "field/upstream").glob("*.md")}
+    for draft in sorted(drafts):
+        text = (ROOT / draft).read_text()
+        for heading in ("## What breaks", "## Which deployments", "## Fix direction"):
+            assert heading in text, (draft, heading)
+        block = text.split("\n## Standalone repro", 1)[1]
+        code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
+        tree = ast.parse(code)
+        imported = {
+            (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        assert "kvspec" not in imported, draft
+        assert "sys" in imported and "sys.exit(" in code, draft
+
+
+def test_a_claim_awaiting_re_triage_is_shown_and_fails_the_run() -> None:
+    defects = {**LEDGER["defects"], "alpha-later": entry("alpha", "not judged yet", "pending")}
+    run = fr.judge(REPORTS, {**LEDGER, "defects": defects})
+    assert run.contradictions == ["alpha-later awaits re-triage (status pending)"]
+    text = fr.render(REPORTS, {**LEDGER, "defects": defects}, run, today=TODAY)
+    assert "### alpha-later: not judged yet" in section(text, "Awaiting re-triage")
+    assert "1 awaiting re-triage" in section(text, "Headline")
