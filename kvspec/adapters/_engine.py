@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import re
 import sys
+import traceback
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -104,3 +106,17 @@ def invert_sources(
 def stage_coords(rank: int, tp: int) -> tuple[int, int]:
     """(pp_rank, tp_rank) of stage-local ``rank`` = pp_rank * tp + tp_rank [STAGE-1]."""
     return divmod(rank, tp)
+
+
+def engine_message(error: BaseException) -> str:
+    """An engine's refusal in words: its message, and where it was raised; for a bare
+    ``assert`` (no message) the failing statement itself, read from the traceback, so
+    evidence always names what the engine checked. Paths are shown from the installed
+    package's root (``sglang/srt/...``)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = ""
+    if frames:
+        last = frames[-1]
+        path = re.sub(r"^.*/(site-packages|engines/[^/]+)/", "", last.filename)
+        where = f" at {path}:{last.lineno} `{(last.line or '').strip()}`"
+    return f"{type(error).__name__}: {str(error) or '(no message)'}{where}"

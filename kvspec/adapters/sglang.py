@@ -13,6 +13,26 @@ sglang 0.5.23), nothing copied, all in ``sglang/srt/disaggregation/``:
   sends to a decode rank, and where they land.
 - ``mooncake/conn.py`` (send loop): MLA and equal TP send whole pages, other TP pairs
   send head slices.
+- ``sglang/srt/distributed/utils.py`` ``get_pp_indices``: each pipeline stage's layers,
+  by SGLang's default rule (its extra layers go to the *last* stages) unless
+  ``SGLANG_PP_LAYER_PARTITION`` names a partition; the adapter's
+  :meth:`SglangAdapter.layer_partition`, so generated stages carry SGLang's own split.
+
+The engine's contract (what a failure is judged against, issue 28), each read in the
+installed 0.5.23 package:
+
+- replica rule: ``rank // ratio`` (kvspec/topology/field_policies.py
+  ``sglang_rank_ratio``), and every prefill rank of a fan-in window sends, replicas
+  included, with the decode counting them (``required_prefill_response_num =
+  info.attn_tp_size // self.attn_tp_size`` in ``_resolve_rank_mapping``):
+  ``replicas_write = "every"``;
+- refusals: ``assert`` (``AssertionError``: ``_resolve_rank_mapping``, the server-args
+  checks, ``make_layers``, the attention layers' head checks), ``ValueError``
+  (``get_pp_indices``) and ``KVTransferError`` (common/conn.py: a transfer that fails);
+- inputs SGLang generates itself: :data:`SERVING_NEVER_PRODUCES`;
+- start-up validation (:meth:`SglangAdapter.serving_accepts`): ``ServerArgs`` resolution
+  and ``check_server_args`` for each side, the model-load checks, and the decode's
+  handshake mapping.
 
 SGLang pushes byte ranges computed from these numbers; the byte arithmetic itself needs a
 manager with registered memory and is not reached (field/NOTES.md). Importing SGLang's
@@ -24,36 +44,41 @@ The functions above the adapter class are pure translation and need no engine.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
-from collections.abc import Iterator, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import MethodType, SimpleNamespace
+from pathlib import Path
+from types import MappingProxyType, MethodType, SimpleNamespace
 from typing import Any
 
 import torch
 
 from kvspec.adapters._engine import (
+    engine_message,
     import_engine,
     invert_sources,
     stage_coords,
     stand_in_if_unusable,
 )
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import Acceptance, Adapter
 from kvspec.conformance.domain import Domain
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import Shipment
-from kvspec.topology.ownership import layer_ranges
+from kvspec.topology.field_policies import SGLANG, sglang_rank_ratio
+from kvspec.topology.ownership import layer_partition
 from kvspec.topology.stage import StageLayout
 
 NAME = "sglang"
 PARTITION_VARIABLE = "SGLANG_PP_LAYER_PARTITION"
 """How SGLang takes an explicit PP layer partition (sglang/srt/distributed/utils.py
-``get_pp_indices``, which also refuses one of the wrong length or sum). kvspec's
-partitions are given to it this way; SGLang's *default* rule differs from kvspec's
-[LAYER-1] (its extra layers go to the last stages), so the adapter describes every stage
-by kvspec's partition, as a deployment setting the variable would."""
+``get_pp_indices``, which also refuses one of the wrong length or sum, and ignores it at
+PP1). A stage whose partition is SGLang's default runs with the variable unset, as a
+plain deployment does; any other partition is given through it [LAYER-2]."""
 INSTALL = "sglang 0.5.23 (field/requirements/sglang.txt)"
 V_OFFSET = 1 << 20
 """Layer ids stand for buffer addresses in ``get_mha_kv_ptrs_with_pp``: K of layer l is
@@ -63,11 +88,34 @@ V_OFFSET = 1 << 20
 # -- translation: kvspec <-> SGLang (pure) -------------------------------------------------
 
 
-DOMAIN = Domain(dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES), repeated_deliveries=False)
+DOMAIN = Domain(
+    dtypes=tuple(d for d in DTYPES if d not in FP8_DTYPES),
+    repeated_deliveries=False,
+    non_dividing_tp=True,
+)
 """SGLang's domain as data [PLAN-1]: fp8 is out, because kvspec's fp8 KV carries per-layer
 scales [DTYPE-3] and SGLang transfers KV pages only (scales are per-server config;
 sgl-project/sglang#20705); a repeated delivery cannot happen, because prefill writes land at
-the decode's registered addresses [RESHARD-3]."""
+the decode's registered addresses [RESHARD-3]. TP pairs that do not divide are in:
+SGLang starts with them (each side's head checks pass alone, e.g. 6 KV heads on TP3 and
+on TP2, and ``_resolve_rank_mapping`` checks nothing about the pair), so serving reaches
+them (field/repro/sglang/non_dividing_tp.py)."""
+
+SERVING_NEVER_PRODUCES: Mapping[str, str] = MappingProxyType(
+    {
+        "RESHARD-3.2": (
+            "a shipment from a prefill rank the decode's own plan does not list: the decode "
+            "registers its destination (bootstrap info, then its KV indices) only with the "
+            "prefill ranks target_tp_ranks x target_pp_ranks of "
+            "CommonKVManager._resolve_rank_mapping (CommonKVReceiver._setup_bootstrap_infos, "
+            "sglang/srt/disaggregation/common/conn.py, sglang 0.5.23), and a prefill rank "
+            "writes only to decode ranks that registered with it; no other rank holds the "
+            "decode's addresses"
+        ),
+    }
+)
+"""Inputs of refusal probes that SGLang's serving path cannot produce, with where it
+generates them itself [Adapter.serving_never_produces]."""
 
 
 def pp_pair_supported(case: TransferCase) -> bool:
@@ -134,9 +182,28 @@ def sends_head_slices(case: TransferCase) -> bool:
     return case.model.attention != "mla" and case.source.tp != case.target.tp
 
 
-def layer_ids(layout: StageLayout, num_layers: int, pp_rank: int) -> list[int]:
-    """Global ids of the layers PP rank ``pp_rank`` holds [LAYER-1, LAYER-2]."""
-    return list(layer_ranges(layout, num_layers)[pp_rank])
+def mha_config(model: Mapping[str, Any], tps: Sequence[int]) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` for a Llama-architecture model with ``model``'s layer
+    count, KV heads and head size, as SGLang reads one at start-up. kvspec models only KV
+    heads; the query heads are chosen divisible by every TP in ``tps`` (``num_kv_heads *
+    prod(tps)``), so only the KV-head checks can refuse."""
+    heads = int(model["num_kv_heads"])
+    for tp in tps:
+        heads *= max(1, int(tp))
+    head_dim = int(model.get("head_dim", 1))
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": heads * head_dim,
+        "intermediate_size": 2 * heads * head_dim,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(model["num_kv_heads"]),
+        "head_dim": head_dim,
+        "num_hidden_layers": int(model["num_layers"]),
+        "vocab_size": 1024,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+    }
 
 
 def layer_pointers(layers: Sequence[int], *, kv: int = 2) -> list[int]:
@@ -174,8 +241,11 @@ class SglangAdapter(Adapter):
 
     name = NAME
     domain = DOMAIN
-    policies = ()  # every prefill rank of a window sends, replicas included [PLAN-4]
+    policies = (SGLANG,)
+    policy_rules = MappingProxyType({SGLANG: sglang_rank_ratio})
     slicing_modes = ("sender",)  # the prefill side always cuts
+    replicas_write = "every"  # required_prefill_response_num counts every window rank
+    serving_never_produces = SERVING_NEVER_PRODUCES
 
     def __init__(self) -> None:
         stand_in_if_unusable("torchvision")
@@ -189,11 +259,34 @@ class SglangAdapter(Adapter):
         import sglang
 
         self.version = f"sglang {sglang.__version__}"
+        self.refusal_types = (AssertionError, ValueError, self.conn.KVTransferError)
+
+    # the engine's own split [LAYER-1, LAYER-2] ---------------------------------------------
+    def layer_partition(self, num_layers: int, pp: int) -> Sequence[int] | None:
+        return _default_split(self.utils.get_pp_indices, num_layers, pp)
+
+    def _setting(self, layout: StageLayout, num_layers: int) -> str | None:
+        """``SGLANG_PP_LAYER_PARTITION`` for a stage: unset when its partition is SGLang's
+        default, else that partition (kvspec's own [LAYER-1] included)."""
+        split = list(layer_partition(layout, num_layers))
+        default = list(_default_split(self.utils.get_pp_indices, num_layers, layout.pp))
+        return None if layout.pp == 1 or split == default else partition_setting(split)
+
+    def _layers(self, layout: StageLayout, num_layers: int, pp_rank: int) -> list[int]:
+        """The layers SGLang gives PP rank ``pp_rank`` of ``layout`` (``get_pp_indices``)."""
+        with _environment(PARTITION_VARIABLE, self._setting(layout, num_layers)):
+            start, end = self.utils.get_pp_indices(num_layers, pp_rank, layout.pp)
+        return list(range(start, end))
 
     def supports(self, case: TransferCase) -> bool:
         return pp_pair_supported(case)
 
     def _rank_mapping(self, case: TransferCase, dst: int) -> Any:
+        if case.policy != SGLANG:
+            raise ValueError(
+                f"SGLang has one replica rule, {SGLANG!r} (_resolve_rank_mapping); policy "
+                f"{case.policy!r} cannot be configured [PLAN-4.4]"
+            )
         info = self.conn.PrefillServerInfo(**prefill_info_fields(case))
         self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)
         return info
@@ -239,10 +332,13 @@ class SglangAdapter(Adapter):
         by_source = {s.edge.src: s for s in shipments}
         missing = [src for src in expected if src not in by_source]
         if missing:
-            # required_prefill_response_num responses never arrive: the request fails.
-            raise RuntimeError(f"decode rank {dst} still waits for prefill ranks {missing}")
+            # required_prefill_response_num responses never arrive: the request fails
+            # (a timeout, recorded as the room's KVTransferError).
+            raise self.conn.KVTransferError(
+                0, f"decode rank {dst} still waits for prefill ranks {missing}"
+            )
         dst_pp = stage_coords(dst, case.target.tp)[0]
-        dst_layers = layer_ids(case.target, case.model.num_layers, dst_pp)
+        dst_layers = self._layers(case.target, case.model.num_layers, dst_pp)
         heads = (
             1
             if case.model.attention == "mla"
@@ -266,12 +362,20 @@ class SglangAdapter(Adapter):
                 out[dst_layers.index(dst_layer), dst_kv, :, dst_head : dst_head + count] = row
         return RequestKV(out)
 
+    def layer_writes(self, case: TransferCase, dst: int) -> dict[int, list]:
+        """Every layer-buffer write into decode rank ``dst``, by prefill rank: ``((0 for K
+        or 1 for V, prefill layer), (K/V, decode layer))`` as SGLang pairs them (for the
+        impact sweep, field/impact/sglang_pp_pairing.py)."""
+        dst_pp = stage_coords(dst, case.target.tp)[0]
+        dst_layers = self._layers(case.target, case.model.num_layers, dst_pp)
+        return {src: self._writes(case, src, dst_layers) for src in self.sources(case, dst)}
+
     def _writes(self, case: TransferCase, src: int, dst_layers: list[int]) -> list:
         """Where each prefill layer buffer of ``src``'s stage is written on the decode side:
         ``get_mha_kv_ptrs_with_pp`` (MHA) or ``get_mla_kv_ptrs_with_pp`` (MLA), called with
         layer ids in place of addresses."""
         pp_rank = stage_coords(src, case.source.tp)[0]
-        src_layers = layer_ids(case.source, case.model.num_layers, pp_rank)
+        src_layers = self._layers(case.source, case.model.num_layers, pp_rank)
         manager = SimpleNamespace(kv_args=SimpleNamespace(prefill_start_layer=src_layers[0]))
         # The MLA pairing calls one more method of its own; bind the engine's.
         manager._mla_kv_entry_span_with_pp = MethodType(
@@ -303,12 +407,154 @@ class SglangAdapter(Adapter):
         self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)  # type: ignore[arg-type]
 
     def validate_partition(self, config: dict[str, Any]) -> None:
+        num_layers = config["model"]["num_layers"]
         for side in ("source", "target"):
             layout = config[side]
             pp, partition = layout.get("pp", 1), layout.get("layer_partition")
+            self._check_layer_count(num_layers, pp)
             with _environment(PARTITION_VARIABLE, partition_setting(partition)):
                 for pp_rank in range(pp):
-                    self.utils.get_pp_indices(config["model"]["num_layers"], pp_rank, pp)
+                    self.utils.get_pp_indices(num_layers, pp_rank, pp)
+
+    def _check_layer_count(self, num_layers: int, pp: int) -> None:
+        """SGLang's model-load check of layers against PP: ``make_layers``
+        (sglang/srt/utils/common.py) asserts ``num_hidden_layers >= pp_size`` before it
+        builds a layer; called with a layer factory that stops it there."""
+        common = import_engine("sglang.srt.utils.common", adapter=NAME, install=INSTALL)
+        try:
+            common.make_layers(num_layers, _stop_building, pp_rank=0, pp_size=pp)
+        except _Built:
+            return
+        except AssertionError as error:
+            raise AssertionError(
+                f"{engine_message(error)} with num_hidden_layers={num_layers}, pp_size={pp}"
+            ) from error
+
+    # start-up validation [serving reachability] -------------------------------------------
+    def serving_accepts(self, config: dict[str, Any]) -> Acceptance | None:
+        """Whether SGLang starts a prefill/decode pair with ``config`` and can hand over a
+        request, by its own code, on CPU:
+
+        1. each side's ``ServerArgs(model_path=<config.json>, tp_size, pp_size,
+           disaggregation_mode="prefill"|"decode", device="cpu")``: ``resolve_once()``
+           (the resolution pipeline, reading the model's config) and
+           ``check_server_args()`` (sglang/srt/arg_groups/validation_hook.py);
+        2. each side's model-load checks: ``make_layers``'s layers >= PP assert,
+           ``get_pp_indices`` for every stage (with ``SGLANG_PP_LAYER_PARTITION`` for a
+           partition that is not SGLang's default), and for MHA ``LlamaAttention``'s
+           head checks (``total_num_kv_heads % tp_size`` or ``tp_size %
+           total_num_kv_heads``, sglang/srt/models/llama.py), run by calling its
+           ``__init__`` with the side's TP size until it passes them;
+        3. the decode's handshake, ``CommonKVManager._resolve_rank_mapping`` for every
+           decode rank.
+
+        What is not run: loading weights and building process groups (no GPU); for MLA
+        the model-load head check (a latent is whole on every rank; the server-args step
+        runs on a Llama config with the same layer count)."""
+        model, ran = config["model"], []
+        mla = model.get("attention") == "mla"
+        facts = dict(model, num_kv_heads=1) if mla else model
+        tps = (config["source"]["tp"], config["target"]["tp"])
+        path = _model_dir(json.dumps(mha_config(facts, tps), sort_keys=True))
+        try:
+            for side, mode in (("source", "prefill"), ("target", "decode")):
+                layout = config[side]
+                tp, pp = layout["tp"], layout.get("pp", 1)
+                self._server_args(path, tp, pp, mode)
+                ran.append(f"{mode} TP{tp} PP{pp}: ServerArgs.resolve_once, check_server_args")
+                self._check_layer_count(model["num_layers"], pp)
+                partition = layout.get("layer_partition")
+                default = _default_split(self.utils.get_pp_indices, model["num_layers"], pp)
+                setting = None if partition in (None, default) else partition_setting(partition)
+                with _environment(PARTITION_VARIABLE, setting):
+                    for pp_rank in range(pp):
+                        self.utils.get_pp_indices(model["num_layers"], pp_rank, pp)
+                ran.append(f"{mode}: make_layers, get_pp_indices")
+                if not mla:
+                    self._check_heads(model["num_kv_heads"], tp)
+                    ran.append(f"{mode}: LlamaAttention head checks")
+            case = SimpleNamespace(
+                source=SimpleNamespace(**{"pp": 1, **config["source"]}),
+                target=SimpleNamespace(**{"pp": 1, **config["target"]}),
+                model=SimpleNamespace(attention=model.get("attention", "mha")),
+            )
+            for dst in range(config["target"]["tp"] * config["target"].get("pp", 1)):
+                info = self.conn.PrefillServerInfo(**prefill_info_fields(case))  # type: ignore[arg-type]
+                self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)  # type: ignore[arg-type]
+            ran.append("decode handshake: _resolve_rank_mapping for every decode rank")
+        except (AssertionError, ValueError) as error:
+            said = str(error) if error.__cause__ is not None else engine_message(error)
+            return Acceptance(False, f"{self.version} refuses it: {said}")
+        return Acceptance(True, f"{self.version} accepts it ({'; '.join(ran)})")
+
+    def _server_args(self, path: str, tp: int, pp: int, mode: str) -> None:
+        _server_args_check(path, tp, pp, mode)
+
+    def _check_heads(self, num_kv_heads: int, tp: int) -> None:
+        _head_check(int(num_kv_heads), int(tp))
+
+
+class _Built(Exception):
+    """Raised by :func:`_stop_building`: ``make_layers`` got past its checks."""
+
+
+def _stop_building(**_: Any) -> Any:
+    raise _Built
+
+
+def _default_split(get_pp_indices: Any, num_layers: int, pp: int) -> list[int]:
+    """SGLang's default split: ``get_pp_indices`` for every stage, the partition variable
+    unset."""
+    with _environment(PARTITION_VARIABLE, None):
+        bounds = [get_pp_indices(num_layers, rank, pp) for rank in range(pp)]
+    return [end - start for start, end in bounds]
+
+
+@functools.lru_cache(maxsize=64)
+def _model_dir(config_json: str) -> str:
+    """A directory holding ``config_json`` as ``config.json`` (one per model)."""
+    path = Path(tempfile.mkdtemp(prefix="kvspec-sglang-model-"))
+    (path / "config.json").write_text(config_json)
+    return str(path)
+
+
+@functools.lru_cache(maxsize=256)
+def _server_args_check(path: str, tp: int, pp: int, mode: str) -> None:
+    """SGLang's own server-argument resolution and checks for one side (cached: a
+    ``ServerArgs`` resolves once)."""
+    server_args = import_engine("sglang.srt.server_args", adapter=NAME, install=INSTALL)
+    args = server_args.ServerArgs(
+        model_path=path, tp_size=tp, pp_size=pp, disaggregation_mode=mode, device="cpu"
+    )
+    args.resolve_once()
+    args.check_server_args()
+
+
+@functools.lru_cache(maxsize=256)
+def _head_check(num_kv_heads: int, tp: int) -> None:
+    """``LlamaAttention.__init__``'s head checks at TP ``tp``: called on a bare instance
+    with ``get_parallel()`` answering that TP size; it passed them once it has set
+    ``num_kv_heads`` (what follows needs process groups and fails here, harmlessly)."""
+    llama = import_engine("sglang.srt.models.llama", adapter=NAME, install=INSTALL)
+    config = SimpleNamespace(**mha_config({"num_kv_heads": num_kv_heads, "num_layers": 1}, (tp,)))
+    attention = llama.LlamaAttention.__new__(llama.LlamaAttention)
+    real = llama.get_parallel
+    llama.get_parallel = lambda: SimpleNamespace(tp_size=tp)
+    try:
+        llama.LlamaAttention.__init__(
+            attention, config, config.hidden_size, config.num_attention_heads, num_kv_heads
+        )
+    except AssertionError as error:
+        if hasattr(attention, "num_kv_heads"):
+            return
+        raise AssertionError(
+            f"{engine_message(error)} with total_num_kv_heads={num_kv_heads}, tp_size={tp}"
+        ) from error
+    except Exception:
+        if not hasattr(attention, "num_kv_heads"):
+            raise
+    finally:
+        llama.get_parallel = real
 
 
 @contextmanager

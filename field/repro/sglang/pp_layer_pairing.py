@@ -2,16 +2,19 @@
 
 A plain-MHA pool publishes no layer ids, so `get_mha_kv_ptrs_with_pp`
 (sglang/srt/disaggregation/common/conn.py) pairs a prefill stage's K/V buffers with the
-decode's by position and a heuristic. Two ordinary deployments go wrong:
+decode's by position and a heuristic. Under SGLang's *default* split (`get_pp_indices`,
+sglang/srt/distributed/utils.py, SGLANG_PP_LAYER_PARTITION unset: the extra layers go to
+the last stages), ordinary deployments go wrong:
 
-1. Prefill PP2 with an uneven split (3 layers: [0, 1] | [2]) into a decode with PP 1.
-   For stage 0, `3 % 2 != 0` takes the branch meant for "decode has draft KV": its V
-   buffers are written to decode K of layer 2 and V of layer 0. (Any layer count that
-   PP does not divide evenly: 61 layers on PP2, 32 on PP3, ...)
-2. Equal PP sizes with different partitions (prefill [0] | [1, 2, 3], decode
-   [0, 1, 2] | [3], e.g. a different SGLANG_PP_LAYER_PARTITION): decode PP rank p reads
-   prefill PP rank p only and pairs by position, so decode layers 1..3 miss their K and
-   prefill layer 1's K lands in decode layer 3's V buffer.
+1. Prefill PP3 of a 32-layer model (Llama-3.1-8B: [0..9] | [10..20] | [21..31]) into a
+   decode with PP 1: a stage whose layer count does not match takes the branch meant
+   for "decode has draft KV", and its V buffers are written to the wrong decode buffers
+   (the impact sweep, field/impact/sglang_pp_pairing.py, counts them over real models).
+2. Prefill PP2 of a 3-layer model ([0] | [1, 2]) into a decode with PP 1: the smallest
+   case of the same branch.
+3. Equal PP sizes with different partitions, one side given an explicit
+   SGLANG_PP_LAYER_PARTITION (prefill [0] | [1, 2, 3], decode default [0, 1] | [2, 3]):
+   decode PP rank p reads prefill PP rank p only and pairs by position.
 
 Upstream: sgl-project/sglang#27740 (open: the draft-KV heuristic misfires for uneven PP
 splits; fixes proposed in #28229 and #33497, unmerged). kvspec: PLAN-2, RESHARD-2,
@@ -19,11 +22,13 @@ SLICE-1, PLAN-5, MODEL-2, DTYPE-2. Layer ids stand in for the buffer addresses t
 pairs. Run with sglang==0.5.23 importable; exits 1 while the defect is there.
 """
 
+import os
 import sys
 from types import SimpleNamespace
 
 import _cpu  # noqa: F401  (torchvision stand-in on CPU-only machines)
 from sglang.srt.disaggregation.common.conn import CommonKVManager, PrefillServerInfo
+from sglang.srt.distributed.utils import get_pp_indices
 
 V = 1000  # the V buffer of layer l is V + l; the K buffer is l
 
@@ -70,13 +75,25 @@ def writes(prefill: list[list[int]], decode: list[list[int]]) -> dict[str, list[
     return got
 
 
+def default_split(num_layers: int, pp: int) -> list[list[int]]:
+    """Each stage's layers by SGLang's own default rule (the partition variable unset)."""
+    os.environ.pop("SGLANG_PP_LAYER_PARTITION", None)
+    return [list(range(*get_pp_indices(num_layers, rank, pp))) for rank in range(pp)]
+
+
 failed = False
 for title, prefill, decode in (
-    ("prefill PP2 [0, 1] | [2] -> decode PP1", [[0, 1], [2]], [[0, 1, 2]]),
     (
-        "prefill PP2 [0] | [1, 2, 3] -> decode PP2 [0, 1, 2] | [3]",
+        "32 layers: prefill PP3 (default split) -> decode PP1",
+        default_split(32, 3),
+        [list(range(32))],
+    ),
+    ("3 layers: prefill PP2 (default split) -> decode PP1", default_split(3, 2), [[0, 1, 2]]),
+    (
+        "4 layers: prefill PP2 [0] | [1, 2, 3] (SGLANG_PP_LAYER_PARTITION=1,3) -> decode PP2 "
+        "(default split)",
         [[0], [1, 2, 3]],
-        [[0, 1, 2], [3]],
+        default_split(4, 2),
     ),
 ):
     got = writes(prefill, decode)
@@ -84,6 +101,9 @@ for title, prefill, decode in (
     wanted = {f"{kind}{layer}": [f"{kind}{layer}"] for layer in layers for kind in "KV"}
     wrong = {buf: src for buf, src in got.items() if wanted.get(buf) != src}
     missing = sorted(buf for buf in wanted if buf not in got)
-    print(f"{title}: written wrong {wrong}; never written {missing}")
+    print(
+        f"{title}: {len(wrong)} buffers written wrong {dict(list(wrong.items())[:4])}...; "
+        f"never written {missing[:8]}{'...' if len(missing) > 8 else ''} ({len(missing)})"
+    )
     failed |= bool(wrong or missing)
 sys.exit(1 if failed else 0)
