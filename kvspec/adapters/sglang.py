@@ -289,6 +289,16 @@ class SglangAdapter(Adapter):
             )
         info = self.conn.PrefillServerInfo(**prefill_info_fields(case))
         self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)
+        absent = [r for r in info.target_tp_ranks if not 0 <= r < case.source.tp]
+        if absent:
+            # The decode asks the prefill's bootstrap server for ranks it does not have
+            # (a TP pair that does not divide, e.g. TP3 -> TP4): CommonKVReceiver.
+            # _setup_bootstrap_infos records this failure and the request fails.
+            raise self.conn.KVTransferError(
+                0,
+                f"Could not fetch bootstrap info for: target_tp_rank: {absent[0]} (decode "
+                f"rank {dst}; the prefill has attention TP {case.source.tp})",
+            )
         return info
 
     # routing [PLAN-2, PLAN-3] ------------------------------------------------------------
