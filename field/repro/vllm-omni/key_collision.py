@@ -5,6 +5,15 @@
 rank-aware key of request "omni_0_to_1_kv_cache_5" equals the legacy key of request
 "5_0_0_0_0": one request can read the other's KV. kvspec: KEY-3.
 
+Serving (re-triaged for issue 28): not reachable, a hardening note. The two keys come from
+two schemes no deployment mixes: `build_rank_aware_send_keys` uses the legacy key only when
+both stages are TP1 and the rank-aware one otherwise, and a deployment's TP sizes are
+fixed; within the rank-aware scheme a key ends in four integer fields (stage ids are the
+stage config's integers, chunk 0, TP ranks), so two requests never share one. Request ids
+are the engine's: AsyncOmni.generate sends `f"{external}-{uuid8}"`, never empty
+(entrypoints/async_omni.py, async_omni_base.py `_get_unique_request_id`). This script
+shows the functions' collision only.
+
 Run with vllm-omni==0.30.0 and vllm==0.30.0 importable; exits 1 while the defect is there.
 """
 

@@ -5,6 +5,13 @@ sees `tp_head_slice.applied` with `target_rank` 1 at receiver rank 0, logs "Rece
 pre-sliced KV payload for unexpected target rank" and returns the payload: rank 0 runs on
 rank 1's heads. (On fan-in the marker is not looked at at all.) kvspec: SLICE-3.
 
+Serving (re-triaged for issue 28): not reachable, a hardening note. The DiT receiver (no
+hooks) reads only keys `{request}_{stage}_0_{src}_{its own rank}`
+(`build_rank_aware_recv_keys`), and a sender writes the marker's `target_rank` for the key
+it puts the payload under (`_transfer_kv_cache` zips the send keys with
+`get_kv_target_ranks`): a payload sliced for another rank never reaches this one. On
+fan-in no sender slices, so there is no marker to look at.
+
 Run with vllm-omni==0.30.0 and vllm==0.30.0 importable; exits 1 while the defect is there.
 """
 

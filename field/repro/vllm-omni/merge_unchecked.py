@@ -4,6 +4,11 @@
 the first payload's request id; it never compares request ids (nor seq_len, dtype, layer
 counts; a layer missing on one shard is skipped). kvspec: PAYLOAD-3.
 
+Serving (re-triaged for issue 28): not reachable, a hardening note. The receiver only ever
+merges payloads fetched under its own request's keys (the request id is in the key), cut
+by the same `_extract_kv_cache` on each sender rank from one scheduler output: request id,
+seq_len, dtype, block size and layer count agree by construction.
+
 Run with vllm-omni==0.30.0 and vllm==0.30.0 importable; exits 1 while the defect is there.
 """
 

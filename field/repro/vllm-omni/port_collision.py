@@ -4,6 +4,12 @@
 adds replica * 1024 + rank * 16 + stage and checks the stage and the port range, not
 rank * 16 + stage < 1024, so two senders get one port (EADDRINUSE at best). kvspec: PORT-2.
 
+Serving (re-triaged for issue 28): not reachable with any KV-transferring pipeline, a
+hardening note. TP rank 64 needs a TP group of 65+ ranks: vLLM 0.30 does not cap TP
+(`ParallelConfig(tensor_parallel_size=128)` validates on CPU), but the attention heads must
+divide by it (`ModelConfig.verify_with_parallel_config`), and the 0.30.0 pipelines that
+transfer KV (BAGEL, HunyuanImage-3.0) have far fewer heads.
+
 Run with vllm-omni==0.30.0 and vllm==0.30.0 importable; exits 1 while the defect is there.
 """
 

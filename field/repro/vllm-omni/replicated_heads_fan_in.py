@@ -7,6 +7,13 @@ rank 0 receives from ranks [0, 1], and `merge_received_rank_shards` concatenates
 shards on the head axis: decode rank 0 ends up with 2 heads where its model has 1 (the
 second a copy of the first). Nothing raises. kvspec: PLAN-2, RESHARD-1/2/3.
 
+Serving (re-triaged for issue 28): this is what the DiT receiver runs — `DiffusionModelRunner`
+calls `init_omni_connectors(..., synchronous=True)`, which installs no merger, so
+`receive_kv_cache_for_request` merges with this default `merge_received_rank_shards`.
+(The mixin's merger, installed only on AR-stage managers, concatenates the same way on
+dim -2.) It needs an AR stage TP above the KV head count and a DiT TP below the AR's;
+vLLM accepts such a deployment whenever the attention heads divide by the AR TP.
+
 Run with vllm-omni==0.30.0 and vllm==0.30.0 importable; exits 1 while the defect is there.
 """
 
