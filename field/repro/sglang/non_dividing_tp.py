@@ -6,7 +6,15 @@ the pair: `attn_tp_size // info.attn_tp_size`-style windows give decode rank 0 p
 rank [0] and decode rank 1 prefill rank [1]; prefill rank 2 is never read, and
 `compute_head_slice_params` sends 2 heads to each 3-head decode shard: decode rank 0's
 head 2 is never written, decode rank 1's heads land at 2..3, one past the end of its
-shard (in a real cache, the next token's slot). kvspec: PLAN-1.
+shard (in a real cache, the next token's slot). kvspec: PLAN-1, PLAN-2.
+
+SGLang starts with this deployment (checked through kvspec's adapter,
+`SglangAdapter.serving_accepts`, issue 28): `ServerArgs.resolve_once` and
+`check_server_args` pass for TP3 prefill and TP2 decode, `LlamaAttention`'s head checks
+pass on each side alone (6 % 3 == 0, 6 % 2 == 0), and the decode's
+`_resolve_rank_mapping` asserts nothing about the pair. Nothing refuses it before
+requests flow; `kvspec conform sglang` finds it (PLAN-2/exact-cover, non-dividing pairs
+are in the adapter's domain).
 
 Run with sglang==0.5.23 importable; exits 1 while the defect is there.
 """
