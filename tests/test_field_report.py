@@ -440,9 +440,6 @@ def test_the_ledger_keeps_every_earlier_claim_with_a_verdict() -> None:
     defects = ledger["defects"]
     assert set(defects) >= PREVIOUS_REPORT
     for key, d in defects.items():
-        if d["status"] == fr.PENDING:  # until field/retriage-vllm-omni.md judges it
-            assert key in {"omni-replicated-fan-in", "omni-replicated-fan-out"}, key
-            continue
         assert d["status"] in fr.STATUSES, key
         assert d.get("was") and d.get("verdict"), key
         assert (ROOT / d["repro"]).exists(), key
