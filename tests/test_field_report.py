@@ -495,3 +495,25 @@ def test_a_claim_awaiting_re_triage_is_shown_and_fails_the_run() -> None:
     text = fr.render(REPORTS, {**LEDGER, "defects": defects}, run, today=TODAY)
     assert "### alpha-later: not judged yet" in section(text, "Awaiting re-triage")
     assert "1 awaiting re-triage" in section(text, "Headline")
+
+
+def test_an_unconfirmed_candidate_is_listed_apart_and_not_counted() -> None:
+    candidate = entry(
+        "alpha",
+        "views misread",
+        "unconfirmed",
+        reason="needs a GPU to confirm the backend",
+        evidence={
+            "tier": "corrupts",
+            "reachable_in_serving": "unknown",
+            "reachability_evidence": "plausible with backend X",
+        },
+    )
+    ledger = {**LEDGER, "defects": {**LEDGER["defects"], "alpha-views": candidate}}
+    run = fr.judge(REPORTS, ledger)
+    assert run.contradictions == [] and not run.defects["alpha-views"].headline
+    text = fr.render(REPORTS, ledger, run, today=TODAY)
+    assert "**2 defects**" in section(text, "Headline")
+    assert "1 candidates whose reachability is not confirmed" in section(text, "Headline")
+    listed = section(text, "Candidates not confirmed in serving")
+    assert "### alpha-views: views misread" in listed and "plausible with backend X" in listed

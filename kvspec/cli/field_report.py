@@ -51,7 +51,10 @@ HEADLINE_TIERS = (CORRUPTS, BREAKS)
 REACH = ("yes", "unknown", "no")
 """Reachability in serving, most reachable first."""
 OPEN, HARDENING, DIFFERENCE, WITHDRAWN = "open", "hardening", "differs", "withdrawn"
-STATUSES = (OPEN, HARDENING, DIFFERENCE, WITHDRAWN)
+UNCONFIRMED = "unconfirmed"
+"""A candidate defect shown by a repro whose reachability in serving is not established
+(e.g. it needs a GPU to confirm): listed apart, not counted, until evidence decides."""
+STATUSES = (OPEN, UNCONFIRMED, HARDENING, DIFFERENCE, WITHDRAWN)
 PENDING = "pending"
 """A claim taken back for re-triage and not yet judged: shown apart, and `make field`
 fails until it has one of STATUSES."""
@@ -656,7 +659,9 @@ def render(
         "Not counted: "
         f"{len(by_status[HARDENING])} hardening notes (inputs that should be refused, which "
         f"serving does not produce or which cost no KV), {len(by_status[DIFFERENCE])} "
-        f"legitimate differences from kvspec's choices, {len(by_status[WITHDRAWN])} "
+        f"legitimate differences from kvspec's choices, {len(by_status[UNCONFIRMED])} "
+        "candidates whose reachability is not confirmed, "
+        f"{len(by_status[WITHDRAWN])} "
         f"withdrawn claims, {len(ledger.get('kvspec', {}))} kvspec issues"
         + (
             f", {n} awaiting re-triage"
@@ -680,6 +685,15 @@ def render(
         "",
     ]
     out += _short_sections(by_status[HARDENING]) or ["None.", ""]
+    if by_status[UNCONFIRMED]:
+        out += [
+            "## Candidates not confirmed in serving",
+            "",
+            "Wrong results a repro shows on the engine's own code, in a deployment whose "
+            "reachability is not yet established. Not counted until it is.",
+            "",
+            *_short_sections(by_status[UNCONFIRMED]),
+        ]
     out += [
         "## Legitimate differences from kvspec's choices",
         "",
