@@ -5,14 +5,15 @@ vllm-omni 0.30.0 with vllm 0.30.0), nothing copied: routing, keys and ports from
 ``vllm_omni/distributed/omni_connectors/utils/kv_utils.py`` and
 ``.../utils/initialization.py``; what a sender puts on each key and what a receiver
 assembles from ``OmniKVTransferManager`` (``.../kv_transfer_manager.py``), run unchanged
-with an in-memory object standing for its connector's ``put``/``get``; cache reading and
-reading from ``normalize_layer_kv`` on the per-layer views vLLM 0.30 makes. The
+with an in-memory object standing for its connector's ``put``/``get``; cache reading
+from ``normalize_layer_kv`` on the per-layer views vLLM 0.30 makes. The
 serving path's hooks are installed where serving installs them, and the engine's contract
 (what it refuses with, the inputs it generates itself, what it starts with) is data on
 the adapter, each fact cited; field/retriage-vllm-omni.md judges the failures by it.
 
 The functions above the adapter class translate between kvspec's objects and vLLM-Omni's
-(data in, data out) and need no engine; tests/test_field_adapters.py tests them.
+(data in, data out) and need no engine; tests/test_field_adapters.py tests them, and
+tests/test_field_omni.py tests the adapter against the installed engine.
 """
 
 from __future__ import annotations
@@ -396,15 +397,11 @@ class VllmOmniAdapter(Adapter):
     serving it has not (see the class docstring)."""
 
     def __init__(self) -> None:
-        kv = import_engine(
-            f"{OMNI.replace('/', '.')}.utils.kv_utils", adapter=NAME, install=INSTALL
-        )
-        self.kv = kv
-        self.init = import_engine(
-            f"{OMNI.replace('/', '.')}.utils.initialization", adapter=NAME, install=INSTALL
-        )
+        package = OMNI.replace("/", ".")
+        self.kv = import_engine(f"{package}.utils.kv_utils", adapter=NAME, install=INSTALL)
+        self.init = import_engine(f"{package}.utils.initialization", adapter=NAME, install=INSTALL)
         self.manager = import_engine(
-            f"{OMNI.replace('/', '.')}.kv_transfer_manager", adapter=NAME, install=INSTALL
+            f"{package}.kv_transfer_manager", adapter=NAME, install=INSTALL
         )
         self.mixin = import_engine(
             "vllm_omni.worker.omni_connector_model_runner_mixin", adapter=NAME, install=INSTALL
