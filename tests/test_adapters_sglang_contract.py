@@ -115,3 +115,17 @@ def test_the_suite_finds_the_non_dividing_head_loss(adapter) -> None:  # pragma:
     case = TransferCase(StageLayout(3), StageLayout(2), ModelShape(2, 6, 2), SGLANG)
     result = run_check(get_check("PLAN-2/exact-cover"), adapter, replay=case.to_dict())
     assert result.verdict == "FAILED" and "never receives" in result.reason, result.reason
+
+
+def test_fan_out_pairs_that_do_not_divide_are_left_out_and_said_why() -> None:
+    assert (2, 3) in sglang.FAN_OUT_NON_DIVIDING and (3, 2) not in sglang.FAN_OUT_NON_DIVIDING
+    assert (2, 3) not in sglang.DOMAIN.pairs() and (3, 2) in sglang.DOMAIN.pairs()
+
+
+@needs_sglang
+def test_a_fan_out_that_does_not_divide_fails_at_bootstrap(adapter) -> None:  # pragma: no cover
+    case = TransferCase(StageLayout(3), StageLayout(4), ModelShape.mla(2, 2), SGLANG)
+    assert adapter.serving_accepts(case.to_dict()).accepted  # SGLang starts with it
+    assert list(adapter.sources(case, 2)) == [2]
+    with pytest.raises(adapter.conn.KVTransferError, match="target_tp_rank: 3"):
+        adapter.sources(case, 3)

@@ -19,24 +19,39 @@ returns, read as its docstrings define them. There is no marker and no receiver-
 slicing in a pull [SLICE-3]. The byte arithmetic behind the reads needs a worker with
 registered NIXL memory and is not reached (field/NOTES.md).
 
+The engine's contract (issue 28), read in the installed 0.33.0 package:
+
+- replica rule: ``tp_rank * remote_tp_size // tp_size`` for MLA or a decode TP at least
+  the prefill's, else the window's first rank per head (``np.unique``): one replica per
+  head (kvspec/topology/field_policies.py ``vllm_nixl_read``; ``replicas_write = "one"``);
+- refusals: ``assert`` (``TransferTopology.tp_ratio``, ``vllm/distributed/utils.py``
+  ``ensure_divisibility``), ``ValueError`` (config checks), ``NotImplementedError`` (decode
+  PP > 1), ``RuntimeError`` (the handshake's compatibility hash, base_worker.py);
+- start-up validation (:meth:`VllmNixlAdapter.serving_accepts`): the attention-head and
+  KV-head checks of ``ModelConfig.verify_with_parallel_config`` and
+  ``QKVParallelLinear.__init__`` for each side, and the handshake's ``tp_ratio``.
+
 The functions above the adapter class are pure translation and need no engine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Mapping, Sequence
-from types import SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import torch
 
-from kvspec.adapters._engine import import_engine, invert_sources
-from kvspec.conformance.adapter import Adapter
+from kvspec.adapters._engine import engine_message, import_engine, invert_sources
+from kvspec.conformance.adapter import Acceptance, Adapter
 from kvspec.conformance.domain import Domain
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import Shipment
+from kvspec.topology.field_policies import VLLM_NIXL, vllm_nixl_read
 from kvspec.topology.model import ModelShape
 
 NAME = "vllm-nixl"
@@ -179,10 +194,10 @@ class VllmNixlAdapter(Adapter):
 
     name = NAME
     domain = DOMAIN
-    # Reads prefill rank dst*P//D, or a window: no spec policy, and ReplicaChoice carries
-    # no TP sizes to state it as a policy rule [PLAN-4].
-    policies = ()
+    policies = (VLLM_NIXL,)  # reads prefill rank dst*P//D, or a window's first per head
+    policy_rules = MappingProxyType({VLLM_NIXL: vllm_nixl_read})
     slicing_modes = ("sender",)  # a read fetches exactly its slice
+    refusal_types = (AssertionError, ValueError, NotImplementedError, RuntimeError)
 
     def __init__(self) -> None:
         self.utils = import_engine(
@@ -219,6 +234,11 @@ class VllmNixlAdapter(Adapter):
         )
 
     def _mapping(self, case: TransferCase, dst: int) -> Any:
+        if case.policy != VLLM_NIXL:
+            raise ValueError(
+                f"vLLM NIXL has one replica rule, {VLLM_NIXL!r} (compute_tp_mapping); policy "
+                f"{case.policy!r} cannot be configured [PLAN-4.4]"
+            )
         topology = self._topology(case.target.tp, dst, case.model.to_dict())
         return self.tp_mapping.compute_tp_mapping(
             topology, case.source.tp, (self.specs.FullAttentionSpec,)
@@ -282,6 +302,43 @@ class VllmNixlAdapter(Adapter):
             topology, config["source"]["tp"], (self.specs.FullAttentionSpec,)
         )
 
+    # start-up validation [serving reachability] -------------------------------------------
+    def serving_accepts(self, config: dict[str, Any]) -> Acceptance | None:
+        """Whether vLLM starts a NIXL prefill/decode pair with ``config``, by its own code,
+        on CPU: for each side ``ModelConfig.verify_with_parallel_config``'s attention-head
+        check (vllm/config/model.py, called on the attributes it reads) and
+        ``QKVParallelLinear.__init__``'s KV-head split (vllm/model_executor/layers/
+        linear.py, ``divide`` asserts), run until it has split the heads; then the decode's
+        handshake ``TransferTopology.tp_ratio`` and ``compute_tp_mapping``, and the decode
+        PP refusal of base_worker.py. Query heads are chosen divisible by both TP sizes
+        (kvspec models only KV heads). Not run: building a ``VllmConfig`` from a model
+        directory, weight loading, NIXL agents."""
+        model, ran = config["model"], []
+        kv_heads = 1 if model.get("attention") == "mla" else int(model["num_kv_heads"])
+        tps = (int(config["source"]["tp"]), int(config["target"]["tp"]))
+        try:
+            for side, tp in zip(("prefill", "decode"), tps, strict=True):
+                _vllm_head_checks(kv_heads, tp, tps[0] * tps[1] * kv_heads)
+                ran.append(f"{side} TP{tp}: verify_with_parallel_config, QKVParallelLinear")
+            self.validate_topology(config)
+            ran.append("decode handshake: tp_ratio, compute_tp_mapping")
+            fan_in = SimpleNamespace(
+                model=SimpleNamespace(attention=model.get("attention"), num_kv_heads=kv_heads),
+                source=SimpleNamespace(tp=tps[0]),
+                target=SimpleNamespace(tp=tps[1]),
+            )
+            if refuses_replicated_fan_in(fan_in):  # type: ignore[arg-type]
+                return Acceptance(
+                    False,
+                    f"{self.version} refuses it at the handshake: base_worker."
+                    "_validate_remote_agent_handshake asserts `not (tp_ratio < 0 and "
+                    f"is_kv_replicated)` (prefill TP{tps[0]} > decode TP{tps[1]} with "
+                    f"{kv_heads} KV heads replicated); read, not run (it needs a worker)",
+                )
+        except (AssertionError, ValueError, NotImplementedError) as error:
+            return Acceptance(False, f"{self.version} refuses it: {engine_message(error)}")
+        return Acceptance(True, f"{self.version} accepts it ({'; '.join(ran)})")
+
     def validate_agreement(self, config: dict[str, Any]) -> None:
         model = config["model"]
         if self._hash(config.get("target_model", model)) != self._hash(model):
@@ -293,3 +350,34 @@ class VllmNixlAdapter(Adapter):
         return self.metadata.compute_nixl_compatibility_hash(
             vllm_config(model), backend_name(model), "pull"
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _vllm_head_checks(num_kv_heads: int, tp: int, num_heads: int) -> None:
+    """vLLM's head checks at TP ``tp``: ``ModelConfig.verify_with_parallel_config`` on
+    the attributes it reads, then ``QKVParallelLinear.__init__`` on a bare instance with
+    the TP world size answering ``tp``; it has passed the KV-head split once it sets
+    ``num_kv_head_replicas`` (what follows allocates weights and needs a config)."""
+    config_model = import_engine("vllm.config.model", adapter=NAME, install=INSTALL)
+    linear = import_engine("vllm.model_executor.layers.linear", adapter=NAME, install=INSTALL)
+    model = SimpleNamespace(model_arch_config=SimpleNamespace(total_num_attention_heads=num_heads))
+    parallel = SimpleNamespace(
+        enable_hc_sp=False,
+        tensor_parallel_size=tp,
+        enable_expert_parallel=False,
+        pipeline_parallel_size=1,
+        decode_context_parallel_size=1,
+    )
+    # past the head check, later checks read attributes a stub does not have
+    with contextlib.suppress(AttributeError):
+        config_model.ModelConfig.verify_with_parallel_config(model, parallel)
+    layer = linear.QKVParallelLinear.__new__(linear.QKVParallelLinear)
+    real = linear.get_tensor_model_parallel_world_size
+    linear.get_tensor_model_parallel_world_size = lambda: tp
+    try:
+        linear.QKVParallelLinear.__init__(layer, num_heads, 1, num_heads, num_kv_heads)
+    except Exception:  # a divide() assert, or what needs a config after the split
+        if not hasattr(layer, "num_kv_head_replicas"):
+            raise
+    finally:
+        linear.get_tensor_model_parallel_world_size = real
