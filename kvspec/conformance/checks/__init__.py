@@ -343,7 +343,14 @@ def expect_refused(
     A refusal is one of the judged adapter's ``refusal_types`` (the one type
     :data:`~kvspec.conformance.adapter.REFUSAL_TYPES` holds ``obligation`` to, if any)
     whose message names one of ``naming``, the offending values; call sites that know them
-    pass them, and where a call site passes none the exception's type alone decides.
+    pass them (key and port fields, layout names, page sizes, block ids, a marker's
+    target rank, a short region, a policy name, and the values a configuration variant
+    changed: :func:`changed_values`). Where a call site passes none the exception's type
+    alone decides: a damaged or inconsistent tensor, message or set of shipments, chunks
+    or payloads (what is "offending" is a relation between parts, not one value: RESHARD-3,
+    DTYPE-3, PAYLOAD-1/3, CHUNK-1/2, WIRE-*, LAYOUT-1.3/3/4/6/7, ORACLE-4/5/6, SLAYOUT-1,
+    WINDOW-2.3, a scatter's PAGED-3/4), a lifecycle event (LIFE), and an invalid
+    configuration drawn whole rather than made from a valid one.
     Accepting ``what`` is a violation of ``obligation`` (its tier derived from it, a
     negative obligation: ``accepts-invalid``); raising anything else is tier ``breaks``
     ("crashed instead of refusing", with the exception's type, message and innermost
