@@ -370,8 +370,12 @@ class SglangAdapter(Adapter):
             else max(1, case.model.num_kv_heads // case.target.tp)
         )
         first = shipments[0].kv.data
+        # Room past the shard's heads: a head slice SGLang places beyond them (a TP pair
+        # that does not divide: 2 heads at 2..3 of a 3-head row) lands outside this
+        # token's row in the real cache, silently; it is cut off below, not refused.
+        spill = max(s.kv.data.shape[3] for s in shipments)
         out = torch.zeros(
-            (len(dst_layers), first.shape[1], first.shape[2], heads, first.shape[4]),
+            (len(dst_layers), first.shape[1], first.shape[2], heads + spill, first.shape[4]),
             dtype=first.dtype,
             device=first.device,
         )
@@ -385,7 +389,7 @@ class SglangAdapter(Adapter):
                     continue  # not in this shipment (kvspec ships only shared layers)
                 row = kv.data[s.edge.layers.index(src_layer), src_kv]
                 out[dst_layers.index(dst_layer), dst_kv, :, dst_head : dst_head + count] = row
-        return RequestKV(out)
+        return RequestKV(out[:, :, :, :heads].contiguous())
 
     def layer_writes(self, case: TransferCase, dst: int) -> dict[int, list]:
         """Every layer-buffer write into decode rank ``dst``, by prefill rank: ``((0 for K
