@@ -383,7 +383,8 @@ class SglangAdapter(Adapter):
             s = by_source[src]
             kv = s.kv if s.marker.applied else self._cut(case, src, dst, s.kv)
             _, count, dst_head = self._heads(case, src, dst)
-            count = count or kv.data.shape[3]
+            # a shipment cut to the spec's edge may hold fewer heads than SGLang's slice
+            count = min(count or kv.data.shape[3], kv.data.shape[3])
             for (src_kv, src_layer), (dst_kv, dst_layer) in self._writes(case, src, dst_layers):
                 if src_layer not in s.edge.layers:
                     continue  # not in this shipment (kvspec ships only shared layers)

@@ -341,9 +341,14 @@ class VllmNixlAdapter(Adapter):
 
     def validate_agreement(self, config: dict[str, Any]) -> None:
         model = config["model"]
-        if self._hash(config.get("target_model", model)) != self._hash(model):
+        theirs = config.get("target_model", model)
+        if self._hash(theirs) != self._hash(model):
+            differ = {
+                k: (model.get(k), theirs.get(k)) for k in model if model.get(k) != theirs.get(k)
+            }
             raise RuntimeError(
-                "vLLM NIXL handshake: compatibility hashes differ (enforce_handshake_compat)"
+                "vLLM NIXL handshake: compatibility hashes differ (enforce_handshake_compat); "
+                f"prefill vs decode model facts: {differ}"
             )
 
     def _hash(self, model: Mapping[str, Any]) -> str:
