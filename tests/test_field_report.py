@@ -452,11 +452,12 @@ def test_the_ledger_keeps_every_earlier_claim_with_a_verdict() -> None:
         else:
             assert d.get("reason"), key
     for engine, checks in ledger["failures"].items():
-        for check, e in checks.items():
-            assert e.get("defect") in defects or e.get("kvspec") in ledger["kvspec"], (
-                engine,
-                check,
-            )
+        for check, entries in checks.items():
+            for e in entries if isinstance(entries, list) else [entries]:
+                assert e.get("defect") in defects or e.get("kvspec") in ledger["kvspec"], (
+                    engine,
+                    check,
+                )
     pairing = defects["sglang-pp-layer-pairing"]
     assert pairing["status"] == "open" and "sgl-project/sglang#27740" in pairing["upstream"]
     assert defects["sglang-replicated-prefill-heads"]["status"] == "differs"
@@ -517,3 +518,26 @@ def test_an_unconfirmed_candidate_is_listed_apart_and_not_counted() -> None:
     assert "1 candidates whose reachability is not confirmed" in section(text, "Headline")
     listed = section(text, "Candidates not confirmed in serving")
     assert "### alpha-views: views misread" in listed and "plausible with backend X" in listed
+
+
+def test_one_check_can_show_different_defects_by_its_counterexample() -> None:
+    options = [
+        {"defect": "tp", "when": {"tp_divides": False}},
+        {"defect": "pp", "when": {"pipeline": True}},
+        {"defect": "replicas", "when": {"model.attention": "mha"}},
+    ]
+    config = {"source": {"tp": 3, "pp": 1}, "target": {"tp": 2, "pp": 1}, "model": {}}
+    assert fr.resolve_entry(options, {"case": config, "seed": 0}) == {"defect": "tp"}
+    config = {**config, "target": {"tp": 1, "pp": 2}}
+    assert fr.resolve_entry(options, config) == {"defect": "pp"}
+    config = {**config, "target": {"tp": 1, "pp": 1}, "model": {"attention": "mha"}}
+    assert fr.resolve_entry(options, config) == {"defect": "replicas"}
+    assert fr.resolve_entry(options, {**config, "model": {"attention": "mla"}}) is None
+    assert fr.resolve_entry({"kvspec": "x"}, None) == {"kvspec": "x"}
+    ledger = {**LEDGER, "failures": {"alpha": {**LEDGER["failures"]["alpha"]}}}
+    ledger["failures"]["alpha"]["RESHARD-2/round-trip"] = [
+        {"defect": "alpha-keys", "when": {"tp_divides": False}},
+        {"defect": "alpha-pairing", "when": {"pipeline": True}},
+    ]
+    run = fr.judge(REPORTS, ledger)  # PAIRING is PP2 -> PP1 with TP1 on both sides
+    assert run.defects["alpha-pairing"].checks[0] == "alpha RESHARD-2/round-trip"

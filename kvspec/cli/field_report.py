@@ -280,7 +280,8 @@ def causes_of(engine: str, report: Mapping[str, Any], ledger: Mapping[str, Any])
         consequences = [c for c in group.get("consequences", []) if c != head]
         covered |= {head, *consequences}
         r = results.get(head, {})
-        entry = known.get(head)  # consequences inherit it, never the other way round
+        # consequences inherit the headline's entry, never the other way round
+        entry = resolve_entry(known.get(head), group.get("counterexample", r.get("counterexample")))
         out.append(
             Cause(
                 engine=engine,
@@ -307,11 +308,49 @@ def causes_of(engine: str, report: Mapping[str, Any], ledger: Mapping[str, Any])
                     r.get("counterexample"),
                     r.get("reason", ""),
                     [],
-                    known.get(check),
+                    resolve_entry(known.get(check), r.get("counterexample")),
                     r.get("pytest"),
                 )
             )
     return out
+
+
+def counterexample_facts(counterexample: Any) -> dict[str, Any]:
+    """What a ledger ``when`` can ask of a counterexample: dotted paths into its transfer
+    configuration (``source.tp``, ``model.attention``, ``policy``; a ``case`` wrapper is
+    looked through) and two derived facts, ``tp_divides`` (one stage's TP divides the
+    other's) and ``pipeline`` (either stage has PP above 1)."""
+    config = (
+        counterexample.get("case", counterexample) if isinstance(counterexample, Mapping) else {}
+    )
+    if not isinstance(config, Mapping):
+        return {}
+    facts: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            facts.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            facts[key] = value
+    tps = [facts.get("source.tp"), facts.get("target.tp")]
+    if all(isinstance(t, int) and t > 0 for t in tps):
+        facts["tp_divides"] = max(tps) % min(tps) == 0
+    pps = [facts.get("source.pp") or 1, facts.get("target.pp") or 1]
+    facts["pipeline"] = max(pps) > 1
+    return facts
+
+
+def resolve_entry(entry: Any, counterexample: Any) -> Mapping[str, Any] | None:
+    """The ledger entry for one failure: a mapping as it stands, or, for a list of them,
+    the first whose ``when`` (facts of :func:`counterexample_facts`) the counterexample
+    meets (an entry without ``when`` meets every one). None when nothing fits."""
+    if entry is None or isinstance(entry, Mapping):
+        return entry
+    facts = counterexample_facts(counterexample)
+    for option in entry:
+        when = option.get("when", {})
+        if all(facts.get(k) == v for k, v in when.items()):
+            return {k: v for k, v in option.items() if k != "when"}
+    return None
 
 
 def judge(
