@@ -374,17 +374,6 @@ def judge(
         )
         for key, d in entries.items()
     }
-    for d in defects.values():
-        ev = d.entry.get("evidence")
-        if ev:
-            d.observations.append(
-                Observation(
-                    "ledger",
-                    ev.get("tier"),
-                    ev.get("reachable_in_serving"),
-                    ev.get("reachability_evidence", ""),
-                )
-            )
     causes: dict[str, list[Cause]] = {}
     untriaged: list[tuple[str, str]] = []
     kvspec_hits: dict[str, list[str]] = {}
@@ -435,6 +424,18 @@ def judge(
                 kvspec_hits.setdefault(r["kvspec"], []).append(f"{engine} replay {r['check']}")
             else:
                 untriaged.append((engine, f"replay {r['check']}"))
+    # the ledger's own finding last: where it ties with the run's, the run's is shown
+    for d in defects.values():
+        ev = d.entry.get("evidence")
+        if ev:
+            d.observations.append(
+                Observation(
+                    "ledger",
+                    ev.get("tier"),
+                    ev.get("reachable_in_serving"),
+                    ev.get("reachability_evidence", ""),
+                )
+            )
     contradictions = []
     for d in defects.values():
         run_obs = [o for o in d.observations if o.source != "ledger"]
