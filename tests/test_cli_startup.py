@@ -106,6 +106,7 @@ CASES: list[tuple[list[str], int, str]] = [
     (["conform"], 2, "kvspec conform: give IMPL"),
     (["conform", "--device", "tpu", "reference"], 2, "--device must be cpu, cuda or cuda:N"),
     (["conform", "--jobs", "0", "reference"], 2, "--jobs must be at least 1; got 0"),
+    (["conform", "--fail-on", "nope", "reference"], 2, "--fail-on: unknown tier(s) 'nope'"),
     # the whole of `kvspec clauses` (but --coverage, which loads the suite)
     (["clauses"], 0, "PLAN-2 "),
     (["clauses", "DTYPE", "--text"], 0, "DTYPE-2.1    must: NaN payloads"),

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     fail_on = None
     if args.fail_on is not None:
-        from kvspec.conformance.tiers import parse_tiers  # light: no torch, no Hypothesis
+        from kvspec.tier_names import parse_tiers  # no torch, no Hypothesis
 
         try:
             fail_on = parse_tiers(args.fail_on)

@@ -33,10 +33,30 @@ import re
 from collections.abc import Iterable, Mapping
 
 from kvspec.clause import Obligation
+from kvspec.tier_names import (
+    ACCEPTS_INVALID,
+    BREAKS,
+    CORRUPTS,
+    DIFFERS,
+    TIERS,
+    default_fail_on,
+    parse_tiers,
+    severity,
+)
 
-CORRUPTS, BREAKS, ACCEPTS_INVALID, DIFFERS = "corrupts", "breaks", "accepts-invalid", "differs"
-TIERS: tuple[str, ...] = (CORRUPTS, BREAKS, ACCEPTS_INVALID, DIFFERS)
-"""The consequence tiers, most severe first."""
+__all__ = [
+    "ACCEPTS_INVALID",
+    "BREAKS",
+    "CORRUPTS",
+    "DIFFERS",
+    "TIERS",
+    "default_fail_on",
+    "parse_tiers",
+    "severity",
+    "tier_of",
+    "tier_of_obligation",
+    "violated_obligation",
+]
 
 _CITED = re.compile(r"\[([A-Z]+-[0-9]+\.[0-9]+)")
 """An obligation cited in a message: ``[PLAN-2.2]`` or the first of ``[PLAN-2.2, ...]``."""
@@ -80,30 +100,3 @@ def tier_of(
     if error.tier is not None:
         return error.tier, obligation
     return tier_of_obligation(obligations.get(obligation or "")), obligation
-
-
-def severity(tier: str | None) -> int:
-    """Sort key: 0 for the most severe tier; unknown or None last."""
-    return TIERS.index(tier) if tier in TIERS else len(TIERS)
-
-
-def parse_tiers(text: str) -> tuple[str, ...]:
-    """``--fail-on``'s value: a comma list of tiers or ``all``; an unknown tier is refused
-    with ValueError naming it and the valid ones."""
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if names == ["all"]:
-        return TIERS
-    unknown = [n for n in names if n not in TIERS]
-    if unknown or not names:
-        raise ValueError(
-            f"unknown tier(s) {', '.join(map(repr, unknown)) or repr(text)}; "
-            f"give a comma list of {', '.join(TIERS)}, or all"
-        )
-    return tuple(t for t in TIERS if t in names)
-
-
-def default_fail_on(impl: str) -> tuple[str, ...]:
-    """Which tiers fail the exit status by default: every tier for ``reference`` (kvspec
-    holds itself to all of it), ``corrupts`` and ``breaks`` for any other adapter (an
-    engine's hardening notes and legitimate differences do not fail its build)."""
-    return TIERS if impl == "reference" else (CORRUPTS, BREAKS)
