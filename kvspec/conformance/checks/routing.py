@@ -315,14 +315,53 @@ def named_policy(ctx: Context, example: Example) -> None:
         f"{case.describe()}: the declared rule of policy {case.policy!r} chose other senders "
         "on a second run; a policy is deterministic [PLAN-4.5]",
     )
+    differs: str | None = None  # extra replicas also sending, where every replica writes
     for dst in case.target.ranks():
         got = list(ctx.adapter.sources(case, dst))
+        want = list(plan.sources_of(dst))
+        extra = _extra_replicas(ctx, case, dst, want, got)
         expect(
-            got == list(plan.sources_of(dst)),
+            got == want or bool(extra),
             f"{case.describe()}: under policy {case.policy!r} target rank {dst} takes its heads "
-            f"from source ranks {list(plan.sources_of(dst))} [{obligation}]; the "
-            f"implementation uses {got}",
+            f"from source ranks {want} [{obligation}]; the implementation uses {got}",
         )
+        if extra and differs is None:
+            differs = (
+                f"{case.describe()}: under policy {case.policy!r} target rank {dst} takes its "
+                f"heads from source ranks {got}, the rule's {want} and the replicas {extra} "
+                "holding its heads: the adapter declares replicas_write='every' (every replica "
+                "writes identical bytes, the receiver counts them), a legitimate choice where "
+                f"the named rule keeps one sender per head [{obligation}]"
+            )
+    if differs is not None:  # after every receiver: a misroute elsewhere is worse
+        fail(differs, tier=DIFFERS)
+
+
+def _extra_replicas(
+    ctx: Context, case: TransferCase, dst: int, want: list[int], got: list[int]
+) -> list[int]:
+    """The sources of ``got`` beyond the rule's ``want`` when the only departure is that
+    replicas holding the receiver's cells also send: the adapter declares
+    ``replicas_write`` ``"every"``, ``got`` keeps every sender of ``want`` and repeats none,
+    and each extra source is a rank of the request's group sharing heads and layers (and
+    tokens) with the receiver, by kvspec's ownership. Empty otherwise (a misroute)."""
+    if ctx.adapter.replicas_write != "every" or got == want:
+        return []
+    if len(got) != len(set(got)) or not set(want) <= set(got):
+        return []
+    receiver = case.owner("target", dst)
+    extra = [src for src in got if src not in want]
+    for src in extra:
+        if src not in case.source.ranks():
+            return []
+        sender = case.owner("source", src)
+        if not (sender.active and receiver.active):
+            return []
+        try:
+            edge_between(sender, receiver, case.model)
+        except ValueError:  # a sender that holds none of the receiver's cells
+            return []
+    return extra
 
 
 @check(
