@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import faulthandler
 import ipaddress
+import math
 import os
 import shutil
 import signal
@@ -32,7 +33,7 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -55,7 +56,7 @@ from sim.p2p import check_transport, plan_groups
 from sim.rank import run_ranks
 from sim.report import PULL_STATS, SimReport, measured_edge_bytes, outcomes_from, planned_edge_bytes
 from sim.sizing import check_fits
-from sim.workload import Workload
+from sim.workload import Request, Workload
 
 BOOKS_TIMEOUT_S = 10.0
 """How long the parent waits for every rank's final books after *finish*."""
@@ -72,10 +73,9 @@ def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
     (by default, every rank of the run on this host)."""
     check_layouts(config)  # first: a record cache's plans are by its rows [LAYOUT-7]
     workload = Workload(config, 0)  # every group's requests have the same lengths
-    for stage in range(config.last_stage):
-        plans = workload.plans(stage)
-        for request in workload.requests:  # one plan per length and DP ranks [PLAN-6, DP-1]
-            plans.of(request)
+    # Requests go round the DP groups by index, so the first prod(dp) of them meet every
+    # pairing of groups [DP-1]: the plans of those, before anything costs O(requests).
+    _check_plans(workload, workload.first(math.prod(s.dp for s in config.stages)))
     for stage, layout in enumerate(config.stages):  # the rules fit the caches [CP-2]
         name = "--src-block-size" if stage == 0 else "--dst-block-size"
         try:
@@ -102,7 +102,18 @@ def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
         check_host(config.host)
         if config.ports == "spec":
             check_ports(config)
-    check_fits(config)
+    check_fits(config)  # O(ranks): before the one check that is O(requests)
+    if any(layout.token_shards > 1 for layout in config.stages):
+        _check_plans(workload, workload.requests)  # one plan per request length [PLAN-6]
+
+
+def _check_plans(workload: Workload, requests: Sequence[Request]) -> None:
+    """Make the plan that moves each of ``requests`` out of every stage; each is made once
+    per key (length where tokens are split, DP groups) and refused as the spec refuses it."""
+    for stage in range(workload.config.last_stage):
+        plans = workload.plans(stage)
+        for request in requests:
+            plans.of(request)
 
 
 def check_layouts(config: SimConfig) -> None:

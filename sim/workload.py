@@ -37,10 +37,16 @@ class Workload:
 
     @cached_property
     def requests(self) -> tuple[Request, ...]:
+        return self.first(self.config.requests)
+
+    def first(self, count: int) -> tuple[Request, ...]:
+        """The group's first ``count`` requests (at most all of them), exactly as
+        :attr:`requests` holds them, without drawing the rest: a check that needs only the
+        first few stays O(count) however many requests the run has."""
         rng = random.Random(f"{self.config.seed}:requests")
         low, high = self.config.seq_len
         out = []
-        for i in range(self.config.requests):
+        for i in range(min(count, self.config.requests)):
             seq_len = rng.randint(low, high)
             out.append(
                 Request(
