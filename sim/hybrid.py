@@ -21,6 +21,7 @@ the uniform sim's (:mod:`sim.cluster`); a hybrid run with them is refused.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import secrets
@@ -336,7 +337,10 @@ def _receiver(run: HybridRun, rank: int, token: str, control: str) -> None:
         ends: dict[int, int] = {}
         got: dict[int, int] = defaultdict(int)
         strangers = 0
-        deadline = time.monotonic() + run.timeout  # moved on by every message
+        # Silence is timed from the first message on: the senders start only once every
+        # receiver is up, and how long their start takes is the parent's to bound (it
+        # sees a sender fail or die); a busy host must not read a slow start as silence.
+        deadline = math.inf  # then moved on by every message
         while len(ends) < run.source.world_size and time.monotonic() < deadline:
             if not inbox.poll(200):
                 continue
@@ -452,8 +456,9 @@ def run_hybrid(run: HybridRun) -> HybridReport:
             procs.append(proc)
         endpoints: dict[int, str] = {}
         verdicts: dict[int, dict[str, Any]] = {}
-        # A receiver gives up after run.timeout without a message, then verifies and
-        # reports; the parent waits for every receiver's verdict or its exit.
+        # A receiver gives up after run.timeout without a message (once the first has
+        # come), then verifies and reports; the parent waits for every receiver's verdict
+        # or its exit, and stops at a rank's error or death.
         receivers = procs[: run.target.world_size]
         # Only a rank hung past every wait of its own meets this deadline.
         deadline = started + (4 + run.requests) * run.timeout + 60
