@@ -71,7 +71,9 @@ def test_a_killed_mutant_has_a_readable_replayable_counterexample(name: str, che
     [result] = report.results
     assert result.verdict == FAILED
     text = render(report)
-    assert f"{check_id}: " in text and "counterexample: " in text
+    # The failure is shown as its cause: tier, check id, then the counterexample.
+    assert re.search(rf"^cause 1 of 1: {result.tier}\s+{re.escape(check_id)}\s", text, re.M), text
+    assert "counterexample: " in text
     assert f"reproduce: kvspec conform {mutant.spec} --check {check_id} --replay" in text
     replayed = run_check(
         result.check, mutant.cls(), replay=json.loads(json.dumps(result.counterexample))

@@ -234,11 +234,14 @@ def test_a_validator_that_refuses_everything_fails_its_accept_check() -> None:
     would otherwise pass every refusal check of the capability [PLAN-1.2]."""
 
     class RefusesEverything(ReferenceAdapter):
+        """Refuses every configuration, naming all of its values (so a refusal check,
+        which asks that the message name what is wrong, is satisfied by the refusal)."""
+
         def validate_sizes(self, config):
-            raise ValueError("no")
+            raise ValueError(f"refused: {json.dumps(config)}")
 
         def validate_agreement(self, config):
-            raise ValueError("no")
+            raise ValueError(f"refused: {json.dumps(config)}")
 
     verdicts = {
         r.check.id: r.verdict
