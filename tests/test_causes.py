@@ -312,8 +312,22 @@ def test_the_pytest_test_fails_against_the_bug_and_passes_once_fixed(routing_fai
 def test_the_pytest_test_names_a_device_only_off_cpu(routing_failure):
     assert "device=" not in causes.pytest_test("reference", routing_failure)
     on_gpu = causes.pytest_test("reference", routing_failure, device="cuda:0")
-    assert "device='cuda:0'" in on_gpu
+    assert 'device="cuda:0"' in on_gpu
     ast.parse(on_gpu)
+
+
+def test_the_pytest_test_is_already_formatted_as_ruff_would(routing_failure, tmp_path):
+    """Pasted into a project that runs ``ruff format --check``, it needs no change."""
+    pytest.importorskip("ruff", reason="ruff is a dev dependency (make test installs it)")
+    for device in ("cpu", "cuda:0"):
+        path = tmp_path / f"test_repro_{device.replace(':', '')}.py"
+        path.write_text(causes.pytest_test(MERGED_TWICE, routing_failure, device=device))
+        run = subprocess.run(
+            [sys.executable, "-m", "ruff", "format", "--isolated", "--check", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr + path.read_text()
 
 
 def test_the_hypothesis_example_pins_the_counterexample(routing_failure):

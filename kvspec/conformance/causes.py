@@ -373,17 +373,27 @@ def pytest_test(impl: str, result: CheckResult, *, device: str = "cpu") -> str:
             f"def {pytest_name(result)}():",
             f'    """{result.check.id} on its counterexample [{violated(result) or ""}]: '
             f'{_docstring_safe(result.check.title)}."""',
-            f"    example = {_example_literal(result.counterexample)}",
+            *_assignment("example", _example_literal(result.counterexample)),
             "    result = run_check(",
-            f"        get_check({result.check.id!r}),",
-            f"        load_adapter({impl!r}),",
+            f"        get_check({json.dumps(result.check.id)}),",  # double quotes: ruff-format clean
+            f"        load_adapter({json.dumps(impl)}),",
             "        replay=example,",
-            *([f"        device={device!r},"] if device != "cpu" else []),
+            *([f"        device={json.dumps(device)},"] if device != "cpu" else []),
             "    )",
             '    assert result.verdict != "FAILED", result.reason',
             "",
         ]
     )
+
+
+def _assignment(name: str, literal: str, width: int = 88) -> list[str]:
+    """``name = literal`` in a function body, split inside the call's parentheses the way
+    ``ruff format`` (and black) would at their default width, so a pasted test is clean."""
+    line = f"    {name} = {literal}"
+    if len(line) <= width or not literal.endswith(")") or "(" not in literal:
+        return [line]
+    call, _, argument = literal.partition("(")
+    return [f"    {name} = {call}(", f"        {argument[:-1]}", "    )"]
 
 
 def _docstring_safe(text: str) -> str:
