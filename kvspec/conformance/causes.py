@@ -375,7 +375,8 @@ def pytest_test(impl: str, result: CheckResult, *, device: str = "cpu") -> str:
             f'{_docstring_safe(result.check.title)}."""',
             *_assignment("example", _example_literal(result.counterexample)),
             "    result = run_check(",
-            f"        get_check({json.dumps(result.check.id)}),",  # double quotes: ruff-format clean
+            # json.dumps: double-quoted literals, as ruff format writes them
+            f"        get_check({json.dumps(result.check.id)}),",
             f"        load_adapter({json.dumps(impl)}),",
             "        replay=example,",
             *([f"        device={json.dumps(device)},"] if device != "cpu" else []),
