@@ -39,6 +39,7 @@ from kvspec.conformance.checks import (
     crash_report,
     judging,
 )
+from kvspec.conformance.pins import pins_for
 from kvspec.conformance.tiers import TIERS, default_fail_on, tier_of
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.profiles import default_profile, profile_settings
@@ -339,7 +340,7 @@ def _hypothesis_test(
 ) -> Callable[[], None]:
     base = profile_settings(profile)  # applied here only; the global profile is untouched
     test = given(check.strategy(adapter))(body)
-    for ex in reversed(check.examples):
+    for ex in reversed(pins_for(adapter, check.examples)):  # as the engine would run them
         test = pinned(ex)(test)
     phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
     return settings(

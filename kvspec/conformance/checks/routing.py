@@ -60,6 +60,10 @@ ROUTING_PINS: tuple[Example, ...] = (
     _case(1, 2, 2),  # a TP1 sender: legacy keys are for two single-rank stages only
     _case(2, 2, 8, layers=5, pp_s=2, pp_t=3),  # uneven pipeline partitions on both sides
     _case(4, 4, 2, layers=3, pp_s=2, pp_t=1),  # replicated heads from two pipeline stages
+    # an uneven prefill split into one decode stage, no replicas: each stage's K and V
+    # layers land in the decode's own buffers [LAYER-1] (SGLang's split [1, 2] misroutes V:
+    # sgl-project/sglang#27740)
+    _case(2, 2, 2, layers=3, pp_s=2, pp_t=1),
     TransferCase(StageLayout(4), StageLayout(8), ModelShape.mla(2, 4)).to_dict(),
     TransferCase(StageLayout(4, 2), StageLayout(2), ModelShape.mla(3, 2)).to_dict(),
     _case(4, 6, 12),  # no TP divides the other: heads by range, some no equal slice
