@@ -162,7 +162,9 @@ class Adapter:
       (``lowest``, ``balanced``) or names of ``policy_rules``; generated cases use only
       these, and the policy checks run only if any. :meth:`sources` must refuse (raise) a
       ``case.policy`` it does not implement rather than route under another [PLAN-4.4];
-      an adapter naming no policy is routed under ``lowest`` only.
+      an adapter naming no policy is routed under ``lowest`` only. The checks' pinned
+      cases written under ``lowest`` reach an adapter that does not name it under its
+      first policy (:mod:`kvspec.conformance.pins`).
     - ``policy_rules``: policies of its own, name -> rule (a function of a
       :class:`~kvspec.topology.plan.ReplicaChoice` returning the sending TP rank), checked against
       PLAN-2, PLAN-3 and determinism, and routing against the rule [PLAN-4].
@@ -218,8 +220,9 @@ class Adapter:
         """The engine's own default split of ``num_layers`` layers over ``pp`` pipeline
         stages (layers per stage, in order), when a deployment names no partition; ``None``
         when its default is kvspec's [LAYER-1]. Generated stages that name no partition
-        are given this one explicitly [LAYER-2], so an engine is checked on the split it
-        really runs (SGLang's ``get_pp_indices`` puts the extra layers last)."""
+        are given this one explicitly [LAYER-2], and so are the checks' pinned cases
+        (:mod:`kvspec.conformance.pins`), so an engine is checked on the split it really
+        runs (SGLang's ``get_pp_indices`` puts the extra layers last)."""
         return None
 
     def supports(self, case: TransferCase) -> bool:
