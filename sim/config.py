@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvspec.forms import build, form_list, read_form
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.records import carrier_model, cell_bytes
 from kvspec.topology.model import ModelShape
@@ -277,13 +279,25 @@ class SimConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SimConfig:
-        return cls(
-            **{
-                **data,
-                "stages": tuple(StageLayout.from_dict(s) for s in data["stages"]),
-                "model": ModelShape.from_dict(data["model"]),
-                "faults": parse_faults(data["faults"]),
-                "seq_len": tuple(data["seq_len"]),
-            }
+    def from_dict(cls, data: object) -> SimConfig:
+        """Inverse of :meth:`to_dict` (how a rank process receives its run's
+        configuration); anything else is refused with :class:`~kvspec.errors.FormError`."""
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        required = ("stages", "model", "faults", "seq_len")
+        form = read_form("SimConfig", data, required=required, optional=fields - set(required))
+        stages = form_list("SimConfig.stages", form["stages"])
+        return build(
+            "SimConfig",
+            lambda: cls(
+                **{
+                    **form,
+                    "stages": tuple(
+                        StageLayout.from_dict(s, where=f"SimConfig.stages[{i}]")
+                        for i, s in enumerate(stages)
+                    ),
+                    "model": ModelShape.from_dict(form["model"], where="SimConfig.model"),
+                    "faults": parse_faults(form["faults"]),
+                    "seq_len": form_list("SimConfig.seq_len", form["seq_len"]),
+                }
+            ),
         )
