@@ -143,7 +143,7 @@ def _deployment(args: dict[str, Any]) -> object:
     stages = tuple(
         DeployedStage(
             s.get("id", i),
-            _stage(s),
+            _stage({k: v for k, v in s.items() if k not in ("id", "replicas")}),
             replicas=s.get("replicas", 1),
             dp=s.get("dp", 1),
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from kvspec.forms import build, read_form
 from kvspec.memory.cache_layout import CacheShape, get_layout, layouts_for
 from kvspec.memory.paged import blocks_needed
 from kvspec.naming.keys import LegacyKey, RankAwareKey
@@ -91,15 +92,28 @@ class TransferCase:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TransferCase:
-        return cls(
-            StageLayout.from_dict(data["source"]),
-            StageLayout.from_dict(data["target"]),
-            ModelShape.from_dict(data["model"]),
-            data.get("policy", "lowest"),
-            data.get("seq_len"),
-            data.get("source_dp", 0),
-            data.get("target_dp", 0),
+    def from_dict(cls, data: object) -> TransferCase:
+        """Inverse of :meth:`to_dict`, also reading a case out of a record that holds its
+        keys among others (a golden vector, a check's example); anything else is refused
+        with :class:`~kvspec.errors.FormError`."""
+        form = read_form(
+            "TransferCase",
+            data,
+            required=("source", "target", "model"),
+            optional=("policy", "seq_len", "source_dp", "target_dp"),
+            others=True,
+        )
+        return build(
+            "TransferCase",
+            lambda: cls(
+                StageLayout.from_dict(form["source"], where="TransferCase.source"),
+                StageLayout.from_dict(form["target"], where="TransferCase.target"),
+                ModelShape.from_dict(form["model"], where="TransferCase.model"),
+                form.get("policy", "lowest"),
+                form.get("seq_len"),
+                form.get("source_dp", 0),
+                form.get("target_dp", 0),
+            ),
         )
 
     def plan(self, rule: ReplicaRule | None = None) -> TransferPlan:

@@ -48,7 +48,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvspec import __version__
-from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, Parser, int_in, seconds_in
+from kvspec.cli.args import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    Parser,
+    int_in,
+    number_in,
+    seconds_in,
+)
 from kvspec.cli.exits import run_to_exit
 from kvspec.cli.nearby import Knob, flag_hint, nearby, print_hints
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
@@ -204,7 +212,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     work.add_argument(
         "--layer-compute-ms",
-        type=float,
+        type=number_in(0, LIMITS.layer_compute_ms, "milliseconds"),
         default=1.0,
         metavar="MS",
         help="simulated compute per layer when streaming (1)",
@@ -503,5 +511,6 @@ def _run(args: argparse.Namespace, started: tuple[float, str]) -> int:
     if report.interrupted:
         return 130
     if report.setup_error:
+        print(f"{PROG}: refused: the run could not start: {report.setup_error}", file=sys.stderr)
         return 2
     return 0 if report.ok else 1

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvspec.forms import build, form_list, read_form
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.records import carrier_model, cell_bytes
 from kvspec.topology.model import ModelShape
@@ -45,6 +47,7 @@ class Limits:
     block_size: int = 1 << 16
     timeout_s: float = 86_400.0
     ranks_per_process: int = 1024
+    layer_compute_ms: float = 10_000.0
 
 
 LIMITS = Limits()
@@ -58,16 +61,17 @@ def parse_stage(text: str) -> StageLayout:
     return StageLayout(tp=int(match.group(2)), pp=int(match.group(1) or 1))
 
 
+_SEQ_LEN = re.compile(r"([0-9]{1,12})(?::([0-9]{1,12}))?")
+
+
 def parse_seq_len(text: str) -> tuple[int, int]:
     """``MIN:MAX`` or ``N`` -> (min, max), both >= 1."""
-    low, _, high = text.partition(":")
     shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
-    try:
-        if max(len(low), len(high)) > 12:
-            raise ValueError
-        bounds = (int(low), int(high or low))
-    except ValueError:
-        raise ValueError(f"--seq-len {shown}: expected MIN:MAX or N, e.g. 16:256") from None
+    match = _SEQ_LEN.fullmatch(text)
+    if not match:  # "3:" and " 3" too: what is used is what was written
+        raise ValueError(f"--seq-len {shown}: expected MIN:MAX or N, e.g. 16:256")
+    low, high = match.group(1), match.group(2)
+    bounds = (int(low), int(high or low))
     if not 1 <= bounds[0] <= bounds[1] <= LIMITS.seq_len:
         raise ValueError(f"--seq-len {shown}: need 1 <= MIN <= MAX <= {LIMITS.seq_len}")
     return bounds
@@ -193,8 +197,11 @@ class SimConfig:
         groups = self.stream_groups  # refuses an unknown mode or a bad N
         if self.stream == "off":
             return
-        if not 0 <= self.layer_compute_ms <= 10_000:  # NaN fails this too
-            raise ValueError(f"--layer-compute-ms must be in 0..10000, got {self.layer_compute_ms}")
+        if not 0 <= self.layer_compute_ms <= LIMITS.layer_compute_ms:  # NaN fails this too
+            raise ValueError(
+                f"--layer-compute-ms must be in 0..{LIMITS.layer_compute_ms:g}, "
+                f"got {self.layer_compute_ms}"
+            )
         clashes = [
             name
             for name, on in (
@@ -277,13 +284,25 @@ class SimConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SimConfig:
-        return cls(
-            **{
-                **data,
-                "stages": tuple(StageLayout.from_dict(s) for s in data["stages"]),
-                "model": ModelShape.from_dict(data["model"]),
-                "faults": parse_faults(data["faults"]),
-                "seq_len": tuple(data["seq_len"]),
-            }
+    def from_dict(cls, data: object) -> SimConfig:
+        """Inverse of :meth:`to_dict` (how a rank process receives its run's
+        configuration); anything else is refused with :class:`~kvspec.errors.FormError`."""
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        required = ("stages", "model", "faults", "seq_len")
+        form = read_form("SimConfig", data, required=required, optional=fields - set(required))
+        stages = form_list("SimConfig.stages", form["stages"])
+        return build(
+            "SimConfig",
+            lambda: cls(
+                **{
+                    **form,
+                    "stages": tuple(
+                        StageLayout.from_dict(s, where=f"SimConfig.stages[{i}]")
+                        for i, s in enumerate(stages)
+                    ),
+                    "model": ModelShape.from_dict(form["model"], where="SimConfig.model"),
+                    "faults": parse_faults(form["faults"]),
+                    "seq_len": form_list("SimConfig.seq_len", form["seq_len"]),
+                }
+            ),
         )

@@ -37,13 +37,15 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from kvspec.cli.args import decimal
+
 PROBABILITIES = ("drop", "dup", "reorder", "corrupt", "garbage", "late", "abort")
 RANK_KINDS = ("kill", "hang", "restart", "fail-nth")
 MAX_DELAY_S = 10.0
 MAX_SPEC_CHARS = 4096
 _NUMBER = r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
-_DURATION = re.compile(rf"^({_NUMBER})(ms|s|us)$")
-_RANK = re.compile(rf"^(sender|receiver|stage(\d{{1,4}})):(\d{{1,6}})@({_NUMBER})$")
+_DURATION = re.compile(rf"({_NUMBER})(ms|s|us)")
+_RANK = re.compile(rf"(sender|receiver|stage(\d{{1,4}})):(\d{{1,6}})@({_NUMBER})")
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,14 @@ class FaultSpec:
         return ",".join(parts) or "none"
 
 
+def _number(name: str, text: str) -> float:
+    """A number of a fault spec, as written (:func:`kvspec.cli.args.decimal`)."""
+    try:
+        return decimal(text)
+    except ValueError as error:
+        raise ValueError(f"{name}=: {error}") from None
+
+
 def parse_faults(text: str | None) -> FaultSpec:
     """Parse ``--faults``; every malformed part is an error naming it and the syntax."""
     if not text or text == "none":
@@ -122,32 +132,32 @@ def parse_faults(text: str | None) -> FaultSpec:
             raise ValueError(f"fault {_quote(part)} must be NAME=VALUE (see --help for the names)")
         if name in PROBABILITIES:
             try:
-                probability = float(value)
-            except ValueError:
-                raise ValueError(f"{name}={_quote(value)}: expected a probability 0..1") from None
+                probability = decimal(value)
+            except ValueError as error:
+                raise ValueError(f"{name}=: expected a probability 0..1: {error}") from None
             if not 0 <= probability <= 1:  # NaN fails this too
                 raise ValueError(f"{name}={value}: a probability must be in 0..1")
             values[name] = probability
         elif name == "delay":
-            match = _DURATION.match(value)
+            match = _DURATION.fullmatch(value)
             if not match:
                 raise ValueError(
                     f"delay={_quote(value)}: expected a duration such as 5ms, 0.2s, 300us"
                 )
             scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[match.group(2)]
-            delay = float(match.group(1)) * scale
+            delay = _number(name, match.group(1)) * scale
             if not delay <= MAX_DELAY_S:
                 raise ValueError(f"delay={value}: at most {MAX_DELAY_S:g}s per message")
             values["delay_s"] = delay
         elif name in RANK_KINDS:
             for item in value.split("+"):
-                match = _RANK.match(item)
+                match = _RANK.fullmatch(item)
                 if not match:
                     raise ValueError(
                         f"{name}={_quote(item)}: expected ROLE:RANK@FRACTION with ROLE sender, "
                         "receiver or stageN, e.g. sender:1@0.5"
                     )
-                fraction = float(match.group(4))
+                fraction = _number(name, match.group(4))
                 if name == "fail-nth":
                     if fraction != int(fraction) or not 1 <= fraction <= 1e9:
                         raise ValueError(

@@ -1,17 +1,20 @@
 """The messages of a hybrid run: one piece of one layer group per message, never pickle.
 
-A piece message is ``[header, data]``: the header a JSON object naming the run, the
-request, the group, the sender, the piece's coordinates (layers, and heads and tokens
-for per-token KV [GROUP-3], with the indexer part for an MLA group's indexer [INDEX-1],
-or the state part and the offset it lands at [STATE-2]);
+A piece message is ``[header, data]``: the header the run's token, a space and a JSON
+object naming the request, the group, the sender, the piece's coordinates (layers, and
+heads and tokens for per-token KV [GROUP-3], with the indexer part for an MLA group's
+indexer [INDEX-1], or the state part and the offset it lands at [STATE-2]);
 the data frame the raw elements. Nothing about the data's dtype or shape is read from
 the wire: the receiver derives both from the model it runs and the coordinates, and
 refuses a frame of another length. An *end* message says how many pieces a sender sent
-a receiver. See :mod:`kvspec.tensors.group_reshard` for the pieces themselves.
+a receiver. The token is compared (in constant time) before any byte of the JSON is
+parsed, so a stranger without it reaches no parser. See
+:mod:`kvspec.tensors.group_reshard` for the pieces themselves.
 """
 
 from __future__ import annotations
 
+import hmac
 import math
 from typing import Any
 
@@ -36,7 +39,6 @@ def piece_frames(piece: Piece, *, run: str, request: str) -> list[Any]:
     header: dict[str, Any] = {
         "v": VERSION,
         "type": "piece",
-        "run": run,
         "request": request,
         "group": piece.group,
         "src": piece.src,
@@ -52,12 +54,16 @@ def piece_frames(piece: Piece, *, run: str, request: str) -> list[Any]:
         header["part"] = piece.part
         header["dst_offset"] = piece.dst_offset
     data = piece.data.contiguous().view(torch.uint8).reshape(-1).numpy()
-    return [dump(header), memoryview(data)]
+    return [_with_token(run, header), memoryview(data)]
 
 
 def end_frames(*, run: str, src: int, pieces: int) -> list[bytes]:
     """The sender's last message to one receiver: how many pieces it sent."""
-    return [dump({"v": VERSION, "type": "end", "run": run, "src": src, "pieces": pieces})]
+    return [_with_token(run, {"v": VERSION, "type": "end", "src": src, "pieces": pieces})]
+
+
+def _with_token(run: str, header: dict[str, Any]) -> bytes:
+    return run.encode() + b" " + dump(header)
 
 
 def _int(header: dict[str, Any], name: str, low: int, high: int) -> int:
@@ -68,12 +74,16 @@ def _int(header: dict[str, Any], name: str, low: int, high: int) -> int:
 
 
 def read_header(frame: bytes | memoryview, *, run: str) -> dict[str, Any]:
-    """The header of a piece or end message of run ``run``; anything else is refused."""
-    header = load(frame, limit=MAX_HEADER)
+    """The header of a piece or end message of run ``run``; anything else is refused,
+    and a frame that does not start with the run's token before its JSON is parsed."""
+    token = run.encode() + b" "
+    if len(frame) > MAX_HEADER + len(token):
+        raise MessageError(f"a {len(frame)}-byte header exceeds the {MAX_HEADER}-byte limit")
+    if not hmac.compare_digest(bytes(frame[: len(token)]), token):
+        raise MessageError("a message of another run (its run token does not match)")
+    header = load(frame[len(token) :], limit=MAX_HEADER)
     if header.get("v") != VERSION:
         raise MessageError(f"unknown message version {short(header.get('v'))}; this is {VERSION}")
-    if header.get("run") != run:
-        raise MessageError("a message of another run (its run token does not match)")
     if header.get("type") not in ("piece", "end"):
         raise MessageError(f"unknown message type {short(header.get('type'))}")
     return header

@@ -340,14 +340,16 @@ def _receiver(run: HybridRun, rank: int, token: str, control: str) -> None:
         # Silence is timed from the first message on: the senders start only once every
         # receiver is up, and how long their start takes is the parent's to bound (it
         # sees a sender fail or die); a busy host must not read a slow start as silence.
-        deadline = math.inf  # then moved on by every message
+        deadline = math.inf  # then moved on by every message of this run
         while len(ends) < run.source.world_size and time.monotonic() < deadline:
             if not inbox.poll(200):
                 continue
             frames = inbox.recv_multipart(copy=False)
-            deadline = time.monotonic() + run.timeout
             try:
                 header = read_header(frames[0].buffer, run=token)
+                # Only the run's own messages move the silence deadline: a stranger's
+                # stream must not keep a receiver waiting for senders that are gone.
+                deadline = time.monotonic() + run.timeout
                 if header["type"] == "end":
                     src = header.get("src")
                     if isinstance(src, int) and 0 <= src < run.source.world_size:

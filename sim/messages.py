@@ -17,6 +17,8 @@ import math
 import zlib
 from typing import Any
 
+from kvspec.errors import InputError
+
 MAX_ENVELOPE = 4096
 MAX_HANDSHAKE = 4096
 """A hello or welcome; a sender's KV socket accepts nothing larger (ZMQ_MAXMSGSIZE)."""
@@ -25,7 +27,7 @@ MAX_CONTROL = 8 << 20
 MAX_INT = (1 << 63) - 1
 
 
-class MessageError(ValueError):
+class MessageError(InputError):
     """A frame that is not a valid sim message; the text says what is wrong."""
 
 
@@ -44,7 +46,9 @@ def load(frame: bytes | memoryview, *, limit: int = MAX_CONTROL) -> dict[str, An
         raise MessageError(f"a {size}-byte frame exceeds the {limit}-byte limit")
     try:
         message = json.loads(bytes(frame), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+    # ValueError covers more than JSONDecodeError: an integer of more than 4,300 digits
+    # (Python's int-from-string limit) is refused by json.loads with a plain ValueError.
+    except (ValueError, RecursionError) as error:
         raise MessageError(f"not a JSON message: {str(error)[:80]}") from None
     if not isinstance(message, dict):
         raise MessageError(f"expected a JSON object, got {type(message).__name__}")

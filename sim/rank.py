@@ -397,7 +397,7 @@ class Rank:
         try:
             self.router.bind(endpoint)
         except zmq.ZMQError as error:
-            raise RuntimeError(
+            raise CannotBind(
                 f"{self.who.name} cannot bind its KV endpoint {endpoint}: {error}"
                 + _bind_hint(error, self.config)
             ) from None
@@ -539,8 +539,15 @@ class Rank:
                 {
                     "ev": "error",
                     "phase": phase,
-                    "error": f"{type(error).__name__}: {error}"[:2000],
-                    "traceback": traceback.format_exc()[-8000:],
+                    "error": (
+                        str(error)
+                        if isinstance(error, CannotBind)
+                        else f"{type(error).__name__}: {error}"
+                    )[:2000],
+                    # the host's refusal is the user's to fix, not a bug to trace
+                    "traceback": ""
+                    if isinstance(error, CannotBind)
+                    else traceback.format_exc()[-8000:],
                 }
             )
             self._await_stop()
@@ -1712,6 +1719,11 @@ class Rank:
                 sock.close(linger=0)
         if getattr(self, "control", None) is not None:
             self.control.close(linger=1000)  # let the last events reach the parent
+
+
+class CannotBind(RuntimeError):
+    """The host refuses a rank's endpoint (a port another program holds, an address that
+    is not this machine's): the user's to fix, so reported as a refusal, without a trace."""
 
 
 def _bind_hint(error: zmq.ZMQError, config: SimConfig) -> str:

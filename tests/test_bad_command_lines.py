@@ -69,6 +69,20 @@ SIM_LINES += [
     [*RUN, *OK, "--seq-len", "a:b"],
     [*RUN, *OK, "--seq-len", "1:99999999999"],
     [*RUN, *OK, "--seq-len", "9" * 40],
+    [*RUN, *OK, "--seq-len", "3:"],  # what is used must be what was written (issue 30.5)
+    [*RUN, *OK, "--seq-len", " 3"],
+    [*RUN, *OK, "--seq-len", "1_6"],
+    [*RUN, *OK, "--layer-compute-ms", "-1"],  # refused even when nothing streams
+    [*RUN, *OK, "--layer-compute-ms", "nan"],
+    [*RUN, *OK, "--layer-compute-ms", "inf"],
+    [*RUN, *OK, "--layer-compute-ms", "1e9"],
+    [*RUN, *OK, "--layer-compute-ms", "5ms"],
+    [*RUN, *OK, "--faults", "drop=1e-400"],  # reads as 0
+    [*RUN, *OK, "--faults", "drop=0x1"],
+    [*RUN, *OK, "--faults", "delay=1e-400s"],
+    [*RUN, *OK, "--faults", "kill=sender:1@1e-400"],
+    [*RUN, *OK, "--requests", "+4"],
+    [*RUN, *OK, "--requests", "٤"],  # an Arabic-Indic four: int() reads it, we do not
     [*RUN, *OK, "--chunks", "9", "--seq-len", "4:8"],
     [*RUN, *OK, "--faults", "drop=2"],
     [*RUN, *OK, "--faults", "drop=nan"],
@@ -268,6 +282,11 @@ KVSPEC_LINES += [
     ["conform", "reference", "--profile", "fast"],
     ["conform", "reference", "--clause", "NOPE-99"],
     ["conform", "reference", "--check", "PLAN-2/exact-cover", "--replay", "{not json"],
+    ["conform", "reference", "--check", "PLAN-2/exact-cover", "--replay", "[]"],
+    ["conform", "reference", "--check", "PLAN-2/exact-cover", "--replay", "{}"],  # not its example
+    ["vectors", "export", "--seed", "-1", "out"],
+    ["--version", "extra"],
+    ["plan", "--version"],
     ["conform"],
     ["conform", "reference", "--json", "/nonexistent-dir/conform.json"],
     ["conform", "reference", "--device", "tpu"],

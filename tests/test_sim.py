@@ -605,6 +605,61 @@ def test_ctrl_c_stops_every_rank_mid_work(phase: str, argv, wait_for: float) -> 
     assert not [p for p in ranks if Path(f"/proc/{p}").exists()], "no orphan rank process"
 
 
+def test_ctrl_c_while_starting_exits_130_without_a_traceback() -> None:
+    """Ctrl-C while torch is still loading (its library mapped, its import not done)
+    ends the command as Ctrl-C mid-run does: exit 130 and one line, no traceback. Should
+    the import win the race, the signal lands in the run, with the same outcome."""
+    proc = _sim("--kv-heads", "2", "--requests", "2")
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.time() + 60
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            if "libtorch" in maps.read_text():
+                break
+        except OSError:
+            pass
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err and "interrupted (Ctrl-C)" in err, err[-3000:]
+
+
+def test_a_port_another_program_holds_is_a_refusal_with_the_way_out() -> None:
+    """A bind the host refuses is the user's to fix: exit 2, one line on stderr naming the
+    port and --base-port auto, and no traceback anywhere (issue 30.7)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    base = probe.getsockname()[1]
+    probe.close()
+    held = []
+    try:
+        for port in range(base, min(base + 400, 65536)):  # every port the run could use
+            holder = socket.socket()
+            try:
+                holder.bind(("127.0.0.1", port))
+                holder.listen()
+                held.append(holder)
+            except OSError:
+                holder.close()  # someone else's: the run cannot have it either
+        argv = ["run", "--quiet", "--kv-heads", "4", "--requests", "1", "--base-port", str(base)]
+        done = subprocess.run(
+            [sys.executable, "-m", "sim", *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        for holder in held:
+            holder.close()
+    first = done.stderr.splitlines()[0] if done.stderr else ""
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert first.startswith("python -m sim run: refused: the run could not start"), first
+    assert "Address already in use" in first and "--base-port auto" in first, first
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout[-3000:]
+
+
 def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     subprocess.run(

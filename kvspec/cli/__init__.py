@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from kvspec import __version__
 from kvspec.cli import adapter, clauses, conform, desc, field_report, layouts, plan, ports, vectors
-from kvspec.cli.args import Parser
+from kvspec.cli.args import Parser, quote
 from kvspec.cli.exits import run_to_exit
 
 SUBCOMMANDS = (plan, ports, layouts, desc, conform, adapter, vectors, clauses, field_report)
@@ -39,9 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in words and len(words) > 1:  # argparse would print it and ignore the rest
+        others = " ".join(w for w in words if w != "--version")
+        parser.error(f"--version stands alone; got also {quote(others)}")
 
     def command() -> int:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(words)
         return args.run(args)
 
     return run_to_exit(command, "kvspec")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -39,14 +40,11 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer in ``low..high``."""
 
     def parse(text: str) -> int:
-        try:
-            if len(text) > 20:
-                raise ValueError
-            value = int(text)
-        except ValueError:
+        if not _INTEGER.fullmatch(text):
             raise argparse.ArgumentTypeError(
                 f"expected an integer in {low}..{high}, got {quote(text)}"
-            ) from None
+            )
+        value = int(text)
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {value}")
         return value
@@ -60,14 +58,49 @@ def seconds_in(low: float, high: float) -> Callable[[str], float]:
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a number of seconds, got {quote(text)}"
-            ) from None
-        if not (math.isfinite(value) and low < value <= high):
+            value = decimal(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds: {error}") from None
+        if not low < value <= high:
             raise argparse.ArgumentTypeError(f"must be in ({low:g}, {high:g}] seconds, got {text}")
         return value
 
     parse.__name__ = "seconds"
     return parse
+
+
+def number_in(low: float, high: float, unit: str) -> Callable[[str], float]:
+    """An argparse ``type``: a finite decimal number of ``unit`` in ``low..high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = decimal(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}: {error}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in {low:g}..{high:g} {unit}, got {text}")
+        return value
+
+    parse.__name__ = unit
+    return parse
+
+
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+"""A command line's integer: ASCII digits and an optional minus, nothing else (``int``
+also takes spaces, underscores, a plus and other scripts' digits)."""
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?")
+
+
+def decimal(text: str) -> float:
+    """A command line's number: a plain decimal (``0.25``, ``5``, ``1e-3``), finite, and
+    not so small that it reads as 0 when it was not written as 0 (``1e-400``): the value
+    used is the value written. Raises ``ValueError`` naming the text otherwise."""
+    if len(text) > 40 or not _DECIMAL.fullmatch(text):
+        raise ValueError(f"expected a decimal number such as 0.25 or 1e-3, got {quote(text)}")
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{quote(text)} is beyond the largest number ({sys.float_info.max:.3g})")
+    mantissa = re.split("[eE]", text)[0]
+    if value == 0 and mantissa.strip("-.0"):
+        raise ValueError(f"{quote(text)} is too small to be told from 0; write 0 if 0 is meant")
+    return value

@@ -45,6 +45,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from kvspec.cli.args import quote
 from kvspec.cli.output import check_writable
 from kvspec.profile_names import PROFILES
 
@@ -246,6 +247,23 @@ def _replay(args: argparse.Namespace, adapter) -> int:
         example = json.loads(args.replay)
     except ValueError as error:
         raise ValueError(f"--replay must be JSON: {error}") from None
+    if not isinstance(example, dict):
+        raise ValueError(
+            f"--replay must be a JSON object (the example a failure prints), got "
+            f"{type(example).__name__} {quote(args.replay)}"
+        )
+    from kvspec.conformance.adapter import load_adapter
+
+    # The reference passes every example a check generates; one it fails on is not an
+    # example of this check (a hand-edited replay, one of another check), and running it
+    # would blame the implementation for the example's own fault.
+    trial = run_check(checks[0], load_adapter("reference"), device=args.device, replay=example)
+    if trial.verdict == "FAILED":
+        why = (trial.reason or "").removeprefix("the implementation raised ").splitlines()[0]
+        raise ValueError(
+            f"--replay is not an example of {checks[0].id}: the reference fails on it too "
+            f"({why[:300]})"
+        )
     result = run_check(checks[0], adapter, device=args.device, replay=example, profile=args.profile)
     report = Report(
         args.impl,

@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections import Counter
 
+from kvspec.cli.args import int_in
 from kvspec.cli.output import add_json_option, write_json
 
 NAME = "vectors"
@@ -84,7 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("directory", help="where to write (created if missing)")
-    export.add_argument("--seed", type=int, default=0, help="generator seed (0)")
+    export.add_argument(
+        "--seed", type=int_in(0, (1 << 63) - 1), default=0, help="generator seed (0)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

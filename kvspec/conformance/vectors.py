@@ -33,6 +33,7 @@ from kvspec.conformance.adapter import (
 )
 from kvspec.conformance.checks.transfer import difference
 from kvspec.error_cases import ERROR_CASES
+from kvspec.errors import InputError
 from kvspec.memory.cache_layout import (
     LAYOUTS,
     RECORDS,
@@ -1613,7 +1614,7 @@ class VectorResult:
     detail: str = ""
 
 
-class VectorsError(ValueError):
+class VectorsError(InputError):
     """A directory that is not a readable vector set; the message names the file and why."""
 
 

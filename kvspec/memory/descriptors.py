@@ -23,8 +23,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kvspec._checks import require_int
+from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
+from kvspec.errors import FormError
+from kvspec.forms import build, read_form
 from kvspec.memory.cache_layout import CacheShape, get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.paged import PagedCache, check_block_ids
@@ -263,8 +265,29 @@ class RegisteredCache:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RegisteredCache:
-        return cls(**{**data, "region_bytes": dict(data.get("region_bytes", {}))})
+    def from_dict(cls, data: object) -> RegisteredCache:
+        """Inverse of :meth:`to_dict`; anything else is refused with
+        :class:`~kvspec.errors.FormError`."""
+        form = read_form(
+            "RegisteredCache",
+            data,
+            required=(
+                "layout",
+                "num_layers",
+                "num_blocks",
+                "block_size",
+                "heads",
+                "head_dim",
+                "dtype",
+            ),
+            optional=("region_bytes", "tensors_per_layer"),
+        )
+        regions = form.get("region_bytes", {})
+        if not isinstance(regions, Mapping):
+            raise FormError(
+                f"RegisteredCache.region_bytes must be a JSON object, got {show(regions)}"
+            )
+        return build("RegisteredCache", lambda: cls(**{**form, "region_bytes": dict(regions)}))
 
     @classmethod
     def of(cls, cache: PagedCache, head_dim: int | None = None) -> RegisteredCache:

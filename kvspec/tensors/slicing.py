@@ -23,6 +23,8 @@ import torch
 
 from kvspec._checks import require_choice, require_int, show
 from kvspec.clause import Clause, must, refuses
+from kvspec.errors import FormError
+from kvspec.forms import build
 from kvspec.topology.tokens import Tokens
 
 CLAUSES = (
@@ -187,14 +189,14 @@ class HeadSlice:
     def from_dict(cls, data: Mapping[str, Any]) -> HeadSlice:
         """Parse a ``tp_head_slice`` dict; unknown or missing keys are refused."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"tp_head_slice must be a dict, got {show(data)} [SLICE-3]")
+            raise FormError(f"tp_head_slice must be a dict, got {show(data)} [SLICE-3]")
         expected = set(cls.__dataclass_fields__)
         keys = set(data)
         slice_keys = {"offset_in_shard", "num_slices"}
         required = {"target_rank", "from_tp", "to_tp"} | (set() if "heads" in keys else slice_keys)
         if keys - expected or not required <= keys or ("heads" in keys and keys & slice_keys):
             unknown = ", ".join(sorted(show(k, 30) for k in list(keys - expected)[:8]))
-            raise ValueError(
+            raise FormError(
                 f"tp_head_slice keys must be drawn from {sorted(expected)} and include "
                 "target_rank, from_tp, to_tp, offset_in_shard, num_slices; got unknown keys "
                 f"[{unknown}], missing {sorted(required - keys)} (a marker has "
@@ -205,7 +207,7 @@ class HeadSlice:
         values.setdefault("num_slices", None)
         if "tokens" in values and values["tokens"] is not None:
             values["tokens"] = Tokens.from_list(values["tokens"])
-        return cls(**values)
+        return build(None, lambda: cls(**values))
 
 
 def slice_heads(

@@ -24,11 +24,14 @@ conv ``x|B|C`` of ``num_heads*head_dim + 2*n_groups*d_state`` channels and tempo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from kvspec._checks import require_choice, require_int
+from kvspec._checks import require_choice, require_int, show
 from kvspec.clause import Clause, must, refuses
+from kvspec.errors import FormError
+from kvspec.forms import dataclass_form
 from kvspec.tensors.dtype_names import check_dtype
 from kvspec.topology.indexer import check_indexer
 
@@ -335,12 +338,12 @@ def group_from_dict(data: dict[str, Any] | LayerGroup) -> LayerGroup:
     """A group from its plain-data form (``kind`` and its facts); a group passes through."""
     if isinstance(data, FullAttention | _State):
         return data  # type: ignore[return-value]
-    if not isinstance(data, dict):
-        raise ValueError(f"a layer group is a dict with a 'kind', got {data!r} [GROUP-2]")
+    if not isinstance(data, Mapping):
+        raise FormError(f"a layer group is a dict with a 'kind', got {show(data)} [GROUP-2]")
     facts = dict(data)
     kind = facts.pop("kind", None)
-    if kind not in KINDS:
-        raise ValueError(
-            f"unknown layer group kind {kind!r}; known kinds: {', '.join(KINDS)} [GROUP-2]"
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise FormError(
+            f"unknown layer group kind {show(kind)}; known kinds: {', '.join(KINDS)} [GROUP-2]"
         )
-    return KINDS[kind](**facts)  # type: ignore[no-any-return]
+    return dataclass_form(KINDS[kind], facts, where=f"layer group {kind!r}")  # type: ignore[no-any-return]

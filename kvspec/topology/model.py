@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from kvspec._checks import require_choice, require_int
 from kvspec.clause import Clause, must, refuses
+from kvspec.forms import dataclass_form
 from kvspec.tensors.dtype_names import FP8_DTYPES, check_dtype, itemsize
 from kvspec.topology.groups import FullAttention, LayerGroup, group_from_dict
 from kvspec.topology.indexer import check_indexer
@@ -212,12 +213,16 @@ class ModelShape:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelShape:
-        """Inverse of :meth:`to_dict`; omitted fields take their defaults."""
-        facts = dict(data)
-        facts["groups"] = tuple(facts.get("groups", ()))
-        facts["layers"] = tuple(facts.get("layers", ()))
-        return cls(**facts)
+    def from_dict(cls, data: object, *, where: str = "ModelShape") -> ModelShape:
+        """Inverse of :meth:`to_dict`; omitted fields take their defaults, an unknown key
+        or any other value is refused with :class:`~kvspec.errors.FormError`."""
+        return dataclass_form(
+            cls,
+            data,
+            where=where,
+            required=("num_layers", "num_kv_heads", "head_dim"),
+            lists=("groups", "layers"),
+        )
 
     def describe(self) -> str:
         """Short human form, e.g. ``32 layers, 8 KV heads x 128, mha, bfloat16``."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvspec._checks import require_int, require_rank
 from kvspec.clause import Clause, must, refuses
+from kvspec.forms import dataclass_form
 from kvspec.topology.tokens import CPRule
 
 CLAUSES = (
@@ -205,18 +206,10 @@ class StageLayout:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StageLayout:
-        """Inverse of :meth:`to_dict`; every key but ``tp`` may be omitted."""
-        partition = data.get("layer_partition")
-        return cls(
-            data["tp"],
-            data.get("pp", 1),
-            None if partition is None else tuple(partition),
-            cp=data.get("cp", 1),
-            dcp=data.get("dcp", 1),
-            cp_rule=data.get("cp_rule", "contiguous"),
-            dp=data.get("dp", 1),
-        )
+    def from_dict(cls, data: object, *, where: str = "StageLayout") -> StageLayout:
+        """Inverse of :meth:`to_dict`; every key but ``tp`` may be omitted, an unknown key
+        or any other value is refused with :class:`~kvspec.errors.FormError`."""
+        return dataclass_form(cls, data, where=where, required=("tp",), lists=("layer_partition",))
 
     def describe(self) -> str:
         """Short human form, e.g. ``TP8``, ``PP2xTP2`` or ``TP8 DP2 CP2 interleave:16``."""

@@ -46,6 +46,8 @@ import torch
 
 from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
+from kvspec.errors import FormError
+from kvspec.forms import build
 from kvspec.naming.keys import check_request_id
 from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import FP8_DTYPES, bit_equal, check_dtype, dtype_name, torch_dtype
@@ -155,19 +157,21 @@ class Chunk:
     def from_dict(cls, data: object) -> Chunk:
         _require_keys("metadata.chunk", data, frozenset({"chunk_id", "token_start", "final"}))
         assert isinstance(data, Mapping)
-        return cls(data["chunk_id"], data["token_start"], data["final"])
+        return build(
+            "metadata.chunk", lambda: cls(data["chunk_id"], data["token_start"], data["final"])
+        )
 
 
 def _require_keys(
     where: str, data: object, required: frozenset[str], optional: frozenset[str] = frozenset()
 ) -> None:
     if not isinstance(data, Mapping):
-        raise ValueError(f"{where} must be a dict, got {show(data)} [PAYLOAD-1]")
+        raise FormError(f"{where} must be a dict, got {show(data)} [PAYLOAD-1]")
     keys = set(data)
     missing, unknown = sorted(required - keys), keys - required - optional
     if missing or unknown:
         shown = ", ".join(sorted(show(k, 30) for k in list(unknown)[:8]))
-        raise ValueError(
+        raise FormError(
             f"{where} has missing keys {missing} and unknown keys [{shown}]; expected "
             f"{sorted(required)} (optional {sorted(optional)}) [PAYLOAD-1]"
         )
@@ -298,30 +302,33 @@ class Payload:
             values = blocks[name]
             if not isinstance(values, list | tuple) or len(values) != num_layers:
                 shown = len(values) if isinstance(values, list | tuple) else type(values).__name__
-                raise ValueError(
+                raise FormError(
                     f"layer_blocks.{name} must be a list of num_layers={num_layers} entries, "
                     f"got {shown} [PAYLOAD-1]"
                 )
             lists[name] = tuple(values)
         block_ids = data["block_ids"]
         if not isinstance(block_ids, list | tuple):
-            raise ValueError(f"block_ids must be a list, got {show(block_ids)} [PAYLOAD-1]")
+            raise FormError(f"block_ids must be a list, got {show(block_ids)} [PAYLOAD-1]")
         marker = meta["tp_head_slice"]
         if not isinstance(marker, Mapping):
-            raise ValueError(f"metadata.tp_head_slice must be a dict, got {show(marker)} [SLICE-3]")
+            raise FormError(f"metadata.tp_head_slice must be a dict, got {show(marker)} [SLICE-3]")
         chunk = Chunk.from_dict(meta["chunk"]) if "chunk" in meta else Chunk()
-        return cls(
-            request_id=data["request_id"],
-            key_cache=lists["key_cache"],
-            value_cache=lists["value_cache"],
-            block_ids=tuple(block_ids),
-            block_size=meta["block_size"],
-            dtype=meta["dtype"],
-            seq_len=meta["seq_len"],
-            head_slice=HeadSlice.from_dict(dict(marker)),
-            chunk=chunk,
-            key_scale=lists.get("key_scale"),
-            value_scale=lists.get("value_scale"),
+        return build(
+            None,
+            lambda: cls(
+                request_id=data["request_id"],
+                key_cache=lists["key_cache"],
+                value_cache=lists["value_cache"],
+                block_ids=tuple(block_ids),
+                block_size=meta["block_size"],
+                dtype=meta["dtype"],
+                seq_len=meta["seq_len"],
+                head_slice=HeadSlice.from_dict(dict(marker)),
+                chunk=chunk,
+                key_scale=lists.get("key_scale"),
+                value_scale=lists.get("value_scale"),
+            ),
         )
 
     # -- the reference representation ----------------------------------------------------

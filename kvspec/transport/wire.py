@@ -44,6 +44,7 @@ import torch
 
 from kvspec._checks import INT64_MAX, require_int, show
 from kvspec.clause import Clause, must, refuses
+from kvspec.errors import InputError
 from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.transport.checksums import ALGORITHMS
@@ -166,7 +167,7 @@ _CHECKSUM_KEYS = ("crc32", "crc32c")
 _TENSOR_KEYS = frozenset({"field", "layer", "dtype", "shape"})
 
 
-class WireError(ValueError):
+class WireError(InputError):
     """A message the codec refuses: malformed, over a limit, or not a valid payload [WIRE-4]."""
 
 
