@@ -5,10 +5,12 @@ address, the one its senders bind and publish). The workers meet in torch.distri
 store (:mod:`sim.rendezvous`): each publishes its address and a hash of its
 configuration (a mismatch is refused, naming both workers), claims its fixed share of
 the sim's ranks by its global rank (:func:`sim.multihost.shares`) and proves the
-ports of the ranks its host runs [PORT-3]. Worker 0 draws the run's secret and
-publishes it in the store, so ranks on every host prove the same secret in their
-handshakes; anyone who can read the rendezvous store can read it (as they could the
-store's other keys). Worker 0 then coordinates the run and prints the report ``sim
+ports of the ranks its host runs [PORT-3]. Every worker is given the run's key out of
+band (--key-file, a file only its owner can read, or KVSPEC_SIM_KEY in the launcher's
+environment; never on a command line) and derives from it the secret its ranks prove in
+their handshakes and the key that signs every value it puts on the store, which has no
+authentication of its own: nothing secret rests there, and a value a stranger writes is
+refused (sim.auth, sim.rendezvous). Worker 0 then coordinates the run and prints the report ``sim
 run`` prints, with a line per host; the other workers relay (:mod:`sim.multihost`).
 
 With ``--transport gloo`` (CPU) or ``--transport nccl`` (GPU, one worker per node) the
@@ -20,9 +22,10 @@ without torchrun it refuses to start (``python -m sim run`` is the one-host entr
 Exit status as ``sim run``'s on worker 0; elsewhere 0 when the coordinator ended the
 run, 1 when it was lost, 2 when the run was refused.
 
-example (on each of two nodes, --host that node's own address):
+example (on each of two nodes, --host that node's own address; key: the same file on both):
   torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 \\
-      -m sim.node --source-tp 2 --target-tp 2 --kv-heads 4 --host 10.0.0.1 --transport gloo
+      -m sim.node --source-tp 2 --target-tp 2 --kv-heads 4 --host 10.0.0.1 --transport gloo \\
+      --key-file ~/.kvspec-sim-key
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from kvspec import __version__
 from kvspec.cli.args import Parser
 from kvspec.cli.output import STDOUT, check_writable, write_json
 from kvspec.naming.ports import port
-from sim.auth import RunSecret
+from sim.auth import KEY_ENV, RunSecret, board_key, run_key
 from sim.cli import add_run_arguments, config_from_args
 from sim.cluster import exposure, validate
 from sim.config import SimConfig
@@ -58,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"kvspec sim.node {__version__}")
+    parser.add_argument(
+        "--key-file",
+        metavar="PATH",
+        help="the run's key, the same on every host: a file only you can read holding 64 hex "
+        f"digits (else ${KEY_ENV})",
+    )
     add_run_arguments(parser)
     return parser
 
@@ -126,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--host {config.host}: give this host's own address; it is published to the "
                 "other hosts, which must be able to reach it"
             )
+        key = run_key(args.key_file)
         worker, workers = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         here = shares(all_ranks(config), workers)[worker]
         validate(config, processes_here=-(-len(here) // config.ranks_per_process))
@@ -141,14 +151,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     env = os.environ
     run = f"{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    board = Board(store, worker, workers, run)
+    # Bound to this torchrun run and its store (a port the OS chose for this run), so a
+    # value signed in another run with the same key and --rdzv-id is refused here.
+    context = f"{run}@{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    board = Board(store, worker, workers, run, key=board_key(key, context))
     try:
         records = board.join(config.host, config.to_dict(), time.monotonic() + join_s)
         hosts = [str(r.get("host")) for r in records]
         share = shares(all_ranks(config), workers)
         check_host_ports(config, share, hosts, worker)
         board.claim([r.tag for r in share[worker]], config.host)
-        secret = RunSecret.from_hex(board.secret(RunSecret.new().hex if worker == 0 else None))
+        secret = RunSecret.derive(key, context)
     except (BoardError, ValueError) as error:
         return refuse(f"worker {worker} on {config.host}: {error}")
     except Exception as error:  # the store's own errors (a timeout, a lost connection)

@@ -8,13 +8,23 @@ itself (nothing from the store is ever unpickled):
 - ``worker/<w>``: who worker ``w`` is (its host address) and a hash of its
   configuration, so that mismatched workers are refused naming both;
 - ``claim/<tag>``: the worker that hosts a sim rank; a second claimant is refused;
-- ``secret``: the run's secret (:mod:`sim.auth`), drawn by worker 0;
 - ``ep/<tag>``: the KV endpoint a sender really bound; receivers look it up here;
 - ``mb/<src>/<dst>/<n>``: worker ``src``'s ``n``-th batch of messages to worker ``dst``
   (one writer per mailbox, so order holds without locks; read batches are deleted);
 - ``phase``: ``go`` once every rank is ready and traffic starts, then ``finish``;
 - ``hb/<w>``: a counter worker ``w`` bumps every second; a worker whose counter stops
   moving (by the reader's own clock, so no clocks are compared across hosts) is lost.
+
+The store has no authentication: anyone who can reach its port can read and write it.
+So nothing secret is ever written there, and every value the sim writes is signed: the
+run's key comes to every worker out of band (:func:`sim.auth.run_key`: a 0600 key file or
+an environment variable the launcher sets), each value is stored as ``{"v": value,
+"mac": HMAC(board key, prefix | name | value)}``, and a value whose MAC does not verify is
+refused as a stranger's (a forged worker record or claim stops the run with the reason; a
+forged mailbox batch is dropped and counted). What a stranger can still do is destroy:
+delete or overwrite keys (the run then fails or times out, naming the key), or bump a
+heartbeat counter (``add`` takes no signature), which can hide a lost worker for as long
+as it keeps bumping. It cannot read a secret, join the run, or feed it a message.
 
 Store operations used: ``set``, ``get``, ``check``, ``add``, ``compare_set``,
 ``delete_key`` and ``set_timeout`` (torch/_C/_distributed_c10d.pyi, class Store).
@@ -25,6 +35,7 @@ into a lost coordinator, never a hang.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import threading
 import time
 from collections.abc import Callable
@@ -65,12 +76,16 @@ def differing_fields(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 class Board:
-    """Worker ``worker`` of ``workers``' view of the board on ``store``."""
+    """Worker ``worker`` of ``workers``' view of the board on ``store``, signing and
+    verifying every value with ``key`` (:func:`sim.auth.board_key`)."""
 
-    def __init__(self, store: Any, worker: int, workers: int, run: str = "") -> None:
+    def __init__(self, store: Any, worker: int, workers: int, run: str, *, key: bytes) -> None:
         import torch.distributed as dist
 
-        self.store = dist.PrefixStore(f"{PREFIX}/{run}", store)
+        self.prefix = f"{PREFIX}/{run}"
+        self.key = key
+        self.forged = 0  # mailbox batches a stranger wrote, dropped
+        self.store = dist.PrefixStore(self.prefix, store)
         self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
         self.worker, self.workers = worker, workers
         self.sent: dict[int, int] = {}  # per destination: batches posted
@@ -80,13 +95,41 @@ class Board:
         self.last_ok = time.monotonic()
         self.beater: threading.Thread | None = None
 
+    # -- signed values ---------------------------------------------------------------
+    def _mac(self, name: str, body: bytes) -> str:
+        message = self.prefix.encode() + b"|" + name.encode() + b"|" + body
+        return hmac.new(self.key, message, hashlib.sha256).hexdigest()
+
+    def _signed(self, name: str, value: Any) -> bytes:
+        return messages.dump({"v": value, "mac": self._mac(name, messages.dump({"v": value}))})
+
+    def _verified(self, name: str, raw: bytes) -> Any:
+        """The value under ``name``, refused (BoardError) unless this run's key signed it."""
+        try:
+            stored = messages.load(raw)
+        except messages.MessageError as error:
+            raise BoardError(f"{name} on the board is not this run's: {error}") from None
+        mac = stored.get("mac")
+        want = self._mac(name, messages.dump({"v": stored.get("v")}))
+        if set(stored) != {"v", "mac"} or not isinstance(mac, str):
+            raise BoardError(f"{name} on the board is not signed: someone else wrote it")
+        if not hmac.compare_digest(mac, want):
+            raise BoardError(
+                f"{name} on the board is not signed with this run's key: someone else wrote "
+                "it, or this worker was given another key (KVSPEC_SIM_KEY / --key-file)"
+            )
+        return stored["v"]
+
     # -- plain values ----------------------------------------------------------------
     def put(self, key: str, value: dict[str, Any]) -> None:
-        self.store.set(key, messages.dump(value))
+        self.store.set(key, self._signed(key, value))
 
     def get(self, key: str) -> dict[str, Any]:
-        """A value that must be there (or arrive within the store timeout)."""
-        return messages.load(self.store.get(key))
+        """A value that must be there (or arrive within the store timeout), signed."""
+        value = self._verified(key, self.store.get(key))
+        if not isinstance(value, dict):
+            raise BoardError(f"{key} on the board is not an object")
+        return value
 
     def has(self, *keys: str) -> bool:
         return bool(self.store.check(list(keys)))
@@ -133,20 +176,17 @@ class Board:
         """Claim this worker's sim ranks; a rank another worker holds is refused."""
         mine = f"worker {self.worker} on {host}"
         for tag in tags:
-            held = self.store.compare_set(f"claim/{tag}", "", mine).decode()
-            if held != mine:
-                raise BoardError(f"rank {tag} is claimed twice: by {held} and by {mine}")
-
-    def secret(self, new: str | None) -> str:
-        """Worker 0 publishes the run's secret (``new``); every worker reads it."""
-        if new is not None:
-            self.store.set("secret", new)
-            return new
-        return self.store.get("secret").decode()
+            name = f"claim/{tag}"
+            value = self._signed(name, mine)
+            held = self.store.compare_set(name, "", value)
+            if held != value:
+                raise BoardError(
+                    f"rank {tag} is claimed twice: by {self._verified(name, held)} and by {mine}"
+                )
 
     # -- endpoints -------------------------------------------------------------------
     def publish_endpoint(self, tag: str, endpoint: str | None) -> None:
-        self.store.set(f"ep/{tag}", messages.dump({"endpoint": endpoint}))
+        self.put(f"ep/{tag}", {"endpoint": endpoint})
 
     def endpoints(self, tags: list[str]) -> dict[str, str]:
         """The endpoints senders published, by tag (senders that bound none left out)."""
@@ -163,7 +203,7 @@ class Board:
         if not batch:
             return
         n = self.sent.get(dst, 0)
-        self.store.set(f"mb/{self.worker}/{dst}/{n}", messages.dump({"batch": batch}))
+        self.put(f"mb/{self.worker}/{dst}/{n}", {"batch": batch})
         self.sent[dst] = n + 1
 
     def receive(self, sources: list[int]) -> list[tuple[int, dict[str, Any]]]:
@@ -175,7 +215,12 @@ class Board:
                 key = f"mb/{src}/{self.worker}/{n}"
                 if not self.store.check([key]):
                     break
-                batch = messages.load(self.store.get(key)).get("batch", [])
+                try:
+                    batch = self.get(key).get("batch", [])
+                except BoardError:  # a stranger's: dropped, and the writer's awaited
+                    self.forged += 1
+                    self.store.delete_key(key)
+                    break
                 self.store.delete_key(key)
                 self.read[src] = n + 1
                 out += [(src, m) for m in batch if isinstance(m, dict)]

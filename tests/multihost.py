@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from sim.auth import KEY_ENV
+
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
@@ -165,6 +167,7 @@ class Hosts:
         """One torchrun per host with ``flags`` (plus that host's ``per_host`` flags)."""
         self.endpoint = endpoint = f"{self.addresses[0]}:{self.free_port()}"
         self.run_id = run_id = f"kvspec-{secrets.token_hex(4)}"
+        self.key = secrets.token_hex(32)  # the run's key, given to every host out of band
         extra = per_host or [[] for _ in self.addresses]
         for i, (host, prefix, more) in enumerate(
             zip(self.addresses, self.wrap, extra, strict=True)
@@ -184,7 +187,7 @@ class Hosts:
                 stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,
-                env={**os.environ, "OMP_NUM_THREADS": "1", TOKEN: token},
+                env={**os.environ, "OMP_NUM_THREADS": "1", TOKEN: token, KEY_ENV: self.key},
             )
             self.launched.append(Launched(host, process, token))
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from sim import rendezvous
+from sim import messages, rendezvous
+from sim.auth import KEY_ENV, RunSecret, run_key
 from sim.rendezvous import Board, BoardError, config_digest
 from tests.multihost import (
     REPO,
@@ -179,7 +180,7 @@ def test_the_readme_two_node_command_is_the_one_the_namespace_test_runs() -> Non
             2,
             "10.0.0.1:29400",
             "kvspec-run",
-            [*TWO_NODES, "--json", "report.json"],
+            [*TWO_NODES, "--json", "report.json", "--key-file", "sim-key"],
             f"10.0.0.{node + 1}",
             f",is_host={str(node == 0).lower()}",
         )
@@ -227,6 +228,9 @@ def test_three_namespace_hosts_with_a_link_cut(namespaces, tmp_path: Path) -> No
 
 
 # -- the board, against a real TCPStore on an OS-assigned port ---------------------------
+KEY = bytes(range(32))
+
+
 @pytest.fixture
 def store() -> Iterator[dist.TCPStore]:
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
@@ -234,7 +238,7 @@ def store() -> Iterator[dist.TCPStore]:
 
 
 def test_board_refuses_mismatched_configurations_naming_both(store) -> None:
-    a, b = Board(store, 0, 2, "t"), Board(store, 1, 2, "t")
+    a, b = Board(store, 0, 2, "t", key=KEY), Board(store, 1, 2, "t", key=KEY)
     a.put(
         "worker/0",
         {"host": "h0", "digest": config_digest({"requests": 2}), "config": {"requests": 2}},
@@ -244,7 +248,7 @@ def test_board_refuses_mismatched_configurations_naming_both(store) -> None:
 
 
 def test_board_join_times_out_naming_the_missing_worker(store, monkeypatch) -> None:
-    board = Board(store, 0, 3, "t")
+    board = Board(store, 0, 3, "t", key=KEY)
     polls = []
 
     def sleep(seconds: float) -> None:  # a clock of our own: each poll moves it on
@@ -261,15 +265,15 @@ def test_board_join_times_out_naming_the_missing_worker(store, monkeypatch) -> N
 
 
 def test_board_refuses_a_rank_claimed_twice(store) -> None:
-    Board(store, 0, 2, "t").claim(["r0s0k0"], "h0")
+    Board(store, 0, 2, "t", key=KEY).claim(["r0s0k0"], "h0")
     with pytest.raises(
         BoardError, match="r0s0k0 is claimed twice: by worker 0 on h0 and by worker 1 on h1"
     ):
-        Board(store, 1, 2, "t").claim(["r0s0k0"], "h1")
+        Board(store, 1, 2, "t", key=KEY).claim(["r0s0k0"], "h1")
 
 
 def test_board_mailboxes_keep_order_and_delete_what_was_read(store) -> None:
-    a, b = Board(store, 0, 2, "t"), Board(store, 1, 2, "t")
+    a, b = Board(store, 0, 2, "t", key=KEY), Board(store, 1, 2, "t", key=KEY)
     a.post(1, [{"n": 1}, {"n": 2}])
     a.post(1, [{"n": 3}])
     assert b.receive([0]) == [(0, {"n": 1}), (0, {"n": 2}), (0, {"n": 3})]
@@ -278,7 +282,7 @@ def test_board_mailboxes_keep_order_and_delete_what_was_read(store) -> None:
 
 
 def test_board_notices_a_silent_worker(store) -> None:
-    a, b = Board(store, 0, 2, "t"), Board(store, 1, 2, "t")
+    a, b = Board(store, 0, 2, "t", key=KEY), Board(store, 1, 2, "t", key=KEY)
     a.start_beating()
     try:
         assert b.silent_for(0) == 0.0
@@ -291,6 +295,104 @@ def test_board_notices_a_silent_worker(store) -> None:
         assert b.silent_for(0) >= 1.0
     finally:
         a.stop_beating()
+
+
+def _stranger(store) -> dist.PrefixStore:
+    """What another user on the host gets: the store's port, and the key names (they are
+    in this source), but not the run's key."""
+    return dist.PrefixStore(f"{rendezvous.PREFIX}/t", store)
+
+
+def test_nothing_secret_rests_in_the_store(store) -> None:
+    """The rank secret is derived on every host from the key; the store never holds it."""
+    a, b = Board(store, 0, 2, "t", key=KEY), Board(store, 1, 2, "t", key=KEY)
+    a.put("worker/0", {"host": "h0", "digest": "d", "config": {}})
+    a.claim(["r0s0k0"], "h0")
+    a.publish_endpoint("r0s0k0", "tcp://127.0.0.1:5555")
+    a.post(1, [{"event": "x"}])
+    secret = RunSecret.derive(KEY, "t")
+    stranger = _stranger(store)
+    assert not stranger.check(["secret"])
+    for name in ("worker/0", "claim/r0s0k0", "ep/r0s0k0", "mb/0/1/0"):
+        value = stranger.get(name).decode()
+        assert secret.key.hex() not in value and KEY.hex() not in value, name
+    assert b.receive([0]) == [(0, {"event": "x"})]
+
+
+@pytest.mark.parametrize(
+    ("forge", "named"),
+    [
+        (lambda name, value: messages.dump(value), "is not signed"),
+        (
+            lambda name, value: _other_board()._signed(name, value),
+            "is not signed with this run's key",
+        ),
+    ],
+    ids=["unsigned", "another key"],
+)
+def test_a_worker_record_a_stranger_writes_is_refused(store, forge, named) -> None:
+    """A stranger's record for worker 1 (to join in its place) stops the run, naming the key."""
+    a = Board(store, 0, 2, "t", key=KEY)
+    _stranger(store).set(
+        "worker/1", forge("worker/1", {"host": "evil", "digest": "d", "config": {}})
+    )
+    with pytest.raises(BoardError, match=f"worker/1 on the board {named}"):
+        a.join("h0", {"requests": 2}, time.monotonic() + 60)
+
+
+def _other_board() -> Board:
+    board = Board.__new__(Board)
+    board.prefix, board.key = f"{rendezvous.PREFIX}/t", bytes(32)
+    return board
+
+
+def test_a_rank_a_stranger_claims_first_is_refused_naming_it(store) -> None:
+    _stranger(store).set("claim/r0s0k0", "worker 0 on evil")
+    with pytest.raises(BoardError, match="claim/r0s0k0 on the board is not"):
+        Board(store, 0, 2, "t", key=KEY).claim(["r0s0k0"], "h0")
+
+
+def test_a_message_a_stranger_posts_is_dropped_and_the_real_one_read(store) -> None:
+    a, b = Board(store, 0, 2, "t", key=KEY), Board(store, 1, 2, "t", key=KEY)
+    _stranger(store).set("mb/0/1/0", messages.dump({"batch": [{"cmd": {"cmd": "finish"}}]}))
+    assert b.receive([0]) == [] and b.forged == 1
+    a.post(1, [{"n": 1}])  # the writer's own batch for that slot still arrives
+    assert b.receive([0]) == [(0, {"n": 1})]
+
+
+def test_a_signed_value_moved_to_another_name_is_refused(store) -> None:
+    """The MAC covers the name: an endpoint published for one rank cannot be replayed as
+    another's, nor an old mailbox batch into a new slot."""
+    a = Board(store, 0, 2, "t", key=KEY)
+    a.publish_endpoint("r0s0k0", "tcp://127.0.0.1:5555")
+    stranger = _stranger(store)
+    stranger.set("ep/r0s0k1", stranger.get("ep/r0s0k0"))
+    with pytest.raises(BoardError, match="ep/r0s0k1 on the board is not signed with"):
+        a.endpoints(["r0s0k1"])
+
+
+def test_the_run_key_comes_only_from_a_private_file_or_the_environment(tmp_path) -> None:
+    key_file = tmp_path / "sim-key"
+    key_file.write_text(KEY.hex() + "\n")
+    key_file.chmod(0o600)
+    assert run_key(str(key_file), environ={}) == KEY
+    assert run_key(None, environ={KEY_ENV: KEY.hex()}) == KEY
+    key_file.chmod(0o644)
+    with pytest.raises(ValueError, match=r"readable or writable by others \(mode 644\)"):
+        run_key(str(key_file), environ={})
+    with pytest.raises(ValueError, match=r"a multi-host run needs a key: .*chmod 600"):
+        run_key(None, environ={})
+    with pytest.raises(ValueError, match="KVSPEC_SIM_KEY must hold 64 hex digits"):
+        run_key(None, environ={KEY_ENV: "abc"})
+    with pytest.raises(ValueError, match="No such file"):
+        run_key(str(tmp_path / "missing"), environ={})
+
+
+def test_the_rank_secret_is_bound_to_the_key_and_the_run() -> None:
+    one = RunSecret.derive(KEY, "run/0@10.0.0.1:1234")
+    assert one == RunSecret.derive(KEY, "run/0@10.0.0.1:1234")  # every host agrees
+    assert one != RunSecret.derive(KEY, "run/0@10.0.0.1:1235")  # another run's store
+    assert one != RunSecret.derive(bytes(32), "run/0@10.0.0.1:1234")
 
 
 def test_sim_node_outside_torchrun_is_refused() -> None:
