@@ -158,6 +158,8 @@ class Coordinator(Cluster):
         return "\n".join(filter(None, [local, *remote]))
 
     def _report(self, wall: float) -> SimReport:
+        if self.board.forged:  # mailbox batches on the store no worker of this run signed
+            self.strangers["forged board messages"] += self.board.forged
         report = super()._report(wall)
         per = max(1, self.config.ranks_per_process)
         report.processes = sum(math.ceil(len(share) / per) for share in self.share)
@@ -305,6 +307,8 @@ class Agent(Cluster):
             self.board.stop_beating()
             return 1, problem
         try:
+            if self.board.forged:
+                self.strangers["forged board messages"] += self.board.forged
             self.board.post(0, [{"done": True, "strangers": dict(self.strangers)}])
             return self._await_exit(), None
         except Exception as error:
