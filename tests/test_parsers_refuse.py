@@ -11,6 +11,7 @@ of values) so that it gets past the first key check.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -23,10 +24,17 @@ from kvspec.errors import FormError, InputError
 from kvspec.memory.descriptors import RegisteredCache
 from kvspec.strategies import TransferCase
 from kvspec.tensors.slicing import HeadSlice
-from kvspec.topology.groups import group_from_dict
+from kvspec.topology.groups import KINDS, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from kvspec.transport.payload import Chunk, Payload
+from kvspec.transport.payload import (
+    _META_KEYS,
+    _META_OPTIONAL,
+    _TOP_KEYS,
+    CACHE_FIELDS,
+    Chunk,
+    Payload,
+)
 from kvspec.transport.wire import WireError
 from sim import group_messages, messages
 from sim.config import SimConfig
@@ -44,60 +52,17 @@ FORMS: dict[str, Callable[[Any], object]] = {
     "SimConfig": SimConfig.from_dict,
 }
 
-KEYS = [
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "dcp",
-    "cp_rule",
-    "layer_partition",
-    "num_layers",
-    "num_kv_heads",
-    "head_dim",
-    "attention",
-    "dtype",
-    "scale_format",
-    "groups",
-    "layers",
-    "kind",
-    "window",
-    "chunk_size",
-    "state_shape",
-    "source",
-    "target",
-    "model",
-    "policy",
-    "seq_len",
-    "source_dp",
-    "target_dp",
-    "layout",
-    "num_blocks",
-    "block_size",
-    "heads",
-    "region_bytes",
-    "tensors_per_layer",
-    "stages",
-    "faults",
-    "chunk_id",
-    "token_start",
-    "final",
-    "target_rank",
-    "from_tp",
-    "to_tp",
-    "offset_in_shard",
-    "num_slices",
-    "metadata",
-    "layer_blocks",
-    "block_ids",
-    "request_id",
-    "key_cache",
-    "value_cache",
+FORM_CLASSES = (StageLayout, ModelShape, TransferCase, RegisteredCache, HeadSlice, Chunk, SimConfig)
+MESSAGE_KEYS = [
     "v",
-    "run",
     "type",
     "src",
     "group",
+    "layers",
+    "heads",
+    "tokens",
+    "part",
+    "request",
     "hello",
     "nonce",
     "mac",
@@ -111,6 +76,18 @@ KEYS = [
     "t",
     "crc",
 ]
+"""The sim's message fields (JSON written by sim.messages and sim.group_messages)."""
+KEYS = sorted(
+    {f.name for cls in (*FORM_CLASSES, *KINDS.values()) for f in dataclasses.fields(cls)}
+    | _TOP_KEYS
+    | _META_KEYS
+    | _META_OPTIONAL
+    | set(CACHE_FIELDS)
+    | {"kind"}
+    | set(MESSAGE_KEYS)
+)
+"""Every field name the forms and messages read, taken from the classes themselves, so
+that Hypothesis reaches past each parser's first key check."""
 WORDS = ("mha", "mla", "bfloat16", "float32", "contiguous", "zigzag", "lowest", "NHD", "HND")
 LEAVES = (
     st.none()

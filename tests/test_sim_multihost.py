@@ -229,6 +229,8 @@ def test_three_namespace_hosts_with_a_link_cut(namespaces, tmp_path: Path) -> No
 
 # -- the board, against a real TCPStore on an OS-assigned port ---------------------------
 KEY = bytes(range(32))
+ENDPOINT = "tcp://127.0.0.1:0"
+"""A value to publish on the board; nothing binds it."""
 
 
 @pytest.fixture
@@ -308,7 +310,7 @@ def test_nothing_secret_rests_in_the_store(store) -> None:
     a, b = Board(store, 0, 2, "t", key=KEY), Board(store, 1, 2, "t", key=KEY)
     a.put("worker/0", {"host": "h0", "digest": "d", "config": {}})
     a.claim(["r0s0k0"], "h0")
-    a.publish_endpoint("r0s0k0", "tcp://127.0.0.1:5555")
+    a.publish_endpoint("r0s0k0", ENDPOINT)
     a.post(1, [{"event": "x"}])
     secret = RunSecret.derive(KEY, "t")
     stranger = _stranger(store)
@@ -364,7 +366,7 @@ def test_a_signed_value_moved_to_another_name_is_refused(store) -> None:
     """The MAC covers the name: an endpoint published for one rank cannot be replayed as
     another's, nor an old mailbox batch into a new slot."""
     a = Board(store, 0, 2, "t", key=KEY)
-    a.publish_endpoint("r0s0k0", "tcp://127.0.0.1:5555")
+    a.publish_endpoint("r0s0k0", ENDPOINT)
     stranger = _stranger(store)
     stranger.set("ep/r0s0k1", stranger.get("ep/r0s0k0"))
     with pytest.raises(BoardError, match="ep/r0s0k1 on the board is not signed with"):
