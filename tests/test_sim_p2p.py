@@ -8,6 +8,7 @@ senders', the process group's store, gloo's own) is assigned by the OS.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from sim.auth import KEY_ENV
 from sim.cluster import run_simulation, validate
 from sim.config import SimConfig
 from sim.endpoints import RankId, all_ranks
@@ -248,6 +250,7 @@ def test_the_board_join_follows_timeout() -> None:
         "LOCAL_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(store.port),
+        KEY_ENV: secrets.token_hex(32),  # the run's key, as a launcher gives it
     }
     flags = ["--source-tp", "1", "--target-tp", "1", "--kv-heads", "4", "--ports", "os", "--quiet"]
     started = time.monotonic()
