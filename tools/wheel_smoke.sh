@@ -65,9 +65,12 @@ step "python -m sim run"
 step "python -m sim run --transport gloo (the tensor frames over torch.distributed)"
 "$py" -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 --quiet --ports os --requests 4 \
   --transport gloo >/dev/null
-step "torchrun -m sim.node (two workers on this host, the store on a free port)"
+step "torchrun -m sim.node (two workers on this host, the store on a free port, a run key)"
+# The README's recipe for the key every host shares out of band: a file only we can read.
+(umask 077 && "$py" -c 'import secrets; print(secrets.token_hex(32))' > "$work/run.key")
 "$bin/torchrun" --standalone --nproc-per-node 2 -m sim.node --source-tp 2 --target-tp 2 \
-  --kv-heads 2 --quiet --ports os --requests 2 >/dev/null 2>"$work/node.err" \
+  --kv-heads 2 --quiet --ports os --requests 2 --key-file "$work/run.key" \
+  >/dev/null 2>"$work/node.err" \
   || { cat "$work/node.err" >&2; exit 1; }
 "$py" -c 'import kvspec, sim, pathlib; assert (pathlib.Path(kvspec.__file__).parent / "py.typed").exists()'
 
