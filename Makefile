@@ -26,12 +26,10 @@ PY := $(VENV)/bin/python
 # (heartbeats, link cuts, kernels starting); TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 
-# The spec's own unit and property tests (pure functions; no processes, CLI or notebooks):
-# what make check runs.
-SPEC_TESTS := $(addprefix tests/test_,$(addsuffix .py,block_size cache_layout checksums \
-	chunks clauses copying descriptors errors group_reshard groups keys lifecycle model oracle \
-	ownership paged paged_transfer parallel_layouts payload plan ports presets records reshard \
-	stage state_cache wire wire_fuzz))
+# The spec's own unit and property tests (tests/spec: pure functions; no processes, CLI or
+# notebooks): what make check runs. tests/ is grouped by role: spec, suite (the conformance
+# suite testing itself), sim, cli, docs (README, docs pages and notebooks).
+SPEC_TESTS := tests/spec
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 .PHONY: setup run test check smoke test-gpu stress bench vectors notebooks field field-report clean
@@ -46,8 +44,8 @@ test:
 	@tools/stages.sh test \
 	  "setup=VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh" \
 	  "ruff=$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check ." \
-	  "pytest=$(PYTEST) --ignore tests/test_notebooks.py" \
-	  "notebooks=$(PYTEST) tests/test_notebooks.py" \
+	  "pytest=$(PYTEST) --ignore tests/docs/test_notebooks.py" \
+	  "notebooks=$(PYTEST) tests/docs/test_notebooks.py" \
 	  "wheel smoke=DEV_PY=$(PY) tools/wheel_smoke.sh"
 
 check:

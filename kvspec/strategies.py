@@ -34,7 +34,7 @@ from kvspec.topology.ownership import (
 )
 from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan, plan_transfer
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.tokens import RULE_KINDS
+from kvspec.topology.tokens import RULE_KINDS, CPRule
 
 TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 """TP sizes drawn by default: powers of two and the non-powers 3, 6, 12, 24."""
@@ -326,7 +326,9 @@ def transfer_cases(
         sides.append({"dp": dp, "cp": cp, "dcp": dcp, "cp_rule": rule})
     seq_len = None
     if any(side["cp"] * side["dcp"] > 1 for side in sides):
-        shortest = max([1] + [2 * s["cp"] * s["dcp"] for s in sides if s["cp_rule"] == "zigzag"])
+        shortest = max(
+            [1] + [CPRule.parse(s["cp_rule"]).min_tokens(s["cp"] * s["dcp"]) for s in sides]
+        )
         seq_len = draw(st.integers(shortest, max(shortest, max_seq_len)))
     dp_ranks = [draw(st.integers(0, side["dp"] - 1)) for side in sides]
     layouts: dict[str, Any] = {

@@ -12,7 +12,7 @@ per-cell metadata Jupyter records as it runs (timings, collapsed/scrolled state)
 only the kernel spec and the language name of the notebook's metadata (the rest records
 the machine it last ran on). Files are written as Jupyter writes them (one-space indent,
 sorted keys), so a stripped notebook that is opened and saved without running stays the
-same. Run it before committing a notebook; ``tests/test_notebooks.py`` fails on one that
+same. Run it before committing a notebook; ``tests/docs/test_notebooks.py`` fails on one that
 is not stripped.
 """
 

@@ -90,6 +90,6 @@ for needed in LICENSE README.md tests/conftest.py examples/field_adapter.py \
               kvspec/conformance/golden/manifest.json; do
   [ -e "$src/$needed" ] || { echo "wheel smoke: the sdist lacks $needed" >&2; exit 1; }
 done
-(cd "$src" && CI=1 "$DEV_PY" -m pytest -q -p no:cacheprovider tests/test_plan.py \
-  tests/test_vectors.py tests/test_keys.py | tail -1)
+(cd "$src" && CI=1 "$DEV_PY" -m pytest -q -p no:cacheprovider tests/spec/test_plan.py \
+  tests/suite/test_vectors.py tests/spec/test_keys.py | tail -1)
 step "passed"

@@ -6,7 +6,7 @@ an adapter imports its engine when it is created, and a missing package is refus
 what to install (``make field`` installs the pinned versions into ``.venv-field``).
 
 Each module keeps its translation between kvspec's objects and the engine's in pure
-functions (tested without any engine in tests/test_field_adapters.py), separate from the
+functions (tested without any engine in tests/suite/test_field_adapters.py), separate from the
 :class:`~kvspec.conformance.adapter.Adapter` wiring. Nothing in them restates an engine's
 rule: every mapping decision is the engine's own function, called. field/NOTES.md says
 what each engine's mapping code needs on a CPU and what could not be reached.

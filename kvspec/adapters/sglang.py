@@ -94,7 +94,7 @@ FAN_OUT_NON_DIVIDING: tuple[tuple[int, int], ...] = tuple(
 """Non-dividing pairs with the larger TP on the decode side (TP2 -> TP3, TP3 -> TP4):
 SGLang starts with them too, but a decode rank past the prefill's reads ``target_tp_rank
 = rank // (D // P)``, a prefill rank that does not exist, and every request on it fails
-at bootstrap (a crash, tier breaks; tests/test_adapters_sglang_contract.py). They are
+at bootstrap (a crash, tier breaks; tests/suite/test_adapters_sglang_contract.py). They are
 left out of :data:`DOMAIN`: as the smallest failing example they would become every
 transfer check's shrunk counterexample and hide the silent corruptions (the PP layer
 pairing, the non-dividing fan-in) behind one request failure."""

@@ -12,8 +12,8 @@ serving path's hooks are installed where serving installs them, and the engine's
 the adapter, each fact cited; field/retriage-vllm-omni.md judges the failures by it.
 
 The functions above the adapter class translate between kvspec's objects and vLLM-Omni's
-(data in, data out) and need no engine; tests/test_field_adapters.py tests them, and
-tests/test_field_omni.py tests the adapter against the installed engine.
+(data in, data out) and need no engine; tests/suite/test_field_adapters.py tests them, and
+tests/suite/test_field_omni.py tests the adapter against the installed engine.
 """
 
 from __future__ import annotations

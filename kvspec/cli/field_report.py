@@ -46,7 +46,7 @@ GENERATED = "Generated:"
 CORRUPTS, BREAKS, ACCEPTS_INVALID, DIFFERS = "corrupts", "breaks", "accepts-invalid", "differs"
 TIERS = (CORRUPTS, BREAKS, ACCEPTS_INVALID, DIFFERS)
 """kvspec.conformance.tiers.TIERS, most severe first (restated: this command imports no
-engine, torch or check; tests/test_field_report.py holds the two equal)."""
+engine, torch or check; tests/suite/test_field_report.py holds the two equal)."""
 HEADLINE_TIERS = (CORRUPTS, BREAKS)
 REACH = ("yes", "unknown", "no")
 """Reachability in serving, most reachable first."""

@@ -91,7 +91,7 @@ def _introduction() -> str:
     return f"""# The adapter API
 
 <!-- Rendered from the code by `{COMMAND}`; do not edit by hand
-(tests/test_adapter_api.py fails when the page and the code disagree). -->
+(tests/suite/test_adapter_api.py fails when the page and the code disagree). -->
 
 An adapter plugs an implementation into the conformance suite: subclass
 `kvspec.conformance.Adapter`, override the methods of the capabilities your implementation

@@ -320,7 +320,7 @@ def _export_tokens(rng: random.Random) -> tuple[list[Case], Tensors]:
     cases = []
     for i, (layout, model) in enumerate(TOKEN_LAYOUTS):
         for seq_len in sorted({2 * layout.token_shards, rng.randint(1, 40), rng.randint(41, 99)}):
-            if seq_len < 2 * layout.token_shards and layout.rule.kind == "zigzag":
+            if seq_len < layout.min_tokens:
                 continue
             owners = stage_ownership(layout, model, seq_len=seq_len)
             cases.append(

@@ -147,6 +147,12 @@ class StageLayout:
         """The token-distribution rule [CP-1]."""
         return CPRule.parse(self.cp_rule)
 
+    @property
+    def min_tokens(self) -> int:
+        """The fewest tokens a request of this stage may have [CP-2]: its rule's minimum
+        over its token shards (0 when any length splits)."""
+        return self.rule.min_tokens(self.token_shards)
+
     def locate(self, rank: int) -> RankCoords:
         """Every coordinate of a stage-local rank [STAGE-1, STAGE-2, CP-3]."""
         pp_rank, tp_rank = self.coords(rank)

@@ -348,12 +348,17 @@ class CPRule:
             )
         )
 
+    def min_tokens(self, shards: int) -> int:
+        """The fewest tokens a request split over ``shards`` shards may have [CP-2]: ``2n``
+        under ``zigzag`` (every one of its 2n segments non-empty), else none."""
+        return 2 * shards if self.kind == "zigzag" and shards > 1 else 0
+
     def check_request(self, shards: int, seq_len: int) -> None:
         """Refuse a request the rule cannot split over ``shards`` shards [CP-2]."""
-        if self.kind == "zigzag" and shards > 1 and seq_len < 2 * shards:
+        if seq_len < (needed := self.min_tokens(shards)):
             raise ValueError(
-                f"zigzag over {shards} token shards cuts a request into {2 * shards} segments, "
-                f"so it needs at least {2 * shards} tokens; this request has {seq_len} [CP-2]"
+                f"zigzag over {shards} token shards cuts a request into {needed} segments, "
+                f"so it needs at least {needed} tokens; this request has {seq_len} [CP-2]"
             )
 
     def check_block_size(self, block_size: int) -> None:

@@ -289,8 +289,7 @@ def _token_examples(draw: st.DrawFn, adapter: Adapter, *, decode: bool) -> Examp
     model = ModelShape(2, draw(st.sampled_from(counts)), 2)
     rule = draw(cp_rules(kinds=domain.cp_rules))
     layout = StageLayout(tp, dp=dp, cp=cp, dcp=dcp, cp_rule=rule)
-    shortest = 2 * layout.token_shards if layout.rule.kind == "zigzag" else 0
-    seq_len = draw(st.integers(shortest, shortest + 40))
+    seq_len = draw(st.integers(layout.min_tokens, layout.min_tokens + 40))
     return {"layout": layout.to_dict(), "model": model.to_dict(), "seq_len": seq_len}
 
 

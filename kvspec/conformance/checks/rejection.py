@@ -42,6 +42,7 @@ from kvspec.error_cases import ERROR_CASES, OPERATIONS
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.topology.model import ModelShape
+from kvspec.topology.tokens import CPRule
 
 
 def _pins(clause: str) -> tuple[Example, ...]:
@@ -364,7 +365,7 @@ def _unfit_rules(adapter: Adapter, config: Example) -> list[Variant]:
     layout = config[side]
     shards = layout.get("cp", 1) * layout.get("dcp", 1)
     found = []
-    for n in (0, 2 * shards - 1):
+    for n in (0, CPRule("zigzag").min_tokens(shards) - 1):
         changed = copy.deepcopy(config)
         changed[side] = {**layout, "cp_rule": "zigzag"}
         changed["seq_len"] = n

@@ -22,6 +22,7 @@ from sim.config import SimConfig
 from sim.faults import parse_faults
 from sim.report import SimReport
 from sim.workload import Workload
+from tests.strategies import shortest_request
 
 PTH = ModelShape(2, 4, 8, dtype="float8_e4m3fn")
 FLASHMLA = ModelShape.mla(2, 576, dtype="float8_e4m3fn")
@@ -194,9 +195,7 @@ def record_configs(draw: st.DrawFn) -> SimConfig:
         rule = stage.rule
         fitted = stage.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1)
         sizes.append(rule.size if fitted else draw(st.integers(1, 5)))
-    shortest = max(
-        [3] + [2 * x.token_shards for x in (case.source, case.target) if x.rule.kind == "zigzag"]
-    )
+    shortest = shortest_request(case)
     transfer = draw(st.sampled_from(["push", "pull"]))
     return SimConfig(
         stages=(case.source, case.target),

@@ -12,14 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import get_layout, layouts_for
 from kvspec.memory.descriptors import (
     RegisteredCache,
     execute_descriptors,
     plan_descriptors,
     plan_runs,
 )
-from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
@@ -28,75 +26,27 @@ from sim.cluster import run_simulation
 from sim.config import SimConfig
 from sim.faults import parse_faults
 from sim.report import SimReport
-
-MHA = ModelShape(2, 4, 8)
+from tests.sim import runs
+from tests.sim.runs import MHA, domain_runs, small_run
 
 
 def make(stages, model, **overrides) -> SimConfig:
-    settings_ = {
-        "requests": 3,
-        "seq_len": (3, 24),
-        "timeout": 60.0,
-        "ports": "os",
-        "transfer": "write",
-        **overrides,
-    }
-    return SimConfig(stages=stages, model=model, **settings_)
+    """A small write run."""
+    return small_run(stages, model, **{"transfer": "write", **overrides})
 
 
 def assert_all_verified(report: SimReport) -> None:
-    assert report.ok, report.render()
-    assert report.verified == report.config.requests * report.config.replicas
-    assert report.edge_bytes == report.planned_bytes, "bytes per edge equal the plan [PLAN-5]"
+    """Every request verified, the plan's bytes per edge, and the receivers' descriptors
+    cover exactly the bytes the writes moved."""
+    runs.assert_all_verified(report)
     assert report.receiver_stats["descriptor_bytes"] == report.bytes_moved
 
 
-@st.composite
-def write_configs(draw: st.DrawFn) -> SimConfig:
+def write_configs() -> st.SearchStrategy[SimConfig]:
     """Write runs over the domain: any TP pair, PP, token shards, attention-DP groups,
     any two presets the sim moves, block sizes, chunks [PLAN-1, CP-1, DP-1, DESC-1]."""
-    case = draw(
-        transfer_cases(
-            sizes=(1, 2, 3, 4, 8),
-            max_pp=2,
-            max_layers=3,
-            max_head_dim=4,
-            non_dividing=True,
-            dp_sizes=(1, 2),
-            cp_sizes=(1, 2),
-            dcp_sizes=(1, 2),
-        )
-    )
-
-    def side(stage: StageLayout) -> tuple[str, int]:
-        rule = stage.rule
-        fitted = stage.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1)
-        names = layouts_for(case.model.attention, cross_layer=True)
-        if fitted:
-            names = [n for n in names if get_layout(n).paged]
-        layout = draw(st.sampled_from(names))
-        if fitted:
-            return layout, rule.size * (draw(st.integers(1, 2)) if rule.kind == "interleave" else 1)
-        return layout, draw(st.integers(1, 5)) if get_layout(layout).paged else 1
-
-    (src_layout, src_bs), (dst_layout, dst_bs) = side(case.source), side(case.target)
-    shortest = max(
-        [3] + [2 * x.token_shards for x in (case.source, case.target) if x.rule.kind == "zigzag"]
-    )
-    return make(
-        (case.source, case.target),
-        case.model,
-        policy=case.policy,
-        src_layout=src_layout,
-        src_block_size=src_bs,
-        dst_layout=dst_layout,
-        dst_block_size=dst_bs,
-        requests=2,
-        seq_len=(shortest, shortest + 9),
-        chunks=draw(st.integers(1, 3)),
-        seed=draw(st.integers(0, 1000)),
-        transport="inproc",
-        checksum=draw(st.booleans()),
+    return domain_runs(
+        sizes=(1, 2, 3, 4, 8), cross_layer=True, transfer=st.just("write"), checksum=st.booleans()
     )
 
 

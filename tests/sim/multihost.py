@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from sim.auth import KEY_ENV
+from tests.paths import ROOT as REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 

@@ -2,14 +2,13 @@
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from kvspec.cli import main
 from sim.cli import main as sim_main
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
 
@@ -64,5 +63,5 @@ def test_console_transcript(
 
 
 def test_readme_shows_the_example_adapter_verbatim() -> None:
-    adapter = (Path(__file__).resolve().parent.parent / "examples" / "field_adapter.py").read_text()
+    adapter = (ROOT / "examples" / "field_adapter.py").read_text()
     assert adapter in _blocks("python")

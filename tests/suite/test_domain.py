@@ -31,12 +31,7 @@ NARROW = Domain(pp_sizes=(1,), dtypes=("float32", "float16", "bfloat16"))
 """A connector without pipeline parallelism or fp8 scales (like examples/field_adapter.py)."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ci_profile():
-    """The suite's checks run under ``ci`` here, whatever profile the session uses."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("KVSPEC_PROFILE", "ci")
-        yield
+pytestmark = pytest.mark.usefixtures("ci_profile")  # the checks run under ci
 
 
 class Recording(ReferenceAdapter):
@@ -96,7 +91,7 @@ def test_inconclusive_is_reported_and_exits_3(tmp_path: Path, capsys) -> None:
     code = main(
         [
             "conform",
-            "tests.test_domain:NarrowSupports",
+            "tests.suite.test_domain:NarrowSupports",
             "--clause",
             "PLAN-2",
             "--profile",
@@ -114,7 +109,10 @@ def test_inconclusive_is_reported_and_exits_3(tmp_path: Path, capsys) -> None:
     assert result["verdict"] == INCONCLUSIVE and report["summary"][INCONCLUSIVE] == 1
     assert result["effective_examples"] < MIN_EFFECTIVE_EXAMPLES
     # The same implementation with its domain declared as data is conclusive.
-    assert main(["conform", "tests.test_domain:NarrowDomain", "--clause", "PLAN-2", "--quiet"]) == 0
+    assert (
+        main(["conform", "tests.suite.test_domain:NarrowDomain", "--clause", "PLAN-2", "--quiet"])
+        == 0
+    )
 
 
 def test_a_small_domain_covered_whole_is_conclusive() -> None:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from sim import messages, rendezvous
 from sim.auth import KEY_ENV, RunSecret, run_key
 from sim.rendezvous import Board, BoardError, config_digest
-from tests.multihost import (
+from tests.sim.multihost import (
     REPO,
     Hosts,
     loopback_hosts,

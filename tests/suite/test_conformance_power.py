@@ -2,7 +2,7 @@
 
 Each mutant runs only through the checks that cover the obligations it breaks (under
 ``ci``, unshrunk), so the corpus costs seconds here; ``kvspec conform --mutants`` runs it
-through the whole suite (tests/test_cli_mutants.py).
+through the whole suite (its README transcript, run by tests/docs/test_readme.py).
 """
 
 import json
@@ -25,12 +25,7 @@ MUTANTS = all_mutants()
 OBLIGATION_ID = re.compile(r"\b[A-Z]+-\d+\.\d+\b")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ci_profile():
-    """The suite's checks run under ``ci`` here, whatever profile the session uses."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("KVSPEC_PROFILE", "ci")
-        yield
+pytestmark = pytest.mark.usefixtures("ci_profile")  # the checks run under ci
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)

@@ -9,8 +9,7 @@ import pytest
 
 from kvspec.cli import field_report as fr
 from kvspec.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import ROOT
 
 
 def result(check: str, verdict: str, tried: int = 0, outside: int = 0, **extra) -> dict:

@@ -25,20 +25,15 @@ from kvspec.conformance.skips import read_skips, resolve_skips
 from kvspec.strategies import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["pytester"]
 # Import every check module now: in-process pytester runs drop modules they imported,
 # and a check module imported again would register its checks twice.
 ALL_CHECKS = all_checks()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ci_profile():
-    """The suite's checks run under ``ci`` here, whatever profile the session uses."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("KVSPEC_PROFILE", "ci")
-        yield
+pytestmark = pytest.mark.usefixtures("ci_profile")  # the checks run under ci
 
 
 FAMILIES = sorted({check.clause.split("-")[0] for check in all_checks()})

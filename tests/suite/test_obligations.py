@@ -1,7 +1,6 @@
 """Every obligation of every clause has a check that exercises it and a mutant it kills."""
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -11,6 +10,7 @@ from kvspec.cli import main
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.coverage import coverage, gaps
 from kvspec.conformance.mutants import all_mutants
+from tests.paths import ROOT
 
 
 def test_every_clause_splits_into_numbered_obligations() -> None:
@@ -65,7 +65,7 @@ def test_clauses_coverage_command(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_docs_list_every_obligation() -> None:
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "clauses.md").read_text()
+    docs = (ROOT / "docs" / "clauses.md").read_text()
     for obligation in all_obligations():
         assert f"| {obligation} |" in docs
 
@@ -73,8 +73,8 @@ def test_docs_list_every_obligation() -> None:
 def test_a_corpus_run_reports_every_mutant_with_its_killer() -> None:
     """`kvspec conform --mutants`' report, on a few mutants in two workers. The whole
     corpus through the whole suite runs once, as the README's transcript of
-    `kvspec conform --mutants --profile ci` (tests/test_readme.py), and every mutant
-    against its own checks in tests/test_conformance_power.py."""
+    `kvspec conform --mutants --profile ci` (tests/docs/test_readme.py), and every mutant
+    against its own checks in tests/suite/test_conformance_power.py."""
     from kvspec.conformance.mutation import render_mutation, run_corpus
 
     chosen = all_mutants()[:: max(1, len(all_mutants()) // 4)][:4]

@@ -27,8 +27,8 @@ from kvspec.error_cases import ERROR_CASES
 from kvspec.tensors.reshard import Shipment
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "adapter-api.md"
 
 

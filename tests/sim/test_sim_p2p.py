@@ -14,7 +14,6 @@ import sys
 import time
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,8 +28,8 @@ from sim.endpoints import RankId, all_ranks
 from sim.faults import parse_faults
 from sim.p2p import Carrier, Link, Received, plan_groups
 from sim.report import SimReport
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = ModelShape(num_layers=2, num_kv_heads=4, head_dim=16)
 
 

@@ -13,10 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import get_layout, layouts_for
 from kvspec.memory.descriptors import RegisteredCache, plan_descriptors
 from kvspec.naming.keys import parse_key
-from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
@@ -25,77 +23,18 @@ from sim.cluster import run_simulation
 from sim.config import SimConfig
 from sim.faults import parse_faults
 from sim.pull import PullAgent
-from sim.report import SimReport
-
-MHA = ModelShape(2, 4, 8)
+from tests.sim.runs import MHA, assert_all_verified, domain_runs, small_run
 
 
 def make(stages, model, **overrides) -> SimConfig:
-    settings_ = {
-        "requests": 3,
-        "seq_len": (3, 24),
-        "timeout": 60.0,
-        "ports": "os",
-        "transfer": "pull",
-        **overrides,
-    }
-    return SimConfig(stages=stages, model=model, **settings_)
+    """A small pull run."""
+    return small_run(stages, model, **{"transfer": "pull", **overrides})
 
 
-def assert_all_verified(report: SimReport) -> None:
-    assert report.ok, report.render()
-    assert report.verified == report.config.requests * report.config.replicas
-    assert report.edge_bytes == report.planned_bytes, "bytes per edge equal the plan [PLAN-5]"
-
-
-@st.composite
-def pull_configs(draw: st.DrawFn) -> SimConfig:
+def pull_configs() -> st.SearchStrategy[SimConfig]:
     """Pull (or push) runs over the whole domain: any TP pair, PP, token shards on either
     side by every rule, attention-DP groups [PLAN-1, CP-1, DP-1, DESC-1]."""
-    case = draw(
-        transfer_cases(
-            sizes=(1, 2, 3, 4, 6, 8),
-            max_pp=2,
-            max_layers=3,
-            max_head_dim=4,
-            non_dividing=True,
-            dp_sizes=(1, 2),
-            cp_sizes=(1, 2),
-            dcp_sizes=(1, 2),
-        )
-    )
-
-    def side(stage: StageLayout) -> tuple[str, int]:
-        """A preset and a block size the stage's token rule fits [CP-2]."""
-        rule = stage.rule
-        fitted = stage.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1)
-        names = layouts_for(case.model.attention, cross_layer=True)
-        if fitted:
-            names = [n for n in names if get_layout(n).paged]
-        layout = draw(st.sampled_from(names))
-        if fitted:
-            return layout, rule.size * (draw(st.integers(1, 2)) if rule.kind == "interleave" else 1)
-        return layout, draw(st.integers(1, 5)) if get_layout(layout).paged else 1
-
-    (src_layout, src_bs), (dst_layout, dst_bs) = side(case.source), side(case.target)
-    shortest = max(
-        [3] + [2 * x.token_shards for x in (case.source, case.target) if x.rule.kind == "zigzag"]
-    )
-    return make(
-        (case.source, case.target),
-        case.model,
-        policy=case.policy,
-        src_layout=src_layout,
-        src_block_size=src_bs,
-        dst_layout=dst_layout,
-        dst_block_size=dst_bs,
-        requests=2,
-        seq_len=(shortest, shortest + 9),
-        chunks=draw(st.integers(1, 3)),
-        seed=draw(st.integers(0, 1000)),
-        transport="inproc",
-        transfer=draw(st.sampled_from(["pull", "pull", "push"])),
-    )
+    return domain_runs(cross_layer=True, transfer=st.sampled_from(["pull", "pull", "push"]))
 
 
 @given(pull_configs())

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from kvspec.memory.cache_layout import (
     LAYOUTS,
     CacheShape,
-    LayerCache,
     convert,
     empty_cache,
     field_views,
@@ -37,23 +36,9 @@ from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
 from kvspec.transport import wire
 from kvspec.transport.wire import WireError, decode, encode, staging_nbytes
+from tests.strategies import random_bits, same_cache
 
 MHA_PLAIN = tuple(n for n, spec in LAYOUTS.items() if spec.kv_tensors in (2, None))
-
-
-def random_bits(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
-    """Random raw bits, NaN payloads and -0.0 included [DTYPE-2]."""
-    bits_dtype = raw_bits(torch.empty(0, dtype=torch_dtype(dtype))).dtype
-    info = torch.iinfo(bits_dtype)
-    generator = torch.Generator().manual_seed(seed)
-    bits = torch.randint(info.min, info.max, shape, dtype=bits_dtype, generator=generator)
-    return bits.view(torch_dtype(dtype))
-
-
-def same(a: LayerCache, b: LayerCache) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and bit_equal(a, b)
-    return len(a) == len(b) and all(bit_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @st.composite
@@ -228,7 +213,7 @@ def test_convert_into_out_is_the_allocating_convert(
     out_shape = CacheShape(2, shape.slots // to_block, to_block, 3, 8)
     out = empty_cache(target, out_shape, "bfloat16")
     got = convert(cache, source, target, block_size=to_block, source_block_size=page, out=out)
-    assert got is out and same(out, expected)
+    assert got is out and same_cache(out, expected)
 
 
 def test_convert_refuses_an_out_it_cannot_fill() -> None:

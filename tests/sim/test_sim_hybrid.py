@@ -29,7 +29,7 @@ from sim.cli import main
 from sim.group_messages import piece_frames, read_header, read_piece
 from sim.hybrid import HybridRun, run_hybrid
 from sim.messages import MessageError
-from tests.test_block_size import WINDOWED  # vLLM block size 144 at TP1, 80 at TP4
+from tests.spec.test_block_size import WINDOWED  # vLLM block size 144 at TP1, 80 at TP4
 
 EVERY_KIND = ModelShape(
     6,

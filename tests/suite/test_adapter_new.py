@@ -15,8 +15,8 @@ from kvspec.cli import main
 from kvspec.cli.adapter import class_name, scaffold
 from kvspec.conformance.adapter import CAPABILITIES, check_adapter, method_capabilities
 from kvspec.conformance.checks import all_checks
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PLUG = "# plug your engine here:"
 # quick: this test is about the commands a user types and every check running on the
 # scaffold; the reference it delegates to is checked at ci by test_conformance. At ci it is

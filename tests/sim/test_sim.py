@@ -24,10 +24,8 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import get_layout, layouts_for
 from kvspec.naming.keys import parse_key
 from kvspec.naming.ports import port
-from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from sim.cli import main as sim_main
@@ -36,14 +34,8 @@ from sim.config import SimConfig
 from sim.endpoints import all_ranks, find_free_base
 from sim.faults import parse_faults
 from sim.report import SimReport
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def make(stages: tuple[StageLayout, ...], model: ModelShape, **overrides) -> SimConfig:
-    """A small run; over TCP the OS assigns every port, so concurrent runs never collide."""
-    settings_ = {"requests": 3, "seq_len": (3, 24), "timeout": 60.0, "ports": "os", **overrides}
-    return SimConfig(stages=stages, model=model, **settings_)
+from tests.paths import ROOT
+from tests.sim.runs import MHA, assert_all_verified, domain_runs, small_run
 
 
 def run_on_spec_ports(config: SimConfig, attempts: int = 5) -> SimReport:
@@ -58,14 +50,6 @@ def run_on_spec_ports(config: SimConfig, attempts: int = 5) -> SimReport:
     raise AssertionError(f"no free base port in {attempts} attempts: {report.setup_error}")
 
 
-def assert_all_verified(report: SimReport) -> None:
-    assert report.ok, report.render()
-    assert (
-        report.verified == len(report.outcomes) == report.config.requests * report.config.replicas
-    )
-    assert report.edge_bytes == report.planned_bytes, "bytes per edge equal the plan [PLAN-5]"
-
-
 def _no_children_left() -> None:
     deadline = time.time() + 60  # returns as soon as they are gone; generous for busy hosts
     while multiprocess.active_children() and time.time() < deadline:
@@ -73,57 +57,9 @@ def _no_children_left() -> None:
     assert not multiprocess.active_children()
 
 
-def _cache_side(draw: st.DrawFn, attention: str, layout: StageLayout) -> tuple[str, int]:
-    """A cache layout and block size the stage's token rule fits [CP-2]."""
-    rule = layout.rule
-    if layout.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1):
-        paged = [n for n in layouts_for(attention) if get_layout(n).paged]
-        name = draw(st.sampled_from(paged))
-        if rule.kind == "interleave":
-            return name, rule.size * draw(st.integers(1, 2))
-        return name, rule.size
-    name = draw(st.sampled_from(layouts_for(attention)))
-    return name, draw(st.integers(1, 5)) if get_layout(name).paged else 1
-
-
-@st.composite
-def sim_configs(draw: st.DrawFn) -> SimConfig:
-    """Runs over the whole domain: any TP pair, attention DP, token shards on either side
-    (PCP and DCP, every rule), PP, chunks, both slicing modes [PLAN-1, CP-1, DP-1]."""
-    case = draw(
-        transfer_cases(
-            sizes=(1, 2, 3, 4, 6, 8),
-            max_pp=2,
-            max_layers=3,
-            max_head_dim=4,
-            non_dividing=True,
-            dp_sizes=(1, 2),
-            cp_sizes=(1, 2),
-            dcp_sizes=(1, 2),
-        )
-    )
-    attention = case.model.attention
-    (src_layout, src_bs) = _cache_side(draw, attention, case.source)
-    (dst_layout, dst_bs) = _cache_side(draw, attention, case.target)
-    shortest = max(
-        [3] + [2 * x.token_shards for x in (case.source, case.target) if x.rule.kind == "zigzag"]
-    )
-    return make(
-        (case.source, case.target),
-        case.model,
-        policy=case.policy,
-        src_layout=src_layout,
-        src_block_size=src_bs,
-        dst_layout=dst_layout,
-        dst_block_size=dst_bs,
-        requests=2,
-        seq_len=(shortest, shortest + 9),
-        chunks=draw(st.integers(1, 3)),
-        replicas=draw(st.integers(1, 2)),
-        slicing=draw(st.sampled_from(["sender", "receiver"])),
-        seed=draw(st.integers(0, 1000)),
-        transport="inproc",
-    )
+def sim_configs() -> st.SearchStrategy[SimConfig]:
+    """Runs over the whole domain, replicas and both slicing modes too."""
+    return domain_runs(replicas=st.integers(1, 2), slicing=st.sampled_from(["sender", "receiver"]))
 
 
 @given(sim_configs())
@@ -133,7 +69,6 @@ def test_in_process_runs_verify_every_element(config: SimConfig) -> None:
     assert_all_verified(run_simulation(config))
 
 
-MHA = ModelShape(2, 4, 8)
 PROCESS_RUNS = {
     "fan-in TP4->TP2": dict(stages=(StageLayout(4), StageLayout(2)), model=MHA),
     "fan-out TP2->TP8, replicated target heads": dict(
@@ -215,7 +150,7 @@ PROCESS_RUNS = {
 
 @pytest.mark.parametrize("name", list(PROCESS_RUNS))
 def test_multi_process_runs(name: str) -> None:
-    report = run_simulation(make(**PROCESS_RUNS[name]))
+    report = run_simulation(small_run(**PROCESS_RUNS[name]))
     assert_all_verified(report)
     assert report.processes >= 1
     # start-up (bind, connect, handshake) is part of the run, before any KV moves
@@ -225,7 +160,7 @@ def test_multi_process_runs(name: str) -> None:
 
 
 def _faulted(faults: str, **overrides) -> SimReport:
-    config = make(
+    config = small_run(
         (StageLayout(4), StageLayout(2)),
         MHA,
         requests=24,
@@ -331,7 +266,7 @@ def test_the_books_balance_for_fifty_seeds(kind: str) -> None:
     """Each fault, alone, over 50 seeds: injected == observed, key by key [sim.accounting]."""
     hang = kind == "hang"
     for seed in range(50):
-        config = make(
+        config = small_run(
             (StageLayout(2), StageLayout(2)),
             MHA,
             requests=4,
@@ -357,7 +292,7 @@ def test_strangers_neither_read_the_kv_nor_stop_the_run() -> None:
     port with garbage and forged events, sends a forged hello and an oversized message to
     a sender: every request still verifies, nothing reaches the stranger, and the report
     counts the strangers [sim.auth]."""
-    config = make(
+    config = small_run(
         (StageLayout(2), StageLayout(2)), MHA, requests=30, faults=parse_faults("delay=5ms")
     )
     config = replace(config, ports="spec", base_port=find_free_base(config, start=30000))
@@ -408,7 +343,7 @@ def test_strangers_neither_read_the_kv_nor_stop_the_run() -> None:
 
 def test_garbage_sent_to_a_live_sender_port_is_survived() -> None:
     """A stranger connects to a sender's KV port and sprays junk mid-run."""
-    config = make(
+    config = small_run(
         (StageLayout(2), StageLayout(2)), MHA, requests=30, faults=parse_faults("delay=5ms")
     )
     cluster = Cluster(config)
@@ -433,7 +368,7 @@ def test_garbage_sent_to_a_live_sender_port_is_survived() -> None:
 
 
 def test_the_spec_ports_are_used_and_released_after_a_run() -> None:
-    config = make((StageLayout(2), StageLayout(2)), MHA)
+    config = small_run((StageLayout(2), StageLayout(2)), MHA)
     report = run_on_spec_ports(config)
     assert_all_verified(report)
     for rank in range(2):
@@ -446,7 +381,7 @@ def test_the_spec_ports_are_used_and_released_after_a_run() -> None:
 def test_a_port_taken_by_another_program_is_named_with_exit_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = make((StageLayout(2), StageLayout(2)), MHA)
+    config = small_run((StageLayout(2), StageLayout(2)), MHA)
     base = find_free_base(replace(config, ports="spec"), start=25000)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port("kv", base, 0, 1)))
@@ -688,7 +623,7 @@ def test_no_temporary_files_are_left_behind(tmp_path: Path) -> None:
 def test_runs_on_every_device(device: str) -> None:
     """--device cuda places each rank's cache on cuda:(rank % device_count) and stages
     sends through pinned host memory; on CPU the same run stays in host memory."""
-    config = make(
+    config = small_run(
         (StageLayout(2), StageLayout(4)),
         ModelShape(2, 4, 8, dtype="float8_e4m3fn"),
         device=device,

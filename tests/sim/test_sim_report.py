@@ -9,11 +9,9 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout
 from sim.clock import process_age, process_start
@@ -23,10 +21,10 @@ from sim.faults import parse_faults
 from sim.progress import ProgressBar
 from sim.report import SimReport, human_rate
 from sim.workload import Workload
+from tests.paths import ROOT
+from tests.sim.runs import MHA
 
-ROOT = Path(__file__).resolve().parent.parent
 IMPORTED = time.clock_gettime(time.CLOCK_BOOTTIME)  # the clock process_age counts by
-MHA = ModelShape(2, 4, 8)
 
 
 def _run(source: int, target: int, **overrides) -> SimReport:

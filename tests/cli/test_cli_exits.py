@@ -6,14 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from kvspec.cli.exits import INTERRUPTED, READER_GONE, run_to_exit
-
-ROOT = Path(__file__).resolve().parent.parent
-
+from tests.paths import ROOT
 
 # argparse prints --help itself and, from Python 3.11, drops an OSError while doing so,
 # then exits 0; before that the broken pipe reaches run_to_exit. Quiet either way.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT as REPO
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: make test-gpu")

@@ -18,22 +18,14 @@ from kvspec.memory.cache_layout import (
     kv_views,
 )
 from kvspec.strategies import cache_shapes
-from kvspec.tensors.dtypes import DTYPES, bit_equal, raw_bits, torch_dtype
+from kvspec.tensors.dtypes import DTYPES, raw_bits
+from tests.strategies import random_bits, same_cache
 
 MHA = ("flash_attn", "flash_attn_hnd", "flashinfer", "flashinfer_hnd", "kv_tuple", "token_major")
 MLA = ("mla", "token_major")
 PAIRS = [(a, b, 2) for a, b in itertools.product(MHA, MHA)] + [
     (a, b, 1) for a, b in itertools.product(MLA, MLA)
 ]
-
-
-def random_bits(shape: tuple[int, ...], dtype: str, seed: int) -> torch.Tensor:
-    """Random raw bits, NaN payloads and -0.0 included [DTYPE-2]."""
-    bits_dtype = raw_bits(torch.empty(0, dtype=torch_dtype(dtype))).dtype
-    info = torch.iinfo(bits_dtype)
-    generator = torch.Generator().manual_seed(seed)
-    bits = torch.randint(info.min, info.max, shape, dtype=bits_dtype, generator=generator)
-    return bits.view(torch_dtype(dtype))
 
 
 def build(layout: str, tensors: tuple[torch.Tensor, ...]) -> LayerCache:
@@ -53,12 +45,6 @@ def build(layout: str, tensors: tuple[torch.Tensor, ...]) -> LayerCache:
 def canonical(shape: CacheShape, dtype: str, seed: int, device: str) -> tuple[torch.Tensor, ...]:
     dims = (shape.num_blocks, shape.block_size, shape.heads, shape.head_dim)
     return tuple(random_bits(dims, dtype, seed + k).to(device) for k in range(shape.kv))
-
-
-def same(a: LayerCache, b: LayerCache) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and bit_equal(a, b)
-    return len(a) == len(b) and all(bit_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def storages(cache: LayerCache) -> set[int]:
@@ -94,10 +80,10 @@ def test_conversion_matches_the_layouts_and_round_trips(
     cache = build(source, tensors)
     out = convert(cache, source, target, block_size=block_size)
     reblocked = tuple(t.reshape(-1, block_size, shape.heads, shape.head_dim) for t in tensors)
-    assert same(out, build(target, reblocked))
+    assert same_cache(out, build(target, reblocked))
     assert not storages(out) & storages(cache), "a conversion shares no storage with its input"
     back = convert(out, target, source, block_size=shape.block_size)
-    assert same(back, cache)
+    assert same_cache(back, cache)
 
 
 def test_every_pair_in_every_dtype(device: str) -> None:
@@ -109,7 +95,7 @@ def test_every_pair_in_every_dtype(device: str) -> None:
         block_size = 1 if target == "token_major" else 4
         out = convert(build(source, tensors), source, target, block_size=block_size)
         reblocked = tuple(t.reshape(-1, block_size, shape.heads, shape.head_dim) for t in tensors)
-        assert same(out, build(target, reblocked)), (source, target, dtype)
+        assert same_cache(out, build(target, reblocked)), (source, target, dtype)
 
 
 @given(

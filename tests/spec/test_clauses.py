@@ -1,11 +1,10 @@
 """The clause registry, the generated docs table, and clause citations in the code."""
 
 import re
-from pathlib import Path
 
 from kvspec.clauses import all_clauses, clause_table_markdown
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CITATION = re.compile(r"\b([A-Z]+)-(\d+)(?:\.\.(\d+))?\b")
 
 

@@ -3,7 +3,6 @@
 import ast
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,8 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.transport.payload import Payload, payload_equal, payload_from_shipment
 from kvspec.transport.wire import FORMAT, VERSION, WireError, WireLimits, decode, encode
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 FP8_MLA = TransferCase(StageLayout(2), StageLayout(4), ModelShape.mla(3, 4, dtype="float8_e5m2"))
 GQA = TransferCase(StageLayout(4), StageLayout(2), ModelShape(3, 4, 8))
 SINGLE = TransferCase(StageLayout(1), StageLayout(1), ModelShape(3, 4, 8))

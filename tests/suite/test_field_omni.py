@@ -2,7 +2,8 @@
 
 Needs vllm-omni 0.30.0 and vllm 0.30.0 importable (`make field` builds them into
 .venv-field/engines/vllm-omni); run with that directory on PYTHONPATH, e.g.
-`PYTHONPATH=.venv-field/engines/vllm-omni .venv/bin/python -m pytest tests/test_field_omni.py`.
+`PYTHONPATH=.venv-field/engines/vllm-omni .venv/bin/python -m pytest`
+`tests/suite/test_field_omni.py`.
 Skipped where vllm_omni is not importable.
 """
 

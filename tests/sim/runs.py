@@ -1,0 +1,77 @@
+"""What the sim tests share: a small run, the verdict every clean run must reach, and
+runs drawn over the whole planning domain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from kvspec.strategies import transfer_cases
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
+from sim.config import SimConfig
+from sim.report import SimReport
+from tests.strategies import cache_side, shortest_request
+
+MHA = ModelShape(2, 4, 8)
+
+
+def small_run(stages: tuple[StageLayout, ...], model: ModelShape, **overrides: Any) -> SimConfig:
+    """A small run; over TCP the OS assigns every port, so concurrent runs never collide."""
+    settings_ = {"requests": 3, "seq_len": (3, 24), "timeout": 60.0, "ports": "os", **overrides}
+    return SimConfig(stages=stages, model=model, **settings_)
+
+
+def assert_all_verified(report: SimReport) -> None:
+    """Every request of every replica verified, and each edge moved the plan's bytes."""
+    assert report.ok, report.render()
+    assert (
+        report.verified == len(report.outcomes) == report.config.requests * report.config.replicas
+    )
+    assert report.edge_bytes == report.planned_bytes, "bytes per edge equal the plan [PLAN-5]"
+
+
+@st.composite
+def domain_runs(
+    draw: st.DrawFn,
+    *,
+    sizes: tuple[int, ...] = (1, 2, 3, 4, 6, 8),
+    cross_layer: bool = False,
+    **drawn: st.SearchStrategy[Any],
+) -> SimConfig:
+    """In-process runs over the whole domain: any TP pair (non-dividing included), PP,
+    token shards on either side (PCP and DCP, every rule), attention-DP groups, any two
+    presets with a block size each side's rule fits, chunks [PLAN-1, CP-1, CP-2, DP-1].
+    ``drawn`` adds settings drawn per run (e.g. ``transfer=st.sampled_from(...)``)."""
+    case = draw(
+        transfer_cases(
+            sizes=sizes,
+            max_pp=2,
+            max_layers=3,
+            max_head_dim=4,
+            non_dividing=True,
+            dp_sizes=(1, 2),
+            cp_sizes=(1, 2),
+            dcp_sizes=(1, 2),
+        )
+    )
+    attention = case.model.attention
+    src_layout, src_bs = cache_side(draw, attention, case.source, cross_layer=cross_layer)
+    dst_layout, dst_bs = cache_side(draw, attention, case.target, cross_layer=cross_layer)
+    shortest = shortest_request(case)
+    return small_run(
+        (case.source, case.target),
+        case.model,
+        policy=case.policy,
+        src_layout=src_layout,
+        src_block_size=src_bs,
+        dst_layout=dst_layout,
+        dst_block_size=dst_bs,
+        requests=2,
+        seq_len=(shortest, shortest + 9),
+        chunks=draw(st.integers(1, 3)),
+        seed=draw(st.integers(0, 1000)),
+        transport="inproc",
+        **{name: draw(strategy) for name, strategy in drawn.items()},
+    )
