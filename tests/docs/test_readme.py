@@ -1,4 +1,5 @@
-"""The README's examples are true: its Python blocks run and its console transcripts match."""
+"""The README's and the docs pages' examples are true: their Python blocks run and their
+console transcripts match."""
 
 import re
 import shlex
@@ -9,18 +10,40 @@ from kvspec.cli import main
 from sim.cli import main as sim_main
 from tests.paths import ROOT
 
-README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
 
+GENERATED = {
+    "docs/clauses.md": "kvspec clauses --markdown (tests/spec/test_clauses.py); no code blocks",
+    "docs/adapter-api.md": "kvspec adapter doc (tests/suite/test_adapter_api.py); no code blocks",
+    "docs/field-report.md": "kvspec field-report, from make field's reports; no code blocks",
+}
+"""Pages written by code, compared with what the code renders by their own tests."""
 
-def _blocks(language: str) -> list[str]:
-    return [body for lang, body in BLOCK.findall(README) if lang == language]
+RENDERED_NOTEBOOKS = "docs/notebooks/"
+"""tools/render_notebooks.py's pages: their python blocks are notebook cells, run from the
+notebooks themselves by tests/docs/test_notebooks.py (they share state from cell to cell and
+draw figures), and their console block is a `jupyter execute` line, not a transcript."""
 
 
-def _transcripts() -> list[tuple[str, list[str]]]:
+def _page_names() -> list[str]:
+    """README.md and every hand-written page under docs/, as paths from the root."""
+    pages = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in DOCS.rglob("*.md"))]
+    return [p for p in pages if p not in GENERATED and not p.startswith(RENDERED_NOTEBOOKS)]
+
+
+PAGES = _page_names()
+
+
+def _blocks(page: str, language: str) -> list[str]:
+    text = (ROOT / page).read_text()
+    return [body for lang, body in BLOCK.findall(text) if lang == language]
+
+
+def _transcripts(page: str) -> list[tuple[str, list[str]]]:
     """(command, shown output lines) for every `$ .venv/bin/...` line of a console block."""
     found = []
-    for body in _blocks("console"):
+    for body in _blocks(page, "console"):
         current: tuple[str, list[str]] | None = None
         for line in body.splitlines():
             if line.startswith("$ "):
@@ -31,23 +54,34 @@ def _transcripts() -> list[tuple[str, list[str]]]:
     return found
 
 
-@pytest.mark.parametrize("index", range(len(_blocks("python"))))
-def test_python_block_runs(index: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The README's reader runs its blocks from the checkout's root (`examples` is found there).
+PYTHON_BLOCKS = [(page, i) for page in PAGES for i in range(len(_blocks(page, "python")))]
+TRANSCRIPTS = [(page, *t) for page in PAGES for t in _transcripts(page)]
+
+
+@pytest.mark.parametrize(
+    ("page", "index"), PYTHON_BLOCKS, ids=[f"{p}-{i}" for p, i in PYTHON_BLOCKS]
+)
+def test_python_block_runs(page: str, index: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reader runs the blocks from the checkout's root (`examples` is found there).
     monkeypatch.chdir(ROOT)
     monkeypatch.syspath_prepend(str(ROOT))
-    exec(compile(_blocks("python")[index], f"README.md python block {index}", "exec"), {})
+    code = compile(_blocks(page, "python")[index], f"{page} python block {index}", "exec")
+    exec(code, {})
 
 
-@pytest.mark.parametrize(("command", "shown"), _transcripts(), ids=lambda v: str(v)[:60])
+@pytest.mark.parametrize(
+    ("page", "command", "shown"),
+    TRANSCRIPTS,
+    ids=[f"{page}-{command[:60]}" for page, command, _ in TRANSCRIPTS],
+)
 def test_console_transcript(
-    command: str, shown: list[str], capsys: pytest.CaptureFixture[str]
+    page: str, command: str, shown: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     words = shlex.split(command, comments=True)
     if words[:3] == [".venv/bin/python", "-m", "sim"]:
         code = sim_main(words[3:])
     else:
-        assert words[0] == ".venv/bin/kvspec", f"README runs only kvspec and sim: {command}"
+        assert words[0] == ".venv/bin/kvspec", f"{page} runs only kvspec and sim: {command}"
         code = main(words[1:])
     out, err = capsys.readouterr()
     annotated = re.search(r"exit (\d+)", command)
@@ -62,6 +96,32 @@ def test_console_transcript(
         assert any(pattern.fullmatch(p) for p in printed), line
 
 
-def test_readme_shows_the_example_adapter_verbatim() -> None:
+def test_the_conformance_page_shows_the_example_adapter_verbatim() -> None:
     adapter = (ROOT / "examples" / "field_adapter.py").read_text()
-    assert adapter in _blocks("python")
+    assert adapter in _blocks("docs/conformance.md", "python")
+
+
+def test_the_readme_shows_a_short_adapter() -> None:
+    """The README's adapter (run by test_python_block_runs) stays about twenty lines."""
+    (adapter,) = [b for b in _blocks("README.md", "python") if "(Adapter):" in b]
+    assert len(adapter.strip().splitlines()) <= 25
+
+
+def test_the_readme_keeps_the_two_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    (commands,) = [b for lang, b in BLOCK.findall(text) if lang == "console" and "make run" in b]
+    assert [line.split()[:2] for line in commands.splitlines()] == [
+        ["make", "run"],
+        ["make", "test"],
+    ]
+
+
+def test_every_page_has_its_blocks_tested_or_is_excluded_for_a_reason() -> None:
+    """A page under docs/ is tested here unless it is generated (GENERATED) or a rendered
+    notebook: a new page is picked up without editing this file."""
+    every = sorted(p.relative_to(ROOT).as_posix() for p in DOCS.rglob("*.md"))
+    left_out = [p for p in every if p not in PAGES]
+    assert all(p in GENERATED or p.startswith(RENDERED_NOTEBOOKS) for p in left_out)
+    for page in GENERATED:
+        assert (ROOT / page).is_file(), page
+        assert not BLOCK.findall((ROOT / page).read_text()), f"{page} has code blocks now"
