@@ -1,6 +1,7 @@
 """The README's and the docs pages' examples are true: their Python blocks run and their
-console transcripts match."""
+console transcripts match; the clause families of docs/rules.md are the spec's."""
 
+import importlib.util
 import re
 import shlex
 
@@ -125,3 +126,23 @@ def test_every_page_has_its_blocks_tested_or_is_excluded_for_a_reason() -> None:
     for page in GENERATED:
         assert (ROOT / page).is_file(), page
         assert not BLOCK.findall((ROOT / page).read_text()), f"{page} has code blocks now"
+
+
+# -- generated tables ---------------------------------------------------------------------
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_clause_families_are_the_ones_the_spec_declares() -> None:
+    families = _tool("clause_families")
+    committed = (DOCS / "rules.md").read_text()
+    assert families.render(committed) == committed, "run: python tools/clause_families.py"
+    from kvspec.clauses import all_clauses
+
+    for clause in all_clauses().values():
+        assert f" {clause.id} {clause.title}" in committed
