@@ -86,8 +86,8 @@ step "the sdist carries its tests, and they run from it"
 cd "$work"
 tar -xzf "$sdist"
 src=$(ls -d "$work"/kvspec-*/)
-for needed in LICENSE README.md tests/conftest.py examples/field_adapter.py \
-              kvspec/conformance/golden/manifest.json; do
+for needed in LICENSE README.md mkdocs.yml docs/index.md tests/conftest.py \
+              examples/field_adapter.py kvspec/conformance/golden/manifest.json; do
   [ -e "$src/$needed" ] || { echo "wheel smoke: the sdist lacks $needed" >&2; exit 1; }
 done
 (cd "$src" && CI=1 "$DEV_PY" -m pytest -q -p no:cacheprovider tests/spec/test_plan.py \

@@ -1,9 +1,11 @@
 """The README's and the docs pages' examples are true: their Python blocks run and their
-console transcripts match; the clause families of docs/rules.md are the spec's."""
+console transcripts match; their links reach what they name; the site's nav lists every
+page; the clause families of docs/rules.md are the spec's."""
 
 import importlib.util
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -126,6 +128,129 @@ def test_every_page_has_its_blocks_tested_or_is_excluded_for_a_reason() -> None:
     for page in GENERATED:
         assert (ROOT / page).is_file(), page
         assert not BLOCK.findall((ROOT / page).read_text()), f"{page} has code blocks now"
+
+
+# -- links --------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^```.*?^```[ \t]*$", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+INLINE_LINK = re.compile(r"\]\(([^)\s]+)\)")
+REFERENCE = re.compile(r"^\[[^\]\n]+\]:[ \t]*(\S+)", re.M)
+HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$", re.M)
+HTML_ANCHOR = re.compile(r"""<a\s+(?:id|name)=["']([^"']+)["']""")
+
+
+def _prose(text: str) -> str:
+    return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it (MkDocs' toc makes the same for these pages:
+    `mkdocs build --strict` checks its own)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"[`*]", "", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = path.read_text()
+    found: set[str] = set(HTML_ANCHOR.findall(text))
+    seen: dict[str, int] = {}
+    for _, heading in HEADING.findall(FENCE.sub("", text)):
+        base = slug(heading)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+LINKED_PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in DOCS.rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES)
+def test_every_relative_link_reaches_its_file_and_anchor(page: str) -> None:
+    path = ROOT / page
+    prose = _prose(path.read_text())
+    broken = []
+    for target in INLINE_LINK.findall(prose) + REFERENCE.findall(prose):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):
+            continue  # https:, mailto:
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no such heading in {linked.relative_to(ROOT)}")
+    assert not broken, f"{page}: " + "; ".join(broken)
+
+
+def test_the_slugs_are_githubs() -> None:
+    assert slug("What `make run` shows") == "what-make-run-shows"
+    assert slug("Two data paths: ZMQ and torch.distributed") == (
+        "two-data-paths-zmq-and-torchdistributed"
+    )
+    assert slug("Today's cache layouts, and the bytes a pull connector moves") == (
+        "todays-cache-layouts-and-the-bytes-a-pull-connector-moves"
+    )
+
+
+# -- the site -----------------------------------------------------------------------------
+
+NAV_ENTRY = re.compile(r"^\s+- (?:(?:\"[^\"]*\"|[^:\"]+): )?(\S+\.md)\s*$")
+
+
+def _nav() -> list[str]:
+    """The pages of mkdocs.yml's nav (read without YAML: every `- Title: page.md` line
+    under `nav:`; a section is a `- Title:` line with nothing after the colon)."""
+    lines = (ROOT / "mkdocs.yml").read_text().splitlines()
+    nav = lines[lines.index("nav:") + 1 :]
+    pages = []
+    for line in nav:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        assert line.startswith(" "), f"mkdocs.yml: nav must be last, found {line!r}"
+        match = NAV_ENTRY.match(line)
+        if match:
+            pages.append(match.group(1))
+        else:
+            assert line.rstrip().endswith(":"), f"mkdocs.yml: not a nav entry: {line!r}"
+    return pages
+
+
+def test_the_nav_lists_every_page_once_and_only_pages_that_exist() -> None:
+    nav = _nav()
+    assert len(nav) == len(set(nav)), "a page twice in the nav"
+    assert nav[0] == "index.md"
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    assert sorted(nav) == pages, (
+        f"in the nav, not under docs/: {sorted(set(nav) - set(pages))}; "
+        f"under docs/, not in the nav: {sorted(set(pages) - set(nav))}"
+    )
+
+
+def test_the_readme_links_every_page() -> None:
+    """The README's "where things live" reaches every page but the home (which is the
+    README) and the rendered notebooks (the notebooks page links them)."""
+    linked = {
+        (ROOT / target.partition("#")[0]).resolve()
+        for target in INLINE_LINK.findall(_prose((ROOT / "README.md").read_text()))
+    }
+    for page in DOCS.glob("*.md"):
+        if page.name != "index.md":
+            assert page.resolve() in linked, f"the README does not link {page.name}"
+
+
+def test_the_site_home_is_the_readme_with_its_links_made_relative_to_docs() -> None:
+    hooks = _tool("mkdocs_hooks")  # imports mkdocs only when MkDocs calls a hook
+    text = hooks.readme_for_docs(
+        "[a](docs/sim.md#x) [b](sim/pull.py) [c](#here) [d](https://x.org)\n"
+        "```python\nx[0](y)\n```\n[E-1]: docs/clauses.md#e\n"
+    )
+    assert text == (
+        "[a](sim.md#x) [b](../sim/pull.py) [c](#here) [d](https://x.org)\n"
+        "```python\nx[0](y)\n```\n[E-1]: clauses.md#e\n"
+    )
 
 
 # -- generated tables ---------------------------------------------------------------------
