@@ -5,7 +5,7 @@
 
 Each family's clauses and the spec modules that declare them come from
 ``kvspec.clauses`` (the ``CLAUSES`` each spec module declares), so the table cannot
-drift from the spec: ``tests/test_readme.py`` fails when the committed table is not
+drift from the spec: ``tests/docs/test_readme.py`` fails when the committed table is not
 what this renders.
 """
 

@@ -12,7 +12,7 @@ The pages are written to be read in the repository too, where a link such as
   well. Only files that exist are added: a link to a missing file still fails
   ``mkdocs build --strict``.
 
-Nothing here imports mkdocs until MkDocs calls a hook, so ``tests/test_readme.py`` tests
+Nothing here imports mkdocs until MkDocs calls a hook, so ``tests/docs/test_readme.py`` tests
 the link rewriting without it.
 """
 
