@@ -17,6 +17,7 @@
 # (regenerate the golden vectors), make notebooks (execute and render the notebooks),
 # make field (real engines through the suite: builds .venv-field, rewrites
 # docs/field-report.md; see field/run.sh).
+# make docs: the docs site (mkdocs.yml) built with --strict into site/; not part of make test.
 
 VENV ?= .venv
 TORCH ?=
@@ -84,3 +85,16 @@ field-report:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+
+# The docs site: every page under docs/, the README as its home, built with --strict (a
+# broken link or anchor, or a page left out of mkdocs.yml's nav, fails it) into site/.
+# The versions pinned in docs/requirements.txt go into a venv of their own on first use.
+DOCS_VENV ?= .venv-docs
+.PHONY: docs
+docs: $(DOCS_VENV)/.docs-stamp
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
+
+$(DOCS_VENV)/.docs-stamp: docs/requirements.txt
+	[ -x $(DOCS_VENV)/bin/python ] || $${PYTHON:-python3} -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip --disable-pip-version-check -q install -r docs/requirements.txt
+	touch $@

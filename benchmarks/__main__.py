@@ -3,7 +3,7 @@
 python -m benchmarks            full sizes
 python -m benchmarks --quick    small sizes, under two minutes
 python -m benchmarks --json PATH --only reshard --repeat 11
-python -m benchmarks --markdown  the README's tables, from this run
+python -m benchmarks --markdown  docs/benchmarks.md's tables, from this run
 
 Every speed runs interleaved with its baseline (a copy of the same bytes, raw pyzmq for
 the sim, the same sim runs over ZMQ for its gloo path) --repeat times each; the table
@@ -62,7 +62,7 @@ GOAL = 0.8
 
 
 def render_markdown(figures: list[Figure]) -> str:
-    """The README's tables: every figure but the layout pairs, then the pairs as a matrix.
+    """docs/benchmarks.md's tables: every figure but the layout pairs, then the pairs as a matrix.
 
     A speed below :data:`GOAL` of its baseline is marked, its note saying why; a
     reference figure is never marked (it is not held to the goal).
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         help="timed runs of each side of a comparison, interleaved (7)",
     )
     parser.add_argument(
-        "--markdown", action="store_true", help="print the README's tables instead of the table"
+        "--markdown", action="store_true", help="print docs/benchmarks.md's tables instead"
     )
     parser.add_argument(
         "--only",

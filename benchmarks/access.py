@@ -15,7 +15,7 @@ These are references, not data paths. Torch's and NumPy's copies write in memory
 and read in whatever order that gives, so a data-path figure built on them that reads
 in one of these orders stands on its floor; one well below it pays for something else.
 A compiled loop that reads the source in order does about 0.1 better on the transpose
-and worse on a reshard's landing (the README's benchmark notes give the figures).
+and worse on a reshard's landing (docs/benchmarks.md's notes give the figures).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A module shaped like the KV-transfer helpers engines in the field ship.
 
-It is NOT part of kvspec: it stands for "your implementation" in the README's
-adapter example and in the tests. It follows the API the design describes
+It is NOT part of kvspec: it stands for "your implementation" in the adapter examples
+(the README's and docs/conformance.md's) and in the tests. It follows the API the design describes
 (``KVTPTopology``, rank routing by TP ratio, ``_``-joined keys, a port formula,
 head slicing on dim 1, merging by concatenation in the given order, layout reading
 by shape) and keeps that API's known limits on purpose: its topology has no head

@@ -3,7 +3,7 @@
 # benchmark rows and the conformance suite on cuda. `make test-gpu` runs it in the
 # project's venv; on a borrowed GPU machine that reaches no package index it runs on that
 # machine's own python3 (which must hold torch with CUDA) with the wheels that
-# tools/gpu_wheels.sh put in .whl/ (see README "GPU").
+# tools/gpu_wheels.sh put in .whl/ (see docs/gpu.md).
 #
 #   GPU_BUDGET_S=540 tools/gpu_check.sh    end every phase inside 540 s (0: no limit)
 #

@@ -3,7 +3,7 @@
 # Python 3.12 with torch, numpy, safetensors, hypothesis and pytest with xdist and
 # timeout, but no pyzmq, multiprocess, dill or crc32c). Writes them into .whl/ (ignored
 # by git), at the versions this venv runs, with kvspec's own wheel (for its pytest
-# plugin's entry point); tools/gpu_check.sh installs them there. See README "GPU".
+# plugin's entry point); tools/gpu_check.sh installs them there. See docs/gpu.md.
 #
 #   tools/gpu_wheels.sh                 for Python 3.12 on x86-64 Linux
 #   PYVER=3.11 tools/gpu_wheels.sh      for another Python

@@ -66,7 +66,7 @@ step "python -m sim run --transport gloo (the tensor frames over torch.distribut
 "$py" -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 --quiet --ports os --requests 4 \
   --transport gloo >/dev/null
 step "torchrun -m sim.node (two workers on this host, the store on a free port, a run key)"
-# The README's recipe for the key every host shares out of band: a file only we can read.
+# docs/multihost.md's recipe for the key every host shares out of band: a file only we can read.
 (umask 077 && "$py" -c 'import secrets; print(secrets.token_hex(32))' > "$work/run.key")
 "$bin/torchrun" --standalone --nproc-per-node 2 -m sim.node --source-tp 2 --target-tp 2 \
   --kv-heads 2 --quiet --ports os --requests 2 --key-file "$work/run.key" \
@@ -86,8 +86,8 @@ step "the sdist carries its tests, and they run from it"
 cd "$work"
 tar -xzf "$sdist"
 src=$(ls -d "$work"/kvspec-*/)
-for needed in LICENSE README.md tests/conftest.py examples/field_adapter.py \
-              kvspec/conformance/golden/manifest.json; do
+for needed in LICENSE README.md mkdocs.yml docs/index.md tests/conftest.py \
+              examples/field_adapter.py kvspec/conformance/golden/manifest.json; do
   [ -e "$src/$needed" ] || { echo "wheel smoke: the sdist lacks $needed" >&2; exit 1; }
 done
 (cd "$src" && CI=1 "$DEV_PY" -m pytest -q -p no:cacheprovider tests/spec/test_plan.py \

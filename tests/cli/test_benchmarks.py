@@ -33,7 +33,8 @@ def test_quick_run_of_the_fast_benchmarks(
 
 
 def test_markdown_marks_figures_below_the_goal(capsys: pytest.CaptureFixture[str]) -> None:
-    """The README's tables come from a run: every figure a row, the layout pairs a matrix."""
+    """docs/benchmarks.md's tables come from a run: every figure a row, the layout pairs a
+    matrix."""
     from benchmarks.__main__ import GOAL, render_markdown
     from benchmarks.figure import Figure
 

@@ -1,4 +1,5 @@
-"""`kvspec plan` and `kvspec clauses`: the plans of the README's examples and the refusals."""
+"""`kvspec plan` and `kvspec clauses`: the plans of the README's and docs/layouts.md's examples and
+the refusals."""
 
 import json
 import subprocess

@@ -1,5 +1,5 @@
 """tools/gpu_check.sh on a machine without a GPU: it says so and stops (the GPU phases
-themselves run only where torch finds one; README "GPU")."""
+themselves run only where torch finds one; docs/gpu.md)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 def torchrun_command(
     nnodes: int, endpoint: str, run_id: str, flags: list[str], host: str, conf: str = ""
 ) -> list[str]:
-    """The README's two-node command, for ``nnodes`` hosts: the same on every host but
+    """docs/multihost.md's two-node command, for ``nnodes`` hosts: the same on every host but
     ``--host``, this host's own address (the one its senders bind and publish).
     ``conf`` adds rendezvous options (see :meth:`Hosts.start`)."""
     return [

@@ -163,11 +163,11 @@ def _non_coordinator(hosts: Hosts) -> int:
 
 
 TWO_NODES = ["--source-tp", "2", "--target-tp", "2", "--requests", "2", *SMALL]
-"""The flags of the README's two-node command (its ``--json`` and ``--host`` aside)."""
+"""The flags of docs/multihost.md's two-node command (its ``--json`` and ``--host`` aside)."""
 
 
-def test_the_readme_two_node_command_is_the_one_the_namespace_test_runs() -> None:
-    text = (REPO / "README.md").read_text()
+def test_the_documented_two_node_command_is_the_one_the_namespace_test_runs() -> None:
+    text = (REPO / "docs" / "multihost.md").read_text()
     block = text[
         text.index("```bash\n# on node 0") + 8 : text.index("```", text.index("# on node 1"))
     ]
@@ -189,7 +189,7 @@ def test_the_readme_two_node_command_is_the_one_the_namespace_test_runs() -> Non
 
 @pytest.mark.parametrize("transport", ["tcp", "gloo"])
 def test_two_namespace_hosts(namespaces, tmp_path: Path, transport: str) -> None:
-    """The README's two-node command, each node a network namespace with its own address;
+    """docs/multihost.md's two-node command, each node a network namespace with its own address;
     with gloo, the tensor frames cross the bridge over torch.distributed [sim.p2p]."""
     hosts = namespaces(2)
     results = _run(hosts, [*TWO_NODES, "--transport", transport], tmp_path / "report.json")

@@ -72,7 +72,7 @@ def test_docs_list_every_obligation() -> None:
 
 def test_a_corpus_run_reports_every_mutant_with_its_killer() -> None:
     """`kvspec conform --mutants`' report, on a few mutants in two workers. The whole
-    corpus through the whole suite runs once, as the README's transcript of
+    corpus through the whole suite runs once, as docs/conformance.md's transcript of
     `kvspec conform --mutants --profile ci` (tests/docs/test_readme.py), and every mutant
     against its own checks in tests/suite/test_conformance_power.py."""
     from kvspec.conformance.mutation import render_mutation, run_corpus
