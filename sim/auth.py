@@ -15,7 +15,7 @@ Then:
 Signatures are HMAC-SHA256 over the run id, the message kind and the ranks involved;
 anything that fails to verify is dropped and counted as a stranger, never fatal.
 The data itself is not encrypted: the threat is a local stranger, and loopback
-traffic cannot be read without root (see the README's threat model).
+traffic cannot be read without root (see the threat model in docs/sim.md).
 
 On several hosts (``sim.node``) the workers share no parent, and their meeting place,
 torch.distributed's store, has no authentication. So the run's secret never travels:
