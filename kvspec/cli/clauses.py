@@ -5,11 +5,14 @@ kvspec clauses HEAD            only ids starting with HEAD
 kvspec clauses --text          with each clause's full text and its obligations
 kvspec clauses --markdown      the table of docs/clauses.md
 kvspec clauses --coverage      obligation -> checks -> mutants (exit 1 on a gap)
+kvspec clauses --map [FAMILY]  where each family lives: spec module, error cases, checks,
+                               mutants, golden vectors and (in a checkout) tests
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from kvspec.clauses import all_clauses, clause_table_markdown
 
@@ -26,6 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="every obligation with the checks that exercise it and the mutants they kill",
     )
+    parser.add_argument(
+        "--map",
+        action="store_true",
+        help="the files of each family: spec, error cases, checks, mutants, vectors, tests",
+    )
+
+
+def _checkout_tests() -> Path | None:
+    """The ``tests/`` of the source checkout kvspec runs from, if it runs from one."""
+    root = Path(__file__).resolve().parents[2]
+    tests = root / "tests"
+    return tests if (root / "pyproject.toml").is_file() and tests.is_dir() else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +48,15 @@ def run(args: argparse.Namespace) -> int:
         print(clause_table_markdown(), end="")
         return 0
     prefix = args.prefix.upper()
+    if args.map:
+        from kvspec.conformance.family_map import family_map, render_family_map
+
+        rows = [r for r in family_map(tests=_checkout_tests()) if r.family.startswith(prefix)]
+        if not rows:
+            print(f"kvspec clauses: no clause family starts with {args.prefix!r}")
+            return 1
+        print(render_family_map(rows), end="")
+        return 0
     if args.coverage:
         from kvspec.conformance.coverage import coverage, render_coverage
 

@@ -1,0 +1,133 @@
+"""Where each clause family lives: its spec module, error cases, checks, mutants, golden
+vectors and tests — read from the registries themselves, so the map cannot rot.
+
+``kvspec clauses --map`` prints it; a newcomer changing one rule reads it first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvspec.clauses import SPEC_MODULES, all_clauses, declared_clauses
+
+
+@dataclass(frozen=True)
+class FamilyMap:
+    """One family's pieces; each tally maps a file (or vector family) to how many it holds."""
+
+    family: str
+    clauses: tuple[str, ...]
+    spec: tuple[str, ...]
+    errors: int
+    checks: dict[str, int] = field(default_factory=dict)
+    mutants: dict[str, int] = field(default_factory=dict)
+    vectors: dict[str, int] = field(default_factory=dict)
+    tests: tuple[str, ...] | None = None
+    """Test files citing the family's clauses; None where no tests are at hand (a wheel)."""
+
+
+def _path(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+def _family(clause_or_obligation: str) -> str:
+    return clause_or_obligation.split("-", 1)[0]
+
+
+def _tally(pairs: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """family -> file -> count, each file in first-seen order."""
+    out: dict[str, Counter[str]] = {}
+    for family, where in pairs:
+        out.setdefault(family, Counter())[where] += 1
+    return {f: dict(c) for f, c in out.items()}
+
+
+def _vector_families(manifest: Path) -> dict[str, dict[str, int]]:
+    """family -> vector family -> cases citing one of the family's clauses."""
+    families = json.loads(manifest.read_text())["families"]
+    pairs = []
+    for name, cases in families.items():
+        for case in cases:
+            for fam in sorted({_family(c) for c in case.get("clauses", ())}):
+                pairs.append((fam, name))
+    return _tally(pairs)
+
+
+def _test_files(tests: Path, families: list[str]) -> dict[str, tuple[str, ...]]:
+    """family -> test files (relative to ``tests``' parent) citing one of its clause ids."""
+    cited: dict[str, list[str]] = {f: [] for f in families}
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, families)) + r")-\d")
+    for path in sorted(tests.rglob("test_*.py")):
+        for fam in sorted(set(pattern.findall(path.read_text()))):
+            cited[fam].append(path.relative_to(tests.parent).as_posix())
+    return {f: tuple(v) for f, v in cited.items()}
+
+
+def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
+    """Every family in clause-table order; ``tests`` is a checkout's ``tests/`` to search."""
+    from kvspec.conformance.checks import all_checks
+    from kvspec.conformance.mutants import all_mutants
+    from kvspec.conformance.vectors import GOLDEN_DIR
+    from kvspec.error_cases import ERROR_CASES
+
+    clauses = all_clauses()
+    families = list(dict.fromkeys(c.family for c in clauses.values()))
+    spec: dict[str, list[str]] = {f: [] for f in families}
+    for module in SPEC_MODULES:
+        for fam in dict.fromkeys(c.family for c in declared_clauses(module)):
+            spec[fam].append(_path(module))
+    checks = _tally(
+        [
+            (fam, _path(c.run.__module__))
+            for c in all_checks()
+            for fam in dict.fromkeys(_family(o) for o in c.covers)
+        ]
+    )
+    mutants = _tally(
+        [
+            (fam, _path(m.cls.__module__))
+            for m in all_mutants()
+            for fam in dict.fromkeys(_family(o) for o in m.obligations)
+        ]
+    )
+    errors = Counter(_family(e.clause) for e in ERROR_CASES)
+    vectors = _vector_families(GOLDEN_DIR / "manifest.json")
+    cited = _test_files(tests, families) if tests is not None else None
+    return [
+        FamilyMap(
+            family=f,
+            clauses=tuple(c.id for c in clauses.values() if c.family == f),
+            spec=tuple(spec[f]),
+            errors=errors.get(f, 0),
+            checks=checks.get(f, {}),
+            mutants=mutants.get(f, {}),
+            vectors=vectors.get(f, {}),
+            tests=None if cited is None else cited[f],
+        )
+        for f in families
+    ]
+
+
+def _counted(tally: dict[str, int]) -> str:
+    return ", ".join(f"{where} ({n})" for where, n in tally.items()) or "none"
+
+
+def render_family_map(rows: list[FamilyMap]) -> str:
+    """One block per family: what to open to change one of its rules."""
+    lines = []
+    for row in rows:
+        lines.append(f"{row.family}  ({', '.join(row.clauses)})")
+        lines.append(f"  spec      {', '.join(row.spec)}")
+        lines.append(f"  errors    {row.errors} case(s) in kvspec/error_cases.py")
+        lines.append(f"  checks    {_counted(row.checks)}")
+        lines.append(f"  mutants   {_counted(row.mutants)}")
+        lines.append(f"  vectors   {_counted(row.vectors)}")
+        if row.tests is None:
+            lines.append("  tests     (in the source checkout's tests/)")
+        else:
+            lines.append(f"  tests     {', '.join(row.tests) or 'none'}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,65 @@
+"""`kvspec clauses --map`: each family's files, read from the registries, every one real."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvspec.clauses import all_clauses
+from kvspec.cli import main
+from kvspec.conformance.checks import all_checks
+from kvspec.conformance.family_map import family_map, render_family_map
+from kvspec.conformance.mutants import all_mutants
+from kvspec.error_cases import ERROR_CASES
+from tests.paths import ROOT
+
+MAP = family_map(tests=ROOT / "tests")
+
+
+def test_every_family_once_in_clause_order() -> None:
+    families = list(dict.fromkeys(c.family for c in all_clauses().values()))
+    assert [row.family for row in MAP] == families
+    assert sorted(c for row in MAP for c in row.clauses) == sorted(all_clauses())
+
+
+def test_every_file_named_exists_and_declares_or_cites_the_family() -> None:
+    for row in MAP:
+        for path in row.spec:  # the spec module declares one of the family's clauses
+            assert re.search(rf'"{row.family}-\d+"', (ROOT / path).read_text()), (row.family, path)
+        for path in (*row.checks, *row.mutants, *(row.tests or ())):
+            assert (ROOT / path).is_file(), (row.family, path)
+        for path in row.tests or ():
+            assert re.search(rf"\b{row.family}-\d", (ROOT / path).read_text()), path
+
+
+def test_the_tallies_count_every_check_mutant_and_error_case() -> None:
+    """Each check and mutant counted once per family it serves, in the file defining it."""
+    pairs = {(o.split("-")[0], c.id) for c in all_checks() for o in c.covers}
+    assert sum(n for row in MAP for n in row.checks.values()) == len(pairs)
+    pairs = {(o.split("-")[0], m.name) for m in all_mutants() for o in m.obligations}
+    assert sum(n for row in MAP for n in row.mutants.values()) == len(pairs)
+    assert sum(row.errors for row in MAP) == len(ERROR_CASES)
+
+
+def test_the_issue_example_cp_is_where_the_code_puts_it() -> None:
+    """CP's rule lives in topology/tokens.py, its token checks in checks/ownership.py."""
+    cp = next(row for row in MAP if row.family == "CP")
+    assert "kvspec/topology/tokens.py" in cp.spec
+    assert "kvspec/conformance/checks/ownership.py" in cp.checks
+    assert "tokens" in cp.vectors and "tests/spec/test_parallel_layouts.py" in (cp.tests or ())
+
+
+def test_the_cli_prints_a_family_and_refuses_an_unknown_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["clauses", "--map", "lay"]) == 0
+    out = capsys.readouterr().out
+    assert out == render_family_map([r for r in MAP if r.family.startswith("LAY")])
+    assert main(["clauses", "--map", "NOPE"]) == 1
+    assert "no clause family starts with 'NOPE'" in capsys.readouterr().out
+
+
+def test_without_a_checkout_the_tests_column_says_where_they_are() -> None:
+    rendered = render_family_map(family_map(tests=None)[:1])
+    assert "tests     (in the source checkout's tests/)" in rendered
