@@ -8,6 +8,7 @@ drawn from the adapter's domain.
 from __future__ import annotations
 
 import inspect
+from typing import cast
 
 import torch
 from hypothesis import strategies as st
@@ -197,7 +198,7 @@ UNKNOWN_LAYOUTS = ("flash_attention", "FlashInfer", "flashinfer_nhd", "paged", "
     strategy=lambda adapter: st.tuples(_cache_examples(adapter), st.sampled_from(UNKNOWN_LAYOUTS)),
     covers=("LAYOUT-1.2",),
 )
-def refuses_unknown_name(ctx: Context, example: Example) -> None:
+def refuses_unknown_name(ctx: Context, example: tuple[Example, str]) -> None:
     base, name = example
     cache = _random_cache(base, ctx.device)
     expect_refused(
@@ -226,7 +227,8 @@ def _break(cache, example: Example):
     spec = get_layout(example["layout"])
     defect = example["defect"]
     if defect == "kv-axis":  # a third slice on the K/V axis
-        return torch.cat([cache, cache.narrow(spec.kv_axis, 0, 1)], dim=spec.kv_axis)
+        axis = cast(int, spec.kv_axis)  # _misshapen draws kv-axis only where there is one
+        return torch.cat([cache, cache.narrow(axis, 0, 1)], dim=axis)
     if defect == "kv-shapes":  # V one head_dim longer than K
         k, v = cache
         return (k, torch.cat([v, v[..., :1]], dim=-1))

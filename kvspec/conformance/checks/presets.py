@@ -67,7 +67,7 @@ def _reblocks(draw: st.DrawFn, adapter: Adapter) -> Example:
     slots = example["shape"]["num_blocks"] * example["shape"]["block_size"]
     divisors = [b for b in range(1, slots + 1) if slots % b == 0]
     others = [b for b in range(2, slots + 2) if slots % b]
-    block_size = draw(st.sampled_from(others if others and draw(st.booleans()) else divisors))
+    block_size = draw(st.sampled_from(others if bool(others) and draw(st.booleans()) else divisors))
     return {**example, "target": target, "block_size": block_size}
 
 

@@ -189,7 +189,7 @@ def exact_cover(ctx: Context, example: Example) -> None:
             except ValueError as error:
                 fail(f"{case.describe()}: target rank {dst} lists source {src}: {error} [PLAN-2.3]")
         twice, missing, senders = _cover(receiver, edges, case.seq_len)
-        by_replicas = twice and _replicas_only(ctx, case, twice, senders)
+        by_replicas = bool(twice) and _replicas_only(ctx, case, twice, senders)
         expect(
             not twice or by_replicas,
             f"{case.describe()}: target rank {dst} receives {_cell(twice[0]) if twice else ''} "
@@ -443,10 +443,12 @@ def refuses_unknown_policy(ctx: Context, example: Example) -> None:
     answers = {}
     for dst in case.target.ranks():
         asked: dict[str, list[int]] = {}
+
+        def route(dst: int = dst, asked: dict[str, list[int]] = asked) -> list[int]:
+            return asked.setdefault("got", list(ctx.adapter.sources(case, dst)))
+
         if refused(
-            lambda dst=dst, asked=asked: asked.setdefault(
-                "got", list(ctx.adapter.sources(case, dst))
-            ),
+            route,
             obligation="PLAN-4.4",
             what=f"{case.describe()}: target {dst} routed under the unknown {case.policy!r}",
             naming=(case.policy,),
