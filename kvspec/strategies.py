@@ -44,7 +44,7 @@ Partitioner = Callable[[int, int], "Sequence[int] | None"]
 kvspec's [LAYER-1] (``Adapter.layer_partition``)."""
 
 
-def _valid(check, *args) -> bool:
+def _valid(check: Callable[..., object], *args: Any) -> bool:
     try:
         check(*args)
     except ValueError:

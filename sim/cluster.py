@@ -812,7 +812,7 @@ def _describe_key(key: str) -> str:
     )
 
 
-def _context(device: str):
+def _context(device: str) -> Any:  # a multiprocess context (the package is untyped)
     """fork where it is safe: ranks start in milliseconds with torch already imported.
 
     CUDA does not survive a fork, so ranks on a GPU (and ranks off Linux) are spawned.

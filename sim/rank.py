@@ -30,7 +30,7 @@ import traceback
 from collections import Counter, defaultdict, deque
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import torch
 import zmq
@@ -62,6 +62,7 @@ from kvspec.topology.ownership import RankOwnership, rank_ownership
 from kvspec.transport.checksums import checksum_of, fastest
 from kvspec.transport.chunks import reassemble, split_chunks
 from kvspec.transport.payload import (
+    Layers,
     Payload,
     merge_payloads,
     merge_to_request_kv,
@@ -828,7 +829,11 @@ class Rank:
         event.synchronize()  # the frames must hold the bytes before they go on the wire
         slot.hold(event)
 
-        def swap(name: str, values: tuple[torch.Tensor | None, ...] | None):
+        @overload
+        def swap(name: str, values: Layers) -> Layers: ...
+        @overload
+        def swap(name: str, values: Layers | None) -> Layers | None: ...
+        def swap(name: str, values: Layers | None) -> Layers | None:
             if values is None:
                 return None
             return tuple(

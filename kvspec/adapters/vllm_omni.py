@@ -19,7 +19,7 @@ tests/test_field_omni.py tests the adapter against the installed engine.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from types import MappingProxyType, SimpleNamespace
@@ -322,11 +322,15 @@ class MemoryConnector:
     def __init__(self, stored: dict[str, Any] | None = None) -> None:
         self.stored: dict[str, Any] = dict(stored or {})
 
-    def put(self, from_stage: str, to_stage: str, put_key: str, data: Any):
+    def put(
+        self, from_stage: str, to_stage: str, put_key: str, data: Any
+    ) -> tuple[bool, int, None]:
         self.stored[put_key] = data
         return True, len(data) if isinstance(data, (bytes, bytearray)) else 0, None
 
-    def get(self, from_stage: str, to_stage: str, get_key: str, metadata: Any = None):
+    def get(
+        self, from_stage: str, to_stage: str, get_key: str, metadata: Any = None
+    ) -> tuple[Any, int] | None:
         if get_key not in self.stored:
             return None
         data = self.stored[get_key]
@@ -334,7 +338,7 @@ class MemoryConnector:
 
 
 @contextmanager
-def logged_errors(logger_name: str = "vllm_omni"):
+def logged_errors(logger_name: str = "vllm_omni") -> Iterator[list[str]]:
     """Collect what vLLM-Omni logs at WARNING and above while the block runs: its
     receiver reports failures only there (and returns None)."""
     records: list[str] = []
@@ -425,7 +429,9 @@ class VllmOmniAdapter(Adapter):
         return self.kv.get_kv_target_ranks(self._topology(case, src))
 
     # the managers serving builds ---------------------------------------------------------
-    def _manager(self, case: TransferCase, rank: int, connector: MemoryConnector, **config):
+    def _manager(
+        self, case: TransferCase, rank: int, connector: MemoryConnector, **config: Any
+    ) -> Any:
         m = self.manager
         cfg = m.OmniKVCacheConfig(
             from_stage=FROM_STAGE,
@@ -523,7 +529,9 @@ class VllmOmniAdapter(Adapter):
         data = self._receive(case, dst, stored)
         return request_kv_of(data["layer_blocks"], num_layers=case.model.num_layers)
 
-    def merge(self, case: TransferCase, dst: int, received: Sequence[tuple[int, Payload]]):
+    def merge(
+        self, case: TransferCase, dst: int, received: Sequence[tuple[int, Payload]]
+    ) -> Payload:
         stored = {}
         for src, payload in received:
             data = self.manager.KVCacheTransferData(**payload_fields(payload))
@@ -666,12 +674,16 @@ class VllmOmniAdapter(Adapter):
         (key,) = self.kv.build_rank_aware_send_keys(request_id, from_stage, to_stage, topo)
         return key
 
-    def send_keys(self, case, request_id, src, *, from_stage, to_stage):
+    def send_keys(
+        self, case: TransferCase, request_id: str, src: int, *, from_stage: int, to_stage: int
+    ) -> list[tuple[str, int]]:
         topo = self._topology(case, src)
         keys = self.kv.build_rank_aware_send_keys(request_id, from_stage, to_stage, topo)
         return list(zip(keys, self.kv.get_kv_target_ranks(topo), strict=True))
 
-    def recv_keys(self, case, request_id, dst, *, from_stage, to_stage):
+    def recv_keys(
+        self, case: TransferCase, request_id: str, dst: int, *, from_stage: int, to_stage: int
+    ) -> list[tuple[str, int]]:
         topo = self._topology(case, dst)
         return recv_sources(
             self.kv.build_rank_aware_recv_keys(request_id, from_stage, to_stage, topo)

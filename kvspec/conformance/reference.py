@@ -276,10 +276,14 @@ class ReferenceAdapter(Adapter):
     def legacy_key(self, *args: Any, **kwargs: Any) -> str:
         return legacy_key(*args, **kwargs)
 
-    def send_keys(self, case: TransferCase, request_id: str, src: int, **stages: Any):
+    def send_keys(
+        self, case: TransferCase, request_id: str, src: int, **stages: Any
+    ) -> tuple[tuple[str, int], ...]:
         return send_keys(self.plan(case), request_id, src, **stages)
 
-    def recv_keys(self, case: TransferCase, request_id: str, dst: int, **stages: Any):
+    def recv_keys(
+        self, case: TransferCase, request_id: str, dst: int, **stages: Any
+    ) -> tuple[tuple[str, int], ...]:
         return recv_keys(self.plan(case), request_id, dst, **stages)
 
     def kv_port(self, base: int, stage: int, rank: int, replica: int) -> int:

@@ -8,7 +8,7 @@ drawn from the adapter's domain.
 from __future__ import annotations
 
 import inspect
-from typing import cast
+from typing import Any, cast
 
 import torch
 from hypothesis import strategies as st
@@ -28,6 +28,7 @@ from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.cache_layout import (
     PRESETS,
     CacheShape,
+    LayerCache,
     convert,
     detect_layout,
     empty_cache,
@@ -64,7 +65,7 @@ def takes(adapter: Adapter, method: str, keyword: str) -> bool:
     return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
-def _random_cache(example: Example, device: str):
+def _random_cache(example: Example, device: str) -> LayerCache:
     """The example's cache, every element random bits (seeded)."""
     shape = CacheShape(**example["shape"])
     cache = empty_cache(example["layout"], shape, example["dtype"], device)
@@ -223,7 +224,7 @@ def _misshapen(draw: st.DrawFn, adapter: Adapter) -> Example:
     return {**example, "defect": draw(st.sampled_from(defects))}
 
 
-def _break(cache, example: Example):
+def _break(cache: Any, example: Example) -> LayerCache:  # cache: a tensor or a tuple
     spec = get_layout(example["layout"])
     defect = example["defect"]
     if defect == "kv-axis":  # a third slice on the K/V axis
@@ -380,7 +381,7 @@ def _detections(draw: st.DrawFn, adapter: Adapter) -> Example:
     return {**example, "known": known, "twist": twist}
 
 
-def _detection_cache(example: Example, device: str):
+def _detection_cache(example: Example, device: str) -> LayerCache:
     cache = _random_cache(example, device)
     if example.get("twist") == "no-fit":  # a sixth dimension no layout has
         return tuple(t.unsqueeze(0) for t in cache) if isinstance(cache, tuple) else cache[None]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 import torch
 from hypothesis import strategies as st
@@ -39,7 +39,7 @@ from kvspec.topology.stage import StageLayout
 TENSOR_WEIGHT = 0.5
 
 
-def tensor_examples(adapter: Adapter, **case_kwargs) -> st.SearchStrategy[Example]:
+def tensor_examples(adapter: Adapter, **case_kwargs: Any) -> st.SearchStrategy[Example]:
     """A small valid case of the domain, a sequence length and a seed for data and order
     (a case with token shards brings its own length [PLAN-6])."""
     return st.fixed_dictionaries(

@@ -586,7 +586,9 @@ def _invalid_payloads(frames: list[bytes], rng: random.Random) -> list[Probe]:
     header = _header(frames)
     found: list[Probe] = []
 
-    def changed(obligation: str, what: str, edit: Callable[[dict], None], kept=frames) -> None:
+    def changed(
+        obligation: str, what: str, edit: Callable[[dict], None], kept: list[bytes] = frames
+    ) -> None:
         copied = copy.deepcopy(header)
         edit(copied)
         found.append((obligation, what, _with_header(kept, copied)))
