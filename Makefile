@@ -1,11 +1,12 @@
 # The two commands of the README:
 #   make run    the main job on a fresh machine: a simulated cluster moves and verifies KV
-#   make test   the whole test suite, in stages (setup, ruff, pytest, the notebooks, the
-#               wheel smoke test): every stage runs even after one fails, and a table of
-#               each stage's result and time ends it (tools/stages.sh)
+#   make test   the whole test suite, in stages (setup, ruff, types (mypy over kvspec/ and
+#               sim/), pytest, the notebooks, the wheel smoke test): every stage runs even
+#               after one fails, and a table of each stage's result and time ends it
+#               (tools/stages.sh)
 # Both create or refresh the virtual environment first (tools/bootstrap.sh).
-# Also the quick tier: make check (ruff, the spec's unit and property tests at the quick
-# Hypothesis profile, the reference through the conformance suite's quick profile),
+# Also the quick tier: make check (ruff, mypy, the spec's unit and property tests at the
+# quick Hypothesis profile, the reference through the conformance suite's quick profile),
 # under two minutes on two cores.
 # Override the torch build with, e.g.:
 #   make test TORCH='torch==2.5.1' TORCH_INDEX=https://download.pytorch.org/whl/cu121
@@ -45,6 +46,7 @@ test:
 	@tools/stages.sh test \
 	  "setup=VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh" \
 	  "ruff=$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check ." \
+	  "types=$(VENV)/bin/mypy" \
 	  "pytest=$(PYTEST) --ignore tests/docs/test_notebooks.py" \
 	  "notebooks=$(PYTEST) tests/docs/test_notebooks.py" \
 	  "wheel smoke=DEV_PY=$(PY) tools/wheel_smoke.sh"
@@ -53,6 +55,7 @@ check:
 	@tools/stages.sh check \
 	  "setup=VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh" \
 	  "ruff=$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check ." \
+	  "types=$(VENV)/bin/mypy" \
 	  "spec tests=KVSPEC_PROFILE=quick $(PYTEST) $(SPEC_TESTS)" \
 	  "reference=$(VENV)/bin/kvspec conform reference --profile quick --quiet"
 
@@ -84,7 +87,7 @@ field-report:
 	.venv-field/bin/kvspec field-report --reports reports/field --ledger field/defects.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .mypy_cache
 
 # The docs site: every page under docs/, the README as its home, built with --strict (a
 # broken link or anchor, or a page left out of mkdocs.yml's nav, fails it) into site/.

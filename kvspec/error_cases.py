@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,15 +35,15 @@ from kvspec.transport.payload import Chunk, Payload, merge_payloads, payload_fro
 from kvspec.transport.wire import WireLimits, decode
 
 
-def _stage(args: dict[str, Any]) -> StageLayout:
+def _stage(args: Mapping[str, Any]) -> StageLayout:
     return StageLayout.from_dict(args)
 
 
-def _model(args: dict[str, Any]) -> ModelShape:
+def _model(args: Mapping[str, Any]) -> ModelShape:
     return ModelShape.from_dict(args)
 
 
-def _transfer(args: dict[str, Any]) -> object:
+def _transfer(args: Mapping[str, Any]) -> object:
     """A whole transfer configuration, as an adapter's ``validate`` receives it.
 
     Optional ``target_model`` (the receiver's model facts [MODEL-3]) and ``rank``
@@ -83,7 +83,7 @@ def _transfer(args: dict[str, Any]) -> object:
     return plan
 
 
-def _cache(args: dict[str, Any]) -> LayerCache:
+def _cache(args: Mapping[str, Any]) -> LayerCache:
     """A zero cache of ``shape`` (one tensor) or ``shapes`` (a tuple), ``dtype`` float16."""
     dtype = torch_dtype(args.get("dtype", "float16"))
     if "shapes" in args:
@@ -91,11 +91,11 @@ def _cache(args: dict[str, Any]) -> LayerCache:
     return torch.zeros(args["shape"], dtype=dtype)
 
 
-def _known(args: dict[str, Any]) -> dict[str, int]:
+def _known(args: Mapping[str, Any]) -> dict[str, int]:
     return {k: args[k] for k in ("heads", "head_dim", "block_size") if k in args}
 
 
-def _ranges(args: dict[str, Any]) -> dict[str, Any]:
+def _ranges(args: Mapping[str, Any]) -> dict[str, Any]:
     """Oracle ranges from ``[start, stop]`` pairs (``tokens`` may be a seq_len)."""
     tokens = args.get("tokens", 1)
     out: dict[str, Any] = {"tokens": tokens if isinstance(tokens, int) else range(*tokens)}
@@ -105,11 +105,11 @@ def _ranges(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _paged_model(args: dict[str, Any]) -> ModelShape:
+def _paged_model(args: Mapping[str, Any]) -> ModelShape:
     return ModelShape(args["num_layers"], args["heads"], args["head_dim"], dtype=args["dtype"])
 
 
-def _paged(args: dict[str, Any]) -> PagedCache:
+def _paged(args: Mapping[str, Any]) -> PagedCache:
     """A zero paged cache; fp8 gets the oracle's scales unless ``scales`` is false."""
     model = _paged_model(args)
     scales = oracle_scales(model) if args.get("scales", True) else None
@@ -122,7 +122,7 @@ def _paged(args: dict[str, Any]) -> PagedCache:
     )
 
 
-def _scatter(args: dict[str, Any]) -> None:
+def _scatter(args: Mapping[str, Any]) -> None:
     """Scatter oracle KV (``kv`` overrides its model facts, seed and scales) into a cache."""
     cache_args = args["cache"]
     kv_args = args.get("kv", {})
@@ -133,13 +133,13 @@ def _scatter(args: dict[str, Any]) -> None:
     scatter_request(kv, _paged(cache_args), args["block_ids"])
 
 
-def _port(args: dict[str, Any]) -> int:
-    args = dict(args)
-    scheme = PortScheme(**args.pop("scheme", {}))
-    return port(**args, scheme=scheme)
+def _port(args: Mapping[str, Any]) -> int:
+    given = dict(args)
+    scheme = PortScheme(**given.pop("scheme", {}))
+    return port(**given, scheme=scheme)
 
 
-def _deployment(args: dict[str, Any]) -> object:
+def _deployment(args: Mapping[str, Any]) -> object:
     stages = tuple(
         DeployedStage(
             s.get("id", i),
@@ -190,7 +190,7 @@ def _changed(payload: Payload, change: dict[str, Any]) -> Payload:
     return payload
 
 
-def _merge(args: dict[str, Any]) -> object:
+def _merge(args: Mapping[str, Any]) -> object:
     """Merge one request's payloads into ``dst`` after changing some senders' payloads."""
     source, model = _stage(args["source"]), _model(args["model"])
     plan = plan_transfer(source, _stage(args["target"]), model)
@@ -206,7 +206,7 @@ def _merge(args: dict[str, Any]) -> object:
     return merge_payloads(plan, args["dst"], received)
 
 
-def _reassemble(args: dict[str, Any]) -> object:
+def _reassemble(args: Mapping[str, Any]) -> object:
     """Reassemble chunks ``[chunk_id, start, stop, final]`` of a 1-layer float32 request."""
     data = torch.zeros((2, 16, 1, 1), dtype=torch.float32)
     marker = HeadSlice(0, 1, 1, 0, 1, applied=True, side="sender")
@@ -218,7 +218,7 @@ def _reassemble(args: dict[str, Any]) -> object:
     )
 
 
-def _decode(args: dict[str, Any]) -> object:
+def _decode(args: Mapping[str, Any]) -> object:
     """Decode ``frames_hex``, or a ``header`` object followed by zeroed ``frame_bytes``."""
     if "frames_hex" in args:
         frames = [bytes.fromhex(f) for f in args["frames_hex"]]
@@ -232,7 +232,7 @@ def _wire(**changes: Any) -> dict[str, Any]:
     """A valid one-layer float32 message, with ``a__b=value`` edits to its header."""
     header = copy.deepcopy(_WIRE_HEADER)
     for path, value in changes.items():
-        node = header
+        node: Any = header  # nested JSON: dicts and lists
         *parents, last = path.split("__")
         for part in parents:
             node = node[int(part)] if part.isdigit() else node[part]
@@ -240,7 +240,7 @@ def _wire(**changes: Any) -> dict[str, Any]:
     return {"header": header, "frame_bytes": [4, 4]}
 
 
-OPERATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
+OPERATIONS: dict[str, Callable[[Mapping[str, Any]], object]] = {
     "stage": _stage,
     "model": _model,
     "rank_coords": lambda a: _stage(a["stage"]).coords(a["rank"]),
@@ -306,7 +306,7 @@ _PAGED_FP8 = {**_PAGED, "dtype": "float8_e5m2"}
 _KEY = {"from_stage": 0, "chunk_id": 0, "from_rank": 0, "to_rank": 0}
 _KV = {"zeros": [3, 2, 4], "dtype": "bfloat16"}
 _FP8 = {"zeros": [3, 2, 4], "dtype": "float8_e4m3fn"}
-_PAYLOAD = {
+_PAYLOAD: dict[str, Any] = {
     "request_id": "req_1",
     "layer_blocks": {"key_cache": [None, _KV], "value_cache": [None, _KV]},
     "block_ids": [7],
@@ -326,7 +326,7 @@ _PAYLOAD = {
         },
     },
 }
-_WIRE_HEADER = {
+_WIRE_HEADER: dict[str, Any] = {
     "format": "kvspec.payload",
     "version": 1,
     "request_id": "r",

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvspec._checks import show
 from kvspec.errors import FormError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 
 def read_form(
@@ -65,17 +69,17 @@ def build(where: str | None, make: Callable[[], T]) -> T:
 
 
 def dataclass_form(
-    cls: type[T],
+    cls: type[D],
     data: object,
     *,
     where: str | None = None,
     required: Iterable[str] = (),
     lists: Iterable[str] = (),
-) -> T:
+) -> D:
     """A dataclass built from a form whose keys are its fields (``required`` ones must be
     present; ``lists`` are JSON arrays, made tuples)."""
     where = where or cls.__name__
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
     args = read_form(where, data, required=required, optional=fields - set(required))
     for name in lists:
         if args.get(name) is not None:

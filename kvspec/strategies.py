@@ -44,7 +44,7 @@ Partitioner = Callable[[int, int], "Sequence[int] | None"]
 kvspec's [LAYER-1] (``Adapter.layer_partition``)."""
 
 
-def _valid(check, *args) -> bool:
+def _valid(check: Callable[..., object], *args: Any) -> bool:
     try:
         check(*args)
     except ValueError:
@@ -318,7 +318,7 @@ def transfer_cases(
             min_layers=min(pp_sizes) if pp_sizes else 1,
         )
     )
-    sides = []
+    sides: list[dict[str, Any]] = []
     for dp, cp, width in ((source_dp, source_cp, attn[0]), (target_dp, target_cp, attn[1])):
         dcps = [d for d in dcp_sizes if width % d == 0 and model.num_kv_heads * d <= width]
         dcp = draw(st.sampled_from(dcps or [1]))
@@ -620,12 +620,12 @@ def _edit(value: object, path: tuple, action: str, new: object, key: str) -> obj
             copy[head] = _edit(copy[head], rest, action, new, key)
         return copy
     assert isinstance(value, list)
-    copy = list(value)
+    items = list(value)
     if not rest and action == "delete":
-        del copy[head]
+        del items[head]
     else:
-        copy[head] = _edit(copy[head], rest, action, new, key)
-    return copy
+        items[head] = _edit(items[head], rest, action, new, key)
+    return items
 
 
 random_frames = st.lists(

@@ -113,10 +113,10 @@ def run_key(path: str | None, environ: Mapping[str, str] = os.environ) -> bytes:
         except OSError as error:
             raise ValueError(f"--key-file {path}: {error.strerror}") from None
         return _parse_key(text, f"--key-file {path}")
-    text = environ.get(KEY_ENV)
-    if text is None:
+    given = environ.get(KEY_ENV)
+    if given is None:
         raise ValueError(f"a multi-host run needs a key: {HOW_TO_KEY}")
-    return _parse_key(text.strip(), KEY_ENV)
+    return _parse_key(given.strip(), KEY_ENV)
 
 
 def _parse_key(text: str, where: str) -> bytes:

@@ -244,13 +244,13 @@ class Cluster:
     def __init__(self, config: SimConfig, *, progress: Progress | None = None) -> None:
         self.config = config
         self.progress = progress
-        self.context = zmq.Context.instance()
+        self.context: zmq.Context[Any] = zmq.Context.instance()
         self.secret = RunSecret.new()
         self.ranks = all_ranks(config)
         self.by_tag = {r.tag: r for r in self.ranks}
         self.routes: dict[bytes, str] = {}  # verified connection -> rank tag
         self.route_of: dict[str, bytes] = {}
-        self.endpoints: dict[str, str] = {}
+        self.endpoints: dict[str, str | None] = {}
         self.ready: set[str] = set()
         self.startup_s = 0.0
         self.marks: dict[str, float] = {}  # phase -> time.time() it ended (SimReport.marks)
@@ -543,7 +543,7 @@ class Cluster:
         who = self.by_tag[tag]
         kind = event.get("ev")
         if kind == "bound":
-            self.endpoints[tag] = event.get("endpoint")  # type: ignore[assignment]
+            self.endpoints[tag] = event.get("endpoint")
         elif kind == "ready":
             self.ready.add(tag)
             if event.get("sends"):
@@ -680,7 +680,8 @@ class Cluster:
                     out.append(f"--- process {host.process.pid} ({names}) ---\n{text}")
             for thread in host.threads:
                 if thread.is_alive():
-                    frame = sys._current_frames().get(thread.ident)  # type: ignore[arg-type]
+                    ident = thread.ident  # an alive thread has one
+                    frame = None if ident is None else sys._current_frames().get(ident)
                     stack = "".join(traceback.format_stack(frame)) if frame else "(no frame)\n"
                     out.append(f"--- thread {thread.name} ---\n{stack}")
         return "\n".join(out)
@@ -811,7 +812,7 @@ def _describe_key(key: str) -> str:
     )
 
 
-def _context(device: str):
+def _context(device: str) -> Any:  # a multiprocess context (the package is untyped)
     """fork where it is safe: ranks start in milliseconds with torch already imported.
 
     CUDA does not survive a fork, so ranks on a GPU (and ranks off Linux) are spawned.

@@ -124,7 +124,7 @@ def parse_faults(text: str | None) -> FaultSpec:
         return FaultSpec()
     if len(text) > MAX_SPEC_CHARS:
         raise ValueError(f"--faults is {len(text)} characters; at most {MAX_SPEC_CHARS}")
-    values: dict[str, object] = {}
+    values: dict[str, float] = {}
     ranks: list[RankFault] = []
     for part in text.split(","):
         name, sep, value = part.strip().partition("=")
@@ -169,7 +169,7 @@ def parse_faults(text: str | None) -> FaultSpec:
         else:
             known = ", ".join([*PROBABILITIES, "delay", *RANK_KINDS])
             raise ValueError(f"unknown fault {_quote(name)}; known: {known}")
-    return FaultSpec(**values, ranks=tuple(ranks))  # type: ignore[arg-type]
+    return FaultSpec(**values, ranks=tuple(ranks))
 
 
 def _quote(text: str, limit: int = 40) -> str:

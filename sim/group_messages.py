@@ -54,7 +54,7 @@ def piece_frames(piece: Piece, *, run: str, request: str) -> list[Any]:
         header["part"] = piece.part
         header["dst_offset"] = piece.dst_offset
     data = piece.data.contiguous().view(torch.uint8).reshape(-1).numpy()
-    return [_with_token(run, header), memoryview(data)]
+    return [_with_token(run, header), data.data]  # data.data: memoryview(data)
 
 
 def end_frames(*, run: str, src: int, pieces: int) -> list[bytes]:

@@ -180,11 +180,11 @@ class HybridReport:
             )
         lines += ["", "bytes per edge (moved / plan):"]
         for key in sorted(set(self.moved) | set(self.planned)):
-            group, src, dst = key
+            index, src, dst = key
             got, want = self.moved.get(key, 0), self.planned.get(key, 0)
             mark = "" if got == want else "   <-- differs from the plan"
             lines.append(
-                f"  group {group}  {src:>3} -> {dst:<3} {_human(got):>10} / {_human(want)}{mark}"
+                f"  group {index}  {src:>3} -> {dst:<3} {_human(got):>10} / {_human(want)}{mark}"
             )
         verdict = "every edge equals the plan" if self.bytes_match else "EDGES DIFFER FROM THE PLAN"
         lines.append(
@@ -364,15 +364,15 @@ def _receiver(run: HybridRun, rank: int, token: str, control: str) -> None:
                     dst=rank,
                     sources=run.source.world_size,
                 )
-                request = header.get("request")
-                if request not in landings:
-                    raise MessageError(f"unknown request {str(request)[:40]!r}")
+                named = header.get("request")
+                if named not in landings:
+                    raise MessageError(f"unknown request {str(named)[:40]!r}")
             except MessageError:
                 strangers += 1
                 continue
             got[piece.src] += 1
             moved[f"{piece.group}/{piece.src}"] += len(frames[1].buffer)
-            landing = landings[request]
+            landing = landings[named]
             try:
                 if piece.group not in landing.regions:
                     raise ValueError(

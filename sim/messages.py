@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvspec.errors import InputError
 
@@ -191,9 +191,9 @@ def read_single(frame: bytes | memoryview, *, limit: int) -> dict[str, Any]:
     return read_handshake(frame)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and -MAX_INT <= value <= MAX_INT
 
 
 def _is_number(value: object) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(float(value))  # type: ignore[arg-type]
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(float(value))

@@ -183,7 +183,11 @@ class Coordinator(Cluster):
     def _flush(self) -> None:
         for worker, batch in self.outbox.items():
             if batch and worker not in self.lost:
-                self._guard(lambda w=worker, b=batch: self.board.post(w, b))
+
+                def post(w: int = worker, b: list[dict[str, Any]] = batch) -> None:
+                    self.board.post(w, b)
+
+                self._guard(post)
             batch.clear()
 
     def _pump(self) -> None:
@@ -211,7 +215,11 @@ class Coordinator(Cluster):
         for worker in self.others:
             if worker in self.lost or worker in self.done:
                 continue
-            silent = self._guard(lambda w=worker: self.board.silent_for(w))
+
+            def silent_for(w: int = worker) -> float:
+                return self.board.silent_for(w)
+
+            silent = self._guard(silent_for)
             if silent > LOST_S:
                 self.lost[worker] = (
                     f"worker {worker} on {self.host_of_worker[worker]} was lost "

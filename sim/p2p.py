@@ -130,7 +130,7 @@ class Link:
             if self.group is not None:
                 return
             host, port = self.store_address
-            store = dist.TCPStore(
+            store: dist.Store = dist.TCPStore(
                 host, port, is_master=False, timeout=self.timeout, wait_for_workers=False
             )
             store = dist.PrefixStore(self.prefix, store)
@@ -140,7 +140,7 @@ class Link:
                 options._timeout = self.timeout
                 self.group = dist.ProcessGroupNCCL(store, self.rank, self.world, options)
             else:
-                options = dist.ProcessGroupGloo._Options()
+                options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch has it; its stubs lack it
                 options._timeout = self.timeout
                 options._devices = [dist.ProcessGroupGloo.create_device(hostname=self.config.host)]
                 self.group = dist.ProcessGroupGloo(store, self.rank, self.world, options)
@@ -216,7 +216,7 @@ class Carrier:
             works = [self.link.group.recv([b], src, tag) for b in buffers if b.numel()]
             for work in works:
                 work.wait(self.link.timeout)
-            out += [Received(memoryview(b.cpu().numpy()).cast("B")) for b in buffers]
+            out += [Received(b.cpu().numpy().data.cast("B")) for b in buffers]
         except Exception as error:
             self.broken[peer.tag] = f"{type(error).__name__}: {str(error)[:200]}"
             return None
@@ -227,10 +227,10 @@ class Carrier:
         send (not JSON, too many frames, a frame larger than any of the run's: the limit
         ZMQ puts on every frame this receiver reads, :func:`sim.sizing.max_receiver_message`)."""
         try:
-            sizes = messages.load(frame.buffer, limit=messages.MAX_ENVELOPE + 16 * MAX_FRAMES)
+            manifest = messages.load(frame.buffer, limit=messages.MAX_ENVELOPE + 16 * MAX_FRAMES)
         except messages.MessageError:
             return None
-        sizes = sizes.get(MANIFEST_KEY)
+        sizes = manifest.get(MANIFEST_KEY)
         if (
             not isinstance(sizes, list)
             or len(sizes) > MAX_FRAMES

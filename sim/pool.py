@@ -45,7 +45,7 @@ class Clobber:
     key: str
     of_request: str
     blocks: tuple[int, ...]
-    into: dict[int, str | None] = field(default_factory=dict)
+    into: dict[int, str] = field(default_factory=dict)
 
 
 class BlockPool:

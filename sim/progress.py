@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TextIO
 
 from kvspec.cli.plan import human_bytes
 from sim.report import human_rate
 
 
 class ProgressBar:
-    def __init__(self, total: int, *, stream=None, width: int = 30) -> None:
+    def __init__(self, total: int, *, stream: TextIO | None = None, width: int = 30) -> None:
         self.total = max(1, total)
         self.stream = stream or sys.stderr
         self.tty = getattr(self.stream, "isatty", lambda: False)()

@@ -345,6 +345,7 @@ class PullAgent:
         known = self.keys_of.get(key) if isinstance(key, str) else None
         if (
             known is None
+            or not isinstance(key, str)  # known is found only for a str key
             or known[2] != dst
             or not isinstance(count, int)
             or not isinstance(seq, int)
@@ -388,7 +389,8 @@ class PullAgent:
         rank's pinned staging ring [sim.staging] on its side stream, fenced by an event."""
         views = [self.buffers[d.src_region][d.src_offset : d.src_offset + d.length] for d in listed]
         if self.rank.device.type == "cpu":
-            return [memoryview(v.numpy()) for v in views], None
+            # array.data is memoryview(array), in a form numpy's stubs type before 3.12
+            return [v.numpy().data for v in views], None
         return self._stage_ranges(views)  # pragma: no cover - needs a GPU
 
     def _stage_ranges(self, views: list[torch.Tensor]) -> tuple[list[Any], Any]:  # pragma: no cover
@@ -408,7 +410,7 @@ class PullAgent:
         slot.hold(event)
         at = 0
         for view in views:
-            out.append(memoryview(slot.view(at + view.numel())[at:].numpy()))
+            out.append(slot.view(at + view.numel())[at:].numpy().data)
             at += view.numel()
         return out, slot
 

@@ -30,7 +30,7 @@ import traceback
 from collections import Counter, defaultdict, deque
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import torch
 import zmq
@@ -62,6 +62,7 @@ from kvspec.topology.ownership import RankOwnership, rank_ownership
 from kvspec.transport.checksums import checksum_of, fastest
 from kvspec.transport.chunks import reassemble, split_chunks
 from kvspec.transport.payload import (
+    Layers,
     Payload,
     merge_payloads,
     merge_to_request_kv,
@@ -450,7 +451,7 @@ class Rank:
         assert self.in_plan is not None
         chunked = self.config.chunks > 1
         for request in self.workload.requests:
-            waiting = set()
+            waiting: set[str] = set()
             plan = self.in_plan.of(request)
             # An edge's payload is cut into chunks of its own tokens [CHUNK-1, SLICE-4].
             counts = {
@@ -828,7 +829,11 @@ class Rank:
         event.synchronize()  # the frames must hold the bytes before they go on the wire
         slot.hold(event)
 
-        def swap(name: str, values: tuple[torch.Tensor | None, ...] | None):
+        @overload
+        def swap(name: str, values: Layers) -> Layers: ...
+        @overload
+        def swap(name: str, values: Layers | None) -> Layers | None: ...
+        def swap(name: str, values: Layers | None) -> Layers | None:
             if values is None:
                 return None
             return tuple(
@@ -1062,7 +1067,8 @@ class Rank:
         (over gloo or NCCL the tensor frames then go, and are waited for [sim.p2p]);
         frames in a staging ``slot`` are tracked, the slot held until zmq lets them go."""
         assert self.router is not None
-        carrier, peer, bulk = self.carrier, self._peer(self.who.stage + 1, dst), []
+        bulk: list[Any] = []
+        carrier, peer = self.carrier, self._peer(self.who.stage + 1, dst)
         if carrier is not None:  # the tensor frames go over torch.distributed [sim.p2p]
             parts = carrier.split(peer, frames)
             if parts is None:  # its pair failed: lost, and reported so by the end-of-stream
@@ -1093,6 +1099,7 @@ class Rank:
 
     def _pump(self, timeout_ms: int) -> None:
         """Handle whatever arrives within ``timeout_ms``: commands, hellos and data."""
+        sock: zmq.Socket[Any]
         for sock, _ in self.poller.poll(timeout_ms):
             if sock is self.control:
                 self._on_control(messages.load(sock.recv()))
@@ -1105,14 +1112,16 @@ class Rank:
                 src = self.dealers[sock]
                 frames = sock.recv_multipart(copy=False)
                 if self.carrier is not None:  # [sim.p2p]: the frames that came over it
-                    frames = self.carrier.join(self._peer(self.who.stage - 1, src), frames)
-                    if frames is None:
+                    joined = self.carrier.join(self._peer(self.who.stage - 1, src), frames)
+                    if joined is None:
                         self.stats["p2p_lost"] += 1
                         continue
+                    frames = joined
                 self._on_data(src, frames)
 
     def _on_router(self, frames: list[bytes]) -> None:
         """What reaches a sender's KV socket: a receiver's signed hello, or a stranger."""
+        assert self.router is not None  # these frames came from it
         if self.pull is not None and len(frames) == 3:  # pull [sim.pull]: a read
             self.pull.on_read(frames)
             return
@@ -1143,7 +1152,7 @@ class Rank:
             return
         self.peers[dst] = peer
         mac = self.secret.sign("welcome", self.who.tag, receiver, hello["nonce"])
-        self.router.send_multipart([peer, messages.welcome(self.who.rank, mac)])  # type: ignore[union-attr]
+        self.router.send_multipart([peer, messages.welcome(self.who.rank, mac)])
 
     def _on_abort(self, dst: int, body: bytes) -> None:
         """Receiver ``dst`` aborted a request: send nothing more of it, flush what was
@@ -1641,7 +1650,7 @@ class Rank:
         request = self.requests[request_id]
         if self.config.records:
             fields = gather_fields(self.cache, self.tables[request_id], self._held(request))
-            verdict = verify_fields(
+            verdict: Verdict | FieldVerdict = verify_fields(
                 fields,
                 self.model,
                 self.cache.layout,
@@ -1754,7 +1763,7 @@ def run_ranks(
     """
     config = SimConfig.from_dict(config_json)
     torch.set_num_threads(1)
-    context = zmq.Context.instance()
+    context: zmq.Context[Any] = zmq.Context.instance()
     run_secret = RunSecret.from_hex(secret)
     link = Link(config, p2p) if p2p is not None else None
     ranks = [

@@ -122,7 +122,7 @@ class Board:
 
     # -- plain values ----------------------------------------------------------------
     def put(self, key: str, value: dict[str, Any]) -> None:
-        self.store.set(key, self._signed(key, value))
+        self.store.set(key, self._signed(key, value))  # type: ignore[arg-type]  # Store takes bytes; its stubs say str
 
     def get(self, key: str) -> dict[str, Any]:
         """A value that must be there (or arrive within the store timeout), signed."""
@@ -178,7 +178,7 @@ class Board:
         for tag in tags:
             name = f"claim/{tag}"
             value = self._signed(name, mine)
-            held = self.store.compare_set(name, "", value)
+            held = self.store.compare_set(name, "", value)  # type: ignore[arg-type]  # bytes, as in put()
             if held != value:
                 raise BoardError(
                     f"rank {tag} is claimed twice: by {self._verified(name, held)} and by {mine}"

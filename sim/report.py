@@ -477,7 +477,11 @@ class SimReport:
                 f"{pulled['bytes_per_descriptor']:.1f} bytes per descriptor"
             )
         p50, p99 = self.percentile(50), self.percentile(99)
-        latency = "n/a" if p50 is None else f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
+        latency = (
+            "n/a"
+            if p50 is None or p99 is None
+            else f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
+        )
         lines += [
             "",
             f"throughput: {human_rate(self.throughput_bytes_per_s)} over {self.transfer_s:.2f} s "

@@ -65,7 +65,7 @@ class _InertFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         module.__path__ = []
         # A version older than anything real: version checks choose their fallbacks.
-        module.__version__ = "0.0.0"
+        module.__version__ = "0.0.0"  # type: ignore[attr-defined]  # ModuleType declares none
 
 
 def stand_in_if_unusable(root: str) -> bool:

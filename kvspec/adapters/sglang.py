@@ -52,7 +52,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType, MethodType, SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -65,6 +65,7 @@ from kvspec.adapters._engine import (
 )
 from kvspec.conformance.adapter import Acceptance, Adapter
 from kvspec.conformance.domain import Domain
+from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.strategies import TP_SIZES, TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.tensors.kv import RequestKV
@@ -145,7 +146,7 @@ def partition_setting(partition: Sequence[int] | None) -> str | None:
     return None if partition is None else ",".join(str(n) for n in partition)
 
 
-def decode_manager(case: TransferCase, dst: int) -> SimpleNamespace:
+def decode_manager(case: TransferCase | SimpleNamespace, dst: int) -> SimpleNamespace:
     """The attributes of a decode ``CommonKVManager`` that ``_resolve_rank_mapping`` reads.
 
     ``kv_args.engine_rank`` is the decode rank's attention-TP rank; no CP, no DP.
@@ -164,7 +165,7 @@ def decode_manager(case: TransferCase, dst: int) -> SimpleNamespace:
     )
 
 
-def prefill_info_fields(case: TransferCase) -> dict[str, Any]:
+def prefill_info_fields(case: TransferCase | SimpleNamespace) -> dict[str, Any]:
     """What a prefill's bootstrap server reports (``PrefillServerInfo``'s fields)."""
     return {
         "attn_tp_size": case.source.tp,
@@ -425,7 +426,7 @@ class SglangAdapter(Adapter):
 
     # refusals: the stage pair in its rank mapping [PLAN-1], layer partitions in its
     # pipeline set-up [LAYER-1, LAYER-2]; model checks need its bootstrap server ----------
-    def validate_topology(self, config: dict[str, Any]) -> None:
+    def validate_topology(self, config: TransferConfig) -> None:
         case = SimpleNamespace(
             source=SimpleNamespace(**{"pp": 1, **config["source"]}),
             target=SimpleNamespace(**{"pp": 1, **config["target"]}),
@@ -433,10 +434,10 @@ class SglangAdapter(Adapter):
         )
         rank = config.get("rank", {})
         dst = rank.get("rank", 0) if rank.get("side") == "target" else 0
-        info = self.conn.PrefillServerInfo(**prefill_info_fields(case))  # type: ignore[arg-type]
-        self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)  # type: ignore[arg-type]
+        info = self.conn.PrefillServerInfo(**prefill_info_fields(case))
+        self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)
 
-    def validate_partition(self, config: dict[str, Any]) -> None:
+    def validate_partition(self, config: TransferConfig) -> None:
         num_layers = config["model"]["num_layers"]
         for side in ("source", "target"):
             layout = config[side]
@@ -461,7 +462,7 @@ class SglangAdapter(Adapter):
             ) from error
 
     # start-up validation [serving reachability] -------------------------------------------
-    def serving_accepts(self, config: dict[str, Any]) -> Acceptance | None:
+    def serving_accepts(self, config: TransferConfig) -> Acceptance | None:
         """Whether SGLang starts a prefill/decode pair with ``config`` and can hand over a
         request, by its own code, on CPU:
 
@@ -486,8 +487,12 @@ class SglangAdapter(Adapter):
         facts = dict(model, num_kv_heads=1) if mla else model
         tps = (config["source"]["tp"], config["target"]["tp"])
         path = _model_dir(json.dumps(mha_config(facts, tps), sort_keys=True))
+        sides: tuple[tuple[Literal["source", "target"], str], ...] = (
+            ("source", "prefill"),
+            ("target", "decode"),
+        )
         try:
-            for side, mode in (("source", "prefill"), ("target", "decode")):
+            for side, mode in sides:
                 layout = config[side]
                 tp, pp = layout["tp"], layout.get("pp", 1)
                 self._server_args(path, tp, pp, mode)
@@ -509,8 +514,8 @@ class SglangAdapter(Adapter):
                 model=SimpleNamespace(attention=model.get("attention", "mha")),
             )
             for dst in range(config["target"]["tp"] * config["target"].get("pp", 1)):
-                info = self.conn.PrefillServerInfo(**prefill_info_fields(case))  # type: ignore[arg-type]
-                self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)  # type: ignore[arg-type]
+                info = self.conn.PrefillServerInfo(**prefill_info_fields(case))
+                self.conn.CommonKVManager._resolve_rank_mapping(decode_manager(case, dst), info)
             ran.append("decode handshake: _resolve_rank_mapping for every decode rank")
         except (AssertionError, ValueError) as error:
             said = str(error) if error.__cause__ is not None else engine_message(error)

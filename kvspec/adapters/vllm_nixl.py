@@ -47,6 +47,7 @@ import torch
 from kvspec.adapters._engine import engine_message, import_engine, invert_sources
 from kvspec.conformance.adapter import Acceptance, Adapter
 from kvspec.conformance.domain import Domain
+from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.tensors.kv import RequestKV
@@ -90,7 +91,7 @@ DOMAIN = Domain(
 """
 
 
-def refuses_replicated_fan_in(case: TransferCase) -> bool:
+def refuses_replicated_fan_in(case: TransferCase | SimpleNamespace) -> bool:
     """Prefill TP > decode TP with the prefill's heads replicated (TP > KV heads), non-MLA:
     ``assert not (tp_ratio < 0 and is_kv_replicated)`` in
     ``base_worker._validate_remote_agent_handshake`` (what :data:`DOMAIN` cannot say)."""
@@ -288,7 +289,7 @@ class VllmNixlAdapter(Adapter):
         )
 
     # refusals: topology [PLAN-1] and model facts [MODEL-3, DTYPE-1] -----------------------
-    def validate_topology(self, config: dict[str, Any]) -> None:
+    def validate_topology(self, config: TransferConfig) -> None:
         if config["target"].get("pp", 1) != 1:
             raise NotImplementedError(
                 "vLLM NIXL: decode-side pipeline_parallel_size > 1 is not supported "
@@ -303,7 +304,7 @@ class VllmNixlAdapter(Adapter):
         )
 
     # start-up validation [serving reachability] -------------------------------------------
-    def serving_accepts(self, config: dict[str, Any]) -> Acceptance | None:
+    def serving_accepts(self, config: TransferConfig) -> Acceptance | None:
         """Whether vLLM starts a NIXL prefill/decode pair with ``config``, by its own code,
         on CPU: for each side ``ModelConfig.verify_with_parallel_config``'s attention-head
         check (vllm/config/model.py, called on the attributes it reads) and
@@ -327,7 +328,7 @@ class VllmNixlAdapter(Adapter):
                 source=SimpleNamespace(tp=tps[0]),
                 target=SimpleNamespace(tp=tps[1]),
             )
-            if refuses_replicated_fan_in(fan_in):  # type: ignore[arg-type]
+            if refuses_replicated_fan_in(fan_in):
                 return Acceptance(
                     False,
                     f"{self.version} refuses it at the handshake: base_worker."
@@ -339,7 +340,7 @@ class VllmNixlAdapter(Adapter):
             return Acceptance(False, f"{self.version} refuses it: {engine_message(error)}")
         return Acceptance(True, f"{self.version} accepts it ({'; '.join(ran)})")
 
-    def validate_agreement(self, config: dict[str, Any]) -> None:
+    def validate_agreement(self, config: TransferConfig) -> None:
         model = config["model"]
         theirs = config.get("target_model", model)
         if self._hash(theirs) != self._hash(model):

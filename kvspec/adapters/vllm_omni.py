@@ -19,7 +19,7 @@ tests/suite/test_field_omni.py tests the adapter against the installed engine.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from types import MappingProxyType, SimpleNamespace
@@ -30,6 +30,7 @@ import torch
 from kvspec.adapters._engine import import_engine
 from kvspec.conformance.adapter import Acceptance, Adapter
 from kvspec.conformance.domain import Domain
+from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.memory.cache_layout import describe_cache
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, dtype_name
@@ -258,13 +259,15 @@ def payload_of(data: Mapping[str, Any], *, head_slice: HeadSlice) -> Payload:
     ``head_slice`` (slice 0 of 1, applied); vLLM-Omni's own marker (or its ``source_rank``)
     is not part of kvspec's payload and is dropped.
     """
-    meta = dict(data.get("metadata") or {})
-    blocks = data.get("layer_blocks") or {}
+    # The engine's dict, untyped (Any): its values go to the Payload as they are.
+    raw: Any = data
+    meta: Any = dict(raw.get("metadata") or {})
+    blocks = raw.get("layer_blocks") or {}
     return Payload(
-        request_id=data.get("request_id"),
+        request_id=raw.get("request_id"),
         key_cache=tuple(blocks.get("key_cache", ())),
         value_cache=tuple(blocks.get("value_cache", ())),
-        block_ids=tuple(data.get("block_ids", ())),
+        block_ids=tuple(raw.get("block_ids", ())),
         block_size=meta.get("block_size"),
         dtype=meta.get("dtype"),
         seq_len=meta.get("seq_len"),
@@ -319,11 +322,15 @@ class MemoryConnector:
     def __init__(self, stored: dict[str, Any] | None = None) -> None:
         self.stored: dict[str, Any] = dict(stored or {})
 
-    def put(self, from_stage: str, to_stage: str, put_key: str, data: Any):
+    def put(
+        self, from_stage: str, to_stage: str, put_key: str, data: Any
+    ) -> tuple[bool, int, None]:
         self.stored[put_key] = data
         return True, len(data) if isinstance(data, (bytes, bytearray)) else 0, None
 
-    def get(self, from_stage: str, to_stage: str, get_key: str, metadata: Any = None):
+    def get(
+        self, from_stage: str, to_stage: str, get_key: str, metadata: Any = None
+    ) -> tuple[Any, int] | None:
         if get_key not in self.stored:
             return None
         data = self.stored[get_key]
@@ -331,7 +338,7 @@ class MemoryConnector:
 
 
 @contextmanager
-def logged_errors(logger_name: str = "vllm_omni"):
+def logged_errors(logger_name: str = "vllm_omni") -> Iterator[list[str]]:
     """Collect what vLLM-Omni logs at WARNING and above while the block runs: its
     receiver reports failures only there (and returns None)."""
     records: list[str] = []
@@ -422,7 +429,9 @@ class VllmOmniAdapter(Adapter):
         return self.kv.get_kv_target_ranks(self._topology(case, src))
 
     # the managers serving builds ---------------------------------------------------------
-    def _manager(self, case: TransferCase, rank: int, connector: MemoryConnector, **config):
+    def _manager(
+        self, case: TransferCase, rank: int, connector: MemoryConnector, **config: Any
+    ) -> Any:
         m = self.manager
         cfg = m.OmniKVCacheConfig(
             from_stage=FROM_STAGE,
@@ -444,7 +453,9 @@ class VllmOmniAdapter(Adapter):
         connector and no thread is made; the mixin takes its TP sizes and rank from the
         manager's ``tp_topology``, as in serving."""
 
-        class _Runner(self.mixin.OmniConnectorModelRunnerMixin):
+        mixin: Any = self.mixin.OmniConnectorModelRunnerMixin  # the engine's class
+
+        class _Runner(mixin):
             pass
 
         runner = _Runner()
@@ -518,7 +529,9 @@ class VllmOmniAdapter(Adapter):
         data = self._receive(case, dst, stored)
         return request_kv_of(data["layer_blocks"], num_layers=case.model.num_layers)
 
-    def merge(self, case: TransferCase, dst: int, received: Sequence[tuple[int, Payload]]):
+    def merge(
+        self, case: TransferCase, dst: int, received: Sequence[tuple[int, Payload]]
+    ) -> Payload:
         stored = {}
         for src, payload in received:
             data = self.manager.KVCacheTransferData(**payload_fields(payload))
@@ -537,12 +550,12 @@ class VllmOmniAdapter(Adapter):
         return shipment_of(shipment, self.kv.slice_received_rank_shard(payload, topo, slicer))
 
     # topology refusals [PLAN-1, STAGE-1]; it has no model facts to validate ------------
-    def validate_sizes(self, config: dict[str, Any]) -> None:
+    def validate_sizes(self, config: TransferConfig) -> None:
         rank = config.get("rank", {}).get("rank", 0)
         topo = self.kv.KVTPTopology(config["source"]["tp"], config["target"]["tp"], rank)
         self.kv.validate_kv_tp_topology(topo)
 
-    def validate_topology(self, config: dict[str, Any]) -> None:
+    def validate_topology(self, config: TransferConfig) -> None:
         rank = config.get("rank", {}).get("rank", 0)
         topo = self.kv.KVTPTopology(config["source"]["tp"], config["target"]["tp"], rank)
         self.kv.validate_kv_tp_topology(topo)
@@ -550,7 +563,7 @@ class VllmOmniAdapter(Adapter):
         self.kv.get_kv_source_ranks(topo)
 
     # what serving starts with --------------------------------------------------------------
-    def serving_accepts(self, config: dict[str, Any]) -> Acceptance | None:
+    def serving_accepts(self, config: TransferConfig) -> Acceptance | None:
         """vLLM's and vLLM-Omni's own checks of this deployment, run here on CPU.
 
         For each stage: vLLM's ``ParallelConfig(tensor_parallel_size, pipeline_parallel_size)``
@@ -634,7 +647,7 @@ class VllmOmniAdapter(Adapter):
         # physical axis i holds logical axis order[i]: the logical view inverts it
         return cache.permute(*[order.index(axis) for axis in range(len(order))])
 
-    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:
+    def read_layer(self, cache: Any, layout: str) -> tuple[Any, ...]:  # type: ignore[override]  # no page_size: so the suite asks it for no token pool
         """K and V as ``OmniKVTransferManager._extract_kv_cache`` reads them: vLLM's view
         of the layer, through ``normalize_layer_kv(view, block_size=...)`` with the cache
         config's block size (``GPUARModelRunner`` passes ``cache_config.block_size``;
@@ -661,12 +674,16 @@ class VllmOmniAdapter(Adapter):
         (key,) = self.kv.build_rank_aware_send_keys(request_id, from_stage, to_stage, topo)
         return key
 
-    def send_keys(self, case, request_id, src, *, from_stage, to_stage):
+    def send_keys(
+        self, case: TransferCase, request_id: str, src: int, *, from_stage: int, to_stage: int
+    ) -> list[tuple[str, int]]:
         topo = self._topology(case, src)
         keys = self.kv.build_rank_aware_send_keys(request_id, from_stage, to_stage, topo)
         return list(zip(keys, self.kv.get_kv_target_ranks(topo), strict=True))
 
-    def recv_keys(self, case, request_id, dst, *, from_stage, to_stage):
+    def recv_keys(
+        self, case: TransferCase, request_id: str, dst: int, *, from_stage: int, to_stage: int
+    ) -> list[tuple[str, int]]:
         topo = self._topology(case, dst)
         return recv_sources(
             self.kv.build_rank_aware_recv_keys(request_id, from_stage, to_stage, topo)
@@ -693,7 +710,7 @@ class VllmOmniMixinReceiverAdapter(VllmOmniAdapter):
     name = f"{NAME} (mixin receiver)"
     receiver_hooks = True
 
-    def serving_accepts(self, config: dict[str, Any]) -> Acceptance | None:
+    def serving_accepts(self, config: TransferConfig) -> Acceptance | None:
         return Acceptance(
             False,
             "no vllm-omni 0.30.0 stage receives KV through a manager with the mixin's hooks: "

@@ -52,6 +52,8 @@ from kvspec.profile_names import PROFILES
 # The suite (and so torch and Hypothesis) is imported by run(), so that `kvspec --help`
 # and every other command start without it.
 if TYPE_CHECKING:
+    from kvspec.conformance.adapter import Adapter
+    from kvspec.conformance.mutation import MutantResult
     from kvspec.conformance.runner import CheckResult
 
 NAME = "conform"
@@ -232,7 +234,7 @@ def _progress(i: int, total: int, result: CheckResult) -> None:
     )
 
 
-def _replay(args: argparse.Namespace, adapter) -> int:
+def _replay(args: argparse.Namespace, adapter: Adapter) -> int:
     from kvspec.conformance.runner import Report, render, run_check, select_checks
 
     if not args.patterns:
@@ -280,7 +282,7 @@ def _replay(args: argparse.Namespace, adapter) -> int:
 def _mutants(args: argparse.Namespace) -> int:
     from kvspec.conformance.mutation import render_mutation, run_corpus
 
-    def progress(i: int, total: int, result) -> None:
+    def progress(i: int, total: int, result: MutantResult) -> None:
         verdict = f"killed by {result.killed_by}" if result.killed else "SURVIVED"
         print(
             f"[{i:>3}/{total}] {result.name:<36} {verdict} ({result.seconds:.2f} s)",

@@ -126,7 +126,13 @@ def _edges(plan: TransferPlan, text: str | None) -> list:
 
 
 def _registered(
-    plan: TransferPlan, rank: int, side: str, layout: str, block_size: int, slots: int, args
+    plan: TransferPlan,
+    rank: int,
+    side: str,
+    layout: str,
+    block_size: int,
+    slots: int,
+    args: argparse.Namespace,
 ) -> tuple[RegisteredCache, list[int]]:
     """The rank's registered cache and the request's first block ids, enough for ``slots``
     token slots: the rank's own tokens up to the share's last [CP-1, PAGED-3]."""

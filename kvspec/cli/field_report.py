@@ -331,8 +331,9 @@ def counterexample_facts(counterexample: Any) -> dict[str, Any]:
             facts.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             facts[key] = value
-    tps = [facts.get("source.tp"), facts.get("target.tp")]
-    if all(isinstance(t, int) and t > 0 for t in tps):
+    given = (facts.get("source.tp"), facts.get("target.tp"))
+    tps = [t for t in given if isinstance(t, int) and t > 0]
+    if len(tps) == len(given):
         facts["tp_divides"] = max(tps) % min(tps) == 0
     pps = [facts.get("source.pp") or 1, facts.get("target.pp") or 1]
     facts["pipeline"] = max(pps) > 1

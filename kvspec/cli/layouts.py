@@ -155,12 +155,12 @@ def state_pages(args: argparse.Namespace, layout: StateCacheLayout) -> list[dict
     model: ModelShape = model_preset(args.model)
     pages = []
     for index, group in enumerate(model.layer_groups):
-        if group.per_token or not group.parts():  # type: ignore[union-attr]
+        if group.per_token or not group.parts():
             continue
         where = {"attn_tp": args.tp, "attn_tp_rank": args.rank, "page_size": args.page_size}
         page = state_page(layout, model, index, **where)
         parts = []
-        for part in group.parts():  # type: ignore[union-attr]
+        for part in group.parts():
             units = page.units[part.name]
             first = element_offset(page, block=0, part=part.name, unit=units.start, element=0)
             runs = state_runs(layout, model, index, **where, block=0, part=part.name, units=units)

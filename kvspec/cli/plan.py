@@ -391,12 +391,16 @@ def parallel_knobs(args: argparse.Namespace, *, block_sizes: dict[str, int]) -> 
         kind, _, size = (rule or "").partition(":")
         if size.isdigit() and kind:
             sizes = range(1, 2 * max(int(size), block_sizes[side]) + 1)
+
+            def distance(r: str, size: int = int(size)) -> tuple[int, int]:
+                return (abs(_rule_size(r) - size), _rule_size(r))
+
             knobs.append(
                 Knob(
                     f"{side}_cp_rule",
                     [f"{kind}:{v}" for v in sizes if v != int(size)],
                     flag_hint(f"--{side}-cp-rule"),
-                    distance=lambda r, size=int(size): (abs(_rule_size(r) - size), _rule_size(r)),
+                    distance=distance,
                 )
             )
     return knobs

@@ -996,7 +996,8 @@ def _check_signatures(cls: type) -> None:
             theirs = inspect.signature(mine)
         except (TypeError, ValueError):  # a builtin or C callable: nothing to read
             continue
-        args, kwargs = [], {}
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
         for param in list(base.parameters.values())[1:]:  # after self
             if param.default is not param.empty:
                 continue  # passed only where it applies (a token pool's page size, ...)

@@ -165,7 +165,7 @@ def _config_section() -> str:
     ]
     for typed, keys in CONFIG_TYPES:
         hints = _hints(typed)
-        required = typed.__required_keys__  # type: ignore[attr-defined]
+        required = typed.__required_keys__  # type: ignore[attr-defined]  # each is a TypedDict
         lines += [
             f'<a id="{_config_anchor(typed.__name__)}"></a>',
             f"### `{typed.__name__}`\n",

@@ -62,11 +62,11 @@ def render_coverage(rows: list[Coverage] | None = None, *, verbose: bool = False
         if verbose:
             lines.append(f"{'':<18} {row.obligation.text}")
     missing = [r for r in rows if not r.complete]
-    checks = {c for r in rows for c in r.checks}
-    mutants = {m for r in rows for m in r.mutants}
+    all_checks = {c for r in rows for c in r.checks}
+    all_mutants = {m for r in rows for m in r.mutants}
     lines += [
         "",
-        f"{len(rows)} obligations, {len(checks)} checks, {len(mutants)} mutants; "
+        f"{len(rows)} obligations, {len(all_checks)} checks, {len(all_mutants)} mutants; "
         + (
             "every obligation has a check and a mutant"
             if not missing

@@ -19,7 +19,9 @@ fact to step just outside the *spec's* domain, so they too stay relevant.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -41,8 +43,8 @@ BLOCK_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5)
 """Block sizes drawn by default: small, so that few tokens fill several blocks."""
 
 
-def _tuple(value: object) -> tuple:
-    return tuple(value) if value is not None else ()  # type: ignore[arg-type]
+def _tuple(value: Iterable[Any] | None) -> tuple:
+    return tuple(value) if value is not None else ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ class Domain:
 
     def pairs(self) -> tuple[tuple[int, int], ...]:
         """The (source TP, target TP) pairs inside the domain."""
+        pairs: Sequence[tuple[int, int]]
         if self.tp_pairs is not None:
             pairs = self.tp_pairs
         elif self.non_dividing_tp:

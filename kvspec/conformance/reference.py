@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from kvspec import __version__
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.domain import EVERYTHING
+from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.error_cases import OPERATIONS
 from kvspec.lifecycle.machine import Lifecycle
 from kvspec.memory.cache_layout import convert, detect_layout, field_views, kv_views
@@ -26,7 +27,7 @@ from kvspec.tensors.slicing import apply_head_slice
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.group_plan import GroupPlan, plan_groups
-from kvspec.topology.groups import ChunkedLocal, SlidingWindow
+from kvspec.topology.groups import ChunkedLocal, SlidingWindow, StateGroup
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan
@@ -108,19 +109,19 @@ class ReferenceAdapter(Adapter):
         )
         return Shipment(shipment.edge, marker, RequestKV(data, shipment.kv.scales))
 
-    def validate_sizes(self, config: dict[str, Any]) -> None:
+    def validate_sizes(self, config: TransferConfig) -> None:
         OPERATIONS["transfer"](config)
 
-    def validate_partition(self, config: dict[str, Any]) -> None:
+    def validate_partition(self, config: TransferConfig) -> None:
         OPERATIONS["transfer"](config)
 
-    def validate_topology(self, config: dict[str, Any]) -> None:
+    def validate_topology(self, config: TransferConfig) -> None:
         OPERATIONS["transfer"](config)
 
-    def validate_model(self, config: dict[str, Any]) -> None:
+    def validate_model(self, config: TransferConfig) -> None:
         OPERATIONS["transfer"](config)
 
-    def validate_agreement(self, config: dict[str, Any]) -> None:
+    def validate_agreement(self, config: TransferConfig) -> None:
         OPERATIONS["transfer"](config)
 
     def read_layer(
@@ -181,8 +182,8 @@ class ReferenceAdapter(Adapter):
     def state_units(
         self, layout: StageLayout, model: ModelShape, group: int, rank: int
     ) -> dict[str, range]:
-        state = model.layer_groups[group]
-        return part_units(state, layout.attn_tp, layout.locate(rank).attn_tp_rank)  # type: ignore[arg-type]
+        state = cast(StateGroup, model.layer_groups[group])  # state_units: of a state group
+        return part_units(state, layout.attn_tp, layout.locate(rank).attn_tp_rank)
 
     def state_reads(
         self, case: TransferCase, group: int, dst: int
@@ -275,10 +276,14 @@ class ReferenceAdapter(Adapter):
     def legacy_key(self, *args: Any, **kwargs: Any) -> str:
         return legacy_key(*args, **kwargs)
 
-    def send_keys(self, case: TransferCase, request_id: str, src: int, **stages: int):
+    def send_keys(
+        self, case: TransferCase, request_id: str, src: int, **stages: Any
+    ) -> tuple[tuple[str, int], ...]:
         return send_keys(self.plan(case), request_id, src, **stages)
 
-    def recv_keys(self, case: TransferCase, request_id: str, dst: int, **stages: int):
+    def recv_keys(
+        self, case: TransferCase, request_id: str, dst: int, **stages: Any
+    ) -> tuple[tuple[str, int], ...]:
         return recv_keys(self.plan(case), request_id, dst, **stages)
 
     def kv_port(self, base: int, stage: int, rank: int, replica: int) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import example as pinned
@@ -289,10 +289,10 @@ def run_check(
         if not failures:  # not the implementation's: an interrupt, a timeout, a Hypothesis error
             raise
         result.verdict = FAILED
-        example, error = failures[-1]  # Hypothesis replays the shrunk example last
+        example, failure = failures[-1]  # Hypothesis replays the shrunk example last
         result.counterexample = example
-        result.reason = describe_failure(error)
-        judge_failure(result, error, adapter)
+        result.reason = describe_failure(failure)
+        judge_failure(result, failure, adapter)
     if result.verdict == PASSED and replay is not None and not result.effective:
         result.verdict = NOT_PROVIDED  # nothing was checked: not a pass
         result.reason = (
@@ -395,8 +395,9 @@ def deployment_of(example: object) -> TransferConfig | None:
                 and "tp" in item["source"]
                 and "tp" in item["target"]
             ):
-                return TransferConfig(  # type: ignore[typeddict-item]
-                    {k: json.loads(json.dumps(item[k])) for k in _DEPLOYMENT_KEYS}
+                # TransferConfig(mapping) is dict(mapping): its required keys, checked above
+                return cast(
+                    TransferConfig, {k: json.loads(json.dumps(item[k])) for k in _DEPLOYMENT_KEYS}
                 )
             ordered = [item[k] for k in _PREFERRED if k in item]
             ordered += [v for k, v in item.items() if k not in _PREFERRED]

@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -58,7 +58,7 @@ from kvspec.tensors.oracle import oracle_kv, oracle_scales
 from kvspec.tensors.reshard import Shipment, edge_marker, send, shard
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.group_plan import plan_groups
-from kvspec.topology.groups import ChunkedLocal, SlidingWindow
+from kvspec.topology.groups import ChunkedLocal, SlidingWindow, StateGroup, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
 from kvspec.topology.model_presets import model_preset
@@ -106,7 +106,7 @@ def _span(r: range) -> list[int]:
 
 def _sample_cases(rng: random.Random, count: int, *, max_layers: int = 8) -> list[TransferCase]:
     """Valid transfer cases drawn from a fixed grid with a seeded generator."""
-    cases = []
+    cases: list[TransferCase] = []
     while len(cases) < count:
         source_tp, target_tp = rng.choice(TP_SIZES), rng.choice(TP_SIZES)
         heads = rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48])
@@ -447,7 +447,8 @@ def _export_reshard(rng: random.Random) -> tuple[list[Case], Tensors]:
     chosen += [*PARALLEL, *_sample_parallel(more, 6)]
     for i, case in enumerate(chosen):
         key = f"reshard-{i:03d}"
-        seq_len = case.seq_len if case.sharded else 1 + i % 3
+        # A sharded case has its seq_len [PLAN-6].
+        seq_len = cast(int, case.seq_len) if case.sharded else 1 + i % 3
         full = random_request_kv(case.model, seq_len, seed=i)
         plan = case.plan()
         tensors[f"{key}/full"] = full.data
@@ -512,12 +513,12 @@ def _check_reshard(adapter: Adapter, case: Case, tensors: Tensors) -> str | None
                 marker = edge_marker(plan, edge, applied=slicing == "sender")
                 inbox[dst].append(Shipment(edge, marker, kv))
         if "receiver" in provided_capabilities(adapter):
-            marker = "marker" in provided_capabilities(adapter)
+            marks = "marker" in provided_capabilities(adapter)
             for dst in transfer.target.ranks():
                 if names["targets"][dst] is None:
                     continue  # holds none of the request
                 received = [
-                    adapter.apply_marker(transfer, dst, s) if marker else s for s in inbox[dst]
+                    adapter.apply_marker(transfer, dst, s) if marks else s for s in inbox[dst]
                 ]
                 got = adapter.receiver_combine(transfer, dst, received)
                 problem = difference(got, targets[dst])
@@ -849,8 +850,9 @@ def _check_descriptors(adapter: Adapter, case: Case, tensors: Tensors) -> str | 
     )
     if [d.to_list() for d in reference.descriptors] != case["descriptors"]:
         return "the vector's list is not the spec's (regenerate the vectors)"
+    src, dst = case["edge"]  # a pair: plan().edge(*case["edge"]) took it above
     got = adapter.descriptors(
-        transfer, *case["edge"], source, source_ids, target, target_ids, range(*case["tokens"])
+        transfer, src, dst, source, source_ids, target, target_ids, range(*case["tokens"])
     )
     verdict = judge_descriptors(list(got), reference)
     if not verdict.ok:
@@ -874,7 +876,8 @@ def _export_oracle(rng: random.Random) -> tuple[list[Case], Tensors]:
         request_id = f"req_{i}-x"
         seed = rng.randrange(2**31)
         region = {"tokens": [2, 9], "layers": [1, 3], "heads": [0, model.num_kv_heads]}
-        kv = oracle_kv(model, request_id, seed=seed, **{k: range(*v) for k, v in region.items()})
+        ranges: dict[str, Any] = {k: range(*v) for k, v in region.items()}
+        kv = oracle_kv(model, request_id, seed=seed, **ranges)
         key = f"oracle-{i:03d}"
         tensors[f"{key}/data"] = kv.data
         if kv.scales is not None:
@@ -931,7 +934,7 @@ def _check_oracle(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
 # keys and ports -------------------------------------------------------------------------
 def _export_keys(rng: random.Random) -> tuple[list[Case], Tensors]:
     ids = ["req_7", "5_0_0_0_0", "chatcmpl-7f3a", "a_b_c", "omni", "0", "ü_名_0", "x-1"]
-    cases = []
+    cases: list[Case] = []
     for i, request_id in enumerate(ids):
         fields = {
             "from_stage": rng.randint(0, 3),
@@ -997,7 +1000,7 @@ def _check_keys(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
 def _export_ports(rng: random.Random) -> tuple[list[Case], Tensors]:
     cases = []
     for i in range(24):
-        args = {
+        args: dict[str, Any] = {
             "base": rng.choice([20000, 50000, 65000]),
             "stage": rng.randint(0, 18),
             "rank": rng.randint(0, 70),
@@ -1148,7 +1151,7 @@ def _small_state(rng: random.Random, kind: str) -> dict[str, Any]:
 def _small_hybrids(rng: random.Random, count: int) -> list[ModelShape]:
     """Small hybrids: own attention, a sliding window and one state group, the state's dtypes
     kept aligned in a page (an even conv state before an fp32 temporal state)."""
-    models = []
+    models: list[ModelShape] = []
     while len(models) < count:
         kind = rng.choice(["mamba1", "mamba2", "gdn"])
         state = _small_state(rng, kind)
@@ -1161,7 +1164,7 @@ def _small_hybrids(rng: random.Random, count: int) -> list[ModelShape]:
             num_layers,
             rng.choice([1, 2, 4]),
             2,
-            groups=(window, state),
+            groups=(group_from_dict(window), group_from_dict(state)),
             layers=tuple(layers),
         )
         try:
@@ -1182,10 +1185,10 @@ def _hybrid_cases(rng: random.Random) -> list[tuple[TransferCase, int, int]]:
         for source, target in ((1, 4), (4, 1)):
             found.append((TransferCase(StageLayout(source), StageLayout(target), model), 1000, 16))
     for model in _small_hybrids(rng, 16):
-        source = StageLayout(rng.choice([1, 2, 4]), rng.choice([1, 2]))
-        target = StageLayout(rng.choice([1, 2, 4]), rng.choice([1, 2]))
+        sender = StageLayout(rng.choice([1, 2, 4]), rng.choice([1, 2]))
+        receiver = StageLayout(rng.choice([1, 2, 4]), rng.choice([1, 2]))
         policy = rng.choice(["lowest", "balanced"])
-        case = TransferCase(source, target, model, policy)
+        case = TransferCase(sender, receiver, model, policy)
         found.append((case, rng.randint(0, 80), rng.choice([1, 4, 16])))
     return found
 
@@ -1199,7 +1202,11 @@ def _chunked_cases(rng: random.Random) -> list[tuple[TransferCase, int, int]]:
         chunk, block = rng.randint(2, 24), rng.choice([1, 4, 16])
         chunked = {"kind": "chunked", "num_kv_heads": rng.choice([1, 2, 4]), "head_dim": 2}
         model = ModelShape(
-            4, rng.choice([1, 2, 4]), 2, groups=({**chunked, "chunk": chunk},), layers=(1, 0, 1, 0)
+            4,
+            rng.choice([1, 2, 4]),
+            2,
+            groups=(group_from_dict({**chunked, "chunk": chunk}),),
+            layers=(1, 0, 1, 0),
         )
         source, target = rng.choice([(1, 4), (4, 1), (2, 4), (4, 2)])
         for seq_len in (rng.randint(1, 80), chunk * rng.randint(1, 3)):
@@ -1214,15 +1221,17 @@ WINDOW_STATE = ModelShape(
     2,
     256,
     groups=(
-        {"kind": "sliding", "num_kv_heads": 2, "head_dim": 256, "window": 128},
-        {
-            "kind": "mamba2",
-            "num_heads": 32,
-            "head_dim": 64,
-            "n_groups": 2,
-            "d_state": 64,
-            "conv_kernel": 4,
-        },
+        group_from_dict({"kind": "sliding", "num_kv_heads": 2, "head_dim": 256, "window": 128}),
+        group_from_dict(
+            {
+                "kind": "mamba2",
+                "num_heads": 32,
+                "head_dim": 64,
+                "n_groups": 2,
+                "d_state": 64,
+                "conv_kernel": 4,
+            }
+        ),
     ),
     layers=(0, 1, 2, 2),
 )
@@ -1245,7 +1254,7 @@ def _block_size_cases(rng: random.Random) -> list[tuple[TransferCase, int, int, 
         kind = rng.choice(["sliding", "chunked"])
         group = {"kind": kind, "num_kv_heads": rng.choice([1, 2, 4]), "head_dim": 2}
         group["window" if kind == "sliding" else "chunk"] = rng.randint(2, 24)
-        model = ModelShape(4, 2, 2, groups=(group,), layers=(1, 0, 1, 0))
+        model = ModelShape(4, 2, 2, groups=(group_from_dict(group),), layers=(1, 0, 1, 0))
         source, target = rng.choice([(1, 4), (4, 1), (2, 4), (4, 2)])
         sender, receiver = rng.choice([(4, 8), (8, 4), (12, 8), (8, 12), (3, 16)])
         case = TransferCase(StageLayout(source), StageLayout(target), model)
@@ -1352,11 +1361,11 @@ def _check_block_sizes(adapter: Adapter, case: Case, transfer: TransferCase) -> 
     """A plan with the sender's and the receiver's own block sizes [WINDOW-2, BLOCK-1]."""
     for tp, want in case.get("derived_block_sizes", {}).items():
         try:
-            got = adapter.hybrid_block_size(transfer.model, int(tp), None)
+            derived = adapter.hybrid_block_size(transfer.model, int(tp), None)
         except NotProvided:
             break
-        if got != want:
-            return f"block size at attention TP {tp}: {got}, expected {want} [BLOCK-1]"
+        if derived != want:
+            return f"block size at attention TP {tp}: {derived}, expected {want} [BLOCK-1]"
     sender, receiver = case["source_block_size"], case["block_size"]
     try:
         tokens = adapter.window_tokens(transfer, case["seq_len"], sender, receiver)
@@ -1411,7 +1420,7 @@ def _export_states(rng: random.Random) -> tuple[list[Case], Tensors]:
         if case.model.num_layers > 8:
             continue  # the presets' states: their group plans are in the groups family
         group = 2
-        state = case.model.layer_groups[group]
+        state = cast(StateGroup, case.model.layer_groups[group])  # these hybrids' state
         reads = plan_state_reads(case.source, case.target, case.model, group, policy=case.policy)
         units = {
             side: [
@@ -1421,7 +1430,7 @@ def _export_states(rng: random.Random) -> tuple[list[Case], Tensors]:
                         k: [v.start, v.stop]
                         for k, v in part_units(
                             state, layout.attn_tp, layout.locate(rank).attn_tp_rank
-                        ).items()  # type: ignore[arg-type]
+                        ).items()
                     },
                 }
                 for rank in layout.ranks()
@@ -1451,8 +1460,8 @@ def _check_states(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     group = case["group"]
     for side, layout in (("source", transfer.source), ("target", transfer.target)):
         for entry in case["units"][side]:
-            got = adapter.state_units(layout, transfer.model, group, entry["rank"])
-            have = {k: [v.start, v.stop] for k, v in got.items()}
+            held = adapter.state_units(layout, transfer.model, group, entry["rank"])
+            have = {k: [v.start, v.stop] for k, v in held.items()}
             if have != entry["units"]:
                 return f"{side} rank {entry['rank']} holds {have}, expected {entry['units']}"
     for dst in sorted({r[1] for r in case["reads"]}):
@@ -1472,7 +1481,7 @@ def _export_state_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
         own = state_page(layout, model, 2, attn_tp=tp, attn_tp_rank=rank)
         page_size = rng.choice([None, -(-own.page_size // 16) * 16 + 16 * rng.randint(0, 2)])
         page = state_page(layout, model, 2, attn_tp=tp, attn_tp_rank=rank, page_size=page_size)
-        state = model.layer_groups[2]
+        state = cast(StateGroup, model.layer_groups[2])  # these hybrids' state
         offsets = [
             [
                 block,
@@ -1482,11 +1491,11 @@ def _export_state_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
                 element_offset(page, block=block, part=part.name, unit=unit, element=e),
             ]
             for block in (0, 1)
-            for part in state.parts()  # type: ignore[union-attr]
+            for part in state.parts()
             for unit in page.units[part.name]
             for e in range(part.unit_elements)
         ]
-        where = {"attn_tp": tp, "attn_tp_rank": rank, "page_size": page_size}
+        where: dict[str, Any] = {"attn_tp": tp, "attn_tp_rank": rank, "page_size": page_size}
         runs = [
             {
                 "part": part.name,
@@ -1504,7 +1513,7 @@ def _export_state_layouts(rng: random.Random) -> tuple[list[Case], Tensors]:
                     )
                 ],
             }
-            for part in state.parts()  # type: ignore[union-attr]
+            for part in state.parts()
         ]
         cases.append(
             {

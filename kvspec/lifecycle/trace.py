@@ -49,7 +49,7 @@ def check_trace(events: Iterable[Mapping[str, Any]], *, num_blocks: int) -> Trac
         if isinstance(event, Mapping) and event.get("ev") == "refused":
             attempted = event.get("event")
             try:
-                machine.apply(attempted)  # type: ignore[arg-type]  # a refusal changes nothing
+                machine.apply(attempted)  # type: ignore[arg-type]  # any value: apply refuses a non-event
             except (LifecycleRefusal, LifecycleError):
                 continue  # rightly refused
             return TraceVerdict(

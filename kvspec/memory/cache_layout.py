@@ -663,7 +663,7 @@ def convert(
 
 
 def _check_out(
-    out: object,
+    out: LayerCache,
     cache: LayerCache,
     dst: CacheLayout,
     shape: CacheShape,

@@ -19,7 +19,7 @@ import bisect
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -794,7 +794,8 @@ def region_buffers(cache: PagedCache) -> dict[str, torch.Tensor]:
             for n, t in zip(names, layer, strict=True)
         }
     else:
-        tensors = {f"L{i}": layer for i, layer in enumerate(cache.layers)}
+        # A layout that is not a tuple form keeps each layer as one tensor.
+        tensors = {f"L{i}": cast(torch.Tensor, layer) for i, layer in enumerate(cache.layers)}
     out = {}
     for name, tensor in tensors.items():
         if not tensor.is_contiguous():
@@ -820,9 +821,10 @@ def execute_descriptors(
     moved = 0
     if all(t.device.type == "cpu" for t in (*source.values(), *target.values())):
         # Still one copy per range, as a connector pays [DESC-3], but each is a memcpy
-        # between memoryviews: no tensor is built per range.
-        src = {name: memoryview(t.numpy()) for name, t in source.items()}
-        dst = {name: memoryview(t.numpy()) for name, t in target.items()}
+        # between memoryviews: no tensor is built per range. (``array.data`` is
+        # ``memoryview(array)``, in a form numpy's stubs type before Python 3.12.)
+        src = {name: t.numpy().data for name, t in source.items()}
+        dst = {name: t.numpy().data for name, t in target.items()}
         for d in descriptors:
             dst[d.dst_region][d.dst_offset : d.dst_offset + d.length] = src[d.src_region][
                 d.src_offset : d.src_offset + d.length

@@ -291,14 +291,14 @@ def record_fill(
             assert kv is not None
             out[f.name] = kv[:, ORACLE_FIELDS[f.name]]
             continue
-        h = absorb(start, request_value(FIELD_TAG + f.name))
-        h = torch.full((1, 1, 1, 1), h, dtype=torch.int64, device=device)  # type: ignore[arg-type]
+        named = absorb(start, request_value(FIELD_TAG + f.name))
+        h = torch.full((1, 1, 1, 1), named, dtype=torch.int64, device=device)
         h = absorb(h, _axis(where.layers, 0, device))
         h = absorb(h, _axis(where.heads, 2, device))
         h = absorb(h, _axis(where.token_list(), 1, device))
         h = absorb(h, _axis(range(width), 3, device))
         shape = (len(where.layers), where.token_count, len(where.heads), width)
-        out[f.name] = _values(h.expand(shape).contiguous(), dtype, positive=f.is_scale)  # type: ignore[union-attr]
+        out[f.name] = _values(h.expand(shape).contiguous(), dtype, positive=f.is_scale)
     return out
 
 

@@ -18,6 +18,7 @@ reconstruction property use these same functions, so they restate no rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -121,8 +122,8 @@ def fill(
     device: str | torch.device = "cpu",
 ) -> GroupData:
     """The oracle's values of ``region`` [ORACLE-1, ORACLE-4]."""
-    if region.per_token:
-        group: FullAttention = model.layer_groups[region.group]  # type: ignore[assignment]
+    if region.per_token:  # so its group is attention
+        group = cast(FullAttention, model.layer_groups[region.group])
         view = group_view(model, group)
         assert region.tokens is not None
         index = _index_fill(group, region, request_id, seed=seed, device=device)
@@ -254,8 +255,8 @@ def cut(edge: GroupEdge, region: Region, data: GroupData, seq_len: int) -> list[
 
 def empty(model: ModelShape, region: Region, device: str | torch.device = "cpu") -> GroupData:
     """Zeroed buffers for ``region``; counts are kept beside them by :func:`place`."""
-    if region.per_token:
-        group: FullAttention = model.layer_groups[region.group]  # type: ignore[assignment]
+    if region.per_token:  # so its group is attention
+        group = cast(FullAttention, model.layer_groups[region.group])
         assert region.heads is not None and region.tokens is not None
         shape = (len(region.layers), group.kv_tensors, len(region.tokens), len(region.heads))
         data = {

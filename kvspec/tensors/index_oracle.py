@@ -50,5 +50,5 @@ def oracle_index(
         h = absorb(torch.full((1, 1, 1), start, dtype=torch.int64, device=device), lay)
         h = absorb(absorb(absorb(h, INDEX_TAG + index), tok), element)
         shape = (len(layers), len(tokens), widths[name])
-        out[name] = _values(h.expand(shape).contiguous(), dtype, positive=name == "index_scale")  # type: ignore[union-attr]
+        out[name] = _values(h.expand(shape).contiguous(), dtype, positive=name == "index_scale")
     return out

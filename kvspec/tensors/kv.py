@@ -148,6 +148,6 @@ def kv_equal(a: RequestKV, b: RequestKV) -> bool:
     """Bit-exact equality of data and scales [DTYPE-2, DTYPE-3]."""
     if (a.scales is None) != (b.scales is None):
         return False
-    if a.scales is not None and not bit_equal(a.scales, b.scales):  # type: ignore[arg-type]
+    if a.scales is not None and b.scales is not None and not bit_equal(a.scales, b.scales):
         return False
     return bit_equal(a.data, b.data)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 
@@ -126,6 +127,11 @@ def request_value(request_id: str) -> int:
     return int.from_bytes(digest, "big") % PRIME
 
 
+# Each hash step keeps its input's kind: an int of an int, a tensor of a tensor.
+@overload
+def _mod_p(x: int) -> int: ...
+@overload
+def _mod_p(x: torch.Tensor) -> torch.Tensor: ...
 def _mod_p(x: torch.Tensor | int) -> torch.Tensor | int:
     """``x mod P`` for 0 <= x < 2**62 [ORACLE-1]; on tensors without a division.
 
@@ -141,16 +147,30 @@ def _mod_p(x: torch.Tensor | int) -> torch.Tensor | int:
     return torch.where(x >= PRIME, x - PRIME, x)
 
 
+@overload
+def _g(x: int, multiplier: int, shift: int) -> int: ...
+@overload
+def _g(x: torch.Tensor, multiplier: int, shift: int) -> torch.Tensor: ...
 def _g(x: torch.Tensor | int, multiplier: int, shift: int) -> torch.Tensor | int:
     y = _mod_p(x * multiplier)  # x < 2**31 and multiplier < 2**31: fits in int64
     return y ^ (y >> shift)
 
 
+@overload
+def mix(x: int) -> int: ...
+@overload
+def mix(x: torch.Tensor) -> torch.Tensor: ...
 def mix(x: torch.Tensor | int) -> torch.Tensor | int:
     """The oracle's mixing function on values in 0..2**31-1 (ints or int64 tensors) [ORACLE-1]."""
     return _g(_g(x, MULTIPLIERS[0], 16), MULTIPLIERS[1], 13)
 
 
+@overload
+def absorb(h: int, coordinate: int) -> int: ...
+@overload
+def absorb(h: torch.Tensor, coordinate: torch.Tensor | int) -> torch.Tensor: ...
+@overload
+def absorb(h: int, coordinate: torch.Tensor) -> torch.Tensor: ...
 def absorb(h: torch.Tensor | int, coordinate: torch.Tensor | int) -> torch.Tensor | int:
     """Fold one coordinate into a hash state [ORACLE-1]."""
     return mix(_mod_p(h + coordinate))
@@ -158,7 +178,7 @@ def absorb(h: torch.Tensor | int, coordinate: torch.Tensor | int) -> torch.Tenso
 
 def _start(seed: int, request_id: str) -> int:
     require_int("seed", seed, minimum=0)
-    return absorb(mix(seed % PRIME), request_value(request_id))  # type: ignore[return-value]
+    return absorb(mix(seed % PRIME), request_value(request_id))
 
 
 def _values(h: torch.Tensor, dtype: str, *, positive: bool = False) -> torch.Tensor:
@@ -174,7 +194,7 @@ def _values(h: torch.Tensor, dtype: str, *, positive: bool = False) -> torch.Ten
     return bits.to(bits_dtype).view(torch_dtype(dtype))
 
 
-def _check_range(name: str, value: range, limit: int | None) -> range:
+def _check_range(name: str, value: object, limit: int | None) -> range:
     if not isinstance(value, range) or value.step != 1 or value.start < 0:
         raise ValueError(f"{name} must be a range of step 1 from >= 0, got {value!r} [ORACLE-4]")
     if limit is not None and value.stop > limit:
@@ -256,7 +276,7 @@ def _hashes_before_dim(
         h = absorb(h, axis(where.heads, 3))
         h = absorb(h, axis(where.tokens, 2))
     shape = (len(where.layers), model.kv_tensors, len(where.tokens), len(where.heads), 1)
-    return h.expand(*shape).contiguous()  # type: ignore[union-attr]
+    return h.expand(*shape).contiguous()
 
 
 _CHUNK = 1 << 15
@@ -284,7 +304,7 @@ def oracle_scales(
     lay = torch.arange(layers.start, layers.stop, dtype=torch.int64, device=device)
     kv = torch.arange(model.kv_tensors, dtype=torch.int64, device=device)
     h = absorb(absorb(torch.tensor(start, device=device), lay[:, None]), kv[None, :])
-    return _values(h, "float32", positive=True).to(SCALES_DTYPE)  # type: ignore[arg-type]
+    return _values(h, "float32", positive=True).to(SCALES_DTYPE)
 
 
 def oracle_kv(
@@ -317,7 +337,7 @@ def oracle_kv(
     step = max(1, _CHUNK // model.head_dim) if device.type == "cpu" else whole
     for first in range(0, rows.shape[0], step):  # the last absorb and the values, in chunks
         chunk = slice(first, first + step)
-        flat[chunk] = _values(absorb(rows[chunk], dims), model.dtype)  # type: ignore[arg-type]
+        flat[chunk] = _values(absorb(rows[chunk], dims), model.dtype)
     scales = oracle_scales(model, layers=where.layers, seed=seed, device=device)
     return RequestKV(data, scales)
 

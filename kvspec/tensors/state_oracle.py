@@ -57,7 +57,7 @@ def state_group(model: ModelShape, group: int) -> StateGroup:
     found = model.layer_groups[group]
     if found.per_token:
         raise ValueError(f"group {group} is {found.kind}, per-token KV, not a state [STATE-1]")
-    return found  # type: ignore[return-value]
+    return found
 
 
 def part_dtype(model: ModelShape, group: StateGroup, part: str) -> str:
@@ -102,7 +102,7 @@ def oracle_state(
         h = absorb(h, index)
         h = absorb(absorb(h, unit), element)
         shape = (len(layers), len(held), part.unit_elements)
-        out[part.name] = _values(h.expand(shape).contiguous(), part_dtype(model, state, part.name))  # type: ignore[union-attr]
+        out[part.name] = _values(h.expand(shape).contiguous(), part_dtype(model, state, part.name))
     return out
 
 

@@ -21,6 +21,8 @@ hybrid model therefore has sender and receiver block sizes that differ by constr
 
 from __future__ import annotations
 
+from typing import cast
+
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must
 from kvspec.tensors.dtype_names import check_dtype, itemsize
@@ -97,7 +99,7 @@ def attention_token_bytes(
     """
     require_int("attn_tp", attn_tp, minimum=1)
     dtype = model.dtype if kv_cache_dtype is None else check_dtype(kv_cache_dtype)
-    own = model.layer_groups[0]
+    own = cast(FullAttention, model.layer_groups[0])  # group 0 is the model's own [GROUP-1]
     heads = len(owned_heads(own.num_kv_heads, attn_tp, 0))
     return own.kv_tensors * heads * own.head_dim * itemsize(dtype)
 

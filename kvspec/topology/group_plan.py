@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.tensors.dtype_names import itemsize
-from kvspec.topology.groups import FullAttention
+from kvspec.topology.groups import FullAttention, StateGroup
 from kvspec.topology.indexer import index_entry_bytes
-from kvspec.topology.model import ModelShape
+from kvspec.topology.model import Attention, ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import StateRead, part_itemsize, plan_state_reads
@@ -147,7 +147,7 @@ def group_view(model: ModelShape, group: FullAttention) -> ModelShape:
         model.num_layers,
         group.num_kv_heads,
         group.head_dim,
-        group.attention,  # type: ignore[arg-type]
+        cast(Attention, group.attention),  # __post_init__ allows only 'mha' and 'mla'
         model.dtype,
         model.scale_format,
     )
@@ -201,7 +201,7 @@ def plan_groups(
                 )
             else:
                 edges.extend(
-                    _state_edges(source, target, model, index, policy, source_dp, target_dp)
+                    _state_edges(source, target, model, index, group, policy, source_dp, target_dp)
                 )
         except ValueError as error:
             raise ValueError(
@@ -279,6 +279,7 @@ def _state_edges(
     target: StageLayout,
     model: ModelShape,
     index: int,
+    group: StateGroup,
     policy: str,
     source_dp: int,
     target_dp: int,
@@ -286,7 +287,6 @@ def _state_edges(
     reads = plan_state_reads(
         source, target, model, index, policy=policy, source_dp=source_dp, target_dp=target_dp
     )
-    group = model.layer_groups[index]
     by_pair: dict[tuple[int, int], list[StateRead]] = defaultdict(list)
     for read in reads:
         by_pair[(read.src, read.dst)].append(read)
@@ -296,7 +296,7 @@ def _state_edges(
             src,
             dst,
             tuple(sorted({r.layer for r in pair})),
-            sum(r.length * part_itemsize(group, r.part, model) for r in pair),  # type: ignore[arg-type]
+            sum(r.length * part_itemsize(group, r.part, model) for r in pair),
             reads=tuple(pair),
         )
         for (src, dst), pair in sorted(by_pair.items())

@@ -25,8 +25,8 @@ conv ``x|B|C`` of ``num_heads*head_dim + 2*n_groups*d_state`` channels and tempo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from kvspec._checks import require_choice, require_int, show
 from kvspec.clause import Clause, must, refuses
@@ -107,13 +107,15 @@ class _Group:
 
     kind: ClassVar[str]
     per_token: ClassVar[bool]
+    if TYPE_CHECKING:  # every kind is a dataclass, so asdict() and fields() take self
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form: ``kind`` and the constructor's keyword arguments."""
-        return {"kind": self.kind, **asdict(self)}  # type: ignore[call-overload]
+        return {"kind": self.kind, **asdict(self)}
 
     def describe(self) -> str:
-        facts = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))  # type: ignore[arg-type]
+        facts = ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
         return f"{self.kind}({facts})"
 
 
@@ -122,7 +124,7 @@ class FullAttention(_Group):
     """Full attention: MHA/GQA/MQA heads, or an MLA latent as one head [MODEL-2]."""
 
     kind: ClassVar[str] = "full"
-    per_token: ClassVar[bool] = True
+    per_token: ClassVar[Literal[True]] = True  # a Literal, so `if group.per_token` narrows
     num_kv_heads: int
     head_dim: int
     attention: str = "mha"
@@ -195,7 +197,7 @@ class DraftAttention(FullAttention):
 
 @dataclass(frozen=True)
 class _State(_Group):
-    per_token: ClassVar[bool] = False
+    per_token: ClassVar[Literal[False]] = False
 
     def parts(self) -> tuple[StatePart, ...]:
         raise NotImplementedError
@@ -337,7 +339,7 @@ KINDS: dict[str, type] = {
 def group_from_dict(data: dict[str, Any] | LayerGroup) -> LayerGroup:
     """A group from its plain-data form (``kind`` and its facts); a group passes through."""
     if isinstance(data, FullAttention | _State):
-        return data  # type: ignore[return-value]
+        return data
     if not isinstance(data, Mapping):
         raise FormError(f"a layer group is a dict with a 'kind', got {show(data)} [GROUP-2]")
     facts = dict(data)
@@ -346,4 +348,4 @@ def group_from_dict(data: dict[str, Any] | LayerGroup) -> LayerGroup:
         raise FormError(
             f"unknown layer group kind {show(kind)}; known kinds: {', '.join(KINDS)} [GROUP-2]"
         )
-    return dataclass_form(KINDS[kind], facts, where=f"layer group {kind!r}")  # type: ignore[no-any-return]
+    return dataclass_form(KINDS[kind], facts, where=f"layer group {kind!r}")

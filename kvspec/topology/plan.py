@@ -433,7 +433,7 @@ def plan_transfer(
     source_pp_layers = layer_ranges(source, model.num_layers)
     consumer_index = _consumer_index(receivers, source_pp_layers, shards)
 
-    edges = []
+    edges: list[Edge] = []
     for receiver in receivers:
         chosen: set[int] = set()
         for pp_rank, shard in _pairs(receiver, source_pp_layers, shards):

@@ -143,8 +143,7 @@ def plan_state_reads(
     group = model.layer_groups[group_index]
     if group.per_token:
         raise ValueError(f"group {group_index} is {group.kind}, per-token KV, not a state")
-    assert not isinstance(group, type)  # narrowing for the type checker
-    state: StateGroup = group  # type: ignore[assignment]
+    state: StateGroup = group
     layers = model.group_layers(group_index)
     check_state(state, source.attn_tp, name=f"source group {group_index}")
     check_state(state, target.attn_tp, name=f"target group {group_index}")

@@ -25,6 +25,8 @@ its own, has evicted [WINDOW-2].
 
 from __future__ import annotations
 
+from typing import cast
+
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.topology.groups import ChunkedLocal, FullAttention, SlidingWindow
@@ -183,7 +185,7 @@ def receiver_tokens(
         what = (
             f"window({group.window})"
             if isinstance(group, SlidingWindow)
-            else f"chunk({group.chunk})"  # type: ignore[attr-defined]
+            else f"chunk({cast(ChunkedLocal, group).chunk})"  # needed: a window or a chunk
         )
         held_text = held.describe() if len(held) else "nothing"
         raise ValueError(

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
+_crc32c_package: ModuleType | None
 try:  # pragma: no cover - which branch runs depends on the environment
     import crc32c as _crc32c_package
 except ImportError:  # pragma: no cover

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -244,6 +244,10 @@ class Payload:
     def to(self, device: str | torch.device) -> Payload:
         """The same payload with every tensor on ``device``."""
 
+        @overload
+        def move(values: Layers) -> Layers: ...
+        @overload
+        def move(values: Layers | None) -> Layers | None: ...
         def move(values: Layers | None) -> Layers | None:
             if values is None:
                 return None

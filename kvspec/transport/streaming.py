@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -125,12 +126,16 @@ def layer_part(payload: Payload, group: range) -> Payload | None:
     if not keep:
         return None
 
-    def cut(values: tuple[torch.Tensor | None, ...] | None):
+    def cut(
+        values: tuple[torch.Tensor | None, ...] | None,
+    ) -> tuple[torch.Tensor | None, ...] | None:
         if values is None:
             return None
         return tuple(t if i in group else None for i, t in enumerate(values))
 
-    fields = {name: cut(getattr(payload, name)) for name in (*CACHE_FIELDS, *SCALE_FIELDS)}
+    fields: dict[str, Any] = {  # by name
+        name: cut(getattr(payload, name)) for name in (*CACHE_FIELDS, *SCALE_FIELDS)
+    }
     return replace(payload, **fields)
 
 

@@ -286,7 +286,7 @@ def _host_frame(tensor: torch.Tensor) -> memoryview | bytes:
     if tensor.numel() == 0:
         return b""
     buffer = (ctypes.c_ubyte * tensor.nbytes).from_address(tensor.data_ptr())
-    buffer._kvspec_owner = tensor  # type: ignore[attr-defined]  # keeps the memory alive
+    buffer._kvspec_owner = tensor  # type: ignore[attr-defined]  # ctypes takes it: keeps the memory alive
     return memoryview(buffer).cast("B")
 
 
@@ -357,10 +357,10 @@ def encode(
             "frames": [crc(frame, 0) for frame in frames],
         }
     head = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("ascii")
-    out: list[memoryview | bytes] = [head, *frames]
-    total = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in out)
-    _check_limits(len(out), len(head), total, payload.num_layers, limits, side="encode")
-    return out
+    message: list[memoryview | bytes] = [head, *frames]
+    total = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in message)
+    _check_limits(len(message), len(head), total, payload.num_layers, limits, side="encode")
+    return message
 
 
 def _algorithm(checksum: object) -> str | None:
@@ -456,7 +456,7 @@ def _as_bytes_view(index: int, frame: object) -> memoryview:
     if isinstance(frame, str):
         raise WireError(f"frame {index} is a str; frames are bytes-like [WIRE-1]")
     try:
-        view = memoryview(frame)  # type: ignore[arg-type]
+        view = memoryview(frame)  # type: ignore[arg-type]  # any object: refused below unless bytes-like
     except (TypeError, ValueError, BufferError):
         raise WireError(
             f"frame {index} is a {type(frame).__name__}, not bytes-like (bytes, bytearray, "

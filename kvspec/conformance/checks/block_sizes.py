@@ -18,7 +18,7 @@ from kvspec.conformance.checks.groups import LOCAL, STATES, _case, _cases, _tp_s
 from kvspec.strategies import TransferCase
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.group_plan import plan_groups
-from kvspec.topology.groups import ChunkedLocal, SlidingWindow
+from kvspec.topology.groups import ChunkedLocal, SlidingWindow, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import model_preset
 from kvspec.topology.stage import StageLayout
@@ -68,7 +68,9 @@ _PINNED = TransferCase(
         4,
         2,
         4,
-        groups=({"kind": "sliding", "num_kv_heads": 2, "head_dim": 4, "window": 20},),
+        groups=(
+            group_from_dict({"kind": "sliding", "num_kv_heads": 2, "head_dim": 4, "window": 20}),
+        ),
         layers=(1, 0, 1, 0),
     ),
 ).to_dict()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import replace
+from typing import Any, overload
 
 from hypothesis import strategies as st
 
@@ -30,7 +31,7 @@ from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup
 from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.dtypes import FP8_DTYPES
 from kvspec.transport.chunks import reassemble, split_chunks
-from kvspec.transport.payload import Chunk, Payload, payload_equal
+from kvspec.transport.payload import Chunk, Layers, Payload, payload_equal
 
 
 def chunk_examples(adapter: Adapter) -> st.SearchStrategy[Example]:
@@ -115,7 +116,11 @@ def reassembles(ctx: Context, example: Example) -> None:
 def _token_range(whole: Payload, start: int, stop: int, chunk: Chunk) -> Payload:
     """Tokens ``start..stop-1`` of ``whole`` as a chunk (block ids of those tokens)."""
 
-    def cut(values: tuple | None) -> tuple | None:
+    @overload
+    def cut(values: Layers) -> Layers: ...
+    @overload
+    def cut(values: Layers | None) -> Layers | None: ...
+    def cut(values: Layers | None) -> Layers | None:
         return (
             None if values is None else tuple(None if t is None else t[start:stop] for t in values)
         )
@@ -179,11 +184,15 @@ def refuses_incomplete(ctx: Context, example: Example) -> None:
     for obligation, what, ordered in _incomplete(whole, chunks, rng):
         given = rng.sample(ordered, len(ordered))
         spans = [(c.chunk.chunk_id, c.chunk.token_start, c.seq_len) for c in given]
+
+        def reassemble(given: list[Payload] = given) -> Payload:
+            return ctx.adapter.reassemble(given)
+
         expect_refused(
             obligation,
             f"{setup.case.describe()}: reassembling {len(chunks)} chunks of {whole.seq_len} "
             f"tokens {what} (chunk id, token_start, tokens: {spans})",
-            lambda given=given: ctx.adapter.reassemble(given),
+            reassemble,
         )
 
 
@@ -207,7 +216,7 @@ def _disagreeing(whole: Payload, chunks: list[Payload], rng: random.Random) -> l
     ]
     if len(victim.layers) > 1:
         layer = rng.choice(victim.layers)
-        dropped = {
+        dropped: dict[str, Any] = {  # fields by name
             name: tuple(None if n == layer else t for n, t in enumerate(getattr(victim, name)))
             if getattr(victim, name) is not None
             else None
@@ -217,7 +226,7 @@ def _disagreeing(whole: Payload, chunks: list[Payload], rng: random.Random) -> l
             ("CHUNK-1.2", f"present layers (layer {layer})", swap(replace(victim, **dropped)))
         )
     if victim.heads > 1:
-        narrower = {
+        narrower: dict[str, Any] = {
             name: tuple(None if t is None else t[:, :-1] for t in getattr(victim, name))
             for name in ("key_cache", "value_cache")
         }
@@ -227,12 +236,9 @@ def _disagreeing(whole: Payload, chunks: list[Payload], rng: random.Random) -> l
         name = rng.choice(["key_scale", "value_scale"] if victim.kv_tensors == 2 else ["key_scale"])
         scales = list(getattr(victim, name))
         scales[layer] = scales[layer] * 2
+        scaled: dict[str, Any] = {name: tuple(scales)}
         probes.append(
-            (
-                "CHUNK-1.3",
-                f"the {name} of layer {layer}",
-                swap(replace(victim, **{name: tuple(scales)})),
-            )
+            ("CHUNK-1.3", f"the {name} of layer {layer}", swap(replace(victim, **scaled)))
         )
     return probes
 
@@ -253,9 +259,13 @@ def refuses_disagreeing(ctx: Context, example: Example) -> None:
         vacuous()
     rng = random.Random(setup.seed)
     for obligation, what, given in _disagreeing(whole, chunks, rng):
+
+        def reassemble(given: list[Payload] = given) -> Payload:
+            return ctx.adapter.reassemble(given)
+
         expect_refused(
             obligation,
             f"{setup.case.describe()}: reassembling {len(chunks)} chunks, one of which "
             f"disagrees on {what}",
-            lambda given=given: ctx.adapter.reassemble(given),
+            reassemble,
         )

@@ -12,7 +12,7 @@ reported against the minimum.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import strategies as st
 
@@ -70,7 +70,8 @@ def desc_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
     )
     plan = case.plan(adapter.policy_rules.get(case.policy))
     edge = draw(st.sampled_from(plan.edges))
-    seq_len = case.seq_len if case.sharded else draw(st.integers(1, 9))
+    # A sharded case has its seq_len [PLAN-6].
+    seq_len = cast(int, case.seq_len) if case.sharded else draw(st.integers(1, 9))
     last = seq_len - 1 if edge.tokens is None else edge.tokens.ranges[-1].stop - 1
     start = draw(st.integers(0, last))  # the range meets the edge's tokens [PLAN-6]
     share = share_positions(plan, edge, range(start, seq_len))

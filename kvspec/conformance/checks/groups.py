@@ -8,8 +8,8 @@ the adapter's domain; the expected values are the spec's own functions.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from hypothesis import strategies as st
 
@@ -25,11 +25,12 @@ from kvspec.conformance.checks import (
     fail,
     vacuous,
 )
-from kvspec.conformance.transfer_config import handed
+from kvspec.conformance.transfer_config import TransferConfig, handed
 from kvspec.strategies import TP_SIZES, TransferCase
 from kvspec.tensors.dtypes import bits_view
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.group_plan import plan_groups
+from kvspec.topology.groups import ChunkedLocal, StateGroup, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import part_offsets, part_units, plan_state_reads, state_elements
@@ -258,10 +259,15 @@ def _refusal_check(clause: str, obligations: tuple[str, ...]) -> None:
             handed(config)
         ctx.adapter.validate_model(example["good"])
         for broken in example["breaks"]:
+
+            def validate(bad: TransferConfig = broken["bad"]) -> object:
+                refuse: Callable[..., object] = ctx.adapter.validate_model  # its result is shown
+                return refuse(bad)
+
             expect_refused(
                 broken["obligation"],
                 f"{_BREAKS[broken['obligation']]} ({broken['bad']['model']})",
-                lambda bad=broken["bad"]: ctx.adapter.validate_model(bad),
+                validate,
                 naming=changed_values(example["good"], broken["bad"]),
                 accepted=broken["bad"],
             )
@@ -292,8 +298,10 @@ _refusal_check("LOCAL-1", ("LOCAL-1.3",))
                     4,
                     2,
                     groups=(
-                        {"kind": "sliding", "num_kv_heads": 4, "head_dim": 2, "window": 6},
-                        {"kind": "draft", "num_kv_heads": 2, "head_dim": 3},
+                        group_from_dict(
+                            {"kind": "sliding", "num_kv_heads": 4, "head_dim": 2, "window": 6}
+                        ),
+                        group_from_dict({"kind": "draft", "num_kv_heads": 2, "head_dim": 3}),
                     ),
                     layers=(1, 0, 1, 0, 2),
                 ),
@@ -375,7 +383,7 @@ def _part_units(ctx: Context, example: Example) -> None:
             continue
         for layout in (case.source, case.target):
             for rank in layout.ranks():
-                want = part_units(group, layout.attn_tp, layout.locate(rank).attn_tp_rank)  # type: ignore[arg-type]
+                want = part_units(group, layout.attn_tp, layout.locate(rank).attn_tp_rank)
                 got = {
                     k: list(v)
                     for k, v in ctx.adapter.state_units(layout, model, index, rank).items()
@@ -416,14 +424,16 @@ def _state_values(group: Any, tp: int, attn_rank: int, layer: int) -> list[tuple
                     2,
                     2,
                     groups=(
-                        {
-                            "kind": "mamba2",
-                            "num_heads": 4,
-                            "head_dim": 2,
-                            "n_groups": 1,
-                            "d_state": 3,
-                            "conv_kernel": 4,
-                        },
+                        group_from_dict(
+                            {
+                                "kind": "mamba2",
+                                "num_heads": 4,
+                                "head_dim": 2,
+                                "n_groups": 1,
+                                "d_state": 3,
+                                "conv_kernel": 4,
+                            }
+                        ),
                     ),
                     layers=(1, 0),
                 ),
@@ -439,7 +449,7 @@ def _reads(ctx: Context, example: Example) -> None:
     model, source, target = case.model, case.source, case.target
     checked = False
     for index, group in enumerate(model.layer_groups):
-        if group.per_token or not group.parts():  # type: ignore[union-attr]
+        if group.per_token or not group.parts():
             continue
         layers = model.group_layers(index)
         expected_dsts = {
@@ -447,7 +457,7 @@ def _reads(ctx: Context, example: Example) -> None:
         }
         for dst in sorted(expected_dsts):
             where = target.locate(dst)
-            size = state_elements(group, target.attn_tp)  # type: ignore[arg-type]
+            size = state_elements(group, target.attn_tp)
             filled: dict[int, list[Any]] = {}
             for src, layer, src_at, dst_at, length in ctx.adapter.state_reads(case, index, dst):
                 expect(
@@ -484,8 +494,8 @@ def _reads(ctx: Context, example: Example) -> None:
                     f"{group.describe()}: receiver {dst} layer {layer} element {wrong[:1]} should "
                     f"be {[want[i] for i in wrong[:1]]} (layer, part, unit, element) but is "
                     f"{[got[i] for i in wrong[:1]]}; {len(wrong)} of {size} wrong, offsets "
-                    f"{part_offsets(group, source.attn_tp)} -> "  # type: ignore[arg-type]
-                    f"{part_offsets(group, target.attn_tp)} "  # type: ignore[arg-type]
+                    f"{part_offsets(group, source.attn_tp)} -> "
+                    f"{part_offsets(group, target.attn_tp)} "
                     "[STATE-2.1, STATE-2.2]",
                 )
                 checked = True
@@ -521,8 +531,8 @@ def _local_case(source: int, target: int, chunk: int) -> dict[str, Any]:
         4,
         2,
         groups=(
-            {"kind": "chunked", "num_kv_heads": 2, "head_dim": 2, "chunk": chunk},
-            {"kind": "sliding", "num_kv_heads": 4, "head_dim": 2, "window": 6},
+            group_from_dict({"kind": "chunked", "num_kv_heads": 2, "head_dim": 2, "chunk": chunk}),
+            group_from_dict({"kind": "sliding", "num_kv_heads": 4, "head_dim": 2, "window": 6}),
         ),
         layers=(1, 0, 1, 2),
     )
@@ -562,7 +572,8 @@ def _chunk_bytes(ctx: Context, example: Example) -> None:
 def _chunk_boundaries(draw: st.DrawFn, adapter: Adapter) -> Example:
     example = draw(_cases(adapter, LOCAL).filter(_has_chunked))
     model = ModelShape.from_dict(example["case"]["model"])
-    chunks = [g.chunk for g in model.layer_groups if g.kind == "chunked"]  # type: ignore[union-attr]
+    # A group of kind 'chunked' is a ChunkedLocal.
+    chunks = [cast(ChunkedLocal, g).chunk for g in model.layer_groups if g.kind == "chunked"]
     chunk = draw(st.sampled_from(chunks))
     return {**example, "seq_len": chunk * draw(st.integers(1, 3))}
 
@@ -591,10 +602,10 @@ def _chunk_boundaries(draw: st.DrawFn, adapter: Adapter) -> Example:
 def _chunk_boundary(ctx: Context, example: Example) -> None:
     case = _case(ctx, example)
     seq_len, block = example["seq_len"], example["block_size"]
-    boundary = [
+    boundary = [  # a group of kind 'chunked' is a ChunkedLocal
         i
         for i, g in enumerate(case.model.layer_groups)
-        if g.kind == "chunked" and seq_len and seq_len % g.chunk == 0  # type: ignore[union-attr]
+        if g.kind == "chunked" and seq_len and seq_len % cast(ChunkedLocal, g).chunk == 0
     ]
     if not boundary:
         vacuous()
@@ -644,15 +655,17 @@ def _state_fills(draw: st.DrawFn, adapter: Adapter) -> Example:
                 2,
                 2,
                 groups=(
-                    {
-                        "kind": "mamba2",
-                        "num_heads": 4,
-                        "head_dim": 2,
-                        "n_groups": 2,
-                        "d_state": 2,
-                        "conv_kernel": 3,
-                        "ssm_dtype": "float32",
-                    },
+                    group_from_dict(
+                        {
+                            "kind": "mamba2",
+                            "num_heads": 4,
+                            "head_dim": 2,
+                            "n_groups": 2,
+                            "d_state": 2,
+                            "conv_kernel": 3,
+                            "ssm_dtype": "float32",
+                        }
+                    ),
                 ),
                 layers=(1, 0),
             ).to_dict(),
@@ -676,8 +689,8 @@ def _state_fill(ctx: Context, example: Example) -> None:
     got = ctx.adapter.state_oracle(
         model, example["group"], example["request_id"], layers=layers, **args
     )
-    state = model.layer_groups[example["group"]]
-    units = part_units(state, example["attn_tp"], example["attn_tp_rank"])  # type: ignore[arg-type]
+    state = cast(StateGroup, model.layer_groups[example["group"]])  # the example's is a state
+    units = part_units(state, example["attn_tp"], example["attn_tp_rank"])
     for name, expected in want.items():
         have = got.get(name) if isinstance(got, Mapping) else None
         where = (

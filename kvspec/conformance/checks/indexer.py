@@ -8,7 +8,7 @@ group plan (:func:`kvspec.topology.group_plan.plan_groups`).
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import strategies as st
 
@@ -26,6 +26,7 @@ from kvspec.conformance.checks import (
 from kvspec.conformance.transfer_config import handed
 from kvspec.strategies import TP_SIZES, TransferCase
 from kvspec.topology.group_plan import plan_groups
+from kvspec.topology.groups import FullAttention
 from kvspec.topology.indexer import index_entry_bytes
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
@@ -98,11 +99,12 @@ def _compare(ctx: Context, example: Example, obligation: str) -> None:
     got = dict(ctx.adapter.group_bytes(case, seq_len, block))
     for edge in plan.edges:
         key = (edge.group, edge.src, edge.dst)
-        group = case.model.layer_groups[edge.group]
-        if not group.index_head_dim:  # type: ignore[union-attr]
+        # An indexed model's groups are attention groups (_indexed_model).
+        group = cast(FullAttention, case.model.layer_groups[edge.group])
+        if not group.index_head_dim:
             continue
         tokens = seq_len if edge.tokens is None else len(edge.tokens)
-        entry = index_entry_bytes(group.index_head_dim)  # type: ignore[union-attr]
+        entry = index_entry_bytes(group.index_head_dim)
         expect(
             got.get(key, 0) == want[key],
             f"{case.source.describe()} -> {case.target.describe()}, {seq_len} tokens: group "

@@ -8,6 +8,7 @@ drawn from the adapter's domain.
 from __future__ import annotations
 
 import inspect
+from typing import Any, cast
 
 import torch
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.cache_layout import (
     PRESETS,
     CacheShape,
+    LayerCache,
     convert,
     detect_layout,
     empty_cache,
@@ -63,7 +65,7 @@ def takes(adapter: Adapter, method: str, keyword: str) -> bool:
     return keyword in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
-def _random_cache(example: Example, device: str):
+def _random_cache(example: Example, device: str) -> LayerCache:
     """The example's cache, every element random bits (seeded)."""
     shape = CacheShape(**example["shape"])
     cache = empty_cache(example["layout"], shape, example["dtype"], device)
@@ -197,7 +199,7 @@ UNKNOWN_LAYOUTS = ("flash_attention", "FlashInfer", "flashinfer_nhd", "paged", "
     strategy=lambda adapter: st.tuples(_cache_examples(adapter), st.sampled_from(UNKNOWN_LAYOUTS)),
     covers=("LAYOUT-1.2",),
 )
-def refuses_unknown_name(ctx: Context, example: Example) -> None:
+def refuses_unknown_name(ctx: Context, example: tuple[Example, str]) -> None:
     base, name = example
     cache = _random_cache(base, ctx.device)
     expect_refused(
@@ -222,11 +224,12 @@ def _misshapen(draw: st.DrawFn, adapter: Adapter) -> Example:
     return {**example, "defect": draw(st.sampled_from(defects))}
 
 
-def _break(cache, example: Example):
+def _break(cache: Any, example: Example) -> LayerCache:  # cache: a tensor or a tuple
     spec = get_layout(example["layout"])
     defect = example["defect"]
     if defect == "kv-axis":  # a third slice on the K/V axis
-        return torch.cat([cache, cache.narrow(spec.kv_axis, 0, 1)], dim=spec.kv_axis)
+        axis = cast(int, spec.kv_axis)  # _misshapen draws kv-axis only where there is one
+        return torch.cat([cache, cache.narrow(axis, 0, 1)], dim=axis)
     if defect == "kv-shapes":  # V one head_dim longer than K
         k, v = cache
         return (k, torch.cat([v, v[..., :1]], dim=-1))
@@ -378,7 +381,7 @@ def _detections(draw: st.DrawFn, adapter: Adapter) -> Example:
     return {**example, "known": known, "twist": twist}
 
 
-def _detection_cache(example: Example, device: str):
+def _detection_cache(example: Example, device: str) -> LayerCache:
     cache = _random_cache(example, device)
     if example.get("twist") == "no-fit":  # a sixth dimension no layout has
         return tuple(t.unsqueeze(0) for t in cache) if isinstance(cache, tuple) else cache[None]

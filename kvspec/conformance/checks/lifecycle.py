@@ -13,7 +13,7 @@ every event its blocks, handles and requests must be in the reference's states.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hypothesis import strategies as st
@@ -357,7 +357,11 @@ def _pins(obligations: tuple[str, ...]) -> tuple[Example, ...]:
     pins: list[Example] = []
     for obligation in obligations:
         for k in range(3):
-            pin = history([obligation], lambda n, k=k: min(k, max(0, n - 1)), 0)
+
+            def pick(n: int, k: int = k) -> int:
+                return min(k, max(0, n - 1))
+
+            pin = history([obligation], pick, 0)
             if pin not in pins:
                 pins.append(pin)
     return tuple(pins)
@@ -378,7 +382,11 @@ def drive(ctx: Context, example: Example) -> None:
             reference.apply(event)
         except (LifecycleRefusal, LifecycleError) as refusal:
             why = str(refusal)
-        if refused(lambda event=event: machine.apply(event)) != (why is not None):
+
+        def apply(event: Mapping[str, Any] = event) -> None:
+            machine.apply(event)
+
+        if refused(apply) != (why is not None):
             if why is not None:
                 fail(f"event {index} {_event(event)} was accepted; the rules refuse it: {why}")
             fail(

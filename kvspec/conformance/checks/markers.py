@@ -133,11 +133,15 @@ def refuses_other_rank(ctx: Context, example: Example) -> None:
             other = rng.choice([r for r in range(world + 1) if r != dst])  # world: no such rank
             stray = replace(shipment, marker=replace(shipment.marker, target_rank=other))
             state = "an applied" if stray.marker.applied else "an unapplied"
+
+            def apply(stray: Shipment = stray, dst: int = dst) -> Shipment:
+                return ctx.adapter.apply_marker(setup.case, dst, stray)
+
             expect_refused(
                 "SLICE-3.3",
                 f"{setup.case.describe()}: at target rank {dst}, {state} payload from source "
                 f"{shipment.edge.src} marked for target rank {other}",
-                lambda stray=stray, dst=dst: ctx.adapter.apply_marker(setup.case, dst, stray),
+                apply,
                 naming=(other,),
                 accepted={"target_rank": dst, "marker": stray.marker.to_dict()},
             )

@@ -7,6 +7,7 @@ there is silent corruption (two requests under one key) or a bind failure.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import suppress
 
 from hypothesis import strategies as st
@@ -230,10 +231,14 @@ def _outside_key_domain(args: Example) -> list[tuple[str, str, str, Example]]:
 def refuses_outside_key_domain(ctx: Context, example: Example) -> None:
     for obligation, kind, field, args in _outside_key_domain(example):
         make = ctx.adapter.rank_aware_key if kind == "rank_aware" else ctx.adapter.legacy_key
+
+        def key(make: Callable[..., str] = make, args: Example = args) -> str:
+            return make(**args)
+
         expect_refused(
             obligation,
             f"a {kind} key with {field}={args[field]!r} ({args})",
-            lambda make=make, args=args: make(**args),
+            key,
             naming=(args[field],),
             accepted={"kind": kind, **args},
         )
@@ -445,10 +450,14 @@ def _outside_port_domain(args: Example) -> list[tuple[str, str, Example, tuple[o
 )
 def refuses_outside_domain(ctx: Context, example: Example) -> None:
     for obligation, what, args, offending in _outside_port_domain(example):
+
+        def kv_port(args: Example = args) -> int:
+            return ctx.adapter.kv_port(**args)
+
         expect_refused(
             obligation,
             f"the KV port of {args} ({what})",
-            lambda args=args: ctx.adapter.kv_port(**args),
+            kv_port,
             naming=offending,
             accepted=args,
         )

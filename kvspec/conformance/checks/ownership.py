@@ -107,8 +107,14 @@ def _outside(heads: str, pipeline: str) -> Callable[[Adapter], str | None]:
 
 
 def _ownership_check(
-    clause: str, slug: str, title: str, heads: str, pipeline: str, covers: tuple, pins=()
-):
+    clause: str,
+    slug: str,
+    title: str,
+    heads: str,
+    pipeline: str,
+    covers: tuple[str, ...],
+    pins: tuple[Example, ...] = (),
+) -> None:
     def strategy(adapter: Adapter) -> st.SearchStrategy[Example]:
         return _ownership_examples(
             heads=heads,
@@ -131,7 +137,9 @@ def _ownership_check(
         _compare_all_ranks(ctx, example, covers[0])
 
 
-def _pin(tp: int, heads: int, layers: int = 4, pp: int = 1, partition=None) -> Example:
+def _pin(
+    tp: int, heads: int, layers: int = 4, pp: int = 1, partition: tuple[int, ...] | None = None
+) -> Example:
     return {
         "layout": StageLayout(tp, pp, partition).to_dict(),
         "model": ModelShape(layers, heads, 8).to_dict(),

@@ -9,6 +9,7 @@ sizes are drawn from the adapter's domain.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
@@ -303,10 +304,18 @@ def _table_refusals(ctx: Context, example: Example, kinds: tuple[str, ...]) -> N
     request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
     for obligation, kind, bad in _bad_tables(side, kinds):
         what = f"{_describe(example, side)}: block ids {bad!r} ({kind})"
+
+        def gather(bad: list[Any] = bad) -> object:
+            return ctx.adapter.gather(cache, list(bad), example["seq_len"])
+
+        def scatter(bad: list[Any] = bad) -> object:
+            write: Callable[..., object] = ctx.adapter.scatter  # its result is shown
+            return write(request, cache, list(bad))
+
         expect_refused(
             obligation,
             f"gathering with {what}",
-            lambda bad=bad: ctx.adapter.gather(cache, list(bad), example["seq_len"]),
+            gather,
             naming=(bad, *bad),
             accepted={"block_ids": list(bad), "seq_len": example["seq_len"]},
         )
@@ -316,7 +325,7 @@ def _table_refusals(ctx: Context, example: Example, kinds: tuple[str, ...]) -> N
             cache,
             obligation,
             f"scattering into {what}",
-            lambda bad=bad: ctx.adapter.scatter(request, cache, list(bad)),
+            scatter,
         )
 
 
@@ -383,6 +392,11 @@ def refuses_mismatched_kv(ctx: Context, example: Example) -> None:
     request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
     for misfit in _MISFITS:
         kv = _misfit(request, misfit, model)
+
+        def scatter(kv: RequestKV = kv) -> object:
+            write: Callable[..., object] = ctx.adapter.scatter  # its result is shown
+            return write(kv, cache, list(side["block_ids"]))
+
         _expect_nothing_written(
             ctx,
             example,
@@ -390,7 +404,7 @@ def refuses_mismatched_kv(ctx: Context, example: Example) -> None:
             "PAGED-4.4",
             f"scattering {kv.data.dtype} KV of shape {list(kv.data.shape)} ({misfit}) "
             f"into {_describe(example, side)}",
-            lambda kv=kv: ctx.adapter.scatter(kv, cache, list(side["block_ids"])),
+            scatter,
         )
 
 
@@ -425,11 +439,16 @@ def fp8_scales(ctx: Context, example: Example) -> None:
             )
             variants.append(("PAGED-5.1", what, RequestKV(request.data, scales)))
     for obligation, what, kv in variants:
+
+        def scatter(kv: RequestKV = kv) -> object:
+            write: Callable[..., object] = ctx.adapter.scatter  # its result is shown
+            return write(kv, cache, list(side["block_ids"]))
+
         _expect_nothing_written(
             ctx,
             example,
             cache,
             obligation,
             f"scattering fp8 KV {what} into {_describe(example, side)}",
-            lambda kv=kv: ctx.adapter.scatter(kv, cache, list(side["block_ids"])),
+            scatter,
         )

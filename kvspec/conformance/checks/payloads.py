@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, overload
 
 import torch
 
@@ -29,6 +30,7 @@ from kvspec.memory.paged import blocks_needed
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.transport.payload import (
     Chunk,
+    Layers,
     Payload,
     merge_payloads,
     payload_equal,
@@ -122,25 +124,29 @@ def merge(ctx: Context, example: Example) -> None:
 
 
 def _tensors(
-    payload: Payload, change: Callable[[torch.Tensor], torch.Tensor], **facts: object
+    payload: Payload, change: Callable[[torch.Tensor], torch.Tensor], **facts: Any
 ) -> Payload:
     """``payload`` with ``change`` applied to every present cache tensor (and ``facts``)."""
 
-    def apply(values: tuple) -> tuple:
+    def apply(values: Layers) -> Layers:
         return tuple(None if t is None else change(t) for t in values)
 
     return replace(
         payload,
         key_cache=apply(payload.key_cache),
         value_cache=apply(payload.value_cache),
-        **facts,  # type: ignore[arg-type]
+        **facts,
     )
 
 
 def _extra_layer(payload: Payload) -> Payload:
     """``payload`` with one more (absent) layer at the end: num_layers + 1."""
 
-    def grow(values: tuple | None) -> tuple | None:
+    @overload
+    def grow(values: Layers) -> Layers: ...
+    @overload
+    def grow(values: Layers | None) -> Layers | None: ...
+    def grow(values: Layers | None) -> Layers | None:
         return None if values is None else (*values, None)
 
     return replace(
@@ -153,7 +159,11 @@ def _extra_layer(payload: Payload) -> Payload:
 
 
 def _without_layer(payload: Payload, layer: int) -> Payload:
-    def drop(values: tuple | None) -> tuple | None:
+    @overload
+    def drop(values: Layers) -> Layers: ...
+    @overload
+    def drop(values: Layers | None) -> Layers | None: ...
+    def drop(values: Layers | None) -> Layers | None:
         return (
             None
             if values is None
@@ -173,7 +183,11 @@ def _with_layer(payload: Payload, layer: int) -> Payload:
     """``payload`` also carrying ``layer`` (a copy of its first present layer)."""
     first = payload.layers[0]
 
-    def add(values: tuple | None) -> tuple | None:
+    @overload
+    def add(values: Layers) -> Layers: ...
+    @overload
+    def add(values: Layers | None) -> Layers | None: ...
+    def add(values: Layers | None) -> Layers | None:
         if values is None:
             return None
         return tuple(values[first] if i == layer else t for i, t in enumerate(values))
@@ -268,9 +282,13 @@ def refuses_disagreement(ctx: Context, example: Example) -> None:
     for dst in setup.receivers():
         received = inbox(setup, dst)
         for obligation, what, bad in disagreements(setup, received, rng):
+
+            def merge(bad: Inbox = bad, dst: int = dst) -> object:
+                return ctx.adapter.merge(setup.case, dst, bad)
+
             expect_refused(
                 obligation,
                 f"{setup.case.describe()}, seq_len {setup.seq_len}: target rank {dst} merging "
                 f"payloads that disagree on {what}",
-                lambda bad=bad, dst=dst: ctx.adapter.merge(setup.case, dst, bad),
+                merge,
             )

@@ -7,6 +7,8 @@ one; comparisons are bit-exact [DTYPE-2]. Presets are drawn from the adapter's d
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from hypothesis import strategies as st
 
@@ -33,6 +35,7 @@ from kvspec.conformance.checks.layouts import (
 )
 from kvspec.memory.cache_layout import (
     CacheShape,
+    LayerCache,
     convert,
     empty_cache,
     field_views,
@@ -44,7 +47,7 @@ from kvspec.memory.layout_model import FIELD_DTYPES
 from kvspec.tensors.dtypes import bits_view
 
 
-def _storages(cache) -> set[int]:
+def _storages(cache: LayerCache) -> set[int]:
     tensors = cache if isinstance(cache, tuple) else (cache,)
     return {t.untyped_storage().data_ptr() for t in tensors}
 
@@ -67,7 +70,7 @@ def _reblocks(draw: st.DrawFn, adapter: Adapter) -> Example:
     slots = example["shape"]["num_blocks"] * example["shape"]["block_size"]
     divisors = [b for b in range(1, slots + 1) if slots % b == 0]
     others = [b for b in range(2, slots + 2) if slots % b]
-    block_size = draw(st.sampled_from(others if others and draw(st.booleans()) else divisors))
+    block_size = draw(st.sampled_from(others if bool(others) and draw(st.booleans()) else divisors))
     return {**example, "target": target, "block_size": block_size}
 
 
@@ -273,7 +276,8 @@ def cross_layer(ctx: Context, example: Example) -> None:
     spec = get_layout(example["layout"])
     got = ctx.adapter.read_layer(cache, spec.name)
     expect(len(got) == 2, f"{_describe(example)}: read {len(got)} tensors, not K and V")
-    for i, layer in enumerate(layer_views(cache, spec)):
+    # A cross-layer cache is one tensor.
+    for i, layer in enumerate(layer_views(cast(torch.Tensor, cache), spec)):
         assert spec.per_layer is not None
         for name, want, have in zip("KV", kv_views(layer, spec.per_layer), got, strict=True):
             have = have[i] if have.dim() == 5 else have
@@ -325,7 +329,7 @@ def _record_examples(draw: st.DrawFn, adapter: Adapter, *, aligned: bool = True)
     }
 
 
-def _random_record(example: Example, device: str):
+def _random_record(example: Example, device: str) -> torch.Tensor:
     """A record cache, every byte random (seeded); a misaligned head_dim is built raw."""
     spec = get_layout(example["layout"])
     shape = CacheShape(**example["shape"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import strategies as st
 
@@ -37,7 +37,7 @@ from kvspec.conformance.checks import (
 )
 from kvspec.conformance.checks.routing import case_examples
 from kvspec.conformance.tiers import BREAKS
-from kvspec.conformance.transfer_config import handed
+from kvspec.conformance.transfer_config import TransferConfig, handed
 from kvspec.error_cases import ERROR_CASES, OPERATIONS
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
@@ -227,10 +227,14 @@ def _refusal_check(
         probes = variants(ctx.adapter, config) if variants else [(covers[0], title, config)]
         for obligation, what, probe in probes:
             handed(probe)
+
+            def validate(probe: Example = probe) -> object:
+                return getattr(ctx.adapter, method)(copy.deepcopy(probe))
+
             expect_refused(
                 obligation,
                 f"configuration {probe} ({what})",
-                lambda probe=probe: getattr(ctx.adapter, method)(copy.deepcopy(probe)),
+                validate,
                 # a variant names what it changed; a drawn invalid config: its type decides
                 naming=changed_values(config, probe) if variants else (),
                 accepted=probe,
@@ -670,9 +674,9 @@ _refusal_check(
 def accepts_allowed(ctx: Context, config: Example) -> None:
     if config["model"]["dtype"] not in ctx.adapter.domain.model_dtypes():
         raise OutsideDomain
-    handed(config)
+    handed(config)  # its keys are a TransferConfig's
     try:
-        ctx.adapter.validate_model(copy.deepcopy(config))
+        ctx.adapter.validate_model(copy.deepcopy(cast(TransferConfig, config)))
     except Exception as error:
         expect(
             False,

@@ -6,6 +6,8 @@ or rules of its own declared in ``Adapter.policy_rules`` [PLAN-4]).
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
@@ -28,7 +30,7 @@ from kvspec.topology.stage import StageLayout
 from kvspec.topology.tokens import Tokens
 
 
-def case_examples(adapter: Adapter, **kwargs) -> st.SearchStrategy[Example]:
+def case_examples(adapter: Adapter, **kwargs: Any) -> st.SearchStrategy[Example]:
     """Valid transfer cases inside the adapter's domain, under the policies it names, its
     stages split as the engine splits layers by default (``Adapter.layer_partition``)."""
     cases = adapter.domain.cases(
@@ -42,7 +44,7 @@ def spec_plan(adapter: Adapter, case: TransferCase) -> TransferPlan:
     return case.plan(adapter.policy_rules.get(case.policy))
 
 
-def _case(tp_s: int, tp_t: int, heads: int, layers: int = 2, **kw) -> Example:
+def _case(tp_s: int, tp_t: int, heads: int, layers: int = 2, **kw: Any) -> Example:
     pp_s, pp_t = kw.get("pp_s", 1), kw.get("pp_t", 1)
     return TransferCase(
         StageLayout(tp_s, pp_s),
@@ -189,7 +191,7 @@ def exact_cover(ctx: Context, example: Example) -> None:
             except ValueError as error:
                 fail(f"{case.describe()}: target rank {dst} lists source {src}: {error} [PLAN-2.3]")
         twice, missing, senders = _cover(receiver, edges, case.seq_len)
-        by_replicas = twice and _replicas_only(ctx, case, twice, senders)
+        by_replicas = bool(twice) and _replicas_only(ctx, case, twice, senders)
         expect(
             not twice or by_replicas,
             f"{case.describe()}: target rank {dst} receives {_cell(twice[0]) if twice else ''} "
@@ -443,10 +445,12 @@ def refuses_unknown_policy(ctx: Context, example: Example) -> None:
     answers = {}
     for dst in case.target.ranks():
         asked: dict[str, list[int]] = {}
+
+        def route(dst: int = dst, asked: dict[str, list[int]] = asked) -> list[int]:
+            return asked.setdefault("got", list(ctx.adapter.sources(case, dst)))
+
         if refused(
-            lambda dst=dst, asked=asked: asked.setdefault(
-                "got", list(ctx.adapter.sources(case, dst))
-            ),
+            route,
             obligation="PLAN-4.4",
             what=f"{case.describe()}: target {dst} routed under the unknown {case.policy!r}",
             naming=(case.policy,),

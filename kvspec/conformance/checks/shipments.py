@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import replace
+from typing import cast
 
 import torch
 from hypothesis import strategies as st
@@ -146,6 +147,10 @@ def refuses_wrong_shipments(ctx: Context, example: Example) -> None:
     for dst in setup.receivers():
         for obligation, what, shipments in _variants(setup, dst, rng):
             replica = obligation == "RESHARD-3.2" and _replica_extra(setup, dst, shipments[-1])
+
+            def combine(shipments: list[Shipment] = shipments, dst: int = dst) -> RequestKV:
+                return ctx.adapter.receiver_combine(setup.case, dst, shipments)
+
             expect_refused(
                 obligation,
                 f"{setup.case.describe()}, seq_len {setup.seq_len}: target rank {dst} assembling "
@@ -156,9 +161,7 @@ def refuses_wrong_shipments(ctx: Context, example: Example) -> None:
                     if replica
                     else ""
                 ),
-                lambda shipments=shipments, dst=dst: ctx.adapter.receiver_combine(
-                    setup.case, dst, shipments
-                ),
+                combine,
                 accepted_tier=DIFFERS if replica else None,
             )
 
@@ -208,7 +211,7 @@ def _scale_variants(setup: Setup, dst: int, rng: random.Random) -> list[Variant]
         layer = rng.choice(sorted(set(good[first].edge.layers) & set(good[second].edge.layers)))
         kv = rng.randrange(setup.case.model.kv_tensors)
         row = layer - good[second].edge.layers.start
-        scales = good[second].kv.scales.clone()  # type: ignore[union-attr]
+        scales = cast(torch.Tensor, good[second].kv.scales).clone()  # fp8: it has scales
         scales[row, kv] *= 2
         changed = replace(good[second], kv=RequestKV(good[second].kv.data, scales))
         found.append(
@@ -243,10 +246,14 @@ def _stray_scales(setup: Setup, dst: int) -> Variant:
 
 def _refuse_all(setup: Setup, dst: int, variants: list[Variant], run: Callable) -> None:
     for obligation, what, shipments in variants:
+
+        def assemble(shipments: list[Shipment] = shipments) -> object:
+            return run(shipments)
+
         expect_refused(
             obligation,
             f"{setup.case.describe()}: target rank {dst} assembling with {what}",
-            lambda shipments=shipments: run(shipments),
+            assemble,
         )
 
 

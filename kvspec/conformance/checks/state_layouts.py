@@ -9,7 +9,7 @@ expected offsets are the spec's :func:`~kvspec.memory.state_cache.state_offset`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import assume
 from hypothesis import strategies as st
@@ -27,6 +27,7 @@ from kvspec.conformance.checks import (
 from kvspec.conformance.checks.groups import STATES, _hybrid, _tp_sizes
 from kvspec.memory.presets import STATE_PRESETS
 from kvspec.memory.state_cache import StatePage, element_offset, state_page
+from kvspec.topology.groups import StateGroup, group_from_dict
 from kvspec.topology.model import ModelShape
 
 _PAD = 16
@@ -34,7 +35,7 @@ _PAD = 16
 
 
 def _state_groups(model: ModelShape) -> list[int]:
-    return [i for i, g in enumerate(model.layer_groups) if not g.per_token and g.parts()]  # type: ignore[union-attr]
+    return [i for i, g in enumerate(model.layer_groups) if not g.per_token and g.parts()]
 
 
 @st.composite
@@ -76,15 +77,17 @@ _MAMBA2 = ModelShape(
     2,
     2,
     groups=(
-        {
-            "kind": "mamba2",
-            "num_heads": 4,
-            "head_dim": 2,
-            "n_groups": 1,
-            "d_state": 3,
-            "conv_kernel": 4,
-            "ssm_dtype": "float32",
-        },
+        group_from_dict(
+            {
+                "kind": "mamba2",
+                "num_heads": 4,
+                "head_dim": 2,
+                "n_groups": 1,
+                "d_state": 3,
+                "conv_kernel": 4,
+                "ssm_dtype": "float32",
+            }
+        ),
     ),
     layers=(1, 0),
 ).to_dict()
@@ -115,9 +118,9 @@ _MAMBA2 = ModelShape(
 def _element_offsets(ctx: Context, example: Example) -> None:
     model, page = _setup(ctx, example)
     group, layout = example["group"], example["layout"]
-    state = model.layer_groups[group]
+    state = cast(StateGroup, model.layer_groups[group])  # the example's is a state
     for block in (0, 1, 2):
-        for part in state.parts():  # type: ignore[union-attr]
+        for part in state.parts():
             for unit in page.units[part.name]:
                 for element in range(part.unit_elements):
                     want = _offset(page, block, part.name, unit, element)
@@ -160,7 +163,7 @@ def _broken(draw: st.DrawFn, adapter: Adapter) -> Example:
     example = draw(_pages(adapter))
     model = ModelShape.from_dict(example["model"])
     state = model.layer_groups[example["group"]]
-    part = draw(st.sampled_from(state.parts()))  # type: ignore[union-attr]
+    part = draw(st.sampled_from(state.parts()))
     page = state_page(example["layout"], model, example["group"], **_where(example))
     held = page.units[part.name]
     foreign = [u for u in range(part.units) if u not in held]
@@ -241,11 +244,11 @@ def _refusals(ctx: Context, example: Example) -> None:
             )
         )
     for obligation, what, name, sizes, where in breaks:
-        expect_refused(
-            obligation,
-            f"{what} (layout {name!r}, {where}) {at}",
-            lambda n=name, z=sizes, w=where: ctx.adapter.state_offset(n, model, group, **z, **w),
-        )
+
+        def offset(n: str = name, z: dict[str, Any] = sizes, w: dict[str, Any] = where) -> int:
+            return ctx.adapter.state_offset(n, model, group, **z, **w)
+
+        expect_refused(obligation, f"{what} (layout {name!r}, {where}) {at}", offset)
 
 
 # SLAYOUT-2: maximal runs --------------------------------------------------------------------
@@ -254,7 +257,7 @@ def _run_cases(draw: st.DrawFn, adapter: Adapter) -> Example:
     example = draw(_pages(adapter))
     model = ModelShape.from_dict(example["model"])
     state = model.layer_groups[example["group"]]
-    part = draw(st.sampled_from(state.parts()))  # type: ignore[union-attr]
+    part = draw(st.sampled_from(state.parts()))
     held = state_page(example["layout"], model, example["group"], **_where(example)).units[
         part.name
     ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any, cast
 
 import torch
 from hypothesis import strategies as st
@@ -38,7 +39,7 @@ from kvspec.topology.stage import StageLayout
 TENSOR_WEIGHT = 0.5
 
 
-def tensor_examples(adapter: Adapter, **case_kwargs) -> st.SearchStrategy[Example]:
+def tensor_examples(adapter: Adapter, **case_kwargs: Any) -> st.SearchStrategy[Example]:
     """A small valid case of the domain, a sequence length and a seed for data and order
     (a case with token shards brings its own length [PLAN-6])."""
     return st.fixed_dictionaries(
@@ -77,7 +78,10 @@ class Setup:
         self.case = TransferCase.from_dict(example["case"])
         within_domain(ctx, self.case)
         policy_in_domain(ctx, self.case)
-        self.seq_len = self.case.seq_len if self.case.sharded else example["seq_len"]
+        # A sharded case has its seq_len [PLAN-6].
+        self.seq_len: int = (
+            cast(int, self.case.seq_len) if self.case.sharded else example["seq_len"]
+        )
         self.seed = example["seed"]
         self.full = random_request_kv(
             self.case.model, self.seq_len, seed=self.seed, device=ctx.device

@@ -17,7 +17,7 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from hypothesis import strategies as st
 
@@ -35,8 +35,11 @@ from kvspec.conformance.checks.payloads import inbox
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
 from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.dtypes import DTYPES
-from kvspec.transport.payload import Payload, payload_equal
+from kvspec.transport.payload import Layers, Payload, payload_equal
 from kvspec.transport.wire import DEFAULT_LIMITS, WireError, decode, encode
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 WEIGHT = 0.5
 
@@ -138,11 +141,11 @@ def _other_headers(frames: list[bytes]) -> list[Probe]:
 
 def _refuse_all(ctx: Context, setup: Setup, probes: list[Probe]) -> None:
     for obligation, what, frames in probes:
-        expect_refused(
-            obligation,
-            f"{setup.case.describe()}: a message with {what}",
-            lambda frames=frames: ctx.adapter.decode(frames),
-        )
+
+        def decode(frames: list[bytes] = frames) -> Payload:
+            return ctx.adapter.decode(frames)
+
+        expect_refused(obligation, f"{setup.case.describe()}: a message with {what}", decode)
 
 
 @check(
@@ -412,10 +415,10 @@ def refuses_non_json(ctx: Context, example: Example) -> None:
     _refuse_all(ctx, setup, _not_strict_json(_frames(payload)))
 
 
-def _address(buffer: object) -> tuple[int, int]:
+def _address(buffer: Buffer) -> tuple[int, int]:
     """(first address, length) of a bytes-like object's memory; -1 for read-only memory
     (``bytes``), which is never a tensor's own."""
-    view = memoryview(buffer).cast("B")  # type: ignore[arg-type]
+    view = memoryview(buffer).cast("B")
     if not view.nbytes:
         return 0, 0
     if view.readonly:
@@ -424,7 +427,11 @@ def _address(buffer: object) -> tuple[int, int]:
 
 
 def _contiguous(payload: Payload) -> Payload:
-    def own(values: tuple | None) -> tuple | None:
+    @overload
+    def own(values: Layers) -> Layers: ...
+    @overload
+    def own(values: Layers | None) -> Layers | None: ...
+    def own(values: Layers | None) -> Layers | None:
         return (
             None
             if values is None
@@ -470,7 +477,7 @@ def zero_copy(ctx: Context, example: Example) -> None:
         )
     received = [bytearray(f) for f in _frames(payload)]
     regions = [_address(f) for f in received[1:]]
-    decoded = _decoded(ctx, list(received), setup.case.describe(), "WIRE-5.2")
+    decoded = _decoded(ctx, list(received), setup.case.describe(), "WIRE-5.2")  # type: ignore[arg-type]  # bytearrays on purpose: the frames a view must point into
     for name, layer, tensor in decoded.tensors():
         if not tensor.nbytes:
             continue
@@ -491,7 +498,7 @@ def zero_copy(ctx: Context, example: Example) -> None:
     weight=WEIGHT,
     covers=("WIRE-6.1", "WIRE-6.2"),
 )
-def checksums(ctx: Context, example: Example) -> None:
+def checksums(ctx: Context, example: tuple[Example, int]) -> None:
     base, where = example
     setup = Setup(ctx, base)
     payload = _one_payload(setup)
@@ -543,7 +550,7 @@ def _damaged(frames: list[bytes], rng: random.Random) -> tuple[list[bytes], str]
     weight=WEIGHT,
     covers=("WIRE-7.1", "WIRE-7.2", "WIRE-7.3"),
 )
-def crc32c_checksums(ctx: Context, example: Example) -> None:
+def crc32c_checksums(ctx: Context, example: tuple[Example, int]) -> None:
     base, where = example
     setup = Setup(ctx, base)
     payload = _one_payload(setup)
@@ -579,16 +586,20 @@ def _invalid_payloads(frames: list[bytes], rng: random.Random) -> list[Probe]:
     header = _header(frames)
     found: list[Probe] = []
 
-    def changed(obligation: str, what: str, edit: Callable[[dict], None], kept=frames) -> None:
+    def changed(
+        obligation: str, what: str, edit: Callable[[dict], None], kept: list[bytes] = frames
+    ) -> None:
         copied = copy.deepcopy(header)
         edit(copied)
         found.append((obligation, what, _with_header(kept, copied)))
 
     changed("PAYLOAD-1.1", "an unknown metadata key", lambda h: h["metadata"].update(compression=0))
     for key in ("block_size", "seq_len", "tp_head_slice", "dtype"):
-        changed(
-            "PAYLOAD-1.1", f"no metadata key {key!r}", lambda h, key=key: h["metadata"].pop(key)
-        )
+
+        def drop(h: dict, key: str = key) -> None:
+            h["metadata"].pop(key)
+
+        changed("PAYLOAD-1.1", f"no metadata key {key!r}", drop)
     changed(
         "PAYLOAD-1.1",
         "an unknown tp_head_slice key",
@@ -619,10 +630,14 @@ def _invalid_payloads(frames: list[bytes], rng: random.Random) -> list[Probe]:
     if scales:
         i = rng.choice(scales)
         kept = [f for j, f in enumerate(frames) if j != i + 1]
+
+        def unlisted(h: dict, i: int = i) -> None:
+            h["tensors"].pop(i)
+
         changed(
             "PAYLOAD-1.3",
             f"{header['tensors'][i]['field']} of layer {header['tensors'][i]['layer']} missing",
-            lambda h, i=i: h["tensors"].pop(i),
+            unlisted,
             kept,
         )
     changed("PAYLOAD-1.4", "block_size 0", lambda h: h["metadata"].update(block_size=0))

@@ -67,7 +67,7 @@ class SenderEvictsTokenByToken(ReferenceAdapter):
         self, case: TransferCase, seq_len: int, source_block_size: int, target_block_size: int
     ) -> Tokens:
         for group in case.model.layer_groups:
-            needed = needed_tokens(group, seq_len, target_block_size)  # type: ignore[arg-type]
+            needed = needed_tokens(group, seq_len, target_block_size)  # type: ignore[arg-type]  # a state too: None, every token
             if needed is None or not len(needed):
                 continue
             if isinstance(group, SlidingWindow):

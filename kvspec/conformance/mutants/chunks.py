@@ -7,6 +7,7 @@ Each reassembles a complete, agreeing set correctly and forgives one kind of wro
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ class MissingChunkLayerZeroFilled(ReferenceAdapter):
         for c in ordered:
             missing = [i for i in layers if i not in c.layers]
             if missing and c.layers:
-                fields = {}
+                fields: dict[str, Any] = {}
                 for name in (*CACHE_FIELDS, *SCALE_FIELDS):
                     values = getattr(c, name)
                     source = getattr(ordered[0], name)
@@ -169,7 +170,7 @@ class RepeatsDeduplicated(ReferenceAdapter):
         for c in ordered:
             if c.chunk.token_start < start:  # overlap: keep only the new tokens
                 skip = start - c.chunk.token_start
-                fields = {
+                fields: dict[str, Any] = {
                     name: tuple(None if t is None else t[skip:] for t in getattr(c, name))
                     for name in CACHE_FIELDS
                 }

@@ -65,9 +65,22 @@ def _build(
             heads - do.heads.start,
         )
         parts.append((sr.flatten(), s_off.flatten(), dr.flatten(), d_off.flatten(), size))
-    cat = [torch.cat([p[i] for p in parts]) for i in range(4)]
+    src_regions, src_offsets, dst_regions, dst_offsets = (
+        torch.cat([p[0] for p in parts]),
+        torch.cat([p[1] for p in parts]),
+        torch.cat([p[2] for p in parts]),
+        torch.cat([p[3] for p in parts]),
+    )
     lengths = torch.cat([torch.full_like(p[0], p[4]) for p in parts])
-    return _coalesce(*cat, lengths, list(source.regions()), list(target.regions()))
+    return _coalesce(
+        src_regions,
+        src_offsets,
+        dst_regions,
+        dst_offsets,
+        lengths,
+        list(source.regions()),
+        list(target.regions()),
+    )
 
 
 @mutant("DESC-1.1")

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter, case_group_plan
+from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.strategies import TransferCase
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.groups import (
@@ -21,7 +22,10 @@ from kvspec.topology.groups import (
     ChunkedLocal,
     DraftAttention,
     FullAttention,
+    GdnState,
+    Mamba2State,
     SlidingWindow,
+    StateGroup,
 )
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import layer_ranges, owned_heads
@@ -30,7 +34,7 @@ from kvspec.topology.state import part_offsets, part_units, plan_state_reads
 from kvspec.topology.tokens import Tokens
 from kvspec.topology.windows import chunk_tokens, window_tokens
 
-Config = dict[str, Any]
+Config = TransferConfig
 
 
 def _bytes(case: TransferCase, model: ModelShape, seq_len: int, block_size: int) -> dict:
@@ -167,10 +171,14 @@ class UnknownKindReadAsFull(ReferenceAdapter):
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         model = _hybrid_model(given)
-        for i, group in enumerate(model["groups"] if model else ()):
-            if group.get("kind") not in KINDS:
-                keep = ("num_kv_heads", "head_dim", "attention")
-                model["groups"][i] = {"kind": "full", **{k: group[k] for k in keep if k in group}}
+        if model:
+            for i, group in enumerate(model["groups"]):
+                if group.get("kind") not in KINDS:
+                    keep = ("num_kv_heads", "head_dim", "attention")
+                    model["groups"][i] = {
+                        "kind": "full",
+                        **{k: group[k] for k in keep if k in group},
+                    }
         super().validate_model(given)
 
 
@@ -196,7 +204,7 @@ class KAndVForEveryGroup(ReferenceAdapter):
         groups = case.model.layer_groups
         return {
             key: n * 2
-            if isinstance(groups[key[0]], FullAttention) and groups[key[0]].kv_tensors == 1
+            if isinstance(g := groups[key[0]], FullAttention) and g.kv_tensors == 1
             else n
             for key, n in got.items()
         }
@@ -222,12 +230,13 @@ class OnlyOwnAttentionHeadsChecked(ReferenceAdapter):
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         model = _hybrid_model(given)
-        for group in model["groups"] if model else ():
-            if (
-                group.get("kind") in ("full", "sliding", "draft")
-                and group.get("attention") != "mla"
-            ):
-                group["num_kv_heads"] = model["num_kv_heads"]
+        if model:
+            for group in model["groups"]:
+                if (
+                    group.get("kind") in ("full", "sliding", "draft")
+                    and group.get("attention") != "mla"
+                ):
+                    group["num_kv_heads"] = model["num_kv_heads"]
         super().validate_model(given)
 
 
@@ -239,10 +248,10 @@ class GdnStateByKeyHeads(ReferenceAdapter):
     def state_units(self, layout: StageLayout, model: ModelShape, group: int, rank: int) -> dict:
         got = super().state_units(layout, model, group, rank)
         state = model.layer_groups[group]
-        if state.kind == "gdn":
+        if state.kind == "gdn":  # a GdnState
             got["ssm"] = owned_heads(
-                state.num_k_heads, layout.attn_tp, layout.locate(rank).attn_tp_rank
-            )  # type: ignore[union-attr]
+                cast(GdnState, state).num_k_heads, layout.attn_tp, layout.locate(rank).attn_tp_rank
+            )
         return got
 
 
@@ -255,8 +264,8 @@ class GroupsSplitLikeHeads(ReferenceAdapter):
         got = super().state_units(layout, model, group, rank)
         state = model.layer_groups[group]
         tp, r = layout.attn_tp, layout.locate(rank).attn_tp_rank
-        if state.kind == "mamba2" and state.n_groups < tp:  # type: ignore[union-attr]
-            g = state.n_groups  # type: ignore[union-attr]
+        if state.kind == "mamba2" and cast(Mamba2State, state).n_groups < tp:  # a Mamba2State
+            g = cast(Mamba2State, state).n_groups
             got["B"] = got["C"] = range(r * g // tp, (r + 1) * g // tp)
         return got
 
@@ -269,9 +278,10 @@ class StateUnitsNotChecked(ReferenceAdapter):
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         model = _hybrid_model(given)
-        for i, group in enumerate(model["groups"] if model else ()):
-            if group.get("kind") in ("mamba1", "mamba2", "gdn"):
-                model["groups"][i] = {"kind": "none"}
+        if model:
+            for i, group in enumerate(model["groups"]):
+                if group.get("kind") in ("mamba1", "mamba2", "gdn"):
+                    model["groups"][i] = {"kind": "none"}
         super().validate_model(given)
 
 
@@ -280,9 +290,9 @@ class ReceiverPartBasesFromSender(ReferenceAdapter):
     """Writes each part at the sender's part offset, as if both sides had one TP size."""
 
     def state_reads(self, case: TransferCase, group: int, dst: int) -> list:
-        state = case.model.layer_groups[group]
-        src_base = part_offsets(state, case.source.attn_tp)  # type: ignore[arg-type]
-        dst_base = part_offsets(state, case.target.attn_tp)  # type: ignore[arg-type]
+        state = cast(StateGroup, case.model.layer_groups[group])  # state_reads: of a state
+        src_base = part_offsets(state, case.source.attn_tp)
+        dst_base = part_offsets(state, case.target.attn_tp)
         reads = plan_state_reads(case.source, case.target, case.model, group, policy=case.policy)
         return [
             (
@@ -303,9 +313,9 @@ class ReplicatedPartOffsetScaledByTpRatio(ReferenceAdapter):
     n_groups=1, P TP1 -> D TP2, one rank reads C as B (vllm#55208; hybrids.md §3)."""
 
     def state_reads(self, case: TransferCase, group: int, dst: int) -> list:
-        state = case.model.layer_groups[group]
+        state = cast(StateGroup, case.model.layer_groups[group])  # state_reads: of a state
         source, target = case.source, case.target
-        base = part_offsets(state, source.attn_tp)  # type: ignore[arg-type]
+        base = part_offsets(state, source.attn_tp)
         reads = plan_state_reads(source, target, case.model, group, policy=case.policy)
         out = []
         for r in (r for r in reads if r.dst == dst):
@@ -460,11 +470,15 @@ class ChunkZeroReadAsFull(ReferenceAdapter):
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         model = _hybrid_model(given)
-        for i, group in enumerate(model["groups"] if model else ()):
-            chunk = group.get("chunk")
-            if group.get("kind") == "chunked" and isinstance(chunk, int) and chunk < 1:
-                keep = ("num_kv_heads", "head_dim", "attention")
-                model["groups"][i] = {"kind": "full", **{k: group[k] for k in keep if k in group}}
+        if model:
+            for i, group in enumerate(model["groups"]):
+                chunk = group.get("chunk")
+                if group.get("kind") == "chunked" and isinstance(chunk, int) and chunk < 1:
+                    keep = ("num_kv_heads", "head_dim", "attention")
+                    model["groups"][i] = {
+                        "kind": "full",
+                        **{k: group[k] for k in keep if k in group},
+                    }
         super().validate_model(given)
 
 
@@ -475,7 +489,8 @@ class StateOracleHashesLocalUnits(ReferenceAdapter):
     right at TP1 and on rank 0, wrong on every other rank of a split part."""
 
     def state_oracle(self, model: ModelShape, group: int, request_id: str, **kw: Any) -> dict:
-        held = part_units(model.layer_groups[group], kw["attn_tp"], kw["attn_tp_rank"])  # type: ignore[arg-type]
+        state = cast(StateGroup, model.layer_groups[group])  # state_oracle: of a state
+        held = part_units(state, kw["attn_tp"], kw["attn_tp_rank"])
         whole = oracle_state(
             model,
             group,

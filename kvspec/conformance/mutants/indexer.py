@@ -4,16 +4,17 @@ bug a connector writer makes from the rule text or from vLLM's cache spec."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter, case_group_plan
+from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import itemsize
 from kvspec.topology.indexer import index_entry_bytes
 
-Config = dict[str, Any]
+Config = TransferConfig
 
 
 def _with_entry(
@@ -24,7 +25,7 @@ def _with_entry(
     plan = case_group_plan(case, seq_len, block_size=block_size)
     got = {}
     for e in plan.edges:
-        width = case.model.layer_groups[e.group].index_head_dim  # type: ignore[union-attr]
+        width = case.model.layer_groups[e.group].index_head_dim  # type: ignore[union-attr]  # as written: a state group's raises
         n = e.nbytes
         if width:
             cells = len(e.layers) * (seq_len if e.tokens is None else len(e.tokens))
@@ -73,7 +74,7 @@ class IndexerSplitOverTp(ReferenceAdapter):
 
 
 def _groups(config: Config) -> list[dict[str, Any]]:
-    model = config.get("model") or {}
+    model: Mapping[str, Any] = config.get("model") or {}
     return list(model.get("groups") or ())
 
 

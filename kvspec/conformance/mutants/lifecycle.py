@@ -8,32 +8,33 @@ proof that the old one stopped, blocks handed back at abort time, ...
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.lifecycle.machine import QUIESCENT, Lifecycle
 
 
-def _with(machine: type[Lifecycle]) -> type[ReferenceAdapter]:
-    """A reference adapter whose lifecycle is ``machine``."""
+class _MachineAdapter(ReferenceAdapter):
+    """A reference adapter whose lifecycle is its class's ``machine``."""
 
-    class Adapter(ReferenceAdapter):
-        def lifecycle(self, num_blocks: int) -> Lifecycle:
-            return machine(num_blocks)
+    machine: ClassVar[type[Lifecycle]]
 
-    return Adapter
+    def lifecycle(self, num_blocks: int) -> Lifecycle:
+        return self.machine(num_blocks)
 
 
 class _RepostReplaces(Lifecycle):
     def _on_post(self, event: Mapping[str, Any]) -> None:
-        self.handles.pop(event.get("handle"), None)  # type: ignore[arg-type]
+        self.handles.pop(event.get("handle"), None)  # type: ignore[arg-type]  # None: no such key
         super()._on_post(event)
 
 
 @mutant("LIFE-1.1")
-class RepostReplacesTheHandle(_with(_RepostReplaces)):
+class RepostReplacesTheHandle(_MachineAdapter):
     """Posting a handle name again replaces the old handle instead of being refused."""
+
+    machine = _RepostReplaces
 
 
 class _EndsAgain(Lifecycle):
@@ -45,8 +46,10 @@ class _EndsAgain(Lifecycle):
 
 
 @mutant("LIFE-1.2")
-class SecondCompletionIgnored(_with(_EndsAgain)):
+class SecondCompletionIgnored(_MachineAdapter):
     """A second completion of a completed handle is swallowed instead of refused."""
+
+    machine = _EndsAgain
 
 
 class _QuiesceAnything(Lifecycle):
@@ -59,8 +62,10 @@ class _QuiesceAnything(Lifecycle):
 
 
 @mutant("LIFE-1.3")
-class QuiescesAnInFlightHandle(_with(_QuiesceAnything)):
+class QuiescesAnInFlightHandle(_MachineAdapter):
     """Quiescing an in-flight handle is accepted, as if cancelling it stopped its writes."""
+
+    machine = _QuiesceAnything
 
 
 class _UnknownIgnored(Lifecycle):
@@ -76,8 +81,10 @@ class _UnknownIgnored(Lifecycle):
 
 
 @mutant("LIFE-1.4")
-class UnknownHandlesAreIgnored(_with(_UnknownIgnored)):
+class UnknownHandlesAreIgnored(_MachineAdapter):
     """Notifications for handles it never posted are accepted silently."""
+
+    machine = _UnknownIgnored
 
 
 class _DriftingHolding(Lifecycle):
@@ -91,9 +98,11 @@ class _DriftingHolding(Lifecycle):
 
 
 @mutant("LIFE-2.1")
-class HoldingBeforeEveryHandleCompletes(_with(_DriftingHolding)):
+class HoldingBeforeEveryHandleCompletes(_MachineAdapter):
     """A block counts as holding when one of its handles completes, though another is still
     writing it."""
+
+    machine = _DriftingHolding
 
 
 class _AllocReleased(Lifecycle):
@@ -105,8 +114,10 @@ class _AllocReleased(Lifecycle):
 
 
 @mutant("LIFE-2.2")
-class AllocatesReleasedBlocks(_with(_AllocReleased)):
+class AllocatesReleasedBlocks(_MachineAdapter):
     """Released blocks are handed out again before they were freed."""
+
+    machine = _AllocReleased
 
 
 class _PostForeign(Lifecycle):
@@ -114,13 +125,15 @@ class _PostForeign(Lifecycle):
         name = event.get("request")
         for b in event.get("blocks", []):
             if isinstance(b, int) and 0 <= b < self.num_blocks and self.blocks[b] == "allocated":
-                self.owner[b] = name  # type: ignore[assignment]  # whoever posts owns it
+                self.owner[b] = name  # whoever posts owns it
         super()._on_post(event)
 
 
 @mutant("LIFE-2.3")
-class PostsIntoAnotherRequestsBlocks(_with(_PostForeign)):
+class PostsIntoAnotherRequestsBlocks(_MachineAdapter):
     """A handle may be posted into blocks allocated to another request."""
+
+    machine = _PostForeign
 
 
 class _WriteAnywhere(Lifecycle):
@@ -131,8 +144,10 @@ class _WriteAnywhere(Lifecycle):
 
 
 @mutant("LIFE-2.4")
-class WritesOutsideTheHandle(_with(_WriteAnywhere)):
+class WritesOutsideTheHandle(_MachineAdapter):
     """A write is checked only for the blocks the handle has; the rest land unchecked."""
+
+    machine = _WriteAnywhere
 
 
 class _FreePoisoned(Lifecycle):
@@ -144,21 +159,25 @@ class _FreePoisoned(Lifecycle):
 
 
 @mutant("LIFE-2.5")
-class FreesPoisonedBlocks(_with(_FreePoisoned)):
+class FreesPoisonedBlocks(_MachineAdapter):
     """Poisoned blocks return to the free pool when freed."""
+
+    machine = _FreePoisoned
 
 
 class _ReleaseOpen(Lifecycle):
     def _on_release(self, event: Mapping[str, Any]) -> None:
-        request = self.requests.get(event.get("request"))  # type: ignore[arg-type]
+        request = self.requests.get(event.get("request"))  # type: ignore[arg-type]  # None: no such key
         if request is not None and request.state == "open":
             request.state = "failed"  # releasing an open request just drops it
         super()._on_release(event)
 
 
 @mutant("LIFE-2.6")
-class ReleasesAnOpenRequest(_with(_ReleaseOpen)):
+class ReleasesAnOpenRequest(_MachineAdapter):
     """Releasing a request that is still open is accepted."""
+
+    machine = _ReleaseOpen
 
 
 class _AbortFrees(Lifecycle):
@@ -167,9 +186,11 @@ class _AbortFrees(Lifecycle):
 
 
 @mutant("LIFE-3.1")
-class FreesAtAbort(_with(_AbortFrees)):
+class FreesAtAbort(_MachineAdapter):
     """Aborted handles are taken to have stopped: their blocks go back at abort time
     (the late-write corruption of vLLM #56104 and SGLang #35360)."""
+
+    machine = _AbortFrees
 
 
 class _FailedIsQuiet(Lifecycle):
@@ -182,9 +203,11 @@ class _FailedIsQuiet(Lifecycle):
 
 
 @mutant("LIFE-3.2")
-class FailedStatusIsQuiescence(_with(_FailedIsQuiet)):
+class FailedStatusIsQuiescence(_MachineAdapter):
     """A failed transfer status is taken for proof that nothing more lands (TRT-LLM:
     'TransferStatus::release() is not a quiescence proof')."""
+
+    machine = _FailedIsQuiet
 
 
 class _WriteAfterComplete(Lifecycle):
@@ -196,8 +219,10 @@ class _WriteAfterComplete(Lifecycle):
 
 
 @mutant("LIFE-4.1")
-class AcceptsWritesAfterCompletion(_with(_WriteAfterComplete)):
+class AcceptsWritesAfterCompletion(_MachineAdapter):
     """A write through a completed handle is accepted."""
+
+    machine = _WriteAfterComplete
 
 
 class _WriteAfterAbort(Lifecycle):
@@ -209,8 +234,10 @@ class _WriteAfterAbort(Lifecycle):
 
 
 @mutant("LIFE-4.2")
-class AcceptsWritesAfterAbort(_with(_WriteAfterAbort)):
+class AcceptsWritesAfterAbort(_MachineAdapter):
     """A write through an aborted handle still lands."""
+
+    machine = _WriteAfterAbort
 
 
 class _SendAfterAck(Lifecycle):
@@ -219,9 +246,11 @@ class _SendAfterAck(Lifecycle):
 
 
 @mutant("LIFE-4.3")
-class SendsAfterAcknowledgingAbort(_with(_SendAfterAck)):
+class SendsAfterAcknowledgingAbort(_MachineAdapter):
     """A sender keeps sending a request whose abort it acknowledged (a producer's write
     landing after it retired, vLLM #55470)."""
+
+    machine = _SendAfterAck
 
 
 class _DeadlineLeavesRequest(Lifecycle):
@@ -234,8 +263,10 @@ class _DeadlineLeavesRequest(Lifecycle):
 
 
 @mutant("LIFE-5.1")
-class DeadlineDoesNotFailTheRequest(_with(_DeadlineLeavesRequest)):
+class DeadlineDoesNotFailTheRequest(_MachineAdapter):
     """A handle past its deadline fails, but its request stays open."""
+
+    machine = _DeadlineLeavesRequest
 
 
 class _DeadlineQuiesces(Lifecycle):
@@ -244,26 +275,30 @@ class _DeadlineQuiesces(Lifecycle):
 
 
 @mutant("LIFE-5.2")
-class DeadlineIsQuiescence(_with(_DeadlineQuiesces)):
+class DeadlineIsQuiescence(_MachineAdapter):
     """Blocks of a handle past its deadline go back to the pool: the deadline is taken
     for proof that the transfer stopped."""
+
+    machine = _DeadlineQuiesces
 
 
 class _StalePost(Lifecycle):
     def _on_post(self, event: Mapping[str, Any]) -> None:
         peer = event.get("peer")
-        saved = self.epochs.get(peer)  # type: ignore[arg-type]
-        self.epochs.pop(peer, None)  # type: ignore[arg-type]
+        saved = self.epochs.get(peer)  # type: ignore[arg-type]  # None: no such key
+        self.epochs.pop(peer, None)  # type: ignore[arg-type]  # None: no such key
         try:
             super()._on_post(event)
         finally:
             if saved is not None:
-                self.epochs[peer] = max(saved, self.epochs.get(peer, saved))  # type: ignore[index]
+                self.epochs[peer] = max(saved, self.epochs.get(peer, saved))  # type: ignore[index, arg-type]  # a key: saved was under it
 
 
 @mutant("LIFE-6.1")
-class PostsInAStaleEpoch(_with(_StalePost)):
+class PostsInAStaleEpoch(_MachineAdapter):
     """A handle may be posted in any epoch of its peer, not only the current one."""
+
+    machine = _StalePost
 
 
 class _OldEpochWrite(Lifecycle):
@@ -281,21 +316,25 @@ class _OldEpochWrite(Lifecycle):
 
 
 @mutant("LIFE-6.2")
-class AcceptsWritesOfAnOldEpoch(_with(_OldEpochWrite)):
+class AcceptsWritesOfAnOldEpoch(_MachineAdapter):
     """A write is checked against its handle's epoch, not its peer's current one."""
+
+    machine = _OldEpochWrite
 
 
 class _EpochRepeats(Lifecycle):
     def _on_peer_up(self, event: Mapping[str, Any]) -> None:
         peer = event.get("peer")
-        if self.epochs.get(peer) == event.get("epoch"):  # type: ignore[arg-type]
+        if self.epochs.get(peer) == event.get("epoch"):  # type: ignore[arg-type]  # None: no such key
             return  # the same peer again: nothing to do
         super()._on_peer_up(event)
 
 
 @mutant("LIFE-6.3")
-class PeerMayReturnInTheSameEpoch(_with(_EpochRepeats)):
+class PeerMayReturnInTheSameEpoch(_MachineAdapter):
     """A peer announcing its current epoch again is accepted as a restart."""
+
+    machine = _EpochRepeats
 
 
 class _RestartQuiesces(Lifecycle):
@@ -309,16 +348,18 @@ class _RestartQuiesces(Lifecycle):
 
 
 @mutant("LIFE-6.4")
-class RestartIsQuiescence(_with(_RestartQuiesces)):
+class RestartIsQuiescence(_MachineAdapter):
     """A replacement peer at the same address is taken as proof that the old one stopped
     writing (KVCR: 'a replacement peer at the same address does not prove that access
     has stopped')."""
+
+    machine = _RestartQuiesces
 
 
 class _DeliverEarly(Lifecycle):
     def _on_deliver(self, event: Mapping[str, Any]) -> None:
         name = event.get("request")
-        request = self.requests.get(name)  # type: ignore[arg-type]
+        request = self.requests.get(name)  # type: ignore[arg-type]  # None: no such key
         if (
             request is not None
             and request.state == "open"
@@ -330,14 +371,16 @@ class _DeliverEarly(Lifecycle):
 
 
 @mutant("LIFE-7.1")
-class DeliversBeforeEveryHandleCompletes(_with(_DeliverEarly)):
+class DeliversBeforeEveryHandleCompletes(_MachineAdapter):
     """A request is delivered once one of its handles completed (the decode ran without
     KV, vLLM-Omni #6310 review)."""
+
+    machine = _DeliverEarly
 
 
 class _DeliverAborted(Lifecycle):
     def _on_deliver(self, event: Mapping[str, Any]) -> None:
-        request = self.requests.get(event.get("request"))  # type: ignore[arg-type]
+        request = self.requests.get(event.get("request"))  # type: ignore[arg-type]  # None: no such key
         if request is not None and request.state == "aborted":
             request.state = "delivered"  # the data is all there anyway
             return
@@ -345,6 +388,8 @@ class _DeliverAborted(Lifecycle):
 
 
 @mutant("LIFE-7.2")
-class DeliversAnAbortedRequest(_with(_DeliverAborted)):
+class DeliversAnAbortedRequest(_MachineAdapter):
     """An aborted request whose handles completed is delivered anyway (SGLang #30233:
     decode generating from an aborted prefill's KV)."""
+
+    machine = _DeliverAborted

@@ -12,9 +12,10 @@ from typing import Any
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.tensors.dtypes import DTYPES
 
-Config = dict[str, Any]
+Config = TransferConfig
 
 
 def _models(config: Config) -> list[dict[str, Any]]:

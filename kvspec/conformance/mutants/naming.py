@@ -49,14 +49,14 @@ def _keys(case, request_id, ranks, *, legacy_if, from_stage, to_stage):
 class LegacyKeyForTp1Pipelines(ReferenceAdapter):
     """Uses the legacy key whenever both stages are TP1, pipeline stages or not."""
 
-    def send_keys(self, case, request_id, src, *, from_stage, to_stage):
+    def send_keys(self, case, request_id, src, *, from_stage, to_stage):  # type: ignore[override]  # Adapter's keywords, not the reference's **stages
         single = case.source.tp == 1 and case.target.tp == 1
         edges = [(src, dst, dst) for dst in self.plan(case).targets_of(src)]
         return _keys(
             case, request_id, edges, legacy_if=single, from_stage=from_stage, to_stage=to_stage
         )
 
-    def recv_keys(self, case, request_id, dst, *, from_stage, to_stage):
+    def recv_keys(self, case, request_id, dst, *, from_stage, to_stage):  # type: ignore[override]  # Adapter's keywords, not the reference's **stages
         single = case.source.tp == 1 and case.target.tp == 1
         edges = [(src, dst, src) for src in self.plan(case).sources_of(dst)]
         return _keys(
@@ -146,7 +146,7 @@ class TruncatesLongRequestIds(ReferenceAdapter):
 class LegacyKeyWhenSenderIsTp1(ReferenceAdapter):
     """The sender uses the legacy key whenever its own TP is 1; the receiver does not."""
 
-    def send_keys(self, case, request_id, src, *, from_stage, to_stage):
+    def send_keys(self, case, request_id, src, *, from_stage, to_stage):  # type: ignore[override]  # Adapter's keywords, not the reference's **stages
         keys = super().send_keys(case, request_id, src, from_stage=from_stage, to_stage=to_stage)
         if case.source.tp == 1:
             legacy = super().legacy_key(request_id, from_stage, to_stage)
@@ -159,11 +159,11 @@ class KeyNamesSenderOnly(ReferenceAdapter):
     """Names a shipment by its sender alone ({req}_{stage}_{chunk}_{from_rank}), on both
     ends: two edges out of one sender share a key."""
 
-    def send_keys(self, case, request_id, src, *, from_stage, to_stage):
+    def send_keys(self, case, request_id, src, *, from_stage, to_stage):  # type: ignore[override]  # Adapter's keywords, not the reference's **stages
         keys = super().send_keys(case, request_id, src, from_stage=from_stage, to_stage=to_stage)
         return [(f"{request_id}_{from_stage}_0_{src}", dst) for _, dst in keys]
 
-    def recv_keys(self, case, request_id, dst, *, from_stage, to_stage):
+    def recv_keys(self, case, request_id, dst, *, from_stage, to_stage):  # type: ignore[override]  # Adapter's keywords, not the reference's **stages
         keys = super().recv_keys(case, request_id, dst, from_stage=from_stage, to_stage=to_stage)
         return [(f"{request_id}_{from_stage}_0_{src}", src) for _, src in keys]
 

@@ -6,7 +6,7 @@ coordinates absorbed in another order, a local index, an exponent off by one.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -39,8 +39,8 @@ def _fill(
     """The fill written out from ORACLE-1/2, with the order of kv, head and token and the
     exponent's offset as parameters (the clause: kv, head, token; minus 4)."""
     device = torch.device("cpu")
-    h = absorb(mix(seed % 2_147_483_647), request_value(request_id))
-    h = absorb(torch.full((1,) * 5, h, dtype=torch.int64), _axis(layers, 0, device))
+    start = absorb(mix(seed % 2_147_483_647), request_value(request_id))
+    h = absorb(torch.full((1,) * 5, start, dtype=torch.int64), _axis(layers, 0, device))
     axes = {"kv": (range(model.kv_tensors), 1), "head": (heads, 3), "token": (tokens, 2)}
     for name in order:
         if model.attention == "mla" and (name == "head" or (name == "kv" and not mla_kv)):
@@ -63,7 +63,7 @@ def _fill(
 class _HandWrittenOracle(ReferenceAdapter):
     """The reference's checks of the region, then :func:`_fill` with the class's slip."""
 
-    slip: ClassVar[dict[str, object]] = {}
+    slip: ClassVar[dict[str, Any]] = {}  # _fill's keyword arguments
 
     def oracle_fill(self, model, request_id, **region):
         expected = super().oracle_fill(model, request_id, **region)  # refuses bad regions
@@ -128,7 +128,7 @@ class ScalesOfWholeModel(ReferenceAdapter):
 class LocalTokenIndex(ReferenceAdapter):
     """Hashes a region's tokens from 0 (local index) instead of their global position."""
 
-    def oracle_fill(self, model, request_id, *, tokens, **region):
+    def oracle_fill(self, model, request_id, *, tokens, **region):  # type: ignore[override]  # Adapter's keywords, not the reference's **region
         super().oracle_fill(model, request_id, tokens=tokens, **region)  # refuses bad regions
         return super().oracle_fill(model, request_id, tokens=range(len(tokens)), **region)
 
@@ -137,7 +137,7 @@ class LocalTokenIndex(ReferenceAdapter):
 class LocalHeadIndex(ReferenceAdapter):
     """Hashes a region's heads from 0: a rank's first head is hashed as head 0."""
 
-    def oracle_fill(self, model, request_id, *, heads, **region):
+    def oracle_fill(self, model, request_id, *, heads, **region):  # type: ignore[override]  # Adapter's keywords, not the reference's **region
         expected = super().oracle_fill(model, request_id, heads=heads, **region)
         local = super().oracle_fill(model, request_id, heads=range(len(heads)), **region)
         return RequestKV(local.data, expected.scales)
@@ -147,7 +147,7 @@ class LocalHeadIndex(ReferenceAdapter):
 class ClampsRegionToModel(ReferenceAdapter):
     """Clamps a region that reaches past the model (or below 0) to the model's ranges."""
 
-    def oracle_fill(self, model, request_id, *, tokens, layers, heads, **rest):
+    def oracle_fill(self, model, request_id, *, tokens, layers, heads, **rest):  # type: ignore[override]  # Adapter's keywords, not the reference's **region
         def clamp(r: range, limit: int | None) -> range:
             stop = r.stop if limit is None else min(r.stop, limit)
             return range(max(0, r.start), max(max(0, r.start), stop))
@@ -196,7 +196,7 @@ class VerifierIgnoresScales(ReferenceAdapter):
 class VerifiesTheOverlap(ReferenceAdapter):
     """Compares what overlaps: KV a token short, or of another dtype (cast), is checked."""
 
-    def oracle_verify(self, kv, model, request_id, *, tokens, **region):
+    def oracle_verify(self, kv, model, request_id, *, tokens, **region):  # type: ignore[override]  # Adapter's keywords, not the reference's **region
         if kv.data.dtype != torch_dtype(model.dtype):
             kv = RequestKV(kv.data.to(torch_dtype(model.dtype)), kv.scales)
         if kv.data.dim() == 5 and kv.data.shape[2] < len(tokens):

@@ -235,10 +235,10 @@ class GroupLocalKeyRanks(ReferenceAdapter):
             out.append(("_".join((request, stage, chunk, src, dst)), other))
         return out
 
-    def send_keys(self, case: TransferCase, request_id: str, src: int, **stages: int):
+    def send_keys(self, case: TransferCase, request_id: str, src: int, **stages: Any):
         return self._local(case, send_keys(self.plan(case), request_id, src, **stages))
 
-    def recv_keys(self, case: TransferCase, request_id: str, dst: int, **stages: int):
+    def recv_keys(self, case: TransferCase, request_id: str, dst: int, **stages: Any):
         return self._local(case, recv_keys(self.plan(case), request_id, dst, **stages))
 
 

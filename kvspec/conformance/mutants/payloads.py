@@ -8,6 +8,7 @@ refusing it.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -106,7 +107,7 @@ class MergeTruncatesSeqLen(ReferenceAdapter):
         seq = min(p.seq_len for _, p in received)
 
         def cut(p: Payload) -> Payload:
-            fields = {
+            fields: dict[str, Any] = {
                 name: tuple(None if t is None else t[:seq] for t in values)
                 for name in CACHE_FIELDS
                 if (values := getattr(p, name)) is not None

@@ -48,10 +48,10 @@ def _hand_field(
     with_name: bool = True,
 ) -> torch.Tensor:
     """A non-ORACLE-1 field as ORACLE-6 states it, the slips as parameters."""
-    h = absorb(mix(seed % 2_147_483_647), request_value(request_id))
+    start = absorb(mix(seed % 2_147_483_647), request_value(request_id))
     if with_name:
-        h = absorb(h, request_value(FIELD_TAG + name))
-    h = torch.full((1, 1, 1, 1), h, dtype=torch.int64)
+        start = absorb(start, request_value(FIELD_TAG + name))
+    h = torch.full((1, 1, 1, 1), start, dtype=torch.int64)
     for r, dim in ((layers, 0), (heads, 2), (tokens, 1), (range(width), 3)):
         h = absorb(h, _axis(r, dim))
     shape = (len(layers), len(tokens), len(heads), width)

@@ -11,20 +11,31 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Literal
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.conformance.transfer_config import StageConfig, TransferConfig
 from kvspec.topology.tokens import CPRule
 
-Config = dict[str, Any]
+Config = TransferConfig
+Side = Literal["source", "target"]
+# Each side's keys of a TransferConfig, spelled out so they stay literal keys.
+_BLOCK_SIZE_KEYS: tuple[tuple[Side, Literal["source_block_size", "target_block_size"]], ...] = (
+    ("source", "source_block_size"),
+    ("target", "target_block_size"),
+)
+_DP_RANK_KEYS: tuple[tuple[Side, Literal["source_dp", "target_dp"]], ...] = (
+    ("source", "source_dp"),
+    ("target", "target_dp"),
+)
 
 
-def _sides(config: Config) -> list[dict[str, Any]]:
+def _sides(config: Config) -> list[StageConfig]:
     return [config["source"], config["target"]]
 
 
-def _attn(side: dict[str, Any]) -> int:
+def _attn(side: StageConfig) -> int:
     """The attention-TP size of a side given as plain data [STAGE-2]."""
     groups = side.get("dp", 1) * side.get("cp", 1)
     if not all(isinstance(v, int) and v > 0 for v in (side["tp"], groups)):
@@ -40,7 +51,9 @@ class AcceptsAnyRank(ReferenceAdapter):
         rank = config.get("rank", {}).get("rank", 0)
         if isinstance(rank, int) and rank < 0:
             raise ValueError("negative rank")
-        super().validate_sizes({k: v for k, v in config.items() if k != "rank"})
+        given = config.copy()
+        given.pop("rank", None)
+        super().validate_sizes(given)
 
 
 @mutant("STAGE-1.2")
@@ -332,9 +345,9 @@ class InterleaveBlockSizeUnchecked(ReferenceAdapter):
 
     def validate_topology(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for name in ("source", "target"):
+        for name, block_size in _BLOCK_SIZE_KEYS:
             if str(given[name].get("cp_rule", "")).startswith("interleave"):
-                given.pop(f"{name}_block_size", None)
+                given.pop(block_size, None)
         super().validate_topology(given)
 
 
@@ -345,9 +358,9 @@ class BlockRuleSizeUnchecked(ReferenceAdapter):
 
     def validate_topology(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for name in ("source", "target"):
+        for name, block_size in _BLOCK_SIZE_KEYS:
             if str(given[name].get("cp_rule", "")).startswith(("round_robin_blocks", "contiguous")):
-                given.pop(f"{name}_block_size", None)
+                given.pop(block_size, None)
         super().validate_topology(given)
 
 
@@ -386,8 +399,8 @@ class DpRankWrapped(ReferenceAdapter):
 
     def validate_topology(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for name in ("source", "target"):
+        for name, dp_rank in _DP_RANK_KEYS:
             dp = given[name].get("dp", 1)
-            if isinstance(given.get(f"{name}_dp"), int) and isinstance(dp, int) and dp > 0:
-                given[f"{name}_dp"] %= dp
+            if isinstance(given.get(dp_rank), int) and isinstance(dp, int) and dp > 0:
+                given[dp_rank] %= dp
         super().validate_topology(given)

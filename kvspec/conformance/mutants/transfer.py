@@ -36,7 +36,7 @@ def _assemble(
     for s in shipments:
         kv = s.kv.data
         if not s.marker.applied:
-            kv = slice_heads(kv, s.marker.offset_in_shard, s.marker.num_slices, head_axis=3)
+            kv = slice_heads(kv, s.marker.offset_in_shard, s.marker.num_slices, head_axis=3)  # type: ignore[arg-type]  # equal slices only, as the field's code
         h, lay = head_offset(s.edge, owner), layer_offset(s.edge, owner)
         data[lay : lay + kv.shape[0], :, :, h : h + kv.shape[HEAD_AXIS]] = kv
         if scales is not None and s.kv.scales is not None:
@@ -86,9 +86,10 @@ class OffByOneHeadOffset(ReferenceAdapter):
             return out
         for dst in out:
             edge = self.plan(case).edge(src, dst)
-            wrong = (edge.offset_in_shard + 1) % edge.num_slices
+            wrong = (edge.offset_in_shard + 1) % edge.num_slices  # type: ignore[operator]  # equal slices only
             out[dst] = RequestKV(
-                slice_heads(out[dst].data, wrong, edge.num_slices, head_axis=3), out[dst].scales
+                slice_heads(out[dst].data, wrong, edge.num_slices, head_axis=3),  # type: ignore[arg-type]  # equal slices only, as the field's code
+                out[dst].scales,
             )
         return out
 
@@ -106,7 +107,8 @@ class SliceOffsetFromReceiverRank(ReferenceAdapter):
             edge = self.plan(case).edge(src, dst)
             offset = case.target.coords(dst)[1] % edge.num_slices
             out[dst] = RequestKV(
-                slice_heads(out[dst].data, offset, edge.num_slices, head_axis=3), out[dst].scales
+                slice_heads(out[dst].data, offset, edge.num_slices, head_axis=3),  # type: ignore[arg-type]  # equal slices only, as the field's code
+                out[dst].scales,
             )
         return out
 
