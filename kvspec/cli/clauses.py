@@ -51,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
     if args.map:
         from kvspec.conformance.family_map import family_map, render_family_map
 
-        rows = [r for r in family_map(tests=_checkout_tests()) if r.family.startswith(prefix)]
-        if not rows:
+        families = [f for f in family_map(tests=_checkout_tests()) if f.family.startswith(prefix)]
+        if not families:
             print(f"kvspec clauses: no clause family starts with {args.prefix!r}")
             return 1
-        print(render_family_map(rows), end="")
+        print(render_family_map(families), end="")
         return 0
     if args.coverage:
         from kvspec.conformance.coverage import coverage, render_coverage
