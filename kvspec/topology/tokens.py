@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
@@ -81,10 +81,6 @@ CLAUSES = (
     ),
 )
 
-RULE_KINDS: tuple[str, ...] = ("contiguous", "interleave", "round_robin_blocks", "zigzag")
-"""The named token-distribution rules [CP-1]."""
-
-_SIZED = {"contiguous": "B", "interleave": "I", "round_robin_blocks": "B"}
 _EXAMPLES = "contiguous, contiguous:16, interleave:16, round_robin_blocks:16, zigzag"
 
 
@@ -254,9 +250,150 @@ def put_tokens(target: torch.Tensor, positions: Tokens, values: torch.Tensor, *,
         bits_view(target).index_copy_(axis, index, bits_view(values.to(target.device)))
 
 
+class RuleKind:
+    """One named token-distribution rule: everything the spec knows about it lives in its
+    class — its size, the tokens of a shard [CP-1] and what it needs to fit [CP-2]. To
+    change a rule, change its class; ``kvspec clauses --map CP`` lists the rest."""
+
+    name: ClassVar[str]
+    size_letter: ClassVar[str | None] = None
+    """The letter of its size in messages (``B``, ``I``); None: the rule takes no size."""
+    size_required: ClassVar[bool] = False
+
+    def describe(self, size: int) -> str:
+        """The rule's name with its size: ``interleave:16``."""
+        return f"{self.name}:{size}"
+
+    def tokens(self, size: int, shard: int, shards: int, seq_len: int) -> Tokens:
+        """The tokens shard ``shard`` of ``shards > 1`` holds of ``seq_len`` tokens."""
+        raise NotImplementedError
+
+    def min_tokens(self, shards: int) -> int:
+        """The fewest tokens a request over ``shards`` shards may have [CP-2]."""
+        return 0
+
+    def check_request(self, shards: int, seq_len: int) -> None:
+        """Refuse a request the rule cannot split [CP-2]."""
+
+    def check_block_size(self, size: int, block_size: int) -> None:
+        """Refuse a cache block size the rule cannot live in [CP-2]."""
+
+
+def _blocks_in_turn(size: int, shard: int, shards: int, seq_len: int) -> Tokens:
+    """Runs of ``size`` tokens, every ``shards``-th from run ``shard``."""
+    blocks = -(-seq_len // size)
+    return Tokens(
+        tuple(range(b * size, min((b + 1) * size, seq_len)) for b in range(shard, blocks, shards))
+    )
+
+
+def _cache_blocks_of(rule: str, size: int, block_size: int) -> None:
+    """A rule that distributes cache blocks of ``size`` tokens needs that block size [CP-2]."""
+    if size > 1 and block_size != size:
+        kind = rule.partition(":")[0]
+        raise ValueError(
+            f"{rule} distributes cache blocks of {size} tokens, but the cache block "
+            f"size is {block_size}; use {kind}:{block_size} [CP-2]"
+        )
+
+
+class Contiguous(RuleKind):
+    """``contiguous:B``: the blocks of ``B`` tokens in order, ``nb // n`` a shard and one
+    more for the first ``nb % n`` [TensorRT-LLM cacheSplitConcat.cu]."""
+
+    name = "contiguous"
+    size_letter = "B"
+
+    def describe(self, size: int) -> str:
+        return self.name if size == 1 else super().describe(size)
+
+    def tokens(self, size: int, shard: int, shards: int, seq_len: int) -> Tokens:
+        blocks = -(-seq_len // size)
+        each, extra = divmod(blocks, shards)
+        first = shard * each + min(shard, extra)
+        count = each + (1 if shard < extra else 0)
+        return Tokens.span(first * size, min((first + count) * size, seq_len))
+
+    def check_block_size(self, size: int, block_size: int) -> None:
+        _cache_blocks_of(self.describe(size), size, block_size)
+
+
+class Interleave(RuleKind):
+    """``interleave:I``: token ``t`` to shard ``(t // I) % n`` [vLLM 0.33
+    cp_kv_cache_interleave_size]; the cache block size must be a multiple of ``I``."""
+
+    name = "interleave"
+    size_letter = "I"
+    size_required = True
+
+    def tokens(self, size: int, shard: int, shards: int, seq_len: int) -> Tokens:
+        return _blocks_in_turn(size, shard, shards, seq_len)
+
+    def check_block_size(self, size: int, block_size: int) -> None:
+        if block_size % size:
+            raise ValueError(
+                f"interleave:{size} needs a cache block size that is a multiple of "
+                f"{size}; the block size is {block_size} ({block_size} % {size} = "
+                f"{block_size % size}) [CP-2]"
+            )
+
+
+class RoundRobinBlocks(RuleKind):
+    """``round_robin_blocks:B``: cache block ``b`` to shard ``b % n`` [TensorRT-LLM]."""
+
+    name = "round_robin_blocks"
+    size_letter = "B"
+    size_required = True
+
+    def tokens(self, size: int, shard: int, shards: int, seq_len: int) -> Tokens:
+        return _blocks_in_turn(size, shard, shards, seq_len)
+
+    def check_block_size(self, size: int, block_size: int) -> None:
+        _cache_blocks_of(self.describe(size), size, block_size)
+
+
+class Zigzag(RuleKind):
+    """``zigzag``: ``2n`` segments, shard ``s`` holding segments ``s`` and ``2n-1-s``, so a
+    request needs ``2n`` tokens [SGLang 0.5.23 layers/cp/zigzag.py]."""
+
+    name = "zigzag"
+
+    def describe(self, size: int) -> str:
+        return self.name
+
+    def tokens(self, size: int, shard: int, shards: int, seq_len: int) -> Tokens:
+        self.check_request(shards, seq_len)
+        segments = 2 * shards
+        base, extra = divmod(seq_len, segments)
+
+        def segment(i: int) -> range:
+            start = i * base + min(i, extra)
+            return range(start, start + base + (1 if i < extra else 0))
+
+        return Tokens.of([segment(shard), segment(segments - 1 - shard)])
+
+    def min_tokens(self, shards: int) -> int:
+        return 2 * shards if shards > 1 else 0
+
+    def check_request(self, shards: int, seq_len: int) -> None:
+        if seq_len < (needed := self.min_tokens(shards)):
+            raise ValueError(
+                f"zigzag over {shards} token shards cuts a request into {needed} segments, "
+                f"so it needs at least {needed} tokens; this request has {seq_len} [CP-2]"
+            )
+
+
+_KINDS: dict[str, RuleKind] = {
+    kind.name: kind() for kind in (Contiguous, Interleave, RoundRobinBlocks, Zigzag)
+}
+RULE_KINDS: tuple[str, ...] = tuple(_KINDS)
+"""The named token-distribution rules [CP-1]."""
+
+
 @dataclass(frozen=True)
 class CPRule:
-    """A token-distribution rule and its size [CP-1]: ``str(rule)`` is its name.
+    """A token-distribution rule and its size [CP-1]: ``str(rule)`` is its name. What each
+    kind does is its :class:`RuleKind`; this is the named, sized value stages carry.
 
     >>> CPRule.parse("interleave:16").tokens(1, 2, 40).describe()
     '16-31'
@@ -268,7 +405,7 @@ class CPRule:
     size: int = 1
 
     def __post_init__(self) -> None:
-        if self.kind not in RULE_KINDS:
+        if self.kind not in RULE_KINDS:  # a tuple: an unhashable kind is refused, not a crash
             raise ValueError(
                 f"unknown context-parallel rule {show(self.kind)}; the rules are {_EXAMPLES} [CP-1]"
             )
@@ -276,8 +413,12 @@ class CPRule:
             require_int(f"the size of {self.kind}", self.size, minimum=1)
         except ValueError as error:
             raise ValueError(f"{error} (cp_rule {self.kind}:{self.size}) [CP-1]") from None
-        if self.kind == "zigzag" and self.size != 1:
-            raise ValueError(f"zigzag takes no size, got zigzag:{self.size} [CP-1]")
+        if self.rule_kind.size_letter is None and self.size != 1:
+            raise ValueError(f"{self.kind} takes no size, got {self.kind}:{self.size} [CP-1]")
+
+    @property
+    def rule_kind(self) -> RuleKind:
+        return _KINDS[self.kind]
 
     @classmethod
     def parse(cls, text: object) -> CPRule:
@@ -289,33 +430,27 @@ class CPRule:
             raise ValueError(
                 f"a context-parallel rule is a name such as {_EXAMPLES}; got {show(text)} [CP-1]"
             )
-        kind, colon, size = text.partition(":")
-        if kind not in RULE_KINDS:
+        name, colon, size = text.partition(":")
+        kind = _KINDS.get(name)
+        if kind is None:
             raise ValueError(
                 f"unknown context-parallel rule {show(text)}; the rules are {_EXAMPLES} [CP-1]"
             )
+        letter = kind.size_letter
         if not colon:
-            if kind in ("interleave", "round_robin_blocks"):
-                raise ValueError(
-                    f"{kind} needs its size: {kind}:{_SIZED[kind]}, e.g. {kind}:16 [CP-1]"
-                )
-            return cls(kind)
-        if kind == "zigzag" or not size.isdigit() or len(size) > 9 or size != str(int(size)):
+            if kind.size_required:
+                raise ValueError(f"{name} needs its size: {name}:{letter}, e.g. {name}:16 [CP-1]")
+            return cls(name)
+        if letter is None or not size.isdigit() or len(size) > 9 or size != str(int(size)):
             raise ValueError(
-                f"context-parallel rule {show(text)}: expected {kind}"
-                + (
-                    ""
-                    if kind == "zigzag"
-                    else f":{_SIZED[kind]} with {_SIZED[kind]} a positive integer"
-                )
+                f"context-parallel rule {show(text)}: expected {name}"
+                + ("" if letter is None else f":{letter} with {letter} a positive integer")
                 + " [CP-1]"
             )
-        return cls(kind, int(size))
+        return cls(name, int(size))
 
     def __str__(self) -> str:
-        if self.kind == "zigzag" or (self.kind == "contiguous" and self.size == 1):
-            return self.kind
-        return f"{self.kind}:{self.size}"
+        return self.rule_kind.describe(self.size)
 
     def tokens(self, shard: int, shards: int, seq_len: int) -> Tokens:
         """The tokens shard ``shard`` of ``shards`` holds of a request of ``seq_len`` [CP-1]."""
@@ -324,61 +459,21 @@ class CPRule:
         require_int("seq_len", seq_len, minimum=0)
         if shards == 1:
             return Tokens.span(0, seq_len)
-        if self.kind == "zigzag":
-            self.check_request(shards, seq_len)
-            segments = 2 * shards
-            base, extra = divmod(seq_len, segments)
-
-            def segment(i: int) -> range:
-                start = i * base + min(i, extra)
-                return range(start, start + base + (1 if i < extra else 0))
-
-            return Tokens.of([segment(shard), segment(segments - 1 - shard)])
-        size = self.size
-        blocks = -(-seq_len // size)
-        if self.kind == "contiguous":
-            each, extra = divmod(blocks, shards)
-            first = shard * each + min(shard, extra)
-            count = each + (1 if shard < extra else 0)
-            return Tokens.span(first * size, min((first + count) * size, seq_len))
-        # interleave:I and round_robin_blocks:B: runs of ``size`` tokens, every n-th.
-        return Tokens(
-            tuple(
-                range(b * size, min((b + 1) * size, seq_len)) for b in range(shard, blocks, shards)
-            )
-        )
+        return self.rule_kind.tokens(self.size, shard, shards, seq_len)
 
     def min_tokens(self, shards: int) -> int:
         """The fewest tokens a request split over ``shards`` shards may have [CP-2]: ``2n``
         under ``zigzag`` (every one of its 2n segments non-empty), else none."""
-        return 2 * shards if self.kind == "zigzag" and shards > 1 else 0
+        return self.rule_kind.min_tokens(shards)
 
     def check_request(self, shards: int, seq_len: int) -> None:
         """Refuse a request the rule cannot split over ``shards`` shards [CP-2]."""
-        if seq_len < (needed := self.min_tokens(shards)):
-            raise ValueError(
-                f"zigzag over {shards} token shards cuts a request into {needed} segments, "
-                f"so it needs at least {needed} tokens; this request has {seq_len} [CP-2]"
-            )
+        self.rule_kind.check_request(shards, seq_len)
 
     def check_block_size(self, block_size: int) -> None:
         """Refuse a cache block size the rule cannot live in [CP-2]."""
         require_int("block_size", block_size, minimum=1)
-        if self.kind == "interleave" and block_size % self.size:
-            raise ValueError(
-                f"interleave:{self.size} needs a cache block size that is a multiple of "
-                f"{self.size}; the block size is {block_size} ({block_size} % {self.size} = "
-                f"{block_size % self.size}) [CP-2]"
-            )
-        if (
-            self.kind in ("round_robin_blocks", "contiguous")
-            and self.size > 1
-            and (block_size != self.size)
-        ):
-            raise ValueError(
-                f"{self} distributes cache blocks of {self.size} tokens, but the cache block "
-                f"size is {block_size}; use {self.kind}:{block_size} [CP-2]"
-            )
+        self.rule_kind.check_block_size(self.size, block_size)
 
 
 def as_tokens(value: Tokens | range | Sequence[range] | Any) -> Tokens:
