@@ -287,13 +287,12 @@ def _blocks_in_turn(size: int, shard: int, shards: int, seq_len: int) -> Tokens:
     )
 
 
-def _cache_blocks_of(rule: str, size: int, block_size: int) -> None:
+def _cache_blocks_of(kind: RuleKind, size: int, block_size: int) -> None:
     """A rule that distributes cache blocks of ``size`` tokens needs that block size [CP-2]."""
     if size > 1 and block_size != size:
-        kind = rule.partition(":")[0]
         raise ValueError(
-            f"{rule} distributes cache blocks of {size} tokens, but the cache block "
-            f"size is {block_size}; use {kind}:{block_size} [CP-2]"
+            f"{kind.describe(size)} distributes cache blocks of {size} tokens, but the cache "
+            f"block size is {block_size}; use {kind.name}:{block_size} [CP-2]"
         )
 
 
@@ -315,7 +314,7 @@ class Contiguous(RuleKind):
         return Tokens.span(first * size, min((first + count) * size, seq_len))
 
     def check_block_size(self, size: int, block_size: int) -> None:
-        _cache_blocks_of(self.describe(size), size, block_size)
+        _cache_blocks_of(self, size, block_size)
 
 
 class Interleave(RuleKind):
@@ -349,7 +348,7 @@ class RoundRobinBlocks(RuleKind):
         return _blocks_in_turn(size, shard, shards, seq_len)
 
     def check_block_size(self, size: int, block_size: int) -> None:
-        _cache_blocks_of(self.describe(size), size, block_size)
+        _cache_blocks_of(self, size, block_size)
 
 
 class Zigzag(RuleKind):
