@@ -23,6 +23,8 @@ class FamilyMap:
     clauses: tuple[str, ...]
     spec: tuple[str, ...]
     errors: int
+    errors_file: str
+    """The module holding the error-case table the ``errors`` count is taken from."""
     checks: dict[str, int] = field(default_factory=dict)
     mutants: dict[str, int] = field(default_factory=dict)
     vectors: dict[str, int] = field(default_factory=dict)
@@ -72,7 +74,7 @@ def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
     from kvspec.conformance.checks import all_checks
     from kvspec.conformance.mutants import all_mutants
     from kvspec.conformance.vectors import GOLDEN_DIR
-    from kvspec.error_cases import ERROR_CASES
+    from kvspec.error_cases import ERROR_CASES, ErrorCase
 
     clauses = all_clauses()
     families = list(dict.fromkeys(c.family for c in clauses.values()))
@@ -103,6 +105,7 @@ def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
             clauses=tuple(c.id for c in clauses.values() if c.family == f),
             spec=tuple(spec[f]),
             errors=errors.get(f, 0),
+            errors_file=_path(ErrorCase.__module__),
             checks=checks.get(f, {}),
             mutants=mutants.get(f, {}),
             vectors=vectors.get(f, {}),
@@ -122,7 +125,7 @@ def render_family_map(rows: list[FamilyMap]) -> str:
     for row in rows:
         lines.append(f"{row.family}  ({', '.join(row.clauses)})")
         lines.append(f"  spec      {', '.join(row.spec)}")
-        lines.append(f"  errors    {row.errors} case(s) in kvspec/error_cases.py")
+        lines.append(f"  errors    {row.errors} case(s) in {row.errors_file}")
         lines.append(f"  checks    {_counted(row.checks)}")
         lines.append(f"  mutants   {_counted(row.mutants)}")
         lines.append(f"  vectors   {_counted(row.vectors)}")
