@@ -28,6 +28,9 @@ class FamilyMap:
     checks: dict[str, int] = field(default_factory=dict)
     mutants: dict[str, int] = field(default_factory=dict)
     vectors: dict[str, int] = field(default_factory=dict)
+    """Vector family -> its cases citing one of the family's clauses."""
+    vector_modules: dict[str, str] = field(default_factory=dict)
+    """Vector family (each of ``vectors``) -> the module holding its export and check."""
     tests: tuple[str, ...] | None = None
     """Test files citing the family's clauses; None where no tests are at hand (a wheel)."""
 
@@ -73,7 +76,7 @@ def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
     """Every family in clause-table order; ``tests`` is a checkout's ``tests/`` to search."""
     from kvspec.conformance.checks import all_checks
     from kvspec.conformance.mutants import all_mutants
-    from kvspec.conformance.vectors import GOLDEN_DIR
+    from kvspec.conformance.vectors import FAMILIES, GOLDEN_DIR
     from kvspec.error_cases import ERROR_CASES, ErrorCase
 
     clauses = all_clauses()
@@ -98,6 +101,7 @@ def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
     )
     errors = Counter(_family(e.clause) for e in ERROR_CASES)
     vectors = _vector_families(GOLDEN_DIR / "manifest.json")
+    vector_modules = {v.name: _path(v.export.__module__) for v in FAMILIES}
     cited = _test_files(tests, families) if tests is not None else None
     return [
         FamilyMap(
@@ -109,6 +113,7 @@ def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
             checks=checks.get(f, {}),
             mutants=mutants.get(f, {}),
             vectors=vectors.get(f, {}),
+            vector_modules={v: vector_modules[v] for v in vectors.get(f, {})},
             tests=None if cited is None else cited[f],
         )
         for f in families
@@ -128,7 +133,8 @@ def render_family_map(rows: list[FamilyMap]) -> str:
         lines.append(f"  errors    {row.errors} case(s) in {row.errors_file}")
         lines.append(f"  checks    {_counted(row.checks)}")
         lines.append(f"  mutants   {_counted(row.mutants)}")
-        lines.append(f"  vectors   {_counted(row.vectors)}")
+        modules = {row.vector_modules.get(v, v): n for v, n in row.vectors.items()}
+        lines.append(f"  vectors   {_counted(modules)}")
         if row.tests is None:
             lines.append("  tests     (in the source checkout's tests/)")
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
@@ -11,6 +12,7 @@ from kvspec.cli import main
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.family_map import family_map, render_family_map
 from kvspec.conformance.mutants import all_mutants
+from kvspec.conformance.vectors import FAMILIES
 from kvspec.error_cases import ERROR_CASES
 from tests.paths import ROOT
 
@@ -31,6 +33,20 @@ def test_every_file_named_exists_and_declares_or_cites_the_family() -> None:
             assert (ROOT / path).is_file(), (row.family, path)
         for path in row.tests or ():
             assert re.search(rf"\b{row.family}-\d", (ROOT / path).read_text()), path
+
+
+def test_each_vector_family_is_named_by_the_module_holding_its_export_and_check() -> None:
+    """The vectors column names a module of kvspec/conformance/vectors/ per vector family,
+    and that module's FAMILY is the family the manifest's cases came from."""
+    modules = {f.name: f.export.__module__ for f in FAMILIES}
+    for row in MAP:
+        assert set(row.vector_modules) == set(row.vectors), row.family
+        for name, path in row.vector_modules.items():
+            assert path == modules[name].replace(".", "/") + ".py", (row.family, name)
+            assert path.startswith("kvspec/conformance/vectors/") and (ROOT / path).is_file()
+            assert importlib.import_module(modules[name]).FAMILY.name == name
+    errors = {row.errors_file for row in MAP}
+    assert errors == {"kvspec/error_cases/cases.py"} and (ROOT / errors.pop()).is_file()
 
 
 def test_the_tallies_count_every_check_mutant_and_error_case() -> None:
