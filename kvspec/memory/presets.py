@@ -11,6 +11,10 @@ Engines name layouts by stride order: NHD keeps a block's slots outside its head
 logical shape ``[L, B, H, N, C]`` (layers, blocks, heads, slots, content bytes) and a
 stride permutation per layout (``vllm/v1/kv_cache_layout.py``); kvspec stores every
 tensor in its physical order and keeps the engine's logical order beside it.
+
+The presets are two tables, :data:`LAYOUT_PRESETS` and :data:`STATE_LAYOUT_PRESETS`, one
+entry per preset built with keyword arguments; :data:`PRESETS` and :data:`STATE_PRESETS`
+name them in the same order. Adding a preset is adding one entry.
 """
 
 from __future__ import annotations
@@ -115,203 +119,206 @@ _TRTLLM = Source(
 )
 
 
-def _presets() -> tuple[CacheLayout, ...]:
-    kv_first = ("kv", "blocks", "slots", "heads", "dim")
-    blocks_first = ("blocks", "kv", "slots", "heads", "dim")
-    packed = ("blocks", "heads", "slots", "dim")  # vLLM's logical per-layer order
-    packed_layers = ("layers", "blocks", "heads", "slots", "dim")
-    kv_packed = (Field("k"), Field("v"))
-    pth = (
-        Field("k"),
-        Field("k_scale", "float32", 1),
-        Field("v"),
-        Field("v_scale", "float32", 1),
-    )
-    flashmla = (
-        Field("nope", "float8_e4m3fn", 512),
-        Field("nope_scale", "float32", 4),
-        Field("rope", "bfloat16", 64),
-    )
-    return (
-        # kvspec's first seven: the 2025 forms, kept by name.
-        CacheLayout(
-            "flash_attn",
-            "[2, num_blocks, block_size, heads, head_dim]",
-            kv_first,
-            2,
-            False,
-            source=_VLLM_OLD,
-        ),
-        CacheLayout(
-            "flash_attn_hnd",
-            "[2, num_blocks, heads, block_size, head_dim]",
-            ("kv", "blocks", "heads", "slots", "dim"),
-            2,
-            False,
-            logical=kv_first,
-            source=_VLLM_OLD,
-        ),
-        CacheLayout(
-            "flashinfer",
-            "[num_blocks, 2, block_size, heads, head_dim]",
-            blocks_first,
-            2,
-            False,
-            source=_FLASHINFER_OLD,
-        ),
-        CacheLayout(
-            "flashinfer_hnd",
-            "[num_blocks, 2, heads, block_size, head_dim]",
-            ("blocks", "kv", "heads", "slots", "dim"),
-            2,
-            False,
-            logical=blocks_first,
-            source=_FLASHINFER_OLD,
-        ),
-        CacheLayout(
-            "kv_tuple",
-            "(K, V), each [num_blocks, block_size, heads, head_dim]",
-            ("blocks", "slots", "heads", "dim"),
-            2,
-            True,
-        ),
-        CacheLayout(
-            "mla",
-            "[num_blocks, block_size, latent]",
-            ("blocks", "slots", "dim"),
-            1,
-            False,
-            source=_VLLM_MLA_OLD,
-        ),
-        CacheLayout(
-            "token_major",
-            "(K, V), each [seq, heads, head_dim]; MLA: (latent,) as [seq, 1, latent]",
-            ("blocks", "heads", "dim"),
-            None,
-            True,
-        ),
-        # What engines run now.
-        CacheLayout(
-            "vllm_packed_hnd",
-            "[num_blocks, heads, block_size, 2*head_dim] (K | V in the last axis)",
-            packed,
-            2,
-            False,
-            record=kv_packed,
-            source=_VLLM_PACKED,
-        ),
-        CacheLayout(
-            "vllm_packed_nhd",
-            "[num_blocks, block_size, heads, 2*head_dim] (K | V in the last axis)",
-            ("blocks", "slots", "heads", "dim"),
-            2,
-            False,
-            record=kv_packed,
-            logical=packed,
-            source=_VLLM_PACKED,
-        ),
-        CacheLayout(
-            "vllm_mla",
-            "[num_blocks, 1, block_size, latent]",
-            ("blocks", "heads", "slots", "dim"),
-            1,
-            False,
-            source=_VLLM_MLA,
-        ),
-        CacheLayout(
-            "sglang_mha",
-            "(K, V), each [num_pages*page_size, heads, head_dim] (row = token slot)",
-            ("tokens", "heads", "dim"),
-            2,
-            True,
-            source=_SGLANG_MHA,
-        ),
-        CacheLayout(
-            "sglang_mha_hnd",
-            "(K, V), each [num_pages, heads, page_size, head_dim]",
-            ("blocks", "heads", "slots", "dim"),
-            2,
-            True,
-            source=_SGLANG_MHA,
-        ),
-        CacheLayout(
-            "sglang_mla",
-            "[num_pages*page_size, 1, latent] (row = token slot)",
-            ("tokens", "heads", "dim"),
-            1,
-            False,
-            source=_SGLANG_MLA,
-        ),
-        # Inline scales and fixed-format records [LAYOUT-6].
-        CacheLayout(
-            "vllm_pth_hnd",
-            "[num_blocks, heads, block_size, 2*(head_dim+4)] bytes: K | K scale | V | V scale",
-            packed,
-            2,
-            False,
-            record=pth,
-            source=_VLLM_PTH,
-            dtypes=("float8_e4m3fn",),
-        ),
-        CacheLayout(
-            "vllm_pth_nhd",
-            "[num_blocks, block_size, heads, 2*(head_dim+4)] bytes: K | K scale | V | V scale",
-            ("blocks", "slots", "heads", "dim"),
-            2,
-            False,
-            record=pth,
-            logical=packed,
-            source=_VLLM_PTH,
-            dtypes=("float8_e4m3fn",),
-        ),
-        CacheLayout(
-            "flashmla_fp8",
-            "[num_blocks, 1, block_size, 656] bytes: 512 fp8 NoPE | 4 fp32 scales | 64 bf16 RoPE",
-            ("blocks", "heads", "slots", "dim"),
-            1,
-            False,
-            record=flashmla,
-            element="uint8",
-            source=_FLASHMLA_FP8,
-            dtypes=("float8_e4m3fn",),
-            fixed_head_dim=576,
-        ),
-        # One tensor holds every layer [LAYOUT-5].
-        CacheLayout(
-            "vllm_packed_hnd_layers",
-            "[num_blocks, layers, heads, block_size, 2*head_dim] (BLHNC)",
-            ("blocks", "layers", "heads", "slots", "dim"),
-            2,
-            False,
-            record=kv_packed,
-            logical=packed_layers,
-            per_layer="vllm_packed_hnd",
-            source=_VLLM_PACKED,
-        ),
-        CacheLayout(
-            "vllm_packed_nhd_layers",
-            "[num_blocks, layers, block_size, heads, 2*head_dim] (BLNHC)",
-            ("blocks", "layers", "slots", "heads", "dim"),
-            2,
-            False,
-            record=kv_packed,
-            logical=packed_layers,
-            per_layer="vllm_packed_nhd",
-            source=_VLLM_PACKED,
-        ),
-        CacheLayout(
-            "trtllm_pool",
-            "[num_blocks, layers, 2, heads, block_size, head_dim]",
-            ("blocks", "layers", "kv", "heads", "slots", "dim"),
-            2,
-            False,
-            per_layer="flashinfer_hnd",
-            source=_TRTLLM,
-        ),
-    )
+# Axis orders and records several presets share.
+_KV_FIRST = ("kv", "blocks", "slots", "heads", "dim")
+_BLOCKS_FIRST = ("blocks", "kv", "slots", "heads", "dim")
+_PACKED = ("blocks", "heads", "slots", "dim")  # vLLM's logical per-layer order
+_PACKED_LAYERS = ("layers", "blocks", "heads", "slots", "dim")
+_KV_PACKED = (Field("k"), Field("v"))
+_PTH = (
+    Field("k"),
+    Field("k_scale", "float32", 1),
+    Field("v"),
+    Field("v_scale", "float32", 1),
+)
+_FLASHMLA = (
+    Field("nope", "float8_e4m3fn", 512),
+    Field("nope_scale", "float32", 4),
+    Field("rope", "bfloat16", 64),
+)
 
+LAYOUT_PRESETS: tuple[CacheLayout, ...] = (
+    # kvspec's first seven: the 2025 forms, kept by name.
+    CacheLayout(
+        name="flash_attn",
+        shape="[2, num_blocks, block_size, heads, head_dim]",
+        axes=_KV_FIRST,
+        kv_tensors=2,
+        tuple_form=False,
+        source=_VLLM_OLD,
+    ),
+    CacheLayout(
+        name="flash_attn_hnd",
+        shape="[2, num_blocks, heads, block_size, head_dim]",
+        axes=("kv", "blocks", "heads", "slots", "dim"),
+        kv_tensors=2,
+        tuple_form=False,
+        logical=_KV_FIRST,
+        source=_VLLM_OLD,
+    ),
+    CacheLayout(
+        name="flashinfer",
+        shape="[num_blocks, 2, block_size, heads, head_dim]",
+        axes=_BLOCKS_FIRST,
+        kv_tensors=2,
+        tuple_form=False,
+        source=_FLASHINFER_OLD,
+    ),
+    CacheLayout(
+        name="flashinfer_hnd",
+        shape="[num_blocks, 2, heads, block_size, head_dim]",
+        axes=("blocks", "kv", "heads", "slots", "dim"),
+        kv_tensors=2,
+        tuple_form=False,
+        logical=_BLOCKS_FIRST,
+        source=_FLASHINFER_OLD,
+    ),
+    CacheLayout(
+        name="kv_tuple",
+        shape="(K, V), each [num_blocks, block_size, heads, head_dim]",
+        axes=("blocks", "slots", "heads", "dim"),
+        kv_tensors=2,
+        tuple_form=True,
+    ),
+    CacheLayout(
+        name="mla",
+        shape="[num_blocks, block_size, latent]",
+        axes=("blocks", "slots", "dim"),
+        kv_tensors=1,
+        tuple_form=False,
+        source=_VLLM_MLA_OLD,
+    ),
+    CacheLayout(
+        name="token_major",
+        shape="(K, V), each [seq, heads, head_dim]; MLA: (latent,) as [seq, 1, latent]",
+        axes=("blocks", "heads", "dim"),
+        kv_tensors=None,
+        tuple_form=True,
+    ),
+    # What engines run now.
+    CacheLayout(
+        name="vllm_packed_hnd",
+        shape="[num_blocks, heads, block_size, 2*head_dim] (K | V in the last axis)",
+        axes=_PACKED,
+        kv_tensors=2,
+        tuple_form=False,
+        record=_KV_PACKED,
+        source=_VLLM_PACKED,
+    ),
+    CacheLayout(
+        name="vllm_packed_nhd",
+        shape="[num_blocks, block_size, heads, 2*head_dim] (K | V in the last axis)",
+        axes=("blocks", "slots", "heads", "dim"),
+        kv_tensors=2,
+        tuple_form=False,
+        record=_KV_PACKED,
+        logical=_PACKED,
+        source=_VLLM_PACKED,
+    ),
+    CacheLayout(
+        name="vllm_mla",
+        shape="[num_blocks, 1, block_size, latent]",
+        axes=("blocks", "heads", "slots", "dim"),
+        kv_tensors=1,
+        tuple_form=False,
+        source=_VLLM_MLA,
+    ),
+    CacheLayout(
+        name="sglang_mha",
+        shape="(K, V), each [num_pages*page_size, heads, head_dim] (row = token slot)",
+        axes=("tokens", "heads", "dim"),
+        kv_tensors=2,
+        tuple_form=True,
+        source=_SGLANG_MHA,
+    ),
+    CacheLayout(
+        name="sglang_mha_hnd",
+        shape="(K, V), each [num_pages, heads, page_size, head_dim]",
+        axes=("blocks", "heads", "slots", "dim"),
+        kv_tensors=2,
+        tuple_form=True,
+        source=_SGLANG_MHA,
+    ),
+    CacheLayout(
+        name="sglang_mla",
+        shape="[num_pages*page_size, 1, latent] (row = token slot)",
+        axes=("tokens", "heads", "dim"),
+        kv_tensors=1,
+        tuple_form=False,
+        source=_SGLANG_MLA,
+    ),
+    # Inline scales and fixed-format records [LAYOUT-6].
+    CacheLayout(
+        name="vllm_pth_hnd",
+        shape="[num_blocks, heads, block_size, 2*(head_dim+4)] bytes: K | K scale | V | V scale",
+        axes=_PACKED,
+        kv_tensors=2,
+        tuple_form=False,
+        record=_PTH,
+        source=_VLLM_PTH,
+        dtypes=("float8_e4m3fn",),
+    ),
+    CacheLayout(
+        name="vllm_pth_nhd",
+        shape="[num_blocks, block_size, heads, 2*(head_dim+4)] bytes: K | K scale | V | V scale",
+        axes=("blocks", "slots", "heads", "dim"),
+        kv_tensors=2,
+        tuple_form=False,
+        record=_PTH,
+        logical=_PACKED,
+        source=_VLLM_PTH,
+        dtypes=("float8_e4m3fn",),
+    ),
+    CacheLayout(
+        name="flashmla_fp8",
+        shape="[num_blocks, 1, block_size, 656] bytes: 512 fp8 NoPE | 4 fp32 scales | 64 bf16 RoPE",
+        axes=("blocks", "heads", "slots", "dim"),
+        kv_tensors=1,
+        tuple_form=False,
+        record=_FLASHMLA,
+        element="uint8",
+        source=_FLASHMLA_FP8,
+        dtypes=("float8_e4m3fn",),
+        fixed_head_dim=576,
+    ),
+    # One tensor holds every layer [LAYOUT-5].
+    CacheLayout(
+        name="vllm_packed_hnd_layers",
+        shape="[num_blocks, layers, heads, block_size, 2*head_dim] (BLHNC)",
+        axes=("blocks", "layers", "heads", "slots", "dim"),
+        kv_tensors=2,
+        tuple_form=False,
+        record=_KV_PACKED,
+        logical=_PACKED_LAYERS,
+        per_layer="vllm_packed_hnd",
+        source=_VLLM_PACKED,
+    ),
+    CacheLayout(
+        name="vllm_packed_nhd_layers",
+        shape="[num_blocks, layers, block_size, heads, 2*head_dim] (BLNHC)",
+        axes=("blocks", "layers", "slots", "heads", "dim"),
+        kv_tensors=2,
+        tuple_form=False,
+        record=_KV_PACKED,
+        logical=_PACKED_LAYERS,
+        per_layer="vllm_packed_nhd",
+        source=_VLLM_PACKED,
+    ),
+    CacheLayout(
+        name="trtllm_pool",
+        shape="[num_blocks, layers, 2, heads, block_size, head_dim]",
+        axes=("blocks", "layers", "kv", "heads", "slots", "dim"),
+        kv_tensors=2,
+        tuple_form=False,
+        per_layer="flashinfer_hnd",
+        source=_TRTLLM,
+    ),
+)
+"""The cache layout presets, one entry each, in the order candidates are listed: adding a
+preset is adding an entry here, with the :class:`Source` it was confirmed in
+[LAYOUT-1, LAYOUT-5, LAYOUT-6]."""
 
-PRESETS: dict[str, CacheLayout] = {layout.name: layout for layout in _presets()}
+PRESETS: dict[str, CacheLayout] = {layout.name: layout for layout in LAYOUT_PRESETS}
 """Every named layout, in the order candidates are listed [LAYOUT-1, LAYOUT-5]."""
 
 
@@ -332,40 +339,41 @@ _VLLM_STATE_CONFIRMED = (
 )
 
 
-def _state_presets() -> tuple[StateCacheLayout, ...]:
-    return (
-        StateCacheLayout(
-            "vllm_conv_sd",
-            "per block: conv [state_len, dim] | temporal [units, width] (vLLM's default)",
-            ("blocks", "state_len", "dim"),
-            Source(
-                "vllm",
-                _VLLM_STATE,
-                "0.33.0 (field/research/hybrids.md §2; read through code search)",
-                _VLLM_STATE_CONFIRMED,
-                "the page padding to the attention page (page_size_padded) is an input here, "
-                "not derived; ReplaySSM's extra ring buffers and KDA are not modelled",
-            ),
+STATE_LAYOUT_PRESETS: tuple[StateCacheLayout, ...] = (
+    StateCacheLayout(
+        name="vllm_conv_sd",
+        shape="per block: conv [state_len, dim] | temporal [units, width] (vLLM's default)",
+        conv_axes=("blocks", "state_len", "dim"),
+        source=Source(
+            project="vllm",
+            file=_VLLM_STATE,
+            version="0.33.0 (field/research/hybrids.md §2; read through code search)",
+            confirmed=_VLLM_STATE_CONFIRMED,
+            unconfirmed="the page padding to the attention page (page_size_padded) is an input "
+            "here, not derived; ReplaySSM's extra ring buffers and KDA are not modelled",
         ),
-        StateCacheLayout(
-            "vllm_conv_ds",
-            "per block: conv [dim, state_len] | temporal [units, width] "
-            "(VLLM_SSM_CONV_STATE_LAYOUT=DS)",
-            ("blocks", "dim", "state_len"),
-            Source(
-                "vllm",
-                _VLLM_STATE
-                + "; vllm/distributed/kv_transfer/kv_connector/v1/ssm_conv_transfer_utils.py",
-                "0.33.0 (field/research/hybrids.md §2-3; read through code search)",
-                _VLLM_STATE_CONFIRMED
-                + "; the NIXL 3-read heterogeneous-TP conv transfer asserts DS: 'With DS conv "
-                "state layout (dim, state_len), x/B/C sub-projections are contiguous in memory'",
-                "the page padding to the attention page (page_size_padded) is an input here, "
-                "not derived",
-            ),
+    ),
+    StateCacheLayout(
+        name="vllm_conv_ds",
+        shape="per block: conv [dim, state_len] | temporal [units, width] "
+        "(VLLM_SSM_CONV_STATE_LAYOUT=DS)",
+        conv_axes=("blocks", "dim", "state_len"),
+        source=Source(
+            project="vllm",
+            file=_VLLM_STATE
+            + "; vllm/distributed/kv_transfer/kv_connector/v1/ssm_conv_transfer_utils.py",
+            version="0.33.0 (field/research/hybrids.md §2-3; read through code search)",
+            confirmed=_VLLM_STATE_CONFIRMED
+            + "; the NIXL 3-read heterogeneous-TP conv transfer asserts DS: 'With DS conv "
+            "state layout (dim, state_len), x/B/C sub-projections are contiguous in memory'",
+            unconfirmed="the page padding to the attention page (page_size_padded) is an input "
+            "here, not derived",
         ),
-    )
+    ),
+)
+"""The state-cache layout presets, one entry each [SLAYOUT-1]."""
 
-
-STATE_PRESETS: dict[str, StateCacheLayout] = {layout.name: layout for layout in _state_presets()}
+STATE_PRESETS: dict[str, StateCacheLayout] = {
+    layout.name: layout for layout in STATE_LAYOUT_PRESETS
+}
 """Every named state-cache layout [SLAYOUT-1]."""

@@ -1,0 +1,194 @@
+"""Write the field report: what kvspec finds on real engines, judged as a maintainer would.
+
+Reads the JSON reports `make field` writes (one per engine, from `kvspec conform ENGINE
+--profile ci --json`: each failure's consequence tier, whether serving reaches it and the
+evidence, the failures grouped by root cause), the targeted replays, the repro scripts'
+exit codes, the impact sweeps (field/impact/*.json) and the ledger (field/defects.json:
+every defect kvspec has claimed, with its verdict). Writes docs/field-report.md and
+docs/field-report.json.
+
+The headline counts only defects whose failures *corrupt* KV or *break* a configuration
+the engine accepts, reachable in serving, one entry per root cause. Inputs the clause
+says to refuse that go through are hardening notes; correct results by another
+legitimate choice are differences from kvspec's choices; failures serving never reaches
+are listed with the evidence; every earlier claim the ledger withdraws stays visible
+with its reason.
+
+Exit status 1 when a failure has no ledger entry (UNTRIAGED) or the run contradicts a
+verdict of the ledger (an open defect with no reachable corrupts/breaks evidence, or a
+withdrawn one the run shows reachable), so a new engine release cannot change the
+picture unnoticed.
+
+examples:
+  kvspec field-report                          # reports/field -> docs/field-report.{md,json}
+  kvspec field-report --reports DIR --out -    # print the Markdown instead (no JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvspec.cli.field_report.impact import impact_summary
+from kvspec.cli.field_report.json_twin import as_json
+from kvspec.cli.field_report.markdown import engine_lines, headline, impact_table, render
+from kvspec.cli.field_report.verdicts import (
+    ACCEPTS_INVALID,
+    BREAKS,
+    CORRUPTS,
+    DIFFERENCE,
+    DIFFERS,
+    FAILED,
+    GENERATED,
+    HARDENING,
+    HEADLINE_TIERS,
+    INCONCLUSIVE,
+    LEDGER,
+    NOT_PROVIDED,
+    OPEN,
+    OUTSIDE,
+    PASSED,
+    PENDING,
+    REACH,
+    SKIPPED,
+    STATUSES,
+    TIERS,
+    UNCONFIRMED,
+    WITHDRAWN,
+    Cause,
+    Defect,
+    FieldRun,
+    Observation,
+    causes_of,
+    cell,
+    classify,
+    counterexample_facts,
+    effective,
+    judge,
+    resolve_entry,
+    stale_triage,
+    untriaged_failures,
+)
+
+__all__ = [
+    "ACCEPTS_INVALID",
+    "BREAKS",
+    "CORRUPTS",
+    "DIFFERENCE",
+    "DIFFERS",
+    "FAILED",
+    "GENERATED",
+    "HARDENING",
+    "HEADLINE_TIERS",
+    "HELP",
+    "INCONCLUSIVE",
+    "LEDGER",
+    "NAME",
+    "NOT_PROVIDED",
+    "OPEN",
+    "OUTSIDE",
+    "PASSED",
+    "PENDING",
+    "REACH",
+    "SKIPPED",
+    "STATUSES",
+    "TIERS",
+    "UNCONFIRMED",
+    "WITHDRAWN",
+    "Cause",
+    "Defect",
+    "FieldRun",
+    "Observation",
+    "add_arguments",
+    "as_json",
+    "causes_of",
+    "cell",
+    "classify",
+    "counterexample_facts",
+    "effective",
+    "engine_lines",
+    "headline",
+    "impact_summary",
+    "impact_table",
+    "judge",
+    "load_impacts",
+    "load_reports",
+    "render",
+    "resolve_entry",
+    "run",
+    "stale_triage",
+    "untriaged_failures",
+]
+
+NAME = "field-report"
+HELP = "write docs/field-report.md and .json from the JSON reports of `make field`"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reports", default="reports/field", help="where `make field` wrote")
+    parser.add_argument("--ledger", "--triage", default=LEDGER, help="the defect ledger")
+    parser.add_argument("--out", default="docs/field-report.md", help="Markdown file, or -")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="the per-defect JSON (default: docs/field-report.json, none with --out -)",
+    )
+    parser.add_argument("--root", default=".", help="where field/impact/ and repros resolve")
+
+
+def run(args: argparse.Namespace) -> int:
+    reports_dir = Path(args.reports)
+    reports = load_reports(reports_dir)
+    if not reports:
+        print(f"kvspec field-report: no ENGINE.json reports in {reports_dir}", file=sys.stderr)
+        return 2
+    ledger = json.loads(Path(args.ledger).read_text())
+    root = Path(args.root)
+    replays = {name: _load(reports_dir / f"{name}.replays.json", []) for name in reports}
+    repros = _load(reports_dir / "repro.json", {})
+    meta = _load(reports_dir / "run.json", {})
+    impacts = load_impacts(ledger, root)
+    field_run = judge(reports, ledger, replays=replays, repros=repros, impacts=impacts)
+    text = render(reports, ledger, field_run, replays=replays, meta=meta)
+    json_out = args.json if args.json is not None else ("" if args.out == "-" else None)
+    if args.out == "-":
+        print(text, end="")
+    else:
+        Path(args.out).write_text(text)
+        json_out = json_out if json_out is not None else str(Path(args.out).with_suffix(".json"))
+    if json_out:
+        Path(json_out).write_text(json.dumps(as_json(reports, field_run), indent=2) + "\n")
+    for engine, check in field_run.untriaged:
+        print(f"kvspec field-report: UNTRIAGED {engine} {check}", file=sys.stderr)
+    for line in field_run.contradictions:
+        print(f"kvspec field-report: the run contradicts {LEDGER}: {line}", file=sys.stderr)
+    for engine, check in stale_triage(reports, ledger):
+        print(
+            f"kvspec field-report: warning: {LEDGER} explains {engine} {check}, "
+            "which did not fail (fixed upstream? remove the entry)",
+            file=sys.stderr,
+        )
+    return 1 if field_run.untriaged or field_run.contradictions else 0
+
+
+def _load(path: Path, default: Any) -> Any:
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def load_reports(directory: Path) -> dict[str, dict[str, Any]]:
+    """Engine name -> its `kvspec conform --json` report, for every ENGINE.json there."""
+    return {
+        p.stem: json.loads(p.read_text())
+        for p in sorted(directory.glob("*.json"))
+        if "." not in p.stem and p.stem not in ("repro", "run")
+    }
+
+
+def load_impacts(ledger: Mapping[str, Any], root: Path) -> dict[str, Any]:
+    """Impact sweep path -> its JSON, for every sweep the ledger names that exists."""
+    paths = {d["impact"] for d in ledger.get("defects", {}).values() if d.get("impact")}
+    return {p: json.loads((root / p).read_text()) for p in sorted(paths) if (root / p).exists()}
