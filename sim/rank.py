@@ -30,7 +30,7 @@ import traceback
 from collections import Counter, defaultdict, deque
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Any, overload
+from typing import Any
 
 import torch
 import zmq
@@ -38,31 +38,13 @@ import zmq
 from kvspec.lifecycle.machine import Lifecycle, LifecycleError, LifecycleRefusal
 from kvspec.lifecycle.trace import TraceVerdict, check_trace
 from kvspec.memory.paged import (
-    PagedCache,
     blocks_needed,
-    empty_model_cache,
-    gather_request,
-    scatter_request,
-)
-from kvspec.memory.records import (
-    FieldVerdict,
-    gather_fields,
-    gather_rows,
-    record_fill,
-    scatter_fields,
-    scatter_rows,
-    verify_fields,
 )
 from kvspec.naming.keys import parse_key, recv_keys, send_keys
-from kvspec.tensors.dtypes import torch_dtype
-from kvspec.tensors.kv import RequestKV
-from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import send
-from kvspec.topology.ownership import RankOwnership, rank_ownership
 from kvspec.transport.checksums import checksum_of, fastest
 from kvspec.transport.chunks import reassemble, split_chunks
 from kvspec.transport.payload import (
-    Layers,
     Payload,
     merge_payloads,
     merge_to_request_kv,
@@ -84,11 +66,12 @@ from sim.auth import RunSecret, new_nonce
 from sim.config import SimConfig
 from sim.endpoints import RankId, all_ranks, bind_endpoint
 from sim.faults import FaultInjector
+from sim.memory import RankMemory
 from sim.p2p import Carrier, Link
 from sim.pool import BlockPool
 from sim.pull import PullAgent
 from sim.sizing import max_receiver_message, max_router_message
-from sim.staging import Slot, StagingRing
+from sim.staging import Slot
 from sim.workload import Request, Workload, edge_chunks
 from sim.write import WriteAgent
 
@@ -115,10 +98,6 @@ def device_for(config: SimConfig, who: RankId, devices: int | None = None) -> to
         count = torch.cuda.device_count() if devices is None else devices
         return torch.device("cuda", global_rank(config, who) % count)
     return torch.device("cpu")
-
-
-STAGING_SLOTS = 4
-"""Host staging buffers per rank on a device: messages in flight before a sender waits."""
 
 
 @dataclass
@@ -186,18 +165,11 @@ class Rank:
         self.workload = Workload(config, who.replica)
         self.requests = {r.request_id: r for r in self.workload.requests}
         self.stage_layout = config.stages[who.stage]
-        self.owner = rank_ownership(self.stage_layout, self.model, who.rank)
         self.device = device_for(config, who)
-        self.staging: StagingRing | None = None
-        self.copy_stream: Any = None
-        self.gather_ring: StagingRing | None = None  # a CPU sender's gathered requests
-        self.landing: torch.Tensor | None = None  # a CPU receiver's reused shard buffer
-        if self.device.type == "cuda":  # pragma: no cover - needs a GPU
-            # Every CUDA call of this rank, allocations included, on its own device; copies
-            # to and from host memory on a side stream, through a reusable pinned ring.
-            torch.cuda.set_device(self.device)
-            self.staging = StagingRing(STAGING_SLOTS, 0)
-            self.copy_stream = torch.cuda.Stream(self.device)
+        self.memory = RankMemory(config, who, self.workload, self.device, self._wait)
+        self.owner = self.memory.owner
+        self.staging = self.memory.staging  # pull [sim.pull] stages through it on a device
+        self.copy_stream = self.memory.copy_stream
         # The plans per request: one for all of them unless the stages split requests by
         # tokens or serve them on attention-DP groups [PLAN-6, DP-1].
         self.in_plan = self.workload.plans(who.stage - 1) if who.stage > 0 else None
@@ -254,118 +226,6 @@ class Rank:
         self.pull = agents[config.transfer](self) if config.transfer in agents else None
 
     # -- setup -----------------------------------------------------------------------
-    def _mine(self, request: Request) -> RankOwnership:
-        """What this rank holds of ``request``: its tokens, or nothing on another DP group."""
-        return self.workload.owner(self.who.stage, self.who.rank, request)
-
-    def _held(self, request: Request) -> int:
-        """How many of ``request``'s tokens this rank holds [CP-1, DP-1]."""
-        return self.workload.held(self.who.stage, self.who.rank, request)
-
-    def _region(self, request: Request) -> dict[str, Any]:
-        """The oracle region of what this rank holds of ``request`` [ORACLE-4]."""
-        mine = self._mine(request)
-        tokens = request.seq_len if mine.tokens is None else mine.tokens
-        return {"tokens": tokens, "layers": self.owner.layers, "heads": self.owner.heads}
-
-    def _make_cache(self) -> tuple[PagedCache, dict[str, list[int]]]:
-        layout, block_size = self.config.layout_of(self.who.stage)
-        num_blocks, tables = self.workload.block_table(self.who.stage, self.who.rank)
-        if self.who.stage > 0 and self.config.transfer == "push":
-            # A pushed-to receiver allocates from its pool as requests arrive [LIFE-1]; a
-            # pull receiver holds the workload's table from the start: its reads name it.
-            order = self.workload.block_order(self.who.stage, self.who.rank)
-            self.pool = BlockPool(order, unsafe=self.config.unsafe_reuse)
-            tables = self.pool.tables
-        scales = oracle_scales(
-            self.model, layers=self.owner.layers, seed=self.config.seed, device=self.device
-        )
-        cache = empty_model_cache(
-            layout,
-            self.model,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            layers=len(self.owner.layers),
-            heads=len(self.owner.heads),
-            scales=scales,
-            device=self.device,
-        )
-        return cache, tables
-
-    def _fill_from_oracle(self) -> None:
-        """Stage 0: every request's KV, as this rank holds it, from the oracle [ORACLE-4]."""
-        for request in self.workload.requests:
-            if not self._held(request):
-                continue  # none of it lives here: another DP group's, or no token of it
-            if self.config.records:  # every field of every cell, scales too [ORACLE-6]
-                fields = record_fill(
-                    self.model,
-                    self.cache.layout,
-                    request.request_id,
-                    **self._region(request),
-                    seed=self.config.seed,
-                    device=self.device,
-                )
-                scatter_fields(fields, self.cache, self.tables[request.request_id])
-                continue
-            kv = oracle_kv(
-                self.model,
-                request.request_id,
-                **self._region(request),
-                seed=self.config.seed,
-                device=self.device,
-            )
-            scatter_request(kv, self.cache, self.tables[request.request_id])
-
-    def _request_bytes(self, tokens: int) -> int:
-        """Bytes of ``tokens`` tokens of this rank's cache as token-major KV
-        ``[layers, kv, seq, heads, head_dim]`` (:func:`gather_request`'s shape)."""
-        shape = self.cache.shape
-        itemsize = torch.empty((), dtype=torch_dtype(self.cache.dtype)).element_size()
-        return self.cache.num_layers * shape.kv * tokens * shape.heads * shape.head_dim * itemsize
-
-    def _reserve_host_buffers(self) -> None:
-        """Push on the CPU without faults: the memory a request passes through, allocated
-        and touched once before the run, as an engine reuses its buffers — a sender's
-        ring of gathered requests whose frames go on the wire zero-copy [WIRE-5], and a
-        receiver's landing buffer: its whole shard of the largest request it holds, which
-        every sender's payload is copied straight into, its heads in their place
-        [PAYLOAD-3] (kvspec falls back to fresh memory where it does not fit: chunks,
-        streamed layer groups). Fresh memory per request
-        instead faults on first touch, page by page, inside the transfer (profiled:
-        the receiver's copy into fresh memory was its slowest step). With faults,
-        frames are kept back or sent twice, so requests get their own memory."""
-        config = self.config
-        if (
-            self.device.type != "cpu"
-            or config.transfer != "push"
-            or config.records
-            or config.faults.any
-        ):
-            return
-        held = max((self._held(r) for r in self.workload.requests), default=0)
-        need = self._request_bytes(held)
-        if not need:
-            return
-        if self.who.stage < config.last_stage:
-            self.gather_ring = StagingRing(STAGING_SLOTS, 0, pin=False)
-            self.gather_ring.reserve(need)
-        if self.who.stage > 0:
-            self.landing = torch.zeros(need, dtype=torch.uint8)
-
-    def _gather_out(self, held: int) -> tuple[torch.Tensor | None, Slot | None]:
-        """Where to gather a request of ``held`` tokens: a slot of the gather ring (held
-        until zmq lets its frames go) shaped as :func:`gather_request` wants, or fresh
-        memory (None, None)."""
-        ring = self.gather_ring
-        if ring is None:
-            return None, None
-        need = self._request_bytes(held)
-        slot = ring.acquire(need, wait=lambda: self._pump(POLL_MS))
-        shape = self.cache.shape
-        dims = (self.cache.num_layers, shape.kv, held, shape.heads, shape.head_dim)
-        return slot.view(need).view(torch_dtype(self.cache.dtype)).view(dims), slot
-
     def _open_control(self) -> None:
         """Connect to the parent and say who we are, signed with the run's secret."""
         self.control = self.context.socket(zmq.DEALER)
@@ -507,13 +367,18 @@ class Rank:
         phase = "start-up"
         try:
             self._open_control()
-            self.cache, self.tables = self._make_cache()
+            self.memory.build()
+            self.cache, self.tables, self.pool = (
+                self.memory.cache,
+                self.memory.tables,
+                self.memory.pool,
+            )
             if self.who.stage == 0:
-                self._fill_from_oracle()
+                self.memory.fill_from_oracle()
                 self.outbox = [r.request_id for r in self.workload.requests]
             if self.in_plan is not None:
                 self._expect_keys()
-            self._reserve_host_buffers()
+            self.memory.reserve_host_buffers()
             self._bind()
             endpoints = self._await_command("connect")["endpoints"]
             if self.link is not None:  # every process is up: meet in the process group
@@ -645,6 +510,10 @@ class Rank:
             "violation": "" if verdict.ok else verdict.describe()[:600],
         }
 
+    def _wait(self) -> None:
+        """While a buffer is in flight: serve the sockets for a moment."""
+        self._pump(POLL_MS)
+
     # -- control ---------------------------------------------------------------------
     def _event(self, event: dict[str, Any]) -> None:
         self.control.send(messages.dump({**event, "rank": self.who.tag}))
@@ -693,13 +562,8 @@ class Rank:
             return
         request = self.requests[request_id]
         plan = self.out_plan.of(request)
-        held = self._held(request)
-        slot = None
-        if self.config.records:  # its rows of bytes, inline scales included [LAYOUT-7]
-            kv = gather_rows(self.cache, self.model, self.tables[request_id], held)
-        else:
-            out, slot = self._gather_out(held)
-            kv = gather_request(self.cache, self.tables[request_id], held, out=out)
+        held = self.memory.held(request)
+        kv, slot = self.memory.gather(request)
         _, block_size = self.config.layout_of(self.who.stage)
         keys = {(dst, c): key for key, dst, c in self._out_keys(request)}
         pieces = []  # per edge, its payload cut into chunks of its own tokens [CHUNK-1]
@@ -797,86 +661,6 @@ class Rank:
             chunked=self.config.chunks > 1,
         )
 
-    def _host(self, payload: Payload) -> tuple[Payload, Slot | None]:
-        """The payload in host memory, and the staging slot holding it (None on the CPU).
-
-        From a device cache each tensor is copied once into a slot of the rank's pinned
-        staging ring [sim.staging], on the side stream after the compute stream's work,
-        fenced by an event; the wire then sends that memory without another copy
-        [WIRE-5]. The slot stays in flight until the socket is done with it.
-        """
-        if self.device.type == "cpu":
-            return payload, None
-        assert self.staging is not None  # pragma: no cover - needs a GPU
-        return self._stage_out(payload)  # pragma: no cover
-
-    def _stage_out(self, payload: Payload) -> tuple[Payload, Slot]:  # pragma: no cover - GPU
-        assert self.staging is not None
-        align = 64
-        sizes = [(-(-t.nbytes // align)) * align for _, _, t in payload.tensors()]
-        slot = self.staging.acquire(sum(sizes), wait=lambda: self._pump(POLL_MS))
-        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        at = 0
-        staged: dict[tuple[str, int], torch.Tensor] = {}
-        with torch.cuda.stream(self.copy_stream):
-            for (name, layer, tensor), size in zip(payload.tensors(), sizes, strict=True):
-                host = slot.view(at + tensor.nbytes)[at:].view(tensor.dtype).view(tensor.shape)
-                host.copy_(tensor, non_blocking=True)
-                staged[(name, layer)] = host
-                at += size
-            event = torch.cuda.Event()
-            event.record(self.copy_stream)
-        event.synchronize()  # the frames must hold the bytes before they go on the wire
-        slot.hold(event)
-
-        @overload
-        def swap(name: str, values: Layers) -> Layers: ...
-        @overload
-        def swap(name: str, values: Layers | None) -> Layers | None: ...
-        def swap(name: str, values: Layers | None) -> Layers | None:
-            if values is None:
-                return None
-            return tuple(
-                None if t is None else staged[(name, layer)] for layer, t in enumerate(values)
-            )
-
-        return replace(
-            payload,
-            key_cache=swap("key_cache", payload.key_cache),
-            value_cache=swap("value_cache", payload.value_cache),
-            key_scale=swap("key_scale", payload.key_scale),
-            value_scale=swap("value_scale", payload.value_scale),
-        ), slot
-
-    def _to_device(self, kv: Any) -> Any:
-        """A received request's KV on this rank's device: on the CPU as it is; on a GPU
-        copied from a pinned staging slot (not from the pageable frames), on the side
-        stream, the compute stream waiting for its event."""
-        if self.device.type == "cpu":
-            return kv
-        return self._stage_in(kv)  # pragma: no cover - needs a GPU
-
-    def _stage_in(self, kv: Any) -> Any:  # pragma: no cover - needs a GPU
-        assert self.staging is not None
-        tensors = [kv.data.contiguous()] + ([] if kv.scales is None else [kv.scales.contiguous()])
-        sizes = [(-(-t.nbytes // 64)) * 64 for t in tensors]
-        slot = self.staging.acquire(sum(sizes), wait=lambda: self._pump(POLL_MS))
-        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        at, moved = 0, []
-        with torch.cuda.stream(self.copy_stream):
-            for tensor, size in zip(tensors, sizes, strict=True):
-                host = slot.view(at + tensor.nbytes)[at:].view(tensor.dtype).view(tensor.shape)
-                host.copy_(tensor)  # pageable frame -> pinned slot, on the CPU
-                moved.append(host.to(self.device, non_blocking=True))
-                at += size
-            event = torch.cuda.Event()
-            event.record(self.copy_stream)
-        torch.cuda.current_stream(self.device).wait_event(event)
-        for t in moved:
-            t.record_stream(torch.cuda.current_stream(self.device))
-        slot.hold(event)
-        return replace(kv, data=moved[0], scales=moved[1] if len(moved) > 1 else None)
-
     def _transmit(
         self,
         dst: int,
@@ -898,7 +682,7 @@ class Rank:
             self.book.inject("fail-nth", key)
             self._put(dst, [messages.notice("failed", key)])
             return
-        payload, slot = self._host(payload)
+        payload, slot = self.memory.host(payload)
         slot = slot or gathered
         # CRC-32C where compiled code computes it, else CRC-32 [WIRE-6, WIRE-7]
         wire = encode(payload, checksum=fastest() if self.config.checksum else False)
@@ -1315,7 +1099,7 @@ class Rank:
         state.waiting.discard(key)
         if self.pool is not None and request_id not in self.pool.tables and not state.done:
             needed = blocks_needed(
-                self._held(state.request), self.config.layout_of(self.who.stage)[1]
+                self.memory.held(state.request), self.config.layout_of(self.who.stage)[1]
             )
             self.pool.admit(request_id, needed, state.keys)
         landed = True
@@ -1388,27 +1172,19 @@ class Rank:
         mine = group_layers(self.owner.layers, group)
         first = mine.start - self.owner.layers.start
         try:
-            kv = self._to_device(merge_layers(plan, self.who.rank, group, parts))
+            kv = self.memory.to_device(merge_layers(plan, self.who.rank, group, parts))
             cache = self.cache
             layers = replace(
                 cache,
                 layers=cache.layers[first : first + len(mine)],
                 scales=None if cache.scales is None else cache.scales[first : first + len(mine)],
             )
-            self._scatter(kv, layers, self.tables[state.request.request_id])
+            self.memory.scatter(kv, layers, self.tables[state.request.request_id])
         except ValueError as error:
             self._fail(state, f"layers {mine.start}..{mine.stop - 1} refused on assembly: {error}")
             return False
         del state.groups[g]  # the frames can go: the cache holds these layers now
         return True
-
-    def _scatter(self, kv: RequestKV, cache: PagedCache, table: list[int]) -> None:
-        """Write received KV into the cache: a record cache's rows field by field [LAYOUT-7],
-        any other's K and V [PAGED-4]."""
-        if self.config.records:
-            scatter_rows(kv, cache, self.model, table)
-        else:
-            scatter_request(kv, cache, table)
 
     def _stale_write(self, key: str, epoch: int, frames: list[zmq.Frame]) -> None:
         """A copy of a shard whose transfer already ended. The rules refuse it [LIFE-4];
@@ -1461,7 +1237,9 @@ class Rank:
             self.seen.add(key)
             if owner[0] not in pool.tables and not state.done:
                 size = self.config.layout_of(self.who.stage)[1]
-                pool.admit(owner[0], blocks_needed(self._held(state.request), size), state.keys)
+                pool.admit(
+                    owner[0], blocks_needed(self.memory.held(state.request), size), state.keys
+                )
             pool.fail(key)
             pool.quiesce(key)  # the sender says the failed send wrote nothing
             self._fail(state, f"the send of shard {key} failed at source rank {src}")
@@ -1539,7 +1317,7 @@ class Rank:
         try:
             if len(state.chunks) == 1:  # one chunk: straight to the shard, one copy fewer
                 pairs = state.chunks[0]
-                kv = merge_to_request_kv(plan, self.who.rank, pairs, landing=self.landing)
+                kv = merge_to_request_kv(plan, self.who.rank, pairs, landing=self.memory.landing)
             elif plan.seq_len is not None:  # edges chunk their own tokens: each, then merge
                 by_source: dict[int, list[Payload]] = defaultdict(list)
                 for pairs in state.chunks.values():
@@ -1552,8 +1330,8 @@ class Rank:
                     merge_payloads(plan, self.who.rank, pairs) for pairs in state.chunks.values()
                 ]
                 kv = reassemble(merged).to_request_kv()
-            kv = self._to_device(kv)
-            self._scatter(kv, self.cache, self.tables[request.request_id])
+            kv = self.memory.to_device(kv)
+            self.memory.scatter(kv, self.cache, self.tables[request.request_id])
         except ValueError as error:
             self._fail(state, f"refused on assembly: {error}")
             return
@@ -1601,7 +1379,7 @@ class Rank:
     def _verify(self, state: Incoming) -> None:
         """Check every element of the stored request against the oracle [ORACLE-5]."""
         request = state.request
-        verdict, checked = self._oracle_verdict(request.request_id)
+        verdict, checked = self.memory.oracle_verdict(request.request_id)
         if not verdict.ok:
             self._fail(state, self._with_clobbers(verdict.message, request.request_id))
             return
@@ -1642,33 +1420,9 @@ class Rank:
                 self._recheck(oldest)
             self.pool.release(oldest)
 
-    def _oracle_verdict(self, request_id: str) -> tuple[Verdict | FieldVerdict, int]:
-        """Every element this rank holds of ``request_id``, against the oracle: its own
-        tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]; of a
-        record cache, every byte of every field, inline scales included [ORACLE-6].
-        With the verdict, the bytes it compared."""
-        request = self.requests[request_id]
-        if self.config.records:
-            fields = gather_fields(self.cache, self.tables[request_id], self._held(request))
-            verdict: Verdict | FieldVerdict = verify_fields(
-                fields,
-                self.model,
-                self.cache.layout,
-                request_id,
-                **self._region(request),
-                seed=self.config.seed,
-            )
-            return verdict, sum(t.numel() * t.element_size() for t in fields.values())
-        stored = gather_request(self.cache, self.tables[request_id], self._held(request))
-        verdict = verify(
-            stored, self.model, request_id, **self._region(request), seed=self.config.seed
-        )
-        tensors = [stored.data] if stored.scales is None else [stored.data, stored.scales]
-        return verdict, sum(t.numel() * t.element_size() for t in tensors)
-
     def _recheck(self, request_id: str) -> None:
         """Verify a held request again; a late write into its reused blocks shows here."""
-        verdict, _ = self._oracle_verdict(request_id)
+        verdict, _ = self.memory.oracle_verdict(request_id)
         if not verdict.ok:
             self.corrupted.append(
                 {
