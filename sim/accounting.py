@@ -8,10 +8,12 @@ the receiver that sees them:
 fault        injected (sender)                        observed (receiver)
 ===========  ======================================  =======================================
 drop         the message is not sent                  a key its end-of-stream lists never came
-dup          the message is sent twice                a key arrives a second time
+dup          the message is sent twice                a key arriving again, not below the
+                                                      edge's highest ``seq``
 reorder      the message is overtaken by the next     a message's ``seq`` is below one already
              one on the same edge                     seen on its edge
-corrupt      a bit of a payload frame flips           the codec refuses the payload
+corrupt      a bit of a payload frame flips           the codec (push) or the ranges' CRC
+                                                      (pull, write) refuses the message
 garbage      a frame of random bytes goes first       a one-frame message that is not valid
 late         a copy lands after the sender's next     a key arriving again, below the edge's
              message on the edge                      highest ``seq``
@@ -21,6 +23,10 @@ abort        a receiver asks a sender to stop a       the sender receives the re
 fail-nth     the sender's N-th send fails             the sender's notice that it failed
 restart      the sender announces its new epoch       the receiver sees the announcement
 ===========  ======================================  =======================================
+
+A receiver observes the message faults in one admission, the same on every data path
+(:meth:`sim.receiver.Receiver.admit`): a second copy is ``late`` or ``dup`` by its
+``seq`` alone, whichever path carried it.
 
 Rank faults (``kill``, ``hang``) are announced by the rank to the parent just before
 they strike, and observed by the parent (a death, or no answer by the deadline).
