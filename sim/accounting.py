@@ -42,6 +42,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.endpoints import RankId
+
 MESSAGE_FAULTS: tuple[str, ...] = (
     "drop",
     "dup",
@@ -120,3 +122,32 @@ class Ledger:
         return {
             k: c for k, c in self.counts().items() if k in kinds and c["injected"] != c["observed"]
         }
+
+
+def lifecycle_summary(
+    by_rank: dict[str, dict[str, Any]], ranks: dict[str, RankId]
+) -> dict[str, Any]:
+    """Every rank's lifecycle report in one: corruption found in held blocks, trace
+    violations, traces checked, blocks poisoned, stale writes that landed; ``ranks``: each
+    rank's id by its tag."""
+    summary: dict[str, Any] = {
+        "corrupted": [],
+        "violations": [],
+        "traces": 0,
+        "events": 0,
+        "poisoned": 0,
+        "clobbers": 0,
+        "reused": 0,
+    }
+    for tag, report in sorted(by_rank.items()):
+        name = ranks[tag].name
+        summary["corrupted"] += [{"rank": name, **c} for c in report.get("corrupted", [])]
+        for trace in report.get("traces", []):
+            summary["traces"] += 1
+            summary["events"] += trace.get("events", 0)
+            if not trace.get("ok", True):
+                summary["violations"].append({"rank": name, **trace})
+        summary["poisoned"] += report.get("poisoned", 0)
+        summary["clobbers"] += report.get("clobbers", 0)
+        summary["reused"] += report.get("reused", 0)
+    return summary
