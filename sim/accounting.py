@@ -8,10 +8,12 @@ the receiver that sees them:
 fault        injected (sender)                        observed (receiver)
 ===========  ======================================  =======================================
 drop         the message is not sent                  a key its end-of-stream lists never came
-dup          the message is sent twice                a key arrives a second time
+dup          the message is sent twice                a key arriving again, not below the
+                                                      edge's highest ``seq``
 reorder      the message is overtaken by the next     a message's ``seq`` is below one already
              one on the same edge                     seen on its edge
-corrupt      a bit of a payload frame flips           the codec refuses the payload
+corrupt      a bit of a payload frame flips           the codec (push) or the ranges' CRC
+                                                      (pull, write) refuses the message
 garbage      a frame of random bytes goes first       a one-frame message that is not valid
 late         a copy lands after the sender's next     a key arriving again, below the edge's
              message on the edge                      highest ``seq``
@@ -21,6 +23,10 @@ abort        a receiver asks a sender to stop a       the sender receives the re
 fail-nth     the sender's N-th send fails             the sender's notice that it failed
 restart      the sender announces its new epoch       the receiver sees the announcement
 ===========  ======================================  =======================================
+
+A receiver observes the message faults in one admission, the same on every data path
+(:meth:`sim.receiver.Receiver.admit`): a second copy is ``late`` or ``dup`` by its
+``seq`` alone, whichever path carried it.
 
 Rank faults (``kill``, ``hang``) are announced by the rank to the parent just before
 they strike, and observed by the parent (a death, or no answer by the deadline).
@@ -35,6 +41,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from sim.endpoints import RankId
 
 MESSAGE_FAULTS: tuple[str, ...] = (
     "drop",
@@ -114,3 +122,32 @@ class Ledger:
         return {
             k: c for k, c in self.counts().items() if k in kinds and c["injected"] != c["observed"]
         }
+
+
+def lifecycle_summary(
+    by_rank: dict[str, dict[str, Any]], ranks: dict[str, RankId]
+) -> dict[str, Any]:
+    """Every rank's lifecycle report in one: corruption found in held blocks, trace
+    violations, traces checked, blocks poisoned, stale writes that landed; ``ranks``: each
+    rank's id by its tag."""
+    summary: dict[str, Any] = {
+        "corrupted": [],
+        "violations": [],
+        "traces": 0,
+        "events": 0,
+        "poisoned": 0,
+        "clobbers": 0,
+        "reused": 0,
+    }
+    for tag, report in sorted(by_rank.items()):
+        name = ranks[tag].name
+        summary["corrupted"] += [{"rank": name, **c} for c in report.get("corrupted", [])]
+        for trace in report.get("traces", []):
+            summary["traces"] += 1
+            summary["events"] += trace.get("events", 0)
+            if not trace.get("ok", True):
+                summary["violations"].append({"rank": name, **trace})
+        summary["poisoned"] += report.get("poisoned", 0)
+        summary["clobbers"] += report.get("clobbers", 0)
+        summary["reused"] += report.get("reused", 0)
+    return summary

@@ -74,7 +74,7 @@ from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
 from kvspec.topology.model_presets import model_preset
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.stage import StageLayout
-from sim.cluster import exposure, run_simulation, validate
+from sim.cluster import run_simulation
 from sim.config import (
     LIMITS,
     PORT_MODES,
@@ -89,6 +89,7 @@ from sim.faults import parse_faults
 from sim.hybrid import HybridRun, run_hybrid
 from sim.progress import ProgressBar
 from sim.report import SimReport
+from sim.validation import exposure, validate
 
 RANKS = int_in(1, LIMITS.ranks)
 PROG = "python -m sim run"

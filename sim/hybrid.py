@@ -439,7 +439,7 @@ def _child(target: Any, *args: Any) -> None:
 
 def run_hybrid(run: HybridRun) -> HybridReport:
     """Run ``run``: start every rank, collect the receivers' verdicts, compare bytes."""
-    from sim.cluster import _context  # the uniform sim's process start rules
+    from sim.hosts import process_context  # the uniform sim's process start rules
 
     started = time.monotonic()
     report = HybridReport(run, planned=planned_bytes(run))
@@ -449,7 +449,7 @@ def run_hybrid(run: HybridRun) -> HybridReport:
     control.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
     port = control.bind_to_random_port("tcp://127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
-    mp = _context("cpu")
+    mp = process_context("cpu")
     procs = []
     try:
         for rank in run.target.ranks():

@@ -44,13 +44,13 @@ from kvspec.cli.output import STDOUT, check_writable, write_json
 from kvspec.naming.ports import port
 from sim.auth import KEY_ENV, RunSecret, board_key, run_key
 from sim.cli import add_run_arguments, config_from_args
-from sim.cluster import exposure, validate
 from sim.config import SimConfig
 from sim.endpoints import RankId, all_ranks, port_is_free
 from sim.multihost import Agent, Coordinator, shares
 from sim.progress import ProgressBar
 from sim.rendezvous import Board, BoardError
 from sim.report import SimReport
+from sim.validation import exposure, validate
 
 PROG = "python -m sim.node"
 

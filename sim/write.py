@@ -23,21 +23,13 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import zmq
-
-from kvspec.memory.descriptors import plan_runs, region_buffers, share_positions
-from kvspec.memory.paged import blocks_needed
-from kvspec.topology.tokens import Tokens
+from kvspec.memory.descriptors import plan_runs
 from sim.byteruns import Framing, frames_from, framing, land, packed_nbytes
-from sim.pull import PullAgent, _pick, ranges_intact
+from sim.datapath import Incoming, PathEndpoint
+from sim.regions import RegionPath
 from sim.staging import Slot, StagingRing
-from sim.workload import edge_chunks
-
-if TYPE_CHECKING:
-    from sim.rank import Rank
-
 
 STAGING_SLOTS = 4
 """Packed messages a sender has in flight before it waits for zmq to let one go."""
@@ -46,13 +38,13 @@ PREPARED = 32
 """Keys per rank and direction whose runs are framed before the run starts."""
 
 
-class WriteAgent(PullAgent):
-    """The write side of one rank: as a sender it pushes each key's runs once the
-    request is in its cache; as a receiver it lands them. It posts no reads and answers
-    none (a read on its socket is refused and counted)."""
+class WriteAgent(RegionPath):
+    """The write data path of one rank (:class:`sim.datapath.DataPath`): as a sender it
+    pushes each key's runs once the request is in its cache; as a receiver it lands them.
+    It posts no reads and answers none (a read on its socket is refused and counted)."""
 
-    def __init__(self, rank: Rank) -> None:
-        super().__init__(rank)
+    def __init__(self, ep: PathEndpoint) -> None:
+        super().__init__(ep)
         self.keys_by_request: dict[str, list[str]] = defaultdict(list)
         self.framings: dict[str, Framing] = {}
         self.ring = StagingRing(STAGING_SLOTS, 0, pin=False)
@@ -66,20 +58,18 @@ class WriteAgent(PullAgent):
     def start(self) -> None:
         if self.started:
             return
-        rank = self.rank
-        self.buffers = region_buffers(rank.cache)
+        ep = self.ep
+        self.register()
         self.regions = list(self.buffers.values())
-        super().start()
         for key, (request_id, _, _) in self.keys_of.items():
             self.keys_by_request[request_id].append(key)
-        self.pending.clear()  # nothing is read: the senders write
         # As a connector prepares its descriptor lists when blocks are allocated, not on
         # the data path: the first PREPARED keys each way are framed now, the rest when
         # they move (memory stays bounded on long runs).
-        me = rank.who.rank
+        me = ep.who.rank
         for key, (request_id, chunk, dst) in list(self.keys_of.items())[:PREPARED]:
             self.framings[key] = self._framing(request_id, chunk, me, dst, as_sender=True)
-        for key, (request_id, chunk, src) in list(rank.key_owner.items())[:PREPARED]:
+        for key, (request_id, chunk, src) in list(ep.key_owner.items())[:PREPARED]:
             self.framings[key] = self._framing(request_id, chunk, src, me, as_sender=False)
         # The staging a sender packs short runs into, allocated and touched now, as a
         # connector registers its buffers [sim.staging].
@@ -101,55 +91,33 @@ class WriteAgent(PullAgent):
     ) -> Framing:
         """The runs of one (request, chunk, edge), framed; both sides compute the same
         [DESC-1..3, CHUNK-1, PLAN-6]."""
-        rank = self.rank
-        request = rank.requests[request_id]
-        book = rank.out_plan if as_sender else rank.in_plan
-        assert book is not None
-        plan = book.of(request)
-        if as_sender:
-            source, source_ids = self.own, rank.tables[request_id]
-            target = self._peer(rank.who.stage + 1, dst)
-            target_ids = self._table(rank.who.stage + 1, dst)[request_id]
-        else:
-            source = self.sources[src]
-            source_ids = self._table(rank.who.stage - 1, src)[request_id]
-            target, target_ids = self.own, rank.tables[request_id]
-        edge = plan.edge(src, dst)
-        carried = Tokens.span(0, request.seq_len) if edge.tokens is None else edge.tokens
-        tokens = _pick(carried, edge_chunks(len(carried), rank.config.chunks)[chunk])
-        share = share_positions(plan, edge, tokens)
-        need_src = blocks_needed(share.source_slots, source.block_size)
-        need_dst = blocks_needed(share.target_slots, target.block_size)
-        runs = plan_runs(
-            plan, edge, source, source_ids[:need_src], target, target_ids[:need_dst], tokens
-        )
-        return framing(runs)
+        return framing(plan_runs(*self.share(request_id, chunk, src, dst, as_sender=as_sender)))
 
     # -- sender ------------------------------------------------------------------------------
-    def ready(self, request_id: str) -> None:
+    def post(self, request_id: str) -> None:
         """``request_id`` is in this rank's cache: write every key of it, chunk by chunk."""
         self.ready_requests.add(request_id)
         for key in self.keys_by_request.get(request_id, []):
             _, chunk, dst = self.keys_of[key]
-            if key in self.rank.skipped[dst]:
+            if key in self.ep.skipped[dst]:
                 continue
             self._write_key(dst, key, request_id, chunk)
 
     def on_read(self, frames: list[bytes]) -> None:
-        self.rank.stats["reads_refused"] += 1  # a write run takes no reads
+        self.ep.stats["reads_refused"] += 1  # a write run takes no reads
 
     def _write_key(self, dst: int, key: str, request_id: str, chunk: int) -> None:
         """Send one key's runs, with the run's faults applied and booked [sim.faults]."""
-        rank = self.rank
-        if (request_id, dst) in rank.aborted_out:
-            rank.skipped[dst][key] = "a receiver of the request aborted it"
+        ep = self.ep
+        if (request_id, dst) in ep.aborted_out:
+            ep.skipped[dst][key] = "a receiver of the request aborted it"
             return
-        rank.sent_keys[dst].append(key)
+        ep.sent_keys[dst].append(key)
         self.answered.add(key)
-        rank._maybe_die(sending=True)
-        made = self._framed(key, request_id, chunk, rank.who.rank, dst, as_sender=True)
+        ep.strike(True)
+        made = self._framed(key, request_id, chunk, ep.who.rank, dst, as_sender=True)
         data, slot = self._frames(made)
-        rank.put_ranges(dst, key, data, slot, self.algorithm)
+        ep.put_ranges(dst, key, data, slot, self.algorithm)
 
     def _frames(self, made: Framing) -> tuple[list[Any], Slot | None]:
         """The frames, from cache memory: views of it, or runs packed into a slot of the
@@ -158,20 +126,20 @@ class WriteAgent(PullAgent):
         if not made.packed:
             return frames_from(made, self.regions), None
         need = packed_nbytes(made)
-        slot = self.ring.acquire(need, wait=lambda: self.rank._pump(20))
+        slot = self.ring.acquire(need, wait=self.ep.memory.wait)
         return frames_from(made, self.regions, slot.view(need)), slot
 
     # -- receiver ----------------------------------------------------------------------------
-    def post_reads(self) -> None:
+    def progress(self) -> None:
         return  # the senders write
 
-    def on_answer(self, src: int, frames: list[zmq.Frame], received_at: float) -> None:
-        """A write from ``src``: check it, land its bytes in the cache [DESC-1].
+    def land(self, state: Incoming, src: int, key: str, chunk: int, data: Any) -> int | None:
+        """A write from ``src``, admitted: land its bytes in the cache [DESC-1].
 
         How the bytes land, and why not by ``Socket.recv_into``: the frames arrive as
         zero-copy :class:`zmq.Frame` s — views of the message buffers libzmq filled from
         the socket — and the receiver checks the envelope (a key of ``src``'s, not seen
-        before: :meth:`Rank.admit_answer`), every frame's length against the runs it
+        before: :meth:`sim.receiver.Receiver.admit`), every frame's length against the runs it
         computed itself, and the CRC of the ranges (:func:`sim.pull.ranges_intact`, over
         those buffers in place) before :func:`sim.byteruns.land` copies each byte once
         into the cache. ``recv_into`` (pyzmq >= 26) is ``zmq_recv``, which copies out of
@@ -181,31 +149,16 @@ class WriteAgent(PullAgent):
         places, so it would need a scratch slot — a second copy. Landing only after
         the checks means a corrupt, short, duplicate or unexpected write changes no
         byte of the cache: what was verified stays verified [WIRE-6, WIRE-7]."""
-        rank = self.rank
-        read = rank.admit_answer(src, frames)
-        if read is None:
-            return
-        head, owner = read
-        key = head["key"]
-        request_id, chunk, _ = owner
-        state = rank.incoming[request_id]
-        data = [f.buffer for f in frames[1:]]
-        if not ranges_intact(head, data, required=rank.config.checksum):
-            rank.book.observe("corrupt", key)
-            rank._fail(state, f"the ranges of {key} from source rank {src} fail their CRC")
-            return
-        if state.done:
-            rank.stats["late_ignored"] += 1
-            return
-        made = self._framed(key, request_id, chunk, src, rank.who.rank, as_sender=False)
+        ep = self.ep
+        made = self._framed(key, state.request.request_id, chunk, src, ep.who.rank, as_sender=False)
         try:
             land(made, data, self.regions)
         except ValueError as error:
-            rank._fail(state, f"the write {key} from source rank {src} does not fit: {error}")
-            return
-        rank.stats["descriptors"] += len(made.runs.length)
-        rank.stats["descriptor_bytes"] += made.nbytes
-        state.first_sent = min(state.first_sent, head["t"])
-        state.edge_bytes[src] += made.nbytes
-        if not state.waiting:
-            self._landed(state, time.time())
+            ep.fail(state, f"the write {key} from source rank {src} does not fit: {error}")
+            return None
+        ep.stats["descriptors"] += len(made.runs.length)
+        ep.stats["descriptor_bytes"] += made.nbytes
+        return int(made.nbytes)
+
+    def finish(self, state: Incoming, received_at: float) -> None:
+        super().finish(state, time.time())  # the bytes landed now
