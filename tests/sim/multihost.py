@@ -205,17 +205,23 @@ class Hosts:
             start_new_session=True,
         )
 
+    def first_worker_env(self, timeout: float) -> dict[str, str]:
+        """The environment torchrun gave the first host's worker (its store address among
+        it), once that worker runs; fails if it does not start within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            env = self.launched[0].worker_env()
+            if env is not None:
+                return env
+            time.sleep(0.05)
+        raise AssertionError("worker 0 never started")
+
     def await_phase(self, phase: str, timeout: float) -> None:
         """Wait until the run's coordinator publishes ``phase`` on its board in the
         workers' store. Fails, saying so, if the run got past ``phase`` first (a cut
         meant for mid-run would then land after it) or ended without reaching it."""
         assert self.watcher is not None, "call watch() right after start()"
-        env = None
-        deadline = time.monotonic() + timeout
-        while env is None and time.monotonic() < deadline:
-            env = self.launched[0].worker_env()
-            time.sleep(0.05)
-        assert env is not None, "worker 0 never started"
+        env = self.first_worker_env(timeout)
         # torchrun's workers share a store of their own, not the rendezvous endpoint's
         line = f"{env['MASTER_ADDR']} {env['MASTER_PORT']} {self.run_id} {phase} {timeout}\n"
         try:

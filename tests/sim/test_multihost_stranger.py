@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from sim.auth import RunSecret, board_key
@@ -88,12 +87,7 @@ def test_a_stranger_beside_a_two_namespace_run_gets_no_secret_and_costs_nothing(
         text=True,
         start_new_session=True,
     )
-    env = None
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while env is None and time.monotonic() < deadline:
-        env = hosts.launched[0].worker_env()
-        time.sleep(0.05)
-    assert env is not None, "worker 0 never started"
+    env = hosts.first_worker_env(RUN_TIMEOUT_S)
     line = f"{env['MASTER_ADDR']} {env['MASTER_PORT']} {hosts.run_id} {RUN_TIMEOUT_S}\n"
     try:
         stdout, stderr = stranger.communicate(line, timeout=RUN_TIMEOUT_S + 30)
