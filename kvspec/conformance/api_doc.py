@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -214,6 +215,19 @@ def _declared(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
+def _public_path(cls: type) -> str:
+    """``cls``'s dotted name by the shortest package that exports it (``kvspec.conformance.
+    adapter.Acceptance``, not the module inside the package that defines it)."""
+    parts = cls.__module__.split(".")
+    best = cls.__module__
+    for n in range(len(parts) - 1, 0, -1):
+        package = sys.modules.get(".".join(parts[:n]))
+        if package is None or getattr(package, cls.__qualname__, None) is not cls:
+            break
+        best = ".".join(parts[:n])
+    return f"{best}.{cls.__qualname__}"
+
+
 def _types_section() -> str:
     lines = [
         "## Types\n",
@@ -223,7 +237,7 @@ def _types_section() -> str:
         lines += [
             f'<a id="type-{cls.__name__.lower()}"></a>',
             f"### `{cls.__name__}`\n",
-            f"`{cls.__module__}.{cls.__qualname__}`\n",
+            f"`{_public_path(cls)}`\n",
             _markdown(_summary(inspect.getdoc(cls) or "")),
             "",
         ]
