@@ -65,9 +65,9 @@ from typing import TYPE_CHECKING, Any
 from kvspec.clauses import all_clauses, all_obligations
 
 if TYPE_CHECKING:
-    from kvspec.conformance.runner import CheckResult
+    from kvspec.conformance.result import CheckResult
 
-FAILED = "FAILED"  # kvspec.conformance.runner.FAILED, without importing the runner
+FAILED = "FAILED"  # kvspec.conformance.result.FAILED, without importing the checks
 
 TIER_ORDER: tuple[str, ...] = ("corrupts", "breaks", "accepts-invalid", "differs")
 """The tiers, most severe first (:data:`kvspec.conformance.tiers.TIERS`; a test keeps
@@ -421,7 +421,7 @@ def render_causes(impl: str, causes: Sequence[Cause]) -> list[str]:
     violated obligation, reachability), the rule, the counterexample, what happened, how
     to reproduce it (shell, Python, a pytest test), then its consequences, one line each."""
     from kvspec.clauses import get_clause, get_obligation
-    from kvspec.conformance.runner import python_reproduction, reproduction
+    from kvspec.conformance.reproduction import python_reproduction, reproduction
 
     lines: list[str] = []
     for n, cause in enumerate(causes, 1):

@@ -26,12 +26,12 @@ import pytest
 
 from kvspec.conformance.adapter import AdapterError, load_adapter, provided_capabilities
 from kvspec.conformance.checks import Check, all_checks
+from kvspec.conformance.reproduction import reproduction
 from kvspec.conformance.runner import (
     FAILED,
     INCONCLUSIVE,
     NOT_PROVIDED,
     adapter_label,
-    reproduction,
     run_check,
     select_checks,
 )

@@ -15,7 +15,6 @@ whole domain was covered.
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -40,69 +39,22 @@ from kvspec.conformance.checks import (
     judging,
 )
 from kvspec.conformance.pins import pins_for
+from kvspec.conformance.result import (
+    FAILED,
+    INCONCLUSIVE,
+    NOT_PROVIDED,
+    PASSED,
+    SKIPPED,
+    VERDICTS,
+    CheckResult,
+)
 from kvspec.conformance.tiers import TIERS, default_fail_on, tier_of
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.profiles import default_profile, profile_settings
 
-PASSED, FAILED, INCONCLUSIVE = "passed", "FAILED", "inconclusive"
-NOT_PROVIDED, SKIPPED = "not provided", "skipped"
-VERDICTS: tuple[str, ...] = (PASSED, FAILED, INCONCLUSIVE, NOT_PROVIDED, SKIPPED)
-
 MIN_EFFECTIVE_EXAMPLES = 20
 """Below this many effective examples a passing check is inconclusive (or below the
 number the profile asks for, when that is smaller)."""
-
-
-@dataclass
-class CheckResult:
-    """The verdict of one check: passed, FAILED, inconclusive, not provided or skipped."""
-
-    check: Check
-    verdict: str
-    tried: int = 0
-    outside_domain: int = 0
-    vacuous: int = 0
-    requested: int = 0
-    reason: str = ""
-    counterexample: Example | None = None
-    seconds: float = 0.0
-    tier: str | None = None
-    """FAILED only: the consequence tier (:mod:`kvspec.conformance.tiers`)."""
-    obligation: str | None = None
-    """FAILED only: the violated obligation, when one is known."""
-    reachable_in_serving: str | None = None
-    """FAILED only: ``yes``, ``no`` or ``unknown`` (:func:`serving_reachability`)."""
-    reachability_evidence: str = ""
-    accepted_input: Any = None
-    """FAILED refusal probes only: the input that was wrongly accepted (or crashed on),
-    made from the counterexample (which stays what ``--replay`` takes)."""
-
-    @property
-    def effective(self) -> int:
-        """Examples inside the adapter's domain that gave the check something to test."""
-        return self.tried - self.outside_domain - self.vacuous
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "check": self.check.id,
-            "clause": self.check.clause,
-            "obligations": list(self.check.covers),
-            "title": self.check.title,
-            "verdict": self.verdict,
-            "examples_tried": self.tried,
-            "effective_examples": self.effective,
-            "examples_requested": self.requested,
-            "outside_declared_domain": self.outside_domain,
-            "vacuous_examples": self.vacuous,
-            "reason": self.reason,
-            "counterexample": self.counterexample,
-            "seconds": round(self.seconds, 3),
-            "tier": self.tier,
-            "obligation": self.obligation,
-            "reachable_in_serving": self.reachable_in_serving,
-            "reachability_evidence": self.reachability_evidence,
-            "accepted_input": self.accepted_input,
-        }
 
 
 @dataclass
@@ -515,26 +467,6 @@ def _run_in_worker(
         adapter = _WORKER_ADAPTERS[impl] = load_adapter(impl)
     result = run_check(get_check(check_id), adapter, device=device, shrink=shrink, profile=profile)
     return {name: value for name, value in vars(result).items() if name != "check"}
-
-
-def reproduction(impl: str, result: CheckResult) -> str:
-    """A shell command that replays the counterexample of a failed result."""
-    example = json.dumps(result.counterexample, separators=(",", ":"))
-    return (
-        f"kvspec conform {shlex.quote(impl)} --check {result.check.id} "
-        f"--replay {shlex.quote(example)}"
-    )
-
-
-def python_reproduction(impl: str, result: CheckResult) -> str:
-    """The same replay as one line of Python, imports included (the example travels as a
-    JSON string literal, so any example is valid Python)."""
-    example = json.dumps(result.counterexample, separators=(",", ":"))
-    return (
-        "import json; from kvspec.conformance import get_check, load_adapter, run_check; "
-        f"result = run_check(get_check({result.check.id!r}), load_adapter({impl!r}), "
-        f"replay=json.loads({example!r})); print(result.verdict, result.reason)"
-    )
 
 
 def adapter_label(adapter: Adapter) -> str:

@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from kvspec.clause import Obligation
+from kvspec.conformance.violation import Violation
 from kvspec.tier_names import (
     ACCEPTS_INVALID,
     BREAKS,
@@ -92,8 +93,6 @@ def tier_of(
     fallback: Iterable[str] = (),
 ) -> tuple[str, str | None]:
     """(tier, violated obligation id or None) of the failure ``error`` raised by a check."""
-    from kvspec.conformance.checks import Violation
-
     if not isinstance(error, Violation):
         return BREAKS, violated_obligation("", obligations, fallback)
     obligation = violated_obligation(str(error), obligations, fallback)

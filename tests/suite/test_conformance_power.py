@@ -11,11 +11,11 @@ import re
 import pytest
 
 from kvspec.conformance.mutants import all_mutants, get_mutant
+from kvspec.conformance.reproduction import python_reproduction
 from kvspec.conformance.runner import (
     FAILED,
     PASSED,
     checks_covering,
-    python_reproduction,
     render,
     run_check,
     run_suite,

@@ -29,7 +29,8 @@ from typing import Any, NoReturn, TypeVar
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import REFUSAL_TYPES, Adapter
-from kvspec.conformance.tiers import BREAKS, TIERS
+from kvspec.conformance.tiers import BREAKS
+from kvspec.conformance.violation import Violation
 
 Example = dict[str, Any]
 E = TypeVar("E")
@@ -60,24 +61,6 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.indexer",
     "kvspec.conformance.checks.state_layouts",
 )
-
-
-class Violation(AssertionError):
-    """The implementation broke the clause; the message says how, with the values.
-
-    ``tier`` is set by a check only from what it observed (``differs`` for a replica's
-    identical bytes sent by an engine whose replicas all write, ``breaks`` for a crash
-    where a refusal was due); left None, the runner derives it from the violated
-    obligation (:mod:`kvspec.conformance.tiers`)."""
-
-    def __init__(self, message: str = "", tier: str | None = None, input: object = None) -> None:
-        if tier is not None and tier not in TIERS:
-            raise ValueError(f"a violation's tier must be one of {TIERS}, got {tier!r}")
-        super().__init__(message)
-        self.tier = tier
-        self.input = input
-        """The input the implementation was handed when it broke the clause, as data,
-        where it is not the example itself (a refusal probe made from it), else None."""
 
 
 class OutsideDomain(Exception):
