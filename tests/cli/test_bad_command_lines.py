@@ -5,6 +5,7 @@ behind (no file, no process, no temporary directory). Over 150 of them, across e
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -172,56 +173,16 @@ KVSPEC_LINES += [
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--dtype", "int8"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--kv-heads", "4", "--policy", "x"],
     ["plan", "--source-tp", "4", "--target-tp", "2", "--attention", "mla", "--kv-heads", "4"],
-    [
-        "plan",
-        "--source-tp",
-        "2",
-        "--source-pp",
-        "2",
-        "--target-tp",
-        "2",
-        "--kv-heads",
-        "2",
-        "--source-partition",
-        "1,x",
-    ],
-    [
-        "plan",
-        "--source-tp",
-        "2",
-        "--source-pp",
-        "2",
-        "--target-tp",
-        "2",
-        "--kv-heads",
-        "2",
-        "--source-partition",
-        "30,30",
-    ],
-    [
-        "plan",
-        "--source-tp",
-        "2",
-        "--source-pp",
-        "2",
-        "--target-tp",
-        "2",
-        "--kv-heads",
-        "2",
-        "--source-partition",
-        "0,32",
-    ],
-    [
-        "plan",
-        "--source-tp",
-        "2",
-        "--target-tp",
-        "2",
-        "--kv-heads",
-        "2",
-        "--json",
-        "/nonexistent-dir/plan.json",
-    ],
+    shlex.split(
+        "plan --source-tp 2 --source-pp 2 --target-tp 2 --kv-heads 2 --source-partition 1,x"
+    ),
+    shlex.split(
+        "plan --source-tp 2 --source-pp 2 --target-tp 2 --kv-heads 2 --source-partition 30,30"
+    ),
+    shlex.split(
+        "plan --source-tp 2 --source-pp 2 --target-tp 2 --kv-heads 2 --source-partition 0,32"
+    ),
+    shlex.split("plan --source-tp 2 --target-tp 2 --kv-heads 2 --json /nonexistent-dir/plan.json"),
     ["plan"],
     ["ports", "--stage", "tp=1e9"],
     ["ports", "--stage", "tp=abc"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -386,22 +387,10 @@ def test_a_port_taken_by_another_program_is_named_with_exit_2(
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port("kv", base, 0, 1)))
         holder.listen()
-        code = sim_main(
-            [
-                "run",
-                "--source-tp",
-                "2",
-                "--target-tp",
-                "2",
-                "--kv-heads",
-                "4",
-                "--base-port",
-                str(base),
-                "--quiet",
-                "--requests",
-                "2",
-            ]
+        argv = (
+            f"run --source-tp 2 --target-tp 2 --kv-heads 4 --base-port {base} --quiet --requests 2"
         )
+        code = sim_main(shlex.split(argv))
     out, err = capsys.readouterr()
     assert code == 2, out + err
     assert "stage 0 rank 1 failed during start-up" in out
@@ -412,17 +401,7 @@ def test_cli_runs_the_default_example(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "report.json"
     code = sim_main(
         [
-            "run",
-            "--source-tp",
-            "4",
-            "--target-tp",
-            "2",
-            "--kv-heads",
-            "2",
-            "--quiet",
-            "--ports",
-            "os",
-            "--json",
+            *shlex.split("run --source-tp 4 --target-tp 2 --kv-heads 2 --quiet --ports os --json"),
             str(out),
         ]
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,21 +97,10 @@ def test_hold_must_be_in_range() -> None:
 def test_the_cli_done_when(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.json"
     argv = [
-        "run",
-        "--source-tp",
-        "4",
-        "--target-tp",
-        "2",
-        "--kv-heads",
-        "4",
-        "--requests",
-        "24",
-        "--quiet",
-        "--ports",
-        "os",
-        "--seed",
-        "2",
-        "--faults",
+        *shlex.split(
+            "run --source-tp 4 --target-tp 2 --kv-heads 4 --requests 24 --quiet"
+            " --ports os --seed 2 --faults"
+        ),
         HAZARDS,
         "--json",
         str(out),

@@ -5,6 +5,7 @@ of other information are refused, naming the pair and the presets each pairs wit
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 
 import pytest
@@ -144,28 +145,11 @@ def test_pairs_of_other_information_are_refused_naming_the_pairable(
 
 
 def test_cli_moves_an_inline_scale_preset(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "run",
-        "--quiet",
-        "--ports",
-        "os",
-        "--source-tp",
-        "4",
-        "--target-tp",
-        "2",
-        "--kv-heads",
-        "4",
-        "--head-dim",
-        "16",
-        "--dtype",
-        "float8_e4m3fn",
-        "--src-layout",
-        "vllm_pth_hnd",
-        "--dst-layout",
-        "vllm_pth_nhd",
-        "--requests",
-        "2",
-    ]
+    argv = shlex.split(
+        "run --quiet --ports os --source-tp 4 --target-tp 2 --kv-heads 4"
+        " --head-dim 16 --dtype float8_e4m3fn --src-layout vllm_pth_hnd"
+        " --dst-layout vllm_pth_nhd --requests 2"
+    )
     assert sim_main(argv) == 0
     assert "ALL VERIFIED" in capsys.readouterr().out
 

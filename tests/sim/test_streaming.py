@@ -3,6 +3,8 @@ and the simulated cluster streaming layer groups as they are computed."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,28 +142,11 @@ def test_multi_process_streaming_beats_whole_request(capsys) -> None:
     """The CLI runs the whole-request twin first and reports both, per TP pair. With 6
     layers of 20 ms each, a whole request is ready >= 120 ms after its compute starts;
     streamed, its last layer goes out at 120 ms and only that layer is still to move."""
-    argv = [
-        "run",
-        "--source-tp",
-        "4",
-        "--target-tp",
-        "2",
-        "--kv-heads",
-        "4",
-        "--layers",
-        "6",
-        "--requests",
-        "3",
-        "--seq-len",
-        "8:16",
-        "--ports",
-        "os",
-        "--quiet",
-        "--stream",
-        "layers",
-        "--layer-compute-ms",
-        "20",
-    ]
+    argv = shlex.split(
+        "run --source-tp 4 --target-tp 2 --kv-heads 4 --layers 6 --requests 3"
+        " --seq-len 8:16 --ports os --quiet --stream layers --layer-compute-ms"
+        " 20"
+    )
     assert sim_main(argv) == 0
     out = capsys.readouterr().out
     assert "ALL VERIFIED" in out
