@@ -37,14 +37,13 @@ def cache_side(
     """A preset of ``attention`` and a block size that the stage's token rule fits [CP-2]:
     a token-sharded stage whose rule cuts blocks needs a paged preset whose block size is
     the rule's (a multiple of it under ``interleave``)."""
-    rule = stage.rule
-    fitted = stage.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1)
+    fits = stage.rule.block_sizes(2) if stage.token_shards > 1 else None
     names = layouts_for(attention, cross_layer=cross_layer)
-    if fitted:
+    if fits:
         names = [n for n in names if get_layout(n).paged]
     name = draw(st.sampled_from(names))
-    if fitted:
-        return name, rule.size * (draw(st.integers(1, 2)) if rule.kind == "interleave" else 1)
+    if fits:
+        return name, draw(st.sampled_from(fits))
     return name, draw(st.integers(1, 5)) if get_layout(name).paged else 1
 
 

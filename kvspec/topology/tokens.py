@@ -278,6 +278,12 @@ class RuleKind:
     def check_block_size(self, size: int, block_size: int) -> None:
         """Refuse a cache block size the rule cannot live in [CP-2]."""
 
+    def block_sizes(self, size: int, count: int) -> tuple[int, ...] | None:
+        """The ``count`` smallest cache block sizes the rule lives in [CP-2], each one
+        :meth:`check_block_size` accepts; None when it ties the cache block to nothing (any
+        block size fits). What a caller drawing a cache for the rule draws from."""
+        return None
+
 
 def _blocks_in_turn(size: int, shard: int, shards: int, seq_len: int) -> Tokens:
     """Runs of ``size`` tokens, every ``shards``-th from run ``shard``."""
@@ -316,6 +322,9 @@ class Contiguous(RuleKind):
     def check_block_size(self, size: int, block_size: int) -> None:
         _cache_blocks_of(self, size, block_size)
 
+    def block_sizes(self, size: int, count: int) -> tuple[int, ...] | None:
+        return (size,) if size > 1 else None
+
 
 class Interleave(RuleKind):
     """``interleave:I``: token ``t`` to shard ``(t // I) % n`` [vLLM 0.33
@@ -336,6 +345,10 @@ class Interleave(RuleKind):
                 f"{block_size % size}) [CP-2]"
             )
 
+    def block_sizes(self, size: int, count: int) -> tuple[int, ...] | None:
+        """Multiples of ``I``, ``interleave:1`` included: an interleaved cache is paged."""
+        return tuple(size * k for k in range(1, count + 1))
+
 
 class RoundRobinBlocks(RuleKind):
     """``round_robin_blocks:B``: cache block ``b`` to shard ``b % n`` [TensorRT-LLM]."""
@@ -349,6 +362,9 @@ class RoundRobinBlocks(RuleKind):
 
     def check_block_size(self, size: int, block_size: int) -> None:
         _cache_blocks_of(self, size, block_size)
+
+    def block_sizes(self, size: int, count: int) -> tuple[int, ...] | None:
+        return (size,) if size > 1 else None
 
 
 class Zigzag(RuleKind):
@@ -473,6 +489,16 @@ class CPRule:
         """Refuse a cache block size the rule cannot live in [CP-2]."""
         require_int("block_size", block_size, minimum=1)
         self.rule_kind.check_block_size(self.size, block_size)
+
+    def block_sizes(self, count: int = 1) -> tuple[int, ...] | None:
+        """The ``count`` smallest cache block sizes the rule lives in, or None when any
+        fits [CP-2] (:meth:`RuleKind.block_sizes`).
+
+        >>> CPRule.parse("interleave:4").block_sizes(2), CPRule.parse("zigzag").block_sizes()
+        ((4, 8), None)
+        """
+        require_int("count", count, minimum=1)
+        return self.rule_kind.block_sizes(self.size, count)
 
 
 def as_tokens(value: Tokens | range | Sequence[range] | Any) -> Tokens:

@@ -176,9 +176,8 @@ def record_configs(draw: st.DrawFn) -> SimConfig:
     case = replace(case, model=replace(case.model, head_dim=width))
     sizes = []
     for stage in (case.source, case.target):  # a block size the stage's token rule fits [CP-2]
-        rule = stage.rule
-        fitted = stage.token_shards > 1 and (rule.kind == "interleave" or rule.size > 1)
-        sizes.append(rule.size if fitted else draw(st.integers(1, 5)))
+        fits = stage.rule.block_sizes() if stage.token_shards > 1 else None
+        sizes.append(fits[0] if fits else draw(st.integers(1, 5)))
     shortest = shortest_request(case)
     transfer = draw(st.sampled_from(["push", "pull"]))
     return SimConfig(

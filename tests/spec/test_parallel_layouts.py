@@ -199,6 +199,29 @@ def test_interleave_and_round_robin_blocks_hold_the_same_tokens_but_fit_other_ca
         CPRule.parse("interleave:3").check_block_size(16)
 
 
+def _fits(rule: CPRule, block_size: int) -> bool:
+    try:
+        rule.check_block_size(block_size)
+    except ValueError:
+        return False
+    return True
+
+
+@given(text=cp_rules(), count=st.integers(1, 4))
+def test_the_block_sizes_a_rule_names_are_the_smallest_it_fits(text: str, count: int) -> None:
+    """What a caller draws a cache from [CP-2]: every size named fits, none smaller that
+    fits is skipped, and None only where every block size fits."""
+    rule = CPRule.parse(text)
+    sizes = rule.block_sizes(count)
+    if sizes is None:
+        assert all(_fits(rule, b) for b in range(1, 4 * rule.size + 2)), rule
+        return
+    assert len(sizes) <= count and list(sizes) == sorted(set(sizes)), (rule, sizes)
+    assert [b for b in range(1, sizes[-1] + 1) if _fits(rule, b)] == list(sizes), (rule, sizes)
+    if len(sizes) < count:  # a rule tied to one block size fits no other
+        assert not any(_fits(rule, b) for b in range(sizes[-1] + 1, 4 * sizes[-1] + 2)), rule
+
+
 @pytest.mark.parametrize(
     "text", ["", "ring", "interleave", "interleave:0", "interleave:-1", "zigzag:2", "contiguous:x"]
 )
