@@ -297,13 +297,149 @@ def _sender(run: HybridRun, rank: int, endpoints: dict[int, str], token: str, co
 
 @dataclass
 class _Landing:
+    """What a receiver holds of one request: its region and cache per layer group, the
+    counters of what landed, and what went wrong."""
+
     regions: dict[int, gr.Region]
     data: dict[int, gr.GroupData]
     counts: dict[int, gr.GroupData]
     problems: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Received:
+    """What a receiver's inbox took in: bytes per ``group/src``, each sender's piece count
+    (and the count its end message claims), and messages refused as a stranger's."""
+
+    moved: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    ends: dict[int, int] = field(default_factory=dict)
+    got: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    strangers: int = 0
+
+    def lost(self, senders: int) -> list[str]:
+        """A line per sender whose pieces did not all arrive."""
+        return [
+            f"sender {s}: "
+            + (
+                "no end message"
+                if s not in self.ends
+                else f"{self.got[s]} of {self.ends[s]} pieces"
+            )
+            for s in range(senders)
+            if self.ends.get(s) != self.got[s]
+        ]
+
+
+def _landings(run: HybridRun, rank: int) -> dict[str, _Landing]:
+    """Every request's landing at receiver ``rank``, empty: the region it holds of each
+    layer group [GROUP-3] and a cache for it."""
+    landings: dict[str, _Landing] = {}
+    for request, seq_len in run.workload():
+        regions = {
+            g: gr.held_region(
+                run.target,
+                run.model,
+                g,
+                rank,
+                seq_len=seq_len,
+                block_size=run.receiver_block_size,
+                receiving=True,
+            )
+            for g in range(len(run.model.layer_groups))
+        }
+        regions = {g: r for g, r in regions.items() if not r.empty()}
+        data = {g: gr.empty(run.model, r) for g, r in regions.items()}
+        landings[request] = _Landing(regions, data, {g: gr.counters(d) for g, d in data.items()})
+    return landings
+
+
+def _receive(
+    run: HybridRun, rank: int, token: str, inbox: zmq.Socket, landings: dict[str, _Landing]
+) -> _Received:
+    """Take pieces until every sender's end message came (or the run fell silent), placing
+    each in its landing; a message that is not the run's is counted and dropped."""
+    seen = _Received()
+    # Silence is timed from the first message on: the senders start only once every
+    # receiver is up, and how long their start takes is the parent's to bound (it
+    # sees a sender fail or die); a busy host must not read a slow start as silence.
+    deadline = math.inf  # then moved on by every message of this run
+    while len(seen.ends) < run.source.world_size and time.monotonic() < deadline:
+        if not inbox.poll(200):
+            continue
+        frames = inbox.recv_multipart(copy=False)
+        try:
+            header = read_header(frames[0].buffer, run=token)
+            # Only the run's own messages move the silence deadline: a stranger's
+            # stream must not keep a receiver waiting for senders that are gone.
+            deadline = time.monotonic() + run.timeout
+            if header["type"] == "end":
+                src = header.get("src")
+                if isinstance(src, int) and 0 <= src < run.source.world_size:
+                    seen.ends[src] = int(header.get("pieces", -1))
+                continue
+            if len(frames) != 2:
+                raise MessageError(f"a piece has 2 frames, got {len(frames)}")
+            piece = read_piece(
+                header,
+                frames[1].buffer,
+                model=run.model,
+                dst=rank,
+                sources=run.source.world_size,
+            )
+            named = header.get("request")
+            if named not in landings:
+                raise MessageError(f"unknown request {str(named)[:40]!r}")
+        except MessageError:
+            seen.strangers += 1
+            continue
+        seen.got[piece.src] += 1
+        seen.moved[f"{piece.group}/{piece.src}"] += len(frames[1].buffer)
+        landing = landings[named]
+        try:
+            if piece.group not in landing.regions:
+                raise ValueError(
+                    f"a piece of group {piece.group} from sender {piece.src}, which this "
+                    "receiver does not hold at all"
+                )
+            gr.place(
+                piece,
+                landing.regions[piece.group],
+                landing.data[piece.group],
+                landing.counts[piece.group],
+            )
+        except ValueError as error:
+            landing.problems.append(f"from sender {piece.src}: {error}")
+    return seen
+
+
+def _outcomes(
+    run: HybridRun, rank: int, landings: dict[str, _Landing], lost: list[str]
+) -> dict[str, list[str]]:
+    """Request -> its problems at receiver ``rank``: what went wrong landing it, the senders
+    whose pieces did not all arrive, and every group region the oracle refuses."""
+    outcomes: dict[str, list[str]] = {}
+    for request, landing in landings.items():
+        problems = list(landing.problems) + lost
+        for group, region in landing.regions.items():
+            verdict = gr.check_region(
+                run.model,
+                region,
+                landing.data[group],
+                landing.counts[group],
+                request,
+                layout=run.target,
+                rank=rank,
+                seed=run.seed,
+            )
+            if verdict:
+                problems.append(f"receiver {rank}: {verdict}")
+        outcomes[request] = problems
+    return outcomes
+
+
 def _receiver(run: HybridRun, rank: int, token: str, control: str) -> None:
+    """Receiver ``rank``'s process: bind an inbox, say where it is, land every request's
+    pieces, verify them and report the verdict (or the error) to the parent."""
     ctx = zmq.Context()
     report = ctx.socket(zmq.PUSH)
     report.setsockopt(zmq.LINGER, 5000)
@@ -313,113 +449,11 @@ def _receiver(run: HybridRun, rank: int, token: str, control: str) -> None:
     try:
         port = inbox.bind_to_random_port("tcp://127.0.0.1")
         report.send(dump({"type": "endpoint", "rank": rank, "endpoint": f"tcp://127.0.0.1:{port}"}))
-        work = dict(run.workload())
-        landings: dict[str, _Landing] = {}
-        for request, seq_len in work.items():
-            regions = {
-                g: gr.held_region(
-                    run.target,
-                    run.model,
-                    g,
-                    rank,
-                    seq_len=seq_len,
-                    block_size=run.receiver_block_size,
-                    receiving=True,
-                )
-                for g in range(len(run.model.layer_groups))
-            }
-            regions = {g: r for g, r in regions.items() if not r.empty()}
-            data = {g: gr.empty(run.model, r) for g, r in regions.items()}
-            landings[request] = _Landing(
-                regions, data, {g: gr.counters(d) for g, d in data.items()}
-            )
-        moved: dict[str, int] = defaultdict(int)
-        ends: dict[int, int] = {}
-        got: dict[int, int] = defaultdict(int)
-        strangers = 0
-        # Silence is timed from the first message on: the senders start only once every
-        # receiver is up, and how long their start takes is the parent's to bound (it
-        # sees a sender fail or die); a busy host must not read a slow start as silence.
-        deadline = math.inf  # then moved on by every message of this run
-        while len(ends) < run.source.world_size and time.monotonic() < deadline:
-            if not inbox.poll(200):
-                continue
-            frames = inbox.recv_multipart(copy=False)
-            try:
-                header = read_header(frames[0].buffer, run=token)
-                # Only the run's own messages move the silence deadline: a stranger's
-                # stream must not keep a receiver waiting for senders that are gone.
-                deadline = time.monotonic() + run.timeout
-                if header["type"] == "end":
-                    src = header.get("src")
-                    if isinstance(src, int) and 0 <= src < run.source.world_size:
-                        ends[src] = int(header.get("pieces", -1))
-                    continue
-                if len(frames) != 2:
-                    raise MessageError(f"a piece has 2 frames, got {len(frames)}")
-                piece = read_piece(
-                    header,
-                    frames[1].buffer,
-                    model=run.model,
-                    dst=rank,
-                    sources=run.source.world_size,
-                )
-                named = header.get("request")
-                if named not in landings:
-                    raise MessageError(f"unknown request {str(named)[:40]!r}")
-            except MessageError:
-                strangers += 1
-                continue
-            got[piece.src] += 1
-            moved[f"{piece.group}/{piece.src}"] += len(frames[1].buffer)
-            landing = landings[named]
-            try:
-                if piece.group not in landing.regions:
-                    raise ValueError(
-                        f"a piece of group {piece.group} from sender {piece.src}, which this "
-                        "receiver does not hold at all"
-                    )
-                gr.place(
-                    piece,
-                    landing.regions[piece.group],
-                    landing.data[piece.group],
-                    landing.counts[piece.group],
-                )
-            except ValueError as error:
-                landing.problems.append(f"from sender {piece.src}: {error}")
-        lost = [
-            f"sender {s}: {'no end message' if s not in ends else f'{got[s]} of {ends[s]} pieces'}"
-            for s in range(run.source.world_size)
-            if ends.get(s) != got[s]
-        ]
-        outcomes: dict[str, list[str]] = {}
-        for request, landing in landings.items():
-            problems = list(landing.problems) + lost
-            for group, region in landing.regions.items():
-                verdict = gr.check_region(
-                    run.model,
-                    region,
-                    landing.data[group],
-                    landing.counts[group],
-                    request,
-                    layout=run.target,
-                    rank=rank,
-                    seed=run.seed,
-                )
-                if verdict:
-                    problems.append(f"receiver {rank}: {verdict}")
-            outcomes[request] = problems
-        report.send(
-            dump(
-                {
-                    "type": "verdict",
-                    "rank": rank,
-                    "outcomes": outcomes,
-                    "moved": moved,
-                    "strangers": strangers,
-                }
-            )
-        )
+        landings = _landings(run, rank)
+        seen = _receive(run, rank, token, inbox, landings)
+        outcomes = _outcomes(run, rank, landings, seen.lost(run.source.world_size))
+        verdict = {"type": "verdict", "rank": rank, "outcomes": outcomes}
+        report.send(dump({**verdict, "moved": seen.moved, "strangers": seen.strangers}))
     except Exception:  # the parent reports it
         report.send(
             dump({"type": "error", "who": f"receiver {rank}", "text": traceback.format_exc()})
