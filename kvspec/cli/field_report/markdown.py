@@ -144,6 +144,29 @@ def render(
         (d for d in defects.values() if d.headline),
         key=lambda d: (d.entry.get("severity") != "material", TIERS.index(d.tier), d.id),
     )
+    out = [
+        *_opening(reports, heads, meta, today),
+        *_not_counted(reports, ledger, defects, by_status),
+        *_verdict_sections(heads, by_status, defects),
+        *_unreachable(field_run, defects, ledger),
+        *_ledger_table(defects),
+        *_failures(engines, field_run, defects, ledger),
+        *_matrix(reports, engines),
+        *_replays(replays, defects, ledger),
+        *_kvspec_issues(ledger, field_run),
+        *_needs_triage(field_run),
+    ]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _opening(
+    reports: Mapping[str, Mapping[str, Any]],
+    heads: list[Defect],
+    meta: Mapping[str, Any],
+    today: datetime.date,
+) -> list[str]:
+    """The title, the Generated line, what was run, and the headline: the defects that count."""
+    out: list[str] = []
     minutes = f", `make field` took {meta['minutes']} min" if "minutes" in meta else ""
     first = next(iter(reports.values()))
     out = [
@@ -189,6 +212,17 @@ def render(
         )
     if not heads:
         out.append("- none")
+    return out
+
+
+def _not_counted(
+    reports: Mapping[str, Mapping[str, Any]],
+    ledger: Mapping[str, Any],
+    defects: Mapping[str, Defect],
+    by_status: Mapping[str, list[Defect]],
+) -> list[str]:
+    """What the headline leaves out, by verdict, and each engine's line."""
+    out: list[str] = []
     out += [
         "",
         "Not counted: "
@@ -209,6 +243,15 @@ def render(
         *engine_lines(reports),
         "",
     ]
+    return out
+
+
+def _verdict_sections(
+    heads: list[Defect], by_status: Mapping[str, list[Defect]], defects: Mapping[str, Defect]
+) -> list[str]:
+    """A section per verdict: the defects in full, then hardening notes, unconfirmed
+    candidates, legitimate differences, withdrawn claims and claims awaiting re-triage."""
+    out: list[str] = []
     out += ["## Defects", ""]
     for d in heads:
         out += _defect_section(d)
@@ -243,6 +286,14 @@ def render(
     if pending:
         out += ["## Awaiting re-triage", "", "Claims of earlier reports not yet judged.", ""]
         out += _short_sections(pending)
+    return out
+
+
+def _unreachable(
+    field_run: FieldRun, defects: Mapping[str, Defect], ledger: Mapping[str, Any]
+) -> list[str]:
+    """Failures the engine rejects at start-up or serving never produces, with the evidence."""
+    out: list[str] = []
     out += [
         "## Unreachable in serving",
         "",
@@ -260,6 +311,12 @@ def render(
         )
     if not unreachable:
         out.append("None in this run.")
+    return out
+
+
+def _ledger_table(defects: Mapping[str, Defect]) -> list[str]:
+    """Every claim kvspec has made, what it said then and the verdict now."""
+    out: list[str] = []
     out += [
         "",
         "## Re-triage ledger",
@@ -279,6 +336,17 @@ def render(
             f"| {_link(d)} | {d.entry['engine']} | {_escape(d.entry.get('was', '—'))} | "
             f"{now}: {_escape(d.entry.get('verdict', ''))} | {d.tier or '—'} | {d.reachable} |"
         )
+    return out
+
+
+def _failures(
+    engines: list[str],
+    field_run: FieldRun,
+    defects: Mapping[str, Defect],
+    ledger: Mapping[str, Any],
+) -> list[str]:
+    """Each engine's failures grouped by root cause, with counterexample and ledger entry."""
+    out: list[str] = []
     out += ["", "## Failures by root cause", ""]
     for engine in engines:
         cs = field_run.causes.get(engine, [])
@@ -296,6 +364,12 @@ def render(
                 out += [f"  - reachability: {_first_line(c.evidence)}"]
             out += [f"  - ledger: {_entry_line(c.entry, defects, ledger)}"]
         out.append("")
+    return out
+
+
+def _matrix(reports: Mapping[str, Mapping[str, Any]], engines: list[str]) -> list[str]:
+    """Every check's verdict per engine; checks no engine provides are named in one line."""
+    out: list[str] = []
     out += [
         "## Matrix",
         "",
@@ -321,6 +395,16 @@ def render(
             + ".",
         ]
     out.append("")
+    return out
+
+
+def _replays(
+    replays: Mapping[str, Sequence[Mapping[str, Any]]],
+    defects: Mapping[str, Defect],
+    ledger: Mapping[str, Any],
+) -> list[str]:
+    """The targeted replays' verdicts (none: no section)."""
+    out: list[str] = []
     runs = [(e, r) for e, rs in replays.items() for r in rs]
     if runs:
         out += [
@@ -344,6 +428,12 @@ def render(
                 f"| {engine} | {r['check']} | {verdict} | {_escape(r['why'])} | {_escape(shown)} |"
             )
         out.append("")
+    return out
+
+
+def _kvspec_issues(ledger: Mapping[str, Any], field_run: FieldRun) -> list[str]:
+    """kvspec's own bugs met on correct field behaviour, and whether this run met them."""
+    out: list[str] = []
     out += ["## kvspec issues (checks failing on correct field behaviour)", ""]
     kvspec_bugs = ledger.get("kvspec", {})
     for key in sorted(kvspec_bugs):
@@ -352,6 +442,12 @@ def render(
         out += [f"### {key}: {k['title']}", "", k["detail"], "", f"- tracked in: {k['issue']}"]
         out += [f"- fails in this run: {', '.join(hits)}" if hits else "- not met in this run"]
         out.append("")
+    return out
+
+
+def _needs_triage(field_run: FieldRun) -> list[str]:
+    """Failures not in the ledger, and lines where the run contradicts it (none: no section)."""
+    out: list[str] = []
     if field_run.untriaged or field_run.contradictions:
         out += ["## Needs triage", ""]
         out += [f"- **UNTRIAGED** {e} {c} — add it to {LEDGER}" for e, c in field_run.untriaged]
@@ -359,7 +455,7 @@ def render(
             f"- **the run contradicts the ledger**: {line}" for line in field_run.contradictions
         ]
         out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    return out
 
 
 def _defect_section(d: Defect) -> list[str]:
