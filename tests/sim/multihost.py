@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,9 @@ class Hosts:
     endpoint: str = ""
     run_id: str = ""
     watcher: subprocess.Popen[str] | None = None
+    scratch: str | None = None
+    """The TMPDIR every process of these hosts gets (torchrun's torchelastic_* folders, a
+    killed worker's dump folder): removed by :meth:`close`, so a run leaves nothing."""
 
     def free_port(self) -> int:
         """A port free on the first host's address (namespaces start with every port free)."""
@@ -169,6 +173,7 @@ class Hosts:
         self.run_id = run_id = f"kvspec-{secrets.token_hex(4)}"
         self.key = secrets.token_hex(32)  # the run's key, given to every host out of band
         extra = per_host or [[] for _ in self.addresses]
+        self.scratch = self.scratch or tempfile.mkdtemp(prefix="kvspec-hosts-")
         for i, (host, prefix, more) in enumerate(
             zip(self.addresses, self.wrap, extra, strict=True)
         ):
@@ -187,7 +192,13 @@ class Hosts:
                 stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,
-                env={**os.environ, "OMP_NUM_THREADS": "1", TOKEN: token, KEY_ENV: self.key},
+                env={
+                    **os.environ,
+                    "OMP_NUM_THREADS": "1",
+                    "TMPDIR": self.scratch,
+                    TOKEN: token,
+                    KEY_ENV: self.key,
+                },
             )
             self.launched.append(Launched(host, process, token))
 
@@ -297,6 +308,8 @@ class Hosts:
             subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
         if self.bridge:
             subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 _WATCHER = """
