@@ -283,37 +283,65 @@ def judge(
         )
         for key, d in entries.items()
     }
-    causes: dict[str, list[Cause]] = {}
     untriaged: list[tuple[str, str]] = []
     kvspec_hits: dict[str, list[str]] = {}
-    for engine, report in reports.items():
-        results = {r["check"]: r for r in report["results"] if r["verdict"] == FAILED}
-        causes[engine] = causes_of(engine, report, ledger)
-        for cause in causes[engine]:
-            if cause.entry is None:
-                untriaged.append((engine, cause.headline))
-                continue
-            if "kvspec" in cause.entry:
-                kvspec_hits.setdefault(cause.entry["kvspec"], []).append(
-                    f"{engine} {cause.headline}"
+    causes = {
+        engine: _tie_causes(engine, report, ledger, defects, untriaged, kvspec_hits)
+        for engine, report in reports.items()
+    }
+    _tie_replays(replays, defects, untriaged, kvspec_hits)
+    _add_ledger_evidence(defects)
+    contradictions = _contradictions(defects)
+    return FieldRun(causes, defects, untriaged, contradictions, kvspec_hits)
+
+
+def _tie_causes(
+    engine: str,
+    report: Mapping[str, Any],
+    ledger: Mapping[str, Any],
+    defects: dict[str, Defect],
+    untriaged: list[tuple[str, str]],
+    kvspec_hits: dict[str, list[str]],
+) -> list[Cause]:
+    """``engine``'s failures grouped by root cause, each tied to its ledger entry: a
+    defect's observations gain the cause and its consequences; a kvspec issue's hits, or
+    the untriaged list, gain the rest."""
+    results = {r["check"]: r for r in report["results"] if r["verdict"] == FAILED}
+    found = causes_of(engine, report, ledger)
+    for cause in found:
+        if cause.entry is None:
+            untriaged.append((engine, cause.headline))
+            continue
+        if "kvspec" in cause.entry:
+            kvspec_hits.setdefault(cause.entry["kvspec"], []).append(f"{engine} {cause.headline}")
+            continue
+        key = cause.entry.get("defect")
+        if key not in defects:
+            if key is not None:
+                untriaged.append((engine, f"{cause.headline} (unknown defect {key})"))
+            continue
+        for check in (cause.headline, *cause.consequences):
+            r = results.get(check, {})
+            defects[key].checks.append(f"{engine} {check}")
+            defects[key].observations.append(
+                Observation(
+                    f"{engine} {check}",
+                    r.get("tier", cause.tier if check == cause.headline else None),
+                    r.get("reachable_in_serving", cause.reachable),
+                    r.get("reachability_evidence") or cause.evidence,
                 )
-                continue
-            key = cause.entry.get("defect")
-            if key not in defects:
-                if key is not None:
-                    untriaged.append((engine, f"{cause.headline} (unknown defect {key})"))
-                continue
-            for check in (cause.headline, *cause.consequences):
-                r = results.get(check, {})
-                defects[key].checks.append(f"{engine} {check}")
-                defects[key].observations.append(
-                    Observation(
-                        f"{engine} {check}",
-                        r.get("tier", cause.tier if check == cause.headline else None),
-                        r.get("reachable_in_serving", cause.reachable),
-                        r.get("reachability_evidence") or cause.evidence,
-                    )
-                )
+            )
+    return found
+
+
+def _tie_replays(
+    replays: Mapping[str, Sequence[Mapping[str, Any]]],
+    defects: dict[str, Defect],
+    untriaged: list[tuple[str, str]],
+    kvspec_hits: dict[str, list[str]],
+) -> None:
+    """Each failed targeted replay, tied to the defect or kvspec issue it names (else
+    untriaged)."""
     for engine, runs in replays.items():
         for r in runs:
             if r["verdict"] != FAILED:
@@ -333,7 +361,10 @@ def judge(
                 kvspec_hits.setdefault(r["kvspec"], []).append(f"{engine} replay {r['check']}")
             else:
                 untriaged.append((engine, f"replay {r['check']}"))
-    # the ledger's own finding last: where it ties with the run's, the run's is shown
+
+
+def _add_ledger_evidence(defects: dict[str, Defect]) -> None:
+    """The ledger's own finding, last: where it ties with the run's, the run's is shown."""
     for d in defects.values():
         ev = d.entry.get("evidence")
         if ev:
@@ -345,6 +376,12 @@ def judge(
                     ev.get("reachability_evidence", ""),
                 )
             )
+
+
+def _contradictions(defects: Mapping[str, Defect]) -> list[str]:
+    """Where the run and the ledger disagree: a claim awaiting re-triage or of an unknown
+    status, an open defect no reachable corrupts/breaks evidence supports, a closed one
+    the run shows reachable."""
     contradictions = []
     for d in defects.values():
         run_obs = [o for o in d.observations if o.source != "ledger"]
@@ -363,7 +400,7 @@ def judge(
             contradictions.append(
                 f"{d.id} is {d.status}, but {shown.source} {shown.tier} is reachable in serving"
             )
-    return FieldRun(causes, defects, untriaged, contradictions, kvspec_hits)
+    return contradictions
 
 
 def untriaged_failures(
