@@ -132,42 +132,50 @@ def run(args: argparse.Namespace) -> int:
         for check in all_checks():
             print(f"{check.id:<44} needs {'+'.join(check.needs):<22} {check.title}")
         return 0
-    problem = device_problem(args.device)
+    problem = _refused(args)
     if problem:
         print(f"kvspec conform: {problem}", file=sys.stderr)
         return 2
+    if args.mutants:
+        return _mutants(args)
+    return _conform(args)
+
+
+def _refused(args: argparse.Namespace) -> str | None:
+    """Why the command line cannot run, before anything slow is imported (the suite, torch,
+    Hypothesis); None when it can. Sets ``args.fail_on_tiers`` (and ``args.json`` from the
+    deprecated ``--report``)."""
+    problem = device_problem(args.device)
+    if problem:
+        return problem
     if args.report and not args.json:
         print("kvspec conform: --report is deprecated; use --json PATH", file=sys.stderr)
         args.json = args.report
     try:
         check_writable(args.json)  # before a run of minutes, not after it
     except ValueError as error:
-        print(f"kvspec conform: refused: {error}", file=sys.stderr)
-        return 2
+        return f"refused: {error}"
     if args.jobs < 1:
-        print(f"kvspec conform: --jobs must be at least 1; got {args.jobs}", file=sys.stderr)
-        return 2
-    fail_on = None
+        return f"--jobs must be at least 1; got {args.jobs}"
+    args.fail_on_tiers = None
     if args.fail_on is not None:
         from kvspec.tier_names import parse_tiers  # no torch, no Hypothesis
 
         try:
-            fail_on = parse_tiers(args.fail_on)
+            args.fail_on_tiers = parse_tiers(args.fail_on)
         except ValueError as error:
-            print(f"kvspec conform: --fail-on: {error}", file=sys.stderr)
-            return 2
+            return f"--fail-on: {error}"
         if args.mutants:
-            print("kvspec conform: --fail-on does not apply to --mutants", file=sys.stderr)
-            return 2
-    args.fail_on_tiers = fail_on
-    if args.mutants:
-        if args.impl:
-            print("kvspec conform: --mutants takes no IMPL", file=sys.stderr)
-            return 2
-        return _mutants(args)
-    if not args.impl:
-        print("kvspec conform: give IMPL (`reference` or MODULE:ATTR); see --help", file=sys.stderr)
-        return 2
+            return "--fail-on does not apply to --mutants"
+    if args.mutants and args.impl:
+        return "--mutants takes no IMPL"
+    if not args.mutants and not args.impl:
+        return "give IMPL (`reference` or MODULE:ATTR); see --help"
+    return None
+
+
+def _conform(args: argparse.Namespace) -> int:
+    """Load the adapter, then replay one example or run the suite and report it."""
     # Only now, after every refusal that needs none of it: the suite, torch and Hypothesis.
     from kvspec.conformance.adapter import AdapterError, load_adapter
     from kvspec.conformance.checks import all_checks
