@@ -57,7 +57,9 @@ def _vector_families(manifest: Path) -> dict[str, dict[str, int]]:
     pairs = []
     for name, cases in families.items():
         for case in cases:
-            for fam in sorted({_family(c) for c in case.get("clauses", ())}):
+            # an error vector names one clause (``clause``), every other vector a list
+            cited = case.get("clauses") or ([case["clause"]] if "clause" in case else [])
+            for fam in sorted({_family(c) for c in cited}):
                 pairs.append((fam, name))
     return _tally(pairs)
 

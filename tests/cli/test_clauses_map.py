@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import re
 
 import pytest
@@ -56,6 +57,23 @@ def test_the_tallies_count_every_check_mutant_and_error_case() -> None:
     pairs = {(o.split("-")[0], m.name) for m in all_mutants() for o in m.obligations}
     assert sum(n for row in MAP for n in row.mutants.values()) == len(pairs)
     assert sum(row.errors for row in MAP) == len(ERROR_CASES)
+
+
+def test_every_golden_vector_is_counted_under_the_families_it_cites() -> None:
+    """Error vectors name one ``clause``, the rest a list of ``clauses``: each is counted
+    once per family it cites, so no vector family is missing from the map."""
+    manifest = json.loads((ROOT / "kvspec/conformance/golden/manifest.json").read_text())
+    for name, cases in manifest["families"].items():
+        cited = [
+            {c.split("-")[0] for c in case.get("clauses") or [case["clause"]]} for case in cases
+        ]
+        expected: dict[str, int] = {}
+        for families in cited:
+            for family in families:
+                expected[family] = expected.get(family, 0) + 1
+        counted = {row.family: row.vectors[name] for row in MAP if name in row.vectors}
+        assert counted == expected, name
+    assert sum(row.vectors.get("errors", 0) for row in MAP) == len(manifest["families"]["errors"])
 
 
 def test_the_issue_example_cp_is_where_the_code_puts_it() -> None:
