@@ -7,6 +7,7 @@ cell (inline scales included), an optional layers axis [LAYOUT-5, LAYOUT-6].
 examples:
   kvspec layouts                                  every preset, one entry each
   kvspec layouts vllm_pth_hnd                     one preset in full, with its source
+  kvspec layouts my_layout.json                   a layout file, checked, in full
   kvspec layouts --convert vllm_packed_hnd sglang_mha --to-block-size 32
   kvspec layouts --convert vllm_pth_hnd vllm_packed_hnd     # refused: inline scales
   kvspec layouts --json -
@@ -46,9 +47,14 @@ HELP = "list the cache layout presets (shape, stride order, source); convert bet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", help="show this preset in full")
     parser.add_argument(
-        "--convert", nargs=2, metavar=("A", "B"), help="convert a cache from preset A to B"
+        "name", nargs="?", help="show this preset, or the layout in this layout file, in full"
+    )
+    parser.add_argument(
+        "--convert",
+        nargs=2,
+        metavar=("A", "B"),
+        help="convert a cache from preset (or layout file) A to B",
     )
     size = parser.add_argument_group("the cache --convert makes")
     size.add_argument("--heads", type=int_in(1, MAX_HEADS), default=2, help="KV heads (2)")
@@ -242,8 +248,21 @@ def render_one(layout: CacheLayout) -> str:
     return "\n".join(lines)
 
 
+def _named(name: str) -> CacheLayout | StateCacheLayout:
+    """The layout ``name`` names: a cache or state preset, or a layout file of either kind
+    [LAYOUT-5, SLAYOUT-1]."""
+    from kvspec.memory.cache_layout import get_layout
+    from kvspec.memory.layout_refs import is_layout_file, read_file
+    from kvspec.memory.presets import STATE_PRESETS
+
+    if name in STATE_PRESETS:
+        return STATE_PRESETS[name]
+    return read_file(name) if is_layout_file(name) else get_layout(name)
+
+
 def run(args: argparse.Namespace) -> int:
     from kvspec.memory.cache_layout import PRESETS, get_layout
+    from kvspec.memory.layout_model import StateCacheLayout
     from kvspec.memory.presets import STATE_PRESETS
 
     try:
@@ -251,14 +270,13 @@ def run(args: argparse.Namespace) -> int:
         if args.convert:
             report = convert_report(args)
             text = render_convert(report)
-        elif args.name in STATE_PRESETS:
-            state = STATE_PRESETS[args.name]
-            report = describe_state(state)
+        elif args.name and isinstance(named := _named(args.name), StateCacheLayout):
+            report = describe_state(named)
             if args.model:
-                report["pages"] = state_pages(args, state)
+                report["pages"] = state_pages(args, named)
             text = render_state(report, args)
         elif args.name:
-            layout = get_layout(args.name)
+            layout = get_layout(named)
             report, text = describe(layout), render_one(layout)
         else:
             report = {
