@@ -347,7 +347,7 @@ def _cache_layout(
         else None
     )
     source = _source(data["source"], at) if "source" in data else None
-    _check_axes(at, axes, logical)
+    _check_axes(at, axes, logical, per_layer)
     layout = CacheLayout(
         name=name,
         shape=shape,
@@ -375,8 +375,10 @@ def _cache_layout(
     return layout
 
 
-def _check_axes(at: _Where, axes: tuple[str, ...], logical: tuple[str, ...] | None) -> None:
-    """The rules on the axes alone [LAYOUT-5]."""
+def _check_axes(
+    at: _Where, axes: tuple[str, ...], logical: tuple[str, ...] | None, per_layer: str | None
+) -> None:
+    """The rules on the axes and the layers axis [LAYOUT-5]."""
     if axes[-1] != "dim":
         raise at.error(
             "axes", f"ends with {axes[-1]!r}; the last axis is 'dim', each cell's record"
@@ -398,6 +400,14 @@ def _check_axes(at: _Where, axes: tuple[str, ...], logical: tuple[str, ...] | No
             f"is [{', '.join(logical)}], not a permutation of the axes [{', '.join(axes)}]: "
             "the stride order maps one onto the other",
         )
+    if "layers" in axes and per_layer is None:
+        raise at.error(
+            "per_layer",
+            "is missing: the axes have a 'layers' axis, so say which per-layer preset each "
+            "layer reads as",
+        )
+    if per_layer is not None and "layers" not in axes:
+        raise at.error("per_layer", "is given but the axes have no 'layers' axis")
 
 
 def _check_placement(layout: CacheLayout, at: _Where) -> None:
@@ -478,17 +488,9 @@ def _check_record(layout: CacheLayout, at: _Where) -> None:
 
 
 def _check_layers(layout: CacheLayout, at: _Where, known: Mapping[str, CacheLayout]) -> None:
-    """A layers axis, and the per-layer preset each layer reads as [LAYOUT-5]."""
-    if "layers" in layout.axes and layout.per_layer is None:
-        raise at.error(
-            "per_layer",
-            "is missing: the axes have a 'layers' axis, so say which per-layer preset each "
-            "layer reads as",
-        )
+    """The per-layer preset each layer of a layers axis reads as [LAYOUT-5]."""
     if layout.per_layer is None:
         return
-    if "layers" not in layout.axes:
-        raise at.error("per_layer", "is given but the axes have no 'layers' axis")
     base = known.get(layout.per_layer)
     if base is None:
         raise at.error(
