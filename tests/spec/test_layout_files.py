@@ -53,11 +53,17 @@ def _file_names() -> list[str]:
     return sorted(p.name for p in ROOT.joinpath("presets").iterdir() if p.name.endswith(".json"))
 
 
-def test_the_presets_are_the_old_tables_value_for_value() -> None:
-    frozen = json.loads(FROZEN.read_text())
-    assert [_plain(dataclasses.asdict(p)) for p in LAYOUT_PRESETS] == frozen["layouts"]
-    assert [_plain(dataclasses.asdict(p)) for p in STATE_LAYOUT_PRESETS] == frozen["state_layouts"]
-    assert len(LAYOUT_PRESETS) == 19 and len(STATE_LAYOUT_PRESETS) == 2
+@pytest.mark.parametrize("table", ["layouts", "state_layouts"])
+def test_the_presets_are_the_old_tables_value_for_value(table: str) -> None:
+    """Each of the presets the Python tables held is its file's value, and they keep
+    their order; presets added since sit among them."""
+    frozen = json.loads(FROZEN.read_text())[table]
+    now = {p.name: p for p in (LAYOUT_PRESETS if table == "layouts" else STATE_LAYOUT_PRESETS)}
+    assert len(frozen) == (19 if table == "layouts" else 2)
+    for old in frozen:
+        assert _plain(dataclasses.asdict(now[old["name"]])) == old, old["name"]
+    names = [p["name"] for p in frozen]
+    assert [n for n in now if n in names] == names
 
 
 def test_the_index_lists_every_preset_file_once_in_order() -> None:
@@ -442,3 +448,15 @@ def test_a_missing_or_huge_file_is_refused_unread(tmp_path: Path) -> None:
     huge.write_bytes(b" " * (layout_files.MAX_FILE_BYTES + 1))
     with pytest.raises(LayoutFileError, match=r"huge.json: is over"):
         read_layout_file(huge)
+
+
+def test_the_docs_example_file_is_the_one_shown_and_reads() -> None:
+    """docs/layouts.md shows examples/layouts/my_engine_hnd.json verbatim, in the
+    writer's form, and it is a layout kvspec reads."""
+    from tests.paths import ROOT
+
+    example = ROOT / "examples" / "layouts" / "my_engine_hnd.json"
+    page = (ROOT / "docs" / "layouts.md").read_text()
+    assert f"```json\n{example.read_text()}```" in page
+    layout = read_layout_file(example, known=PRESETS)
+    assert dumps(layout) == example.read_text()
