@@ -15,6 +15,7 @@ from kvspec.memory.cache_layout import (
     CacheShape,
     cache_shape,
     convert,
+    detect_layout,
     empty_cache,
     field_views,
     get_layout,
@@ -77,6 +78,21 @@ def test_cross_layer_tensors_are_read_layer_by_layer() -> None:
             assert layer.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
             assert same(kv_views(layer, get_layout(name).per_layer)[0], k)
         assert cache_shape(cache, name).layers == 3
+
+
+def test_lhbnc_keeps_heads_outside_blocks_in_a_layer() -> None:
+    """vLLM 0.33 KVCacheLayout.LHBNC = (0, 2, 1, 3, 4): each layer is [H, B, N, 2D] in
+    memory (layer_view_order (1, 0, 2, 3) of the per-layer [B, H, N, C] view)."""
+    k, v = kv()  # [B, N, H, D]
+    logical = torch.cat([k.transpose(1, 2), v.transpose(1, 2)], dim=-1)  # [B, H, N, 2D]
+    lhbnc = logical.permute(1, 0, 2, 3).contiguous()  # [H, B, N, 2D]
+    got_k, got_v = kv_views(lhbnc, "vllm_packed_lhbnc")
+    assert same(got_k, k) and same(got_v, v)
+    assert get_layout("vllm_packed_lhbnc").stride_order == (1, 0, 2, 3)
+    # with as many heads as blocks it reads as vllm_packed_hnd too: only the name tells
+    square = logical[:2].permute(1, 0, 2, 3).contiguous()  # 2 blocks, 2 heads
+    with pytest.raises(ValueError, match=r"ambiguous.*vllm_packed_hnd.*vllm_packed_lhbnc"):
+        detect_layout(square, heads=2, head_dim=3)
 
 
 def test_bhlnc_and_sglang_page_head_are_read_layer_by_layer() -> None:
