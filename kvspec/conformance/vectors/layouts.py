@@ -66,10 +66,10 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     shapes = [(2, 2, 4, 2, 3), (2, 3, 2, 2, 3), (2, 5, 3, 1, 2), (1, 3, 2, 1, 4), (2, 4, 1, 3, 2)]
     i = 0
-    for names, (kv, blocks, block_size, heads, dim) in (
-        (names, shape) for names in vector_layouts() for shape in shapes
+    for group, (kv, blocks, block_size, heads, dim) in (
+        (group, shape) for group in vector_layouts() for shape in shapes
     ):
-        for name in names:
+        for name in group:
             spec = LAYOUTS[name]
             if spec.kv_tensors not in (None, kv):
                 continue
