@@ -207,3 +207,12 @@ def test_a_file_that_cannot_hold_the_model_is_refused(
     code = kvspec_main([*DESC[:-2], "--attention", "mla", "--src-layout", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and "cannot hold a mla model's cache" in err
+
+
+def test_a_k_and_v_file_for_an_mla_model_is_refused_naming_kv_tensors(
+    capsys: pytest.CaptureFixture[str], layout_file: Path
+) -> None:
+    argv = ["run", "--quiet", "--ports", "os", "--attention", "mla", "--source-tp", "2"]
+    assert sim_main([*argv, "--target-tp", "1", "--src-layout", str(layout_file)]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert f"cache layout '{layout_file}' cannot hold an mla cache: its kv_tensors is 2" in first
