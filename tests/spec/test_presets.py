@@ -110,8 +110,8 @@ def test_bhlnc_and_sglang_page_head_are_read_layer_by_layer() -> None:
         [torch.stack([k.transpose(1, 2), v.transpose(1, 2)], 0) for k, v in layers], 1
     )
     page_head = stacked.permute(0, 2, 3, 4, 1, 5).contiguous()
-    assert get_layout("vllm_packed_bhlnc_layers").stride_order == (1, 2, 0, 3, 4)
-    for cache, name in ((bhlnc, "vllm_packed_bhlnc_layers"), (page_head, "sglang_host_page_head")):
+    assert get_layout("vllm_packed_bhlnc").stride_order == (1, 2, 0, 3, 4)
+    for cache, name in ((bhlnc, "vllm_packed_bhlnc"), (page_head, "sglang_host_page_head")):
         got_k, got_v = kv_views(cache, name)
         assert cache_shape(cache, name).layers == 3
         for i, (k, v) in enumerate(layers):
