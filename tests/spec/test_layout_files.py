@@ -460,3 +460,9 @@ def test_the_docs_example_file_is_the_one_shown_and_reads() -> None:
     assert f"```json\n{example.read_text()}```" in page
     layout = read_layout_file(example, known=PRESETS)
     assert dumps(layout) == example.read_text()
+
+
+def test_every_preset_name_fits_the_listing_column() -> None:
+    """kvspec layouts lists names in a 24-column field: a preset's name leaves a space."""
+    for name in [*PRESETS, *(p.name for p in STATE_LAYOUT_PRESETS)]:
+        assert len(name) <= 23, name
