@@ -53,6 +53,7 @@ from kvspec.cli.args import (
     MAX_HEADS,
     MAX_LAYERS,
     Parser,
+    cache_layout_ref,
     int_in,
     number_in,
     seconds_in,
@@ -67,7 +68,6 @@ from kvspec.cli.plan import (
     model_from_args,
     parallel_knobs,
 )
-from kvspec.memory.cache_layout import PRESETS
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
@@ -161,12 +161,14 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="(bfloat16)")
     caches = run.add_argument_group("caches")
-    caches.add_argument(
-        "--src-layout", choices=tuple(PRESETS), default=None, help="(flash_attn; mla for MLA)"
-    )
-    caches.add_argument(
-        "--dst-layout", choices=tuple(PRESETS), default=None, help="(flash_attn; mla for MLA)"
-    )
+    for flag in ("--src-layout", "--dst-layout"):  # a preset, or a layout file [LAYOUT-5]
+        caches.add_argument(
+            flag,
+            type=cache_layout_ref,
+            default=None,
+            metavar="PRESET|FILE.json",
+            help="a preset (kvspec layouts lists them) or a layout file (flash_attn; mla for MLA)",
+        )
     caches.add_argument(
         "--transfer",
         choices=TRANSFERS,

@@ -9,7 +9,14 @@ import math
 import socket
 from collections.abc import Sequence
 
-from kvspec.memory.cache_layout import PRESETS, CacheShape, empty_cache, get_layout, layouts_for
+from kvspec.memory.cache_layout import (
+    PRESETS,
+    CacheShape,
+    empty_cache,
+    get_layout,
+    holds_attention,
+    layouts_for,
+)
 from kvspec.memory.records import check_holds
 from kvspec.topology.model import ModelShape
 from sim import messages
@@ -76,10 +83,12 @@ def check_layouts(config: SimConfig) -> None:
     held = layouts_for(model.attention, cross_layer=True)
     for flag, name in (("--src-layout", config.src_layout), ("--dst-layout", config.dst_layout)):
         spec = get_layout(name)
-        if spec.plain and name not in held:
+        if spec.plain and not holds_attention(spec, model.attention, cross_layer=True):
+            holds = {2: "K and V", 1: "one latent"}.get(spec.kv_tensors or 0, "K and V or a latent")
             raise ValueError(
-                f"cache layout {name!r} cannot hold an {model.attention} cache; use one "
-                f"of {', '.join(held)} [LAYOUT-1]"
+                f"cache layout {name!r} cannot hold an {model.attention} cache: its "
+                f"kv_tensors is {spec.kv_tensors} ({holds}); use one of {', '.join(held)} "
+                "[LAYOUT-1]"
             )
         why = _cannot_hold(name, model)
         if why is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -34,6 +35,27 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: refused: {message} (see {self.prog} --help)\n")
         sys.exit(2)
+
+
+def cache_layout_ref(text: str) -> str:
+    """An argparse ``type``: a cache layout preset's name, or the path of a layout file
+    (ending in ``.json``), read and checked here and given back absolute, so that every
+    process a command starts reads the same file [LAYOUT-1, LAYOUT-5]."""
+    from kvspec.memory.cache_layout import PRESETS, get_layout
+    from kvspec.memory.layout_refs import is_layout_file
+
+    if text in PRESETS:
+        return text
+    if not is_layout_file(text):
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {quote(text)} (choose from {', '.join(PRESETS)}, or a layout "
+            "file: a path ending in .json)"
+        )
+    try:
+        get_layout(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return os.path.abspath(text)
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:

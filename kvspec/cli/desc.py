@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _layouts(args: argparse.Namespace, attention: str) -> tuple[str, str]:
-    from kvspec.memory.cache_layout import PRESETS, get_layout, layouts_for
+    from kvspec.memory.cache_layout import PRESETS, get_layout, holds_attention, layouts_for
 
     default = "mla" if attention == "mla" else "flash_attn"
     chosen = (args.src_layout or default, args.dst_layout or args.src_layout or default)
@@ -100,8 +100,11 @@ def _layouts(args: argparse.Namespace, attention: str) -> tuple[str, str]:
         n for n, spec in PRESETS.items() if not spec.plain and spec.kv_tensors == kv
     )
     for option, name in zip(("--src-layout", "--dst-layout"), chosen, strict=True):
-        get_layout(name)
-        if name not in allowed:
+        spec = get_layout(name)  # a preset, or a layout file [LAYOUT-5]
+        if not (
+            holds_attention(spec, attention, cross_layer=True)
+            or (not spec.plain and spec.kv_tensors == kv)
+        ):
             raise ValueError(
                 f"{option} {name}: it cannot hold a {attention} model's cache; use one of "
                 f"{', '.join(allowed)} [LAYOUT-1]"

@@ -7,9 +7,11 @@ cell (inline scales included), an optional layers axis [LAYOUT-5, LAYOUT-6].
 examples:
   kvspec layouts                                  every preset, one entry each
   kvspec layouts vllm_pth_hnd                     one preset in full, with its source
+  kvspec layouts my_layout.json                   a layout file, checked, in full
   kvspec layouts --convert vllm_packed_hnd sglang_mha --to-block-size 32
   kvspec layouts --convert vllm_pth_hnd vllm_packed_hnd     # refused: inline scales
   kvspec layouts --json -
+  kvspec layouts --which 2x2x16x16 --heads 2      every layout a [2, 2, 16, 16] cache could be
   kvspec layouts vllm_conv_ds --model qwen3-next-80b-a3b --tp 4 --rank 1
 
 State layouts (vllm_conv_sd, vllm_conv_ds) place a Mamba/GDN layer's state in one page
@@ -28,7 +30,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, int_in
+from kvspec.cli.args import MAX_HEAD_DIM, MAX_HEADS, int_in, quote
 from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.tensors.dtype_names import DTYPE_NAMES
 from kvspec.topology.model import ModelShape
@@ -46,17 +48,28 @@ HELP = "list the cache layout presets (shape, stride order, source); convert bet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", help="show this preset in full")
     parser.add_argument(
-        "--convert", nargs=2, metavar=("A", "B"), help="convert a cache from preset A to B"
+        "name", nargs="?", help="show this preset, or the layout in this layout file, in full"
     )
-    size = parser.add_argument_group("the cache --convert makes")
-    size.add_argument("--heads", type=int_in(1, MAX_HEADS), default=2, help="KV heads (2)")
-    size.add_argument(
-        "--head-dim", type=int_in(1, MAX_HEAD_DIM), default=8, help="head_dim or latent (8)"
+    parser.add_argument(
+        "--convert",
+        nargs=2,
+        metavar=("A", "B"),
+        help="convert a cache from preset (or layout file) A to B",
     )
+    parser.add_argument(
+        "--which",
+        nargs="+",
+        metavar="SHAPE",
+        type=shape_arg,
+        help="every layout a cache of this shape (AxBxC..., several for a tuple) could be; "
+        "--heads, --head-dim, --block-size narrow it",
+    )
+    size = parser.add_argument_group("the cache --convert makes (or what --which knows)")
+    size.add_argument("--heads", type=int_in(1, MAX_HEADS), help="KV heads (2)")
+    size.add_argument("--head-dim", type=int_in(1, MAX_HEAD_DIM), help="head_dim or latent (8)")
     size.add_argument("--blocks", type=int_in(1, 4096), default=4, help="blocks (4)")
-    size.add_argument("--block-size", type=int_in(1, 4096), default=16, help="A's block size (16)")
+    size.add_argument("--block-size", type=int_in(1, 4096), help="A's block size (16)")
     size.add_argument(
         "--to-block-size", type=int_in(1, 4096), help="B's block size (A's)", metavar="N"
     )
@@ -70,6 +83,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--page-size", type=int_in(1, 2**40), help="bytes per page (the state's own)", metavar="B"
     )
     add_json_option(parser, "the presets (or the conversion)")
+
+
+def shape_arg(text: str) -> list[int]:
+    """An argparse ``type``: a tensor shape written ``2x16x4x8`` (or with commas)."""
+    parts = text.replace(",", "x").split("x")
+    if not 1 <= len(parts) <= 8 or not all(p.isdigit() and len(p) <= 9 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected a shape such as 2x16x4x8 (1 to 8 sizes), got {quote(text)}"
+        )
+    return [int(p) for p in parts]
+
+
+def which_report(args: argparse.Namespace) -> dict[str, Any]:
+    """Every layout a cache of the ``--which`` shape(s) could be, with its reading [LAYOUT-4]."""
+    from kvspec.memory.layout_readings import readings
+
+    dtype = args.dtype or "bfloat16"
+    known = {"heads": args.heads, "head_dim": args.head_dim, "block_size": args.block_size}
+    found = readings(args.which, dtype=dtype, **known)
+    return {
+        "shapes": args.which,
+        "dtype": dtype,
+        "known": {k: v for k, v in known.items() if v is not None},
+        "layouts": [
+            {
+                "name": r.layout,
+                "dtype": r.dtype,
+                "num_blocks": r.shape.num_blocks if r.page_size_stated else None,
+                "block_size": r.shape.block_size if r.page_size_stated else None,
+                "token_rows": r.shape.slots,
+                "heads": r.shape.heads,
+                "head_dim": r.shape.head_dim,
+                "layers": r.shape.layers,
+                "kv": r.shape.kv,
+            }
+            for r in found
+        ],
+    }
+
+
+def render_which(report: dict[str, Any]) -> str:
+    shapes = " and ".join(str(s) for s in report["shapes"])
+    known = ", ".join(f"{k} {v}" for k, v in report["known"].items())
+    found = report["layouts"]
+    lines = [
+        f"a cache of {'tensors' if len(report['shapes']) > 1 else 'a tensor'} {shapes} "
+        f"({report['dtype']}{', ' + known if known else ''}) could be {len(found)} "
+        f"layout{'s' if len(found) != 1 else ''} [LAYOUT-4]:"
+    ]
+    for r in found:
+        blocks = (
+            f"{r['num_blocks']} blocks of {r['block_size']}"
+            if r["block_size"] is not None
+            else f"a pool of {r['token_rows']} token rows (any page size that divides them)"
+        )
+        what = (
+            f"latent {r['head_dim']}" if r["kv"] == 1 else f"{r['heads']} heads x {r['head_dim']}"
+        )
+        layers = f", {r['layers']} layers" if r["layers"] > 1 else ""
+        dtype = f" ({r['dtype']})" if r["dtype"] != report["dtype"] else ""
+        lines.append(f"  {r['name']:<26}{blocks}, {what}{layers}{dtype}")
+    if len(found) > 1:
+        lines.append(
+            "the shape alone cannot tell them apart: name the layout (kvspec layouts NAME), "
+            "or state --heads, --head-dim, --block-size"
+        )
+    return "\n".join(lines)
 
 
 def describe(layout: CacheLayout) -> dict[str, Any]:
@@ -242,8 +322,21 @@ def render_one(layout: CacheLayout) -> str:
     return "\n".join(lines)
 
 
+def _named(name: str) -> CacheLayout | StateCacheLayout:
+    """The layout ``name`` names: a cache or state preset, or a layout file of either kind
+    [LAYOUT-5, SLAYOUT-1]."""
+    from kvspec.memory.cache_layout import get_layout
+    from kvspec.memory.layout_refs import is_layout_file, read_file
+    from kvspec.memory.presets import STATE_PRESETS
+
+    if name in STATE_PRESETS:
+        return STATE_PRESETS[name]
+    return read_file(name) if is_layout_file(name) else get_layout(name)
+
+
 def run(args: argparse.Namespace) -> int:
     from kvspec.memory.cache_layout import PRESETS, get_layout
+    from kvspec.memory.layout_model import StateCacheLayout
     from kvspec.memory.presets import STATE_PRESETS
 
     try:
@@ -251,14 +344,21 @@ def run(args: argparse.Namespace) -> int:
         if args.convert:
             report = convert_report(args)
             text = render_convert(report)
-        elif args.name in STATE_PRESETS:
-            state = STATE_PRESETS[args.name]
-            report = describe_state(state)
+        elif args.which:
+            report = which_report(args)
+            if not report["layouts"]:
+                raise ValueError(
+                    f"a cache of {' and '.join(map(str, args.which))} fits no cache layout "
+                    "(kvspec layouts lists them) [LAYOUT-4]"
+                )
+            text = render_which(report)
+        elif args.name and isinstance(named := _named(args.name), StateCacheLayout):
+            report = describe_state(named)
             if args.model:
-                report["pages"] = state_pages(args, state)
+                report["pages"] = state_pages(args, named)
             text = render_state(report, args)
         elif args.name:
-            layout = get_layout(args.name)
+            layout = get_layout(named)
             report, text = describe(layout), render_one(layout)
         else:
             report = {
@@ -286,14 +386,14 @@ def convert_report(args: argparse.Namespace) -> dict[str, Any]:
     source, target = (get_layout(name) for name in args.convert)
     dtype = args.dtype or (source.dtypes[0] if source.dtypes else "bfloat16")
     kv = source.kv_tensors or target.kv_tensors or 2
-    head_dim = source.fixed_head_dim or args.head_dim
-    block_size = args.block_size if source.paged else 1
-    blocks = args.blocks if source.paged else args.blocks * args.block_size
+    head_dim = source.fixed_head_dim or args.head_dim or 8
+    block_size = (args.block_size or 16) if source.paged else 1
+    blocks = args.blocks if source.paged else args.blocks * (args.block_size or 16)
     shape = CacheShape(
         kv,
         blocks,
         block_size,
-        1 if kv == 1 else args.heads,
+        1 if kv == 1 else args.heads or 2,
         head_dim,
         args.layers if source.cross_layer else 1,
     )

@@ -38,6 +38,7 @@ FAMILY_NAMES: tuple[str, ...] = (
     "groups",
     "states",
     "state-layouts",
+    "cross-layer",
 )
 """The names of :data:`kvspec.conformance.vectors.FAMILY_NAMES`, for ``--family``'s choices:
 written out, because the vectors (and so torch) are imported only by :func:`run`, and

@@ -25,7 +25,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import PRESETS, get_layout, layouts_for
+from kvspec.memory.cache_layout import PRESETS, get_layout, holds_attention
 from kvspec.strategies import (
     TP_SIZES,
     Partitioner,
@@ -169,12 +169,12 @@ class Domain:
 
     def cache_layouts(self, attention: str | None = None) -> tuple[str, ...]:
         """The domain's layouts (that can hold ``attention``'s cache, when given)."""
-        fits = (
-            layouts_for(attention, cross_layer=True)
-            if attention
-            else layouts_for("mha", cross_layer=True) + layouts_for("mla", cross_layer=True)
+        kinds = (attention,) if attention else ("mha", "mla")
+        return tuple(
+            name
+            for name in self.layouts
+            if any(holds_attention(name, kind, cross_layer=True) for kind in kinds)
         )
-        return tuple(name for name in self.layouts if name in fits)
 
     def plain_layouts(self, *, cross_layer: bool = True) -> tuple[str, ...]:
         """The domain's layouts whose cells hold only K and V (or a latent) [LAYOUT-1]."""

@@ -18,6 +18,7 @@ import torch
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout, Field
+from kvspec.memory.layout_refs import is_layout_file, read_cache_file, read_name
 from kvspec.memory.presets import PRESETS
 from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import dtype_name, torch_dtype
@@ -40,6 +41,7 @@ __all__ = [
     "empty_cache",
     "field_views",
     "get_layout",
+    "holds_attention",
     "kv_views",
     "layer_views",
     "layouts_for",
@@ -224,9 +226,17 @@ RECORDS: dict[str, CacheLayout] = {
 
 
 def get_layout(name: object) -> CacheLayout:
-    """The preset called ``name``; unknown names are refused with the known ones [LAYOUT-1]."""
+    """The preset called ``name``, or the layout in the layout file ``name`` (a path ending
+    in ``.json``), or a layout file's read in this process by its name; unknown names are
+    refused with the known ones [LAYOUT-1, LAYOUT-5]."""
     if isinstance(name, CacheLayout):
         return name
+    if isinstance(name, str) and name not in PRESETS:
+        if is_layout_file(name):
+            return read_cache_file(name)
+        read = read_name(name)  # a layout file's, read in this process [LAYOUT-5]
+        if read is not None:
+            return read
     if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(
             f"unknown cache layout {name!r}; the layouts are {', '.join(PRESETS)} [LAYOUT-1]"
@@ -238,9 +248,17 @@ def layouts_for(attention: str, *, cross_layer: bool = False) -> tuple[str, ...]
     """The layouts that can hold a model of attention kind ``attention`` ('mha' or 'mla'):
     the per-layer :data:`LAYOUTS`, and with ``cross_layer`` the plain cross-layer presets
     too (a paged cache holds those as one tensor) [LAYOUT-5]."""
-    kv = 1 if attention == "mla" else 2
     chosen = {**LAYOUTS, **(CROSS_LAYER if cross_layer else {})}
-    return tuple(n for n, layout in chosen.items() if layout.kv_tensors in (kv, None))
+    return tuple(n for n, layout in chosen.items() if holds_attention(layout, attention))
+
+
+def holds_attention(layout: str | CacheLayout, attention: str, *, cross_layer: bool = True) -> bool:
+    """Whether ``layout`` (a preset or a layout file) is one of those :func:`layouts_for`
+    would list for ``attention``: its cells hold only K and V (or a latent), of the kind's
+    count, per layer or, with ``cross_layer``, in one tensor [LAYOUT-1, LAYOUT-5]."""
+    spec = get_layout(layout)
+    kv = 1 if attention == "mla" else 2
+    return spec.plain and (cross_layer or not spec.cross_layer) and spec.kv_tensors in (kv, None)
 
 
 @dataclass(frozen=True)

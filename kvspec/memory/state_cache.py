@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.memory.layout_model import StateCacheLayout
+from kvspec.memory.layout_refs import is_layout_file, read_state_file
 from kvspec.memory.presets import STATE_PRESETS
 from kvspec.tensors.dtype_names import itemsize
 from kvspec.tensors.state_oracle import part_dtype, state_group
@@ -84,7 +85,10 @@ CLAUSES = (
 
 
 def get_state_layout(name: object) -> StateCacheLayout:
-    """The named state layout; an unknown name is refused with the known ones [SLAYOUT-1]."""
+    """The named state layout, or the one in the layout file ``name`` (a path ending in
+    ``.json``); an unknown name is refused with the known ones [SLAYOUT-1]."""
+    if isinstance(name, str) and name not in STATE_PRESETS and is_layout_file(name):
+        return read_state_file(name)
     if not isinstance(name, str) or name not in STATE_PRESETS:
         raise ValueError(
             f"unknown state cache layout {name!r}; known state layouts: "

@@ -15,6 +15,7 @@ from kvspec.memory.cache_layout import (
     CacheShape,
     cache_shape,
     convert,
+    detect_layout,
     empty_cache,
     field_views,
     get_layout,
@@ -77,6 +78,47 @@ def test_cross_layer_tensors_are_read_layer_by_layer() -> None:
             assert layer.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
             assert same(kv_views(layer, get_layout(name).per_layer)[0], k)
         assert cache_shape(cache, name).layers == 3
+
+
+def test_lhbnc_keeps_heads_outside_blocks_in_a_layer() -> None:
+    """vLLM 0.33 KVCacheLayout.LHBNC = (0, 2, 1, 3, 4): each layer is [H, B, N, 2D] in
+    memory (layer_view_order (1, 0, 2, 3) of the per-layer [B, H, N, C] view)."""
+    k, v = kv()  # [B, N, H, D]
+    logical = torch.cat([k.transpose(1, 2), v.transpose(1, 2)], dim=-1)  # [B, H, N, 2D]
+    lhbnc = logical.permute(1, 0, 2, 3).contiguous()  # [H, B, N, 2D]
+    got_k, got_v = kv_views(lhbnc, "vllm_packed_lhbnc")
+    assert same(got_k, k) and same(got_v, v)
+    assert get_layout("vllm_packed_lhbnc").stride_order == (1, 0, 2, 3)
+    # with as many heads as blocks it reads as vllm_packed_hnd too: only the name tells
+    square = logical[:2].permute(1, 0, 2, 3).contiguous()  # 2 blocks, 2 heads
+    with pytest.raises(ValueError, match=r"ambiguous.*vllm_packed_hnd.*vllm_packed_lhbnc"):
+        detect_layout(square, heads=2, head_dim=3)
+
+
+def test_bhlnc_and_sglang_page_head_are_read_layer_by_layer() -> None:
+    """vLLM 0.33 KVCacheLayout.BHLNC = (1, 2, 0, 3, 4): physical [B, H, L, N, 2D] of the
+    logical [L, B, H, N, C]; SGLang 0.5.23's HiCache host pool under page_head is one
+    tensor (2, page_num, head_num, page_size, layer_num, head_dim), K at 0 and V at 1."""
+    layers = [kv(seed=10 * i) for i in range(3)]  # each K, V [B, N, H, D]
+    # [L, B, H, N, 2D] (logical) permuted by BHLNC into memory: [B, H, L, N, 2D]
+    logical = torch.stack(
+        [torch.cat([k.transpose(1, 2), v.transpose(1, 2)], -1) for k, v in layers], 0
+    )
+    bhlnc = logical.permute(1, 2, 0, 3, 4).contiguous()
+    # [2, L, B, H, N, D] -> page_head's (2, pages, heads, page_size, layers, head_dim)
+    stacked = torch.stack(
+        [torch.stack([k.transpose(1, 2), v.transpose(1, 2)], 0) for k, v in layers], 1
+    )
+    page_head = stacked.permute(0, 2, 3, 4, 1, 5).contiguous()
+    assert get_layout("vllm_packed_bhlnc").stride_order == (1, 2, 0, 3, 4)
+    for cache, name in ((bhlnc, "vllm_packed_bhlnc"), (page_head, "sglang_host_page_head")):
+        got_k, got_v = kv_views(cache, name)
+        assert cache_shape(cache, name).layers == 3
+        for i, (k, v) in enumerate(layers):
+            assert same(got_k[i], k) and same(got_v[i], v), (name, i)
+            layer = layer_views(cache, name)[i]
+            assert layer.untyped_storage().data_ptr() == cache.untyped_storage().data_ptr()
+            assert same(kv_views(layer, get_layout(name).per_layer)[1], v)
 
 
 def test_sglang_pools_keep_row_page_times_page_size_plus_slot() -> None:
@@ -211,7 +253,7 @@ def test_every_pair_converts_bit_for_bit_or_is_refused(source: str, target: str)
 
 
 @given(
-    layout=st.sampled_from(["vllm_packed_hnd_layers", "vllm_packed_nhd_layers", "trtllm_pool"]),
+    layout=st.sampled_from([n for n, spec in PRESETS.items() if spec.cross_layer and spec.plain]),
     layers=st.integers(1, 3),
     blocks=st.integers(1, 4),
 )

@@ -35,6 +35,7 @@ from kvspec.memory.cache_layout import (
     get_layout,
     kv_views,
 )
+from kvspec.memory.layout_refs import is_layout_file
 from kvspec.strategies import cache_shapes
 from kvspec.tensors.dtypes import bits_view
 
@@ -45,7 +46,9 @@ def _pool(example: Example, layout: str | None = None) -> int | None:
 
 
 def _is_pool(layout: str) -> bool:
-    return layout in PRESETS and get_layout(layout).merged_tokens
+    """Whether ``layout`` is a token pool: a preset, or a layout file of one [LAYOUT-5]."""
+    known = layout in PRESETS or is_layout_file(layout)
+    return known and get_layout(layout).merged_tokens
 
 
 def _facts(ctx: Context, method: str, example: Example, layout: str | None = None) -> dict:

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from kvspec import __version__
 from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.vectors import (
+    cross_layer,
     descriptors,
     errors,
     groups,
@@ -66,6 +67,7 @@ FAMILIES: tuple[Family, ...] = (
     groups.FAMILY,
     states.FAMILY,
     state_layouts.FAMILY,
+    cross_layer.FAMILY,
 )
 """Every family, in the order they are exported and replayed."""
 
