@@ -740,6 +740,31 @@ def _copy_slots(have: torch.Tensor, want: torch.Tensor) -> None:
     copy_bits(want, have)
 
 
+def read_as(
+    cache: LayerCache,
+    spec: CacheLayout,
+    *,
+    heads: int | None,
+    head_dim: int | None,
+    block_size: int | None,
+) -> tuple[CacheShape, bool] | None:
+    """How ``cache`` reads as ``spec`` [LAYOUT-4]: its shape, and whether the block size was
+    guessed (a layout that merges blocks and slots, read without one, is read with
+    block size 1); None where ``cache`` cannot be that layout."""
+    guessed = spec.merged_tokens and block_size is None
+    try:
+        shape = cache_shape(
+            cache,
+            spec,
+            heads=heads,
+            head_dim=head_dim,
+            block_size=(1 if guessed else block_size) if spec.paged else None,
+        )
+    except ValueError:
+        return None
+    return shape, guessed
+
+
 def detect_layout(
     cache: LayerCache,
     *,
@@ -767,18 +792,9 @@ def detect_layout(
     for name, spec in PRESETS.items():
         if spec.cross_layer:
             continue
-        guessed = spec.merged_tokens and block_size is None
-        try:
-            shape = cache_shape(
-                cache,
-                spec,
-                heads=heads,
-                head_dim=head_dim,
-                block_size=(1 if guessed else block_size) if spec.paged else None,
-            )
-        except ValueError:
-            continue
-        fits.append((name, shape, guessed))
+        read = read_as(cache, spec, heads=heads, head_dim=head_dim, block_size=block_size)
+        if read is not None:
+            fits.append((name, *read))
     known = ", ".join(f"{k}={v}" for k, v in stated.items() if v is not None)
     given = f"a {describe_cache(cache)}" + (f" with {known}" if known else "")
     if len(fits) == 1:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvspec.memory.cache_layout import PRESETS, CacheShape, cache_shape, get_layout
+from kvspec.memory.cache_layout import PRESETS, CacheShape, get_layout, read_as
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 
 
@@ -66,16 +66,8 @@ def readings(
             torch.empty(tuple(s), dtype=FIELD_DTYPES[element], device="meta") for s in shapes
         )
         cache = tensors if spec.tuple_form or len(tensors) > 1 else tensors[0]
-        guessed = spec.merged_tokens and block_size is None
-        try:
-            shape = cache_shape(
-                cache,
-                spec,
-                heads=heads,
-                head_dim=head_dim,
-                block_size=(1 if guessed else block_size) if spec.paged else None,
-            )
-        except ValueError:
-            continue
-        found.append(Reading(spec.name, cache_dtype, shape, not guessed))
+        read = read_as(cache, spec, heads=heads, head_dim=head_dim, block_size=block_size)
+        if read is not None:
+            shape, guessed = read
+            found.append(Reading(spec.name, cache_dtype, shape, not guessed))
     return found
