@@ -23,10 +23,11 @@ LIFECYCLE_KINDS: tuple[str, ...] = ("restart", "fail-nth")
 the senders' caches [DESC-1] (:mod:`sim.pull`); ``write``: senders write byte ranges from
 their caches into the receivers' (:mod:`sim.write`), the zero-copy path."""
 
-TRANSPORTS: tuple[str, ...] = ("tcp", "inproc", "gloo", "nccl")
+TRANSPORTS: tuple[str, ...] = ("tcp", "inproc", "gloo", "nccl", "nixl")
 """``tcp``: ZMQ between rank processes; ``inproc``: ZMQ between threads of one process;
 ``gloo``/``nccl``: control and headers over ZMQ on TCP, the tensor frames over
-torch.distributed point-to-point send/recv (:mod:`sim.p2p`)."""
+torch.distributed point-to-point send/recv (:mod:`sim.p2p`); ``nixl``: control over
+ZMQ on TCP, the bytes one-sided through NIXL over UCX (:mod:`sim.nixl`)."""
 P2P_TRANSPORTS: tuple[str, ...] = ("gloo", "nccl")
 
 PORT_MODES: tuple[str, ...] = ("spec", "os")

@@ -48,6 +48,10 @@ def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
             raise ValueError(
                 "--device cuda, but torch.cuda.is_available() is False on this machine"
             )
+    if config.transport == "nixl":
+        from sim.nixl import check_nixl
+
+        check_nixl(config)
     if config.p2p:
         ranks = len(all_ranks(config))
         check_transport(config, processes_here or -(-ranks // config.ranks_per_process))
