@@ -120,10 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "on every host, or use --ports os"
             )
         config = config_from_args(args)
-        if config.transport in ("inproc", "nixl"):
+        if config.transport in ("inproc", "nixl", "mooncake"):
             raise ValueError(
                 f"--transport {config.transport}: hosts talk over tcp (or gloo/nccl for the "
-                "tensor frames); NIXL across hosts is not built"
+                "tensor frames); a one-sided engine across hosts is not built"
             )
         local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if config.transport == "nccl" and local_workers > 1:

@@ -35,7 +35,7 @@ import zmq
 from kvspec.lifecycle.trace import TraceVerdict, check_trace
 from sim import messages
 from sim.auth import RunSecret, new_nonce
-from sim.config import SimConfig
+from sim.config import ONE_SIDED, SimConfig
 from sim.context import RankContext
 from sim.datapath import DataPath, PathEndpoint
 from sim.endpoints import RankId, all_ranks, bind_endpoint
@@ -64,12 +64,17 @@ PATHS: dict[str, type[PushPath] | type[PullAgent] | type[WriteAgent]] = {
 
 
 def path_for(config: SimConfig) -> Any:
-    """The data path class of a run: ``--transfer``'s, or over ``--transport nixl`` the
-    one-sided path (:mod:`sim.nixl`, imported only then)."""
+    """The data path class of a run: ``--transfer``'s, or over ``--transport nixl`` or
+    ``mooncake`` the one-sided path (:mod:`sim.nixl`, :mod:`sim.mooncake`, imported only
+    then)."""
     if config.transport == "nixl":
         from sim.nixl import NixlPath
 
         return NixlPath
+    if config.transport == "mooncake":
+        from sim.mooncake import MooncakePath
+
+        return MooncakePath
     return PATHS[config.transfer]
 
 
@@ -143,7 +148,7 @@ class Rank:
         self.monitor: zmq.Socket[Any] | None = None
         self.path: DataPath = path_for(config)(self._endpoint())
         self.poll_ms: int = getattr(self.path, "poll_ms", POLL_MS)  # a one-sided path's own
-        self.out_of_band = config.transport == "nixl"  # completions beside the ZMQ stream
+        self.out_of_band = config.transport in ONE_SIDED  # completions beside the ZMQ stream
 
     def _endpoint(self) -> PathEndpoint:
         """What the data path is given of this rank (:class:`sim.datapath.PathEndpoint`)."""

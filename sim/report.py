@@ -14,7 +14,7 @@ from typing import Any
 
 from kvspec.cli.plan import human_bytes
 from sim.accounting import MESSAGE_FAULTS, RANK_FAULTS
-from sim.config import SimConfig
+from sim.config import ENGINE_NAMES, ONE_SIDED, SimConfig
 from sim.endpoints import RankId
 from sim.workload import Workload
 
@@ -23,11 +23,11 @@ PULL_STATS: tuple[str, ...] = (
     "descriptor_bytes",
     "requests_pulled",
     "reads_refused",
-    "nixl_transfers",
-    "nixl_descriptors",
-    "nixl_notifications",
-    "nixl_refused",
-    "nixl_errors",
+    "onesided_transfers",
+    "onesided_descriptors",
+    "onesided_notifications",
+    "onesided_refused",
+    "onesided_errors",
 )
 """Counters a pull run's receivers (and senders, for refused reads) report [sim.pull]."""
 
@@ -374,8 +374,8 @@ class SimReport:
             ranks = f"{self.processes} Python process(es), ZMQ over {link}"
             if c.p2p:
                 ranks += f", tensor frames over torch.distributed ({c.transport})"
-            if c.transport == "nixl":
-                ranks += ", KV one-sided through NIXL over UCX (TCP loopback)"
+            if c.transport in ONE_SIDED:
+                ranks += f", KV one-sided through {ENGINE_NAMES[c.transport]}"
         return f"{ranks}, caches on {c.device}"
 
     def wall_lines(self) -> list[str]:

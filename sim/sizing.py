@@ -136,7 +136,7 @@ NIXL_METADATA = 1 << 20
 
 def max_router_message(config: SimConfig) -> int:
     """ZMQ_MAXMSGSIZE of a sender's KV socket: hellos, and in a pull run reads."""
-    if config.transport == "nixl":  # a receiver's agent metadata [sim.nixl]
+    if config.transport in ("nixl", "mooncake"):  # a receiver's metadata [sim.onesided]
         return max(messages.MAX_HANDSHAKE, NIXL_METADATA)
     if config.transfer != "pull":
         return messages.MAX_HANDSHAKE

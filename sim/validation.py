@@ -13,7 +13,7 @@ from kvspec.memory.cache_layout import PRESETS, CacheShape, empty_cache, get_lay
 from kvspec.memory.records import check_holds
 from kvspec.topology.model import ModelShape
 from sim import messages
-from sim.config import SimConfig
+from sim.config import ONE_SIDED, ONE_SIDED_LIBRARIES, SimConfig
 from sim.endpoints import all_ranks, check_ports
 from sim.p2p import check_transport
 from sim.sizing import check_fits
@@ -48,10 +48,11 @@ def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
             raise ValueError(
                 "--device cuda, but torch.cuda.is_available() is False on this machine"
             )
-    if config.transport == "nixl":
-        from sim.nixl import check_nixl
+    if config.transport in ONE_SIDED:
+        from sim.onesided_checks import check_onesided
 
-        check_nixl(config)
+        module, install = ONE_SIDED_LIBRARIES[config.transport]
+        check_onesided(config, module, install)
     if config.p2p:
         ranks = len(all_ranks(config))
         check_transport(config, processes_here or -(-ranks // config.ranks_per_process))
