@@ -160,6 +160,13 @@ def exposure(config: SimConfig) -> str | None:
     """What a run bound beyond loopback exposes, or None for a loopback run."""
     if config.transport == "inproc":
         return None
+    if config.transport == "mooncake":  # its engine binds every interface [sim.mooncake]
+        return (
+            "the Mooncake transfer engine listens on every interface (its RPC on 0.0.0.0, "
+            "its TCP data port on *), which the sim cannot hold to loopback: any host that "
+            "can reach this one can connect to those ports. Its peers' metadata travels only "
+            "over the run's authenticated connections."
+        )
     address = socket.getaddrinfo(config.host, 0, socket.AF_INET)[0][4][0]
     if ipaddress.ip_address(address).is_loopback:
         return None

@@ -21,7 +21,7 @@ from sim.config import ONE_SIDED_LIBRARIES, SimConfig
 from sim.faults import parse_faults
 from sim.onesided_checks import unloadable
 from sim.report import SimReport
-from sim.validation import validate
+from sim.validation import exposure, validate
 from sim.workload import Workload
 from tests.sim import runs
 
@@ -200,3 +200,9 @@ def test_without_the_engine_the_refusal_names_the_extra(monkeypatch, transport: 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=rf"not installed: pip install 'kvspec\[{transport}\]'"):
         validate(make(4, "pull", transport))
+
+
+def test_a_mooncake_run_says_its_engine_listens_on_every_interface() -> None:
+    """Mooncake's engine binds 0.0.0.0, which the sim cannot change: the run says so."""
+    assert exposure(make(4, "pull", "nixl")) is None
+    assert "listens on every interface" in (exposure(make(4, "pull", "mooncake")) or "")
