@@ -34,6 +34,7 @@ BENCHMARKS: tuple[str, ...] = (
     "benchmarks.sim",
     "benchmarks.transports",
     "benchmarks.startup",
+    "benchmarks.onesided",  # last: once UCX has started here, no sim may fork from this process
 )
 """Benchmark modules, in the order they run; each has ``run(quick) -> list[Figure]``."""
 

@@ -258,7 +258,9 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         default="tcp",
         help="tcp: one process per rank group, ZMQ between them; inproc: threads in this "
         "process; gloo (CPU) or nccl (GPU): as tcp, but the tensor frames go over "
-        "torch.distributed send/recv (tcp)",
+        "torch.distributed send/recv; nixl or mooncake: with --transfer pull|write, the "
+        "bytes go one-sided through NIXL over UCX or the Mooncake transfer engine, DRAM "
+        "(pip install 'kvspec[nixl]' or 'kvspec[mooncake]') (tcp)",
     )
     run.add_argument(
         "--no-checksum",

@@ -23,11 +23,26 @@ LIFECYCLE_KINDS: tuple[str, ...] = ("restart", "fail-nth")
 the senders' caches [DESC-1] (:mod:`sim.pull`); ``write``: senders write byte ranges from
 their caches into the receivers' (:mod:`sim.write`), the zero-copy path."""
 
-TRANSPORTS: tuple[str, ...] = ("tcp", "inproc", "gloo", "nccl")
+TRANSPORTS: tuple[str, ...] = ("tcp", "inproc", "gloo", "nccl", "nixl", "mooncake")
 """``tcp``: ZMQ between rank processes; ``inproc``: ZMQ between threads of one process;
 ``gloo``/``nccl``: control and headers over ZMQ on TCP, the tensor frames over
-torch.distributed point-to-point send/recv (:mod:`sim.p2p`)."""
+torch.distributed point-to-point send/recv (:mod:`sim.p2p`); ``nixl``/``mooncake``:
+control over ZMQ on TCP, the bytes one-sided through NIXL over UCX or the Mooncake
+transfer engine over TCP (:mod:`sim.onesided`)."""
 P2P_TRANSPORTS: tuple[str, ...] = ("gloo", "nccl")
+ONE_SIDED: tuple[str, ...] = ("nixl", "mooncake")
+ONE_SIDED_LIBRARIES: dict[str, tuple[str, str]] = {
+    "nixl": ("nixl_cu12", "pip install 'kvspec[nixl]'"),
+    "mooncake": (
+        "mooncake.engine",
+        "pip install 'kvspec[mooncake]' (and apt-get install libibverbs1)",
+    ),
+}
+"""Each one-sided transport's module, and how to install it."""
+ENGINE_NAMES: dict[str, str] = {
+    "nixl": "NIXL over UCX (TCP loopback)",
+    "mooncake": "the Mooncake transfer engine (TCP loopback)",
+}
 
 PORT_MODES: tuple[str, ...] = ("spec", "os")
 """``spec``: every sender binds the port of [PORT-1] (the run's ports are proven distinct

@@ -37,6 +37,7 @@ from kvspec.transport.payload import Payload
 from sim.accounting import FaultBook
 from sim.config import SimConfig
 from sim.endpoints import RankId
+from sim.faults import FaultInjector
 from sim.memory import RankMemory
 from sim.staging import Slot
 from sim.workload import PlanBook, Request, Workload
@@ -147,6 +148,10 @@ class PathEndpoint:
     aborted_out: set[tuple[str, int]]
     out_keys: Callable[[Request], list[tuple[str, int, int]]]
     put_ranges: Callable[[int, str, list[Any], Slot | None, str], None]
+    put: Callable[[int, list[Any]], None]
+    """Frames to a receiver's verified connection, as they are (a one-sided path's
+    set-up: its agent metadata, :mod:`sim.nixl`)."""
+    faults: FaultInjector
     transmit: Callable[[int, str, Payload, float | None, Slot | None], None]
     compute: Callable[[int], None]
     strike: Callable[[bool], None]

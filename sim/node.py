@@ -120,9 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "on every host, or use --ports os"
             )
         config = config_from_args(args)
-        if config.transport == "inproc":
+        if config.transport in ("inproc", "nixl", "mooncake"):
             raise ValueError(
-                "--transport inproc: hosts talk over tcp (or gloo/nccl for the tensor frames)"
+                f"--transport {config.transport}: hosts talk over tcp (or gloo/nccl for the "
+                "tensor frames); a one-sided engine across hosts is not built"
             )
         local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if config.transport == "nccl" and local_workers > 1:

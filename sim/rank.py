@@ -35,7 +35,7 @@ import zmq
 from kvspec.lifecycle.trace import TraceVerdict, check_trace
 from sim import messages
 from sim.auth import RunSecret, new_nonce
-from sim.config import SimConfig
+from sim.config import ONE_SIDED, SimConfig
 from sim.context import RankContext
 from sim.datapath import DataPath, PathEndpoint
 from sim.endpoints import RankId, all_ranks, bind_endpoint
@@ -61,6 +61,21 @@ PATHS: dict[str, type[PushPath] | type[PullAgent] | type[WriteAgent]] = {
     "write": WriteAgent,
 }
 """The data path of each ``--transfer`` (:mod:`sim.datapath`)."""
+
+
+def path_for(config: SimConfig) -> Any:
+    """The data path class of a run: ``--transfer``'s, or over ``--transport nixl`` or
+    ``mooncake`` the one-sided path (:mod:`sim.nixl`, :mod:`sim.mooncake`, imported only
+    then)."""
+    if config.transport == "nixl":
+        from sim.nixl import NixlPath
+
+        return NixlPath
+    if config.transport == "mooncake":
+        from sim.mooncake import MooncakePath
+
+        return MooncakePath
+    return PATHS[config.transfer]
 
 
 def global_rank(config: SimConfig, who: RankId) -> int:
@@ -131,7 +146,9 @@ class Rank:
             self.receiver.forward = lambda request_id: None  # the last stage sends on nothing
         self.stopping = self.finishing = self.drain = self.final_sent = self.acked = False
         self.monitor: zmq.Socket[Any] | None = None
-        self.path: DataPath = PATHS[config.transfer](self._endpoint())
+        self.path: DataPath = path_for(config)(self._endpoint())
+        self.poll_ms: int = getattr(self.path, "poll_ms", POLL_MS)  # a one-sided path's own
+        self.out_of_band = config.transport in ONE_SIDED  # completions beside the ZMQ stream
 
     def _endpoint(self) -> PathEndpoint:
         """What the data path is given of this rank (:class:`sim.datapath.PathEndpoint`)."""
@@ -155,6 +172,8 @@ class Rank:
             aborted_out=sender.aborted_out,
             out_keys=sender.out_keys,
             put_ranges=sender.put_ranges,
+            put=sender.put,
+            faults=ctx.faults,
             transmit=sender.transmit,
             compute=self._compute,
             strike=ctx.strike,
@@ -316,7 +335,7 @@ class Rank:
     def _step(self) -> None:
         sender = self.sender
         self.path.progress()  # pull: keep its reads posted
-        self._pump(0 if sender.outbox and not self.finishing else POLL_MS)
+        self._pump(0 if sender.outbox and not self.finishing else self.poll_ms)
         if sender.outbox and not self.finishing:
             request_id = sender.outbox.pop(0)
             assert self.ctx.out_plan is not None
@@ -454,6 +473,8 @@ class Rank:
                         self.ctx.stats["p2p_lost"] += 1
                         continue
                     frames = joined
+                if len(frames) == 1 and self.out_of_band:  # an end-of-stream, say: the
+                    self.path.progress()  # completions queued before it go first [sim.nixl]
                 self.receiver.on_data(src, frames, self.path.complete)
 
     def _maybe_die(self, *, sending: bool) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvspec.cli.plan import human_bytes
 from sim.accounting import MESSAGE_FAULTS, RANK_FAULTS
-from sim.config import SimConfig
+from sim.config import ENGINE_NAMES, ONE_SIDED, SimConfig
 from sim.endpoints import RankId
 from sim.workload import Workload
 
@@ -23,6 +23,11 @@ PULL_STATS: tuple[str, ...] = (
     "descriptor_bytes",
     "requests_pulled",
     "reads_refused",
+    "onesided_transfers",
+    "onesided_descriptors",
+    "onesided_notifications",
+    "onesided_refused",
+    "onesided_errors",
 )
 """Counters a pull run's receivers (and senders, for refused reads) report [sim.pull]."""
 
@@ -369,6 +374,8 @@ class SimReport:
             ranks = f"{self.processes} Python process(es), ZMQ over {link}"
             if c.p2p:
                 ranks += f", tensor frames over torch.distributed ({c.transport})"
+            if c.transport in ONE_SIDED:
+                ranks += f", KV one-sided through {ENGINE_NAMES[c.transport]}"
         return f"{ranks}, caches on {c.device}"
 
     def wall_lines(self) -> list[str]:
@@ -423,6 +430,11 @@ class SimReport:
                 + (f"ports from {c.base_port}" if c.ports == "spec" else "OS-assigned ports")
                 + f" on {c.host}"
                 + (f", tensor frames over torch.distributed ({c.transport})" if c.p2p else "")
+                + (
+                    ", KV through NIXL over UCX, one transfer per key"
+                    if c.transport == "nixl"
+                    else ""
+                )
             )
         )
         lines = [

@@ -130,8 +130,14 @@ def max_read_message(config: SimConfig) -> int:
     return rows * 40 + HEADER_SLACK
 
 
+NIXL_METADATA = 1 << 20
+"""The largest agent metadata message a rank takes (:mod:`sim.nixl`)."""
+
+
 def max_router_message(config: SimConfig) -> int:
     """ZMQ_MAXMSGSIZE of a sender's KV socket: hellos, and in a pull run reads."""
+    if config.transport in ("nixl", "mooncake"):  # a receiver's metadata [sim.onesided]
+        return max(messages.MAX_HANDSHAKE, NIXL_METADATA)
     if config.transfer != "pull":
         return messages.MAX_HANDSHAKE
     return max(messages.MAX_HANDSHAKE, max_read_message(config))

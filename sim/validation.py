@@ -20,7 +20,7 @@ from kvspec.memory.cache_layout import (
 from kvspec.memory.records import check_holds
 from kvspec.topology.model import ModelShape
 from sim import messages
-from sim.config import SimConfig
+from sim.config import ONE_SIDED, ONE_SIDED_LIBRARIES, SimConfig
 from sim.endpoints import all_ranks, check_ports
 from sim.p2p import check_transport
 from sim.sizing import check_fits
@@ -55,6 +55,11 @@ def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
             raise ValueError(
                 "--device cuda, but torch.cuda.is_available() is False on this machine"
             )
+    if config.transport in ONE_SIDED:
+        from sim.onesided_checks import check_onesided
+
+        module, install = ONE_SIDED_LIBRARIES[config.transport]
+        check_onesided(config, module, install)
     if config.p2p:
         ranks = len(all_ranks(config))
         check_transport(config, processes_here or -(-ranks // config.ranks_per_process))
@@ -164,6 +169,13 @@ def exposure(config: SimConfig) -> str | None:
     """What a run bound beyond loopback exposes, or None for a loopback run."""
     if config.transport == "inproc":
         return None
+    if config.transport == "mooncake":  # its engine binds every interface [sim.mooncake]
+        return (
+            "the Mooncake transfer engine listens on every interface (its RPC on 0.0.0.0, "
+            "its TCP data port on *), which the sim cannot hold to loopback: any host that "
+            "can reach this one can connect to those ports. Its peers' metadata travels only "
+            "over the run's authenticated connections."
+        )
     address = socket.getaddrinfo(config.host, 0, socket.AF_INET)[0][4][0]
     if ipaddress.ip_address(address).is_loopback:
         return None

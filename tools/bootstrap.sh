@@ -14,5 +14,18 @@ stamp="$VENV/.deps-stamp"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing kvspec and its test dependencies" >&2
   "$VENV/bin/python" -m pip --disable-pip-version-check -q install -e '.[dev]'
+  # The optional one-sided transports (sim/nixl.py, sim/mooncake.py: the kvspec[nixl] and
+  # kvspec[mooncake] extras), without their dependencies: NIXL's would replace torch with
+  # a multi-GB CUDA build, and the engines need none of theirs. Where one cannot be
+  # installed, its tests skip and say why.
+  for extra in nixl mooncake; do
+    wheel=$(sed -n "s/^$extra = \\[\"\\(.*\\)\"\\]\$/\\1/p" pyproject.toml)
+    if [ -n "$wheel" ] && ! "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps "$wheel"; then
+      echo "bootstrap: $wheel did not install; --transport $extra and its tests are skipped" >&2
+    fi
+  done
+  if ! "$VENV/bin/python" -c 'import mooncake.engine' 2>/dev/null; then
+    echo "bootstrap: the Mooncake engine does not load (it needs libibverbs1: apt-get install libibverbs1); --transport mooncake and its tests are skipped" >&2
+  fi
   touch "$stamp"
 fi

@@ -1,0 +1,208 @@
+"""``--transport nixl`` (and ``mooncake``, the same one-sided layer): every request's KV
+moves one-sided through NIXL over UCX on DRAM, or the Mooncake transfer engine over
+TCP [sim.onesided, sim.nixl, sim.mooncake, DESC-1..3] — READs posted by receivers,
+WRITEs by senders, each key's descriptor list one engine transfer, every element
+verified against the oracle; the faults that mean something for a one-sided transfer;
+the runs it refuses.
+
+The runs need the engine (``pip install 'kvspec[nixl]'``, ``'kvspec[mooncake]'``) and are
+skipped, with that reason, where it is absent; the refusals are checked everywhere."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from kvspec.topology.model import ModelShape
+from kvspec.topology.stage import StageLayout
+from sim.cluster import run_simulation
+from sim.config import ONE_SIDED_LIBRARIES, SimConfig
+from sim.faults import parse_faults
+from sim.onesided_checks import unloadable
+from sim.report import SimReport
+from sim.validation import exposure, validate
+from sim.workload import Workload
+from tests.sim import runs
+
+
+def engine(transport: str) -> object:
+    """``transport`` as a parameter, skipped (naming how to install it) where its engine
+    does not load."""
+    module, install = ONE_SIDED_LIBRARIES[transport]
+    why = unloadable(module)
+    mark = pytest.mark.skipif(why is not None, reason=f"{module} {why} ({install})")
+    return pytest.param(transport, marks=mark, id=transport)
+
+
+ENGINES = [engine("nixl"), engine("mooncake")]
+needs_nixl = pytest.mark.skipif(
+    unloadable(ONE_SIDED_LIBRARIES["nixl"][0]) is not None,
+    reason=f"NIXL does not load ({ONE_SIDED_LIBRARIES['nixl'][1]})",
+)
+GQA = ModelShape(2, 4, 16)
+"""Two layers, four KV heads of 16: TP8 replicates each head on two ranks."""
+
+
+def make(source_tp: int, transfer: str, transport: str = "nixl", **overrides) -> SimConfig:
+    """A small one-sided run from TP``source_tp`` to TP2, over OS-assigned ports."""
+    return runs.small_run(
+        (StageLayout(source_tp), StageLayout(2)),
+        GQA,
+        **{"transport": transport, "transfer": transfer, "requests": 3, **overrides},
+    )
+
+
+def keys_of(config: SimConfig) -> int:
+    """The keys the run moves: one per (request, chunk, plan edge) [KEY-4]."""
+    workload = Workload(config, 0)
+    book = workload.plans(0)
+    return config.chunks * sum(len(book.of(r).edges) for r in workload.requests)
+
+
+def elements_of(config: SimConfig) -> int:
+    """Every element the receivers hold of the workload: K and V of every layer, head,
+    dim and token (the receivers partition the heads)."""
+    m = config.model
+    tokens = sum(r.seq_len for r in Workload(config, 0).requests)
+    return tokens * m.num_layers * m.kv_tensors * m.num_kv_heads * m.head_dim
+
+
+def assert_moved_one_sided(report: SimReport) -> None:
+    """Every request verified, every element of the workload checked, and every key one
+    engine transfer whose descriptors carried exactly the plan's bytes."""
+    runs.assert_all_verified(report)
+    config = report.config
+    assert report.elements_verified == elements_of(config)
+    stats = report.receiver_stats
+    assert stats["onesided_transfers"] == keys_of(config), stats
+    assert stats["descriptor_bytes"] == report.bytes_moved
+    assert stats["onesided_descriptors"] == stats["descriptors"] > 0
+    assert stats["onesided_refused"] == stats["onesided_errors"] == 0
+    # pull: each READ notifies its source; write: each WRITE notifies its receiver
+    assert stats["onesided_notifications"] == keys_of(config)
+
+
+@pytest.mark.parametrize("transport", ENGINES)
+@pytest.mark.parametrize("transfer", ["pull", "write"])
+@pytest.mark.parametrize("source_tp", [4, 8])
+def test_tp_to_tp2_moves_every_key_one_sided(source_tp: int, transfer: str, transport: str) -> None:
+    assert_moved_one_sided(run_simulation(make(source_tp, transfer, transport)))
+
+
+@needs_nixl
+def test_a_write_in_chunks_without_checksums() -> None:
+    """Chunks are keys of their own; without checksums the oracle alone judges."""
+    assert_moved_one_sided(
+        run_simulation(make(4, "write", chunks=2, checksum=False, seq_len=(8, 24)))
+    )
+
+
+@pytest.mark.parametrize("transport", ENGINES)
+def test_dropped_and_duplicated_notifications_are_booked_and_fail_only_their_request(
+    transport: str,
+) -> None:
+    """A WRITE whose notification is dropped landed, but nobody was told: its request
+    fails with the reason once the end-of-stream lists the key; a duplicated one is
+    booked and never lands twice. Every fault is counted where injected and observed."""
+    struck = set()
+    for seed in range(3):
+        report = run_simulation(
+            make(
+                4,
+                "write",
+                transport,
+                requests=6,
+                seed=seed,
+                faults=parse_faults("drop=0.2,dup=0.2"),
+            )
+        )
+        assert not report.unbalanced_faults(), (seed, report.fault_counts())
+        dropped = report.fault_keys["injected"].get("drop", [])
+        assert sorted(report.fault_keys["observed"].get("drop", [])) == sorted(dropped)
+        failed = [o for o in report.outcomes if not o.ok]
+        assert len(failed) == len({key.split("_")[0] for key in dropped}), seed
+        for outcome in failed:
+            assert any("never arrived intact" in r for r in outcome.reasons), outcome
+        assert report.verified + len(failed) == len(report.outcomes)
+        struck |= {k for k in ("drop", "dup") if report.fault_keys["injected"].get(k)}
+    assert struck == {"drop", "dup"}, "the seeds strike both faults"
+
+
+@pytest.mark.parametrize("transport", ENGINES)
+def test_a_malformed_notification_is_refused_and_counted(transport: str) -> None:
+    """``garbage=P`` sends a malformed notification before a WRITE's (through NIXL, or
+    over the verified connection beside Mooncake): the receiver refuses it, books it by
+    its edge, and every request still verifies."""
+    report = run_simulation(
+        make(4, "write", transport, requests=4, faults=parse_faults("garbage=0.5"))
+    )
+    runs.assert_all_verified(report)
+    injected = report.fault_keys["injected"].get("garbage", [])
+    assert injected and not report.unbalanced_faults(), report.fault_counts()
+    if transport == "nixl":  # refused by the path itself, not by the ZMQ receiver
+        assert report.receiver_stats["onesided_refused"] == len(injected)
+
+
+@pytest.mark.parametrize("transport", ENGINES)
+@pytest.mark.parametrize("transfer", ["pull", "write"])
+def test_a_sender_dying_mid_transfer_is_reported_dead(transfer: str, transport: str) -> None:
+    """A source killed half way through its keys is reported dead and every request ends
+    verified or failed with its reason, none silently wrong. A writer dies before it has
+    written the rest, so their requests fail; a pull's source is passive (it dies half
+    way through the notifications of reads already posted), so what was read verifies."""
+    report = run_simulation(
+        make(4, transfer, transport, requests=6, faults=parse_faults("kill=sender:1@0.5"))
+    )
+    assert report.dead and not report.timed_out, report.render()
+    assert not report.unbalanced_faults(), report.fault_counts()
+    failed = [o for o in report.outcomes if not o.ok]
+    assert all(o.reasons for o in failed)
+    assert report.verified + len(failed) == len(report.outcomes)
+    if transfer == "write":
+        assert failed, report.render()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"transfer": "push"},
+            r"--transport nixl with --transfer push: .*pull or --transfer write",
+        ),
+        ({"ranks_per_process": 2}, r"--transport nixl with --ranks-per-process 2"),
+        ({"faults": parse_faults("corrupt=0.1")}, r"--transfer write with corrupt: .*drop=P"),
+        ({"transfer": "pull", "faults": parse_faults("drop=0.1")}, r"--transfer pull with drop"),
+        ({"faults": parse_faults("reorder=0.1")}, r"with reorder"),
+        (
+            {"host": "0.0.0.0"},
+            r"--transport nixl with --host 0.0.0.0: its engine is held to loopback",
+        ),
+    ],
+)
+def test_what_nixl_refuses(overrides, message) -> None:
+    settings = {"transfer": "write", **overrides}
+    config = make(4, settings.pop("transfer"), **settings)
+    with pytest.raises(ValueError, match=message):
+        validate(config)
+
+
+def test_three_stages_are_refused() -> None:
+    config = runs.small_run(
+        (StageLayout(4), StageLayout(2), StageLayout(1)), GQA, transport="nixl", transfer="pull"
+    )
+    with pytest.raises(ValueError, match=r"--transport nixl with 3 stages"):
+        validate(config)
+
+
+@pytest.mark.parametrize("transport", ["nixl", "mooncake"])
+def test_without_the_engine_the_refusal_names_the_extra(monkeypatch, transport: str) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=rf"not installed: pip install 'kvspec\[{transport}\]'"):
+        validate(make(4, "pull", transport))
+
+
+def test_a_mooncake_run_says_its_engine_listens_on_every_interface() -> None:
+    """Mooncake's engine binds 0.0.0.0, which the sim cannot change: the run says so."""
+    assert exposure(make(4, "pull", "nixl")) is None
+    assert "listens on every interface" in (exposure(make(4, "pull", "mooncake")) or "")
