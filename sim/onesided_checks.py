@@ -68,9 +68,10 @@ def check_onesided(config: SimConfig, module: str, install: str) -> None:
 
 def quiet_engines() -> None:
     """Before an engine loads: NIXL's Python log says on stdout what the sim reports its
-    own way (a value already set is kept). The engines' C++ logs (glog, on stderr) take
-    no setting from the environment here: they stay."""
+    own way, and Mooncake's C++ log (glog, on stderr) a dozen INFO and WARNING lines per
+    rank (its own ``MC_LOG_LEVEL`` holds it to errors); a value already set is kept."""
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 
 
 def unloadable(module: str) -> str | None:
