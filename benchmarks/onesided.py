@@ -1,6 +1,7 @@
-"""The sim's one-sided path against the library itself: ``--transport nixl --transfer
-write`` against raw NIXL WRITEs of the very same descriptor lists, and what a
-descriptor's size costs NIXL (1 KiB against 256 KiB descriptors, the same bytes).
+"""The sim's one-sided paths against the libraries themselves: ``--transport nixl
+--transfer write`` against raw NIXL WRITEs of the very same descriptor lists, the same for
+``--transport mooncake`` against raw Mooncake batch writes, and what a descriptor's size
+costs NIXL (1 KiB against 256 KiB descriptors, the same bytes).
 
 **sim over NIXL vs raw NIXL.** The sim runs TP4 -> TP2 (verification after transfer, no
 checksums); its figure is the useful throughput from the first key sent to the last
@@ -15,7 +16,12 @@ must not fork, so the two sides cannot interleave as the other benchmarks do.
 **descriptor size.** One WRITE of the same bytes as 1 KiB descriptors and as 256 KiB
 ones, interleaved: the per-descriptor cost NIXL (UCX over TCP loopback here) adds.
 
-Both need NIXL (``pip install 'kvspec[nixl]'``); without it they are left out, saying so.
+**sim over Mooncake vs raw Mooncake.** The same workload and lists through two Mooncake
+transfer engines in this process (TCP loopback, P2P handshake), one
+``batch_transfer_sync_write`` per key, as the sim posts them.
+
+Each needs its library (``pip install 'kvspec[nixl]'``, ``'kvspec[mooncake]'``); without
+one its figures are left out, saying so.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from sim.workload import Workload
 KIB = 1024
 
 
-def _config(quick: bool) -> SimConfig:
+def _config(quick: bool, transport: str = "nixl") -> SimConfig:
     seq_len = 64 if quick else 512
     return SimConfig(
         stages=(StageLayout(4), StageLayout(2)),
@@ -54,7 +60,7 @@ def _config(quick: bool) -> SimConfig:
         checksum=False,
         ports="os",
         timeout=600,
-        transport="nixl",
+        transport=transport,
         transfer="write",
     )
 
@@ -86,6 +92,48 @@ def _lists(config: SimConfig) -> list[tuple[int, int, Runs]]:
     return out
 
 
+def _regions(config: SimConfig) -> dict[tuple[int, int], list[torch.Tensor]]:
+    """(stage, rank) -> buffers the size of that rank's registered regions, in order."""
+    workload = Workload(config, 0)
+    return {
+        (stage, rank): [
+            torch.ones(n, dtype=torch.uint8)
+            for n in registered_cache(config, workload, stage, rank).regions().values()
+        ]
+        for stage in (0, 1)
+        for rank in range(config.stages[stage].world_size)
+    }
+
+
+def _rows(
+    bases: dict[tuple[int, int], list[int]],
+    stage: int,
+    rank: int,
+    region: torch.Tensor,
+    offset: torch.Tensor,
+    length: torch.Tensor,
+) -> np.ndarray:
+    """A run list as (address, length, 0) rows in ``rank``'s registered buffers."""
+    base = np.array(bases[(stage, rank)], dtype=np.int64)
+    lengths = length.numpy().astype(np.int64)
+    return np.stack(
+        [base[region.numpy()] + offset.numpy(), lengths, np.zeros_like(lengths)], axis=1
+    ).astype(np.uint64)
+
+
+def _key_lists(
+    config: SimConfig, bases: dict[tuple[int, int], list[int]]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every key's (local, remote) rows, as the sim's write path posts them."""
+    return [
+        (
+            _rows(bases, 0, src, runs.src_region, runs.src_offset, runs.length),
+            _rows(bases, 1, dst, runs.dst_region, runs.dst_offset, runs.length),
+        )
+        for src, dst, runs in _lists(config)
+    ]
+
+
 class _Pair:
     """Two NIXL agents in this process, each registering the regions of its ranks."""
 
@@ -96,19 +144,13 @@ class _Pair:
         quiet_engines()
         from nixl_cu12 import nixl_agent, nixl_agent_config
 
-        workload = Workload(config, 0)
         conf = nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
         self.sender, self.receiver = nixl_agent("bench-src", conf), nixl_agent("bench-dst", conf)
-        self.bases: dict[tuple[int, int], list[int]] = {}
-        self.memory: list[torch.Tensor] = []
-        for stage, agent in ((0, self.sender), (1, self.receiver)):
-            for rank in range(config.stages[stage].world_size):
-                sizes = registered_cache(config, workload, stage, rank).regions().values()
-                regions = [torch.ones(n, dtype=torch.uint8) for n in sizes]
-                self.memory += regions
-                rows = np.array([[t.data_ptr(), t.numel(), 0] for t in regions], dtype=np.uint64)
-                agent.register_memory(rows, "DRAM")
-                self.bases[(stage, rank)] = [t.data_ptr() for t in regions]
+        self.memory = _regions(config)
+        self.bases = {key: [t.data_ptr() for t in ts] for key, ts in self.memory.items()}
+        for (stage, _), regions in self.memory.items():
+            rows = np.array([[t.data_ptr(), t.numel(), 0] for t in regions], dtype=np.uint64)
+            (self.sender if stage == 0 else self.receiver).register_memory(rows, "DRAM")
         if extra is not None:
             self.sender.register_memory(extra[0])
             self.receiver.register_memory(extra[1])
@@ -137,29 +179,9 @@ class _Pair:
             raise RuntimeError(f"a raw NIXL WRITE ended {state}")
         agent.release_xfer_handle(handle)
 
-    def rows(
-        self,
-        stage: int,
-        rank: int,
-        region: torch.Tensor,
-        offset: torch.Tensor,
-        length: torch.Tensor,
-    ) -> np.ndarray:
-        bases = np.array(self.bases[(stage, rank)], dtype=np.int64)
-        lengths = length.numpy().astype(np.int64)
-        return np.stack(
-            [bases[region.numpy()] + offset.numpy(), lengths, np.zeros_like(lengths)], axis=1
-        ).astype(np.uint64)
-
 
 def _raw(config: SimConfig, pair: _Pair) -> Callable[[], None]:
-    lists = [
-        (
-            pair.rows(0, src, runs.src_region, runs.src_offset, runs.length),
-            pair.rows(1, dst, runs.dst_region, runs.dst_offset, runs.length),
-        )
-        for src, dst, runs in _lists(config)
-    ]
+    lists = _key_lists(config, pair.bases)
 
     def move() -> None:
         for local, remote in lists:
@@ -168,32 +190,77 @@ def _raw(config: SimConfig, pair: _Pair) -> Callable[[], None]:
     return move
 
 
-def _sim_vs_raw(quick: bool) -> Figure:
-    config = _config(quick)
-    moved, sim_s, raw_s = 0, [], []
-    # Not interleaved: the sim forks its rank processes, and a process that has started
-    # UCX must not fork (its children hang), so every sim run goes before NIXL starts here.
+class _MooncakePair:
+    """Two Mooncake transfer engines in this process (TCP loopback, P2P handshake), each
+    registering the regions of its stage's ranks."""
+
+    def __init__(self, config: SimConfig) -> None:
+        quiet_engines()
+        from mooncake.engine import TransferEngine
+
+        self.sender, self.receiver = TransferEngine(), TransferEngine()
+        for engine in (self.sender, self.receiver):
+            if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+                raise RuntimeError("a Mooncake transfer engine did not start on 127.0.0.1")
+        self.memory = _regions(config)
+        self.bases = {key: [t.data_ptr() for t in ts] for key, ts in self.memory.items()}
+        for (stage, _), regions in self.memory.items():
+            engine = self.sender if stage == 0 else self.receiver
+            for t in regions:
+                if engine.register_memory(t.data_ptr(), t.numel()) != 0:
+                    raise RuntimeError(f"Mooncake refused to register {t.numel()} bytes")
+        self.peer = f"127.0.0.1:{self.receiver.get_rpc_port()}"
+
+    def write(self, local: np.ndarray, remote: np.ndarray) -> None:
+        """One batch write of the list, waited for (Mooncake's Python API blocks)."""
+        status = self.sender.batch_transfer_sync_write(
+            self.peer, local[:, 0].tolist(), remote[:, 0].tolist(), local[:, 1].tolist()
+        )
+        if status != 0:
+            raise RuntimeError(f"a raw Mooncake batch write returned {status}")
+
+
+def _sim_runs(config: SimConfig) -> tuple[int, list[float]]:
+    """The bytes one sim run moves, and each run's transfer time (``REPEAT``, three at
+    most: a run starts six processes)."""
+    moved, seconds = 0, []
     for _ in range(min(figure.REPEAT, 3)):
         report = run_simulation(replace(config))
         assert report.ok, report.render()
         moved = report.bytes_moved
-        sim_s.append(report.transfer_s)
-    raw = _raw(config, _Pair(config))
+        seconds.append(report.transfer_s)
+    return moved, seconds
+
+
+def _sim_vs_raw(
+    label: str, moved: int, sim_s: list[float], raw: Callable[[], None], baseline_name: str
+) -> Figure:
     raw()  # warm: connections made, pages touched
     raw_s = [figure.timed(raw) for _ in sim_s]
     mine, theirs = figure.Spread.of(sim_s), figure.Spread.of(raw_s)
     return Figure(
-        name=f"sim TP4->TP2 write over NIXL ({moved >> 10} KiB)",
+        name=f"sim TP4->TP2 write over {label} ({moved >> 10} KiB)",
         unit="GB/s",
         value=moved / mine.median / 1e9,
         baseline=moved / theirs.median / 1e9,
-        baseline_name="raw NIXL WRITEs of the same descriptor lists",
+        baseline_name=baseline_name,
         ratio=theirs.median / mine.median,
-        note="one WRITE per key; UCX over TCP loopback; no checksums, verification after; "
-        "the sim's runs first, not interleaved (UCX must not fork)",
+        note="one transfer per key; TCP loopback; no checksums, verification after; "
+        "the sim's runs first, not interleaved (a process that started UCX must not fork)",
         value_range=(moved / mine.high / 1e9, moved / mine.low / 1e9),
         repeats=len(sim_s),
     )
+
+
+def _raw_mooncake(config: SimConfig) -> Callable[[], None]:
+    pair = _MooncakePair(config)
+    lists = _key_lists(config, pair.bases)
+
+    def move() -> None:
+        for local, remote in lists:
+            pair.write(local, remote)
+
+    return move
 
 
 def _descriptor_cost(quick: bool) -> Figure:
@@ -223,8 +290,34 @@ def _descriptor_cost(quick: bool) -> Figure:
 
 
 def run(quick: bool) -> list[Figure]:
-    why = unloadable(ONE_SIDED_LIBRARIES["nixl"][0])
-    if why is not None:
-        print(f"benchmarks.onesided: left out: NIXL {why}", flush=True)
-        return []
-    return [_sim_vs_raw(quick), _descriptor_cost(quick)]
+    missing = {
+        name: why
+        for name, (module, _) in ONE_SIDED_LIBRARIES.items()
+        if (why := unloadable(module)) is not None
+    }
+    for name, why in missing.items():
+        print(f"benchmarks.onesided: left out: {name} {why}", flush=True)
+    # Every sim run first: the sim forks its ranks, and once UCX (or Mooncake's threads)
+    # run in this process it must not fork.
+    runs = {
+        name: (_config(quick, name), *_sim_runs(_config(quick, name)))
+        for name in ("nixl", "mooncake")
+        if name not in missing
+    }
+    figures = []
+    if "mooncake" in runs:
+        config, moved, seconds = runs["mooncake"]
+        raw = _raw_mooncake(config)
+        figures.append(
+            _sim_vs_raw(
+                "Mooncake", moved, seconds, raw, "raw Mooncake batch writes of the same lists"
+            )
+        )
+    if "nixl" in runs:
+        config, moved, seconds = runs["nixl"]
+        raw = _raw(config, _Pair(config))
+        figures.append(
+            _sim_vs_raw("NIXL", moved, seconds, raw, "raw NIXL WRITEs of the same descriptor lists")
+        )
+        figures.append(_descriptor_cost(quick))
+    return figures
