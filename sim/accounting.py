@@ -24,6 +24,11 @@ fail-nth     the sender's N-th send fails             the sender's notice that i
 restart      the sender announces its new epoch       the receiver sees the announcement
 ===========  ======================================  =======================================
 
+``reuse`` strikes blocks, not messages, and is counted by request id: a request whose
+blocks a first-stage rank handed to another request early is one injection however many
+ranks did so, and one observation however many receivers' oracle refused it
+(:data:`BY_REQUEST`); the books balance when every struck request was refused.
+
 A receiver observes the message faults in one admission, the same on every data path
 (:meth:`sim.receiver.Receiver.admit`): a second copy is ``late`` or ``dup`` by its
 ``seq`` alone, whichever path carried it.
@@ -56,6 +61,14 @@ MESSAGE_FAULTS: tuple[str, ...] = (
     "restart",
 )
 RANK_FAULTS: tuple[str, ...] = ("kill", "hang")
+BY_REQUEST: tuple[str, ...] = ("reuse",)
+"""Faults booked by request id on both sides and counted once per request."""
+
+
+def count(kind: str, booked: list[str]) -> int:
+    """How many ``kind`` faults ``booked`` holds: its entries, or for a fault counted by
+    request (:data:`BY_REQUEST`) its distinct request ids."""
+    return len(set(booked)) if kind in BY_REQUEST else len(booked)
 
 
 @dataclass
@@ -111,8 +124,8 @@ class Ledger:
         kinds = sorted(set(self.injected) | set(self.observed))
         return {
             k: {
-                "injected": len(self.injected.get(k, ())),
-                "observed": len(self.observed.get(k, ())),
+                "injected": count(k, self.injected.get(k, [])),
+                "observed": count(k, self.observed.get(k, [])),
             }
             for k in kinds
         }

@@ -20,11 +20,13 @@ examples:
 
 faults (--faults NAME=VALUE,...): drop=P, dup=P, reorder=P, corrupt=P, garbage=P,
 late=P (probabilities per data message), abort=P (per request, at the receiver),
-delay=5ms, kill=ROLE:RANK@FRACTION, hang=ROLE:RANK@FRACTION,
-restart=ROLE:RANK@FRACTION, fail-nth=ROLE:RANK@N (ROLE sender, receiver or stageN;
-join several with +). Receivers allocate blocks from a pool as requests arrive and
-free them after --hold more requests; a block goes back only when every transfer that
-could write it has quiesced [LIFE-3]; --unsafe-reuse breaks that on purpose.
+reuse=P (per request a sender sends: its blocks handed to another request before the
+transfer is done, a stale descriptor [LIFE-3]), delay=5ms, kill=ROLE:RANK@FRACTION,
+hang=ROLE:RANK@FRACTION, restart=ROLE:RANK@FRACTION, fail-nth=ROLE:RANK@N (ROLE sender,
+receiver or stageN; join several with +). Receivers allocate blocks from a pool as
+requests arrive and free them after --hold more requests; a block goes back only when
+every transfer that could write it has quiesced [LIFE-3]; --unsafe-reuse breaks that on
+purpose.
 
 ports: --ports spec (default) binds every sender on the port of [PORT-1], from
 --base-port (auto: the first base whose ports are all free); --ports os lets the

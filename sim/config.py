@@ -194,6 +194,7 @@ class SimConfig:
                     "payloads pushed into a receiver's block pool [LIFE-1..7]; a pull or write "
                     "receiver holds its blocks from the start (use --transfer push)"
                 )
+        self._check_reuse()
         self._check_stream()
         if self.ports not in PORT_MODES:
             raise ValueError(f"--ports must be one of {', '.join(PORT_MODES)}, got {self.ports!r}")
@@ -207,6 +208,30 @@ class SimConfig:
                 "--require-checksum with --no-checksum: every message would be refused"
             )
         check_rank_faults(self.faults, tuple(s.world_size for s in self.stages))
+
+    def _check_reuse(self) -> None:
+        """``reuse=P`` is observed by the oracle alone [ORACLE-5]: a request that fails for
+        another reason first is never verified, so its stale blocks could not be counted
+        where they are observed; the faults that fail requests are refused beside it."""
+        f = self.faults
+        if not f.reuse:
+            return
+        failing = [
+            name
+            for name, on in (
+                ("drop", f.drop),
+                ("corrupt", f.corrupt),
+                ("abort", f.abort),
+                *((r.kind, True) for r in f.ranks),
+            )
+            if on
+        ]
+        if failing:
+            raise ValueError(
+                f"--faults reuse={f.reuse:g} with {', '.join(dict.fromkeys(failing))}: a "
+                "request failed for another reason is never verified, so its reused blocks "
+                "would go unseen; run reuse=P with dup, reorder, garbage, late or delay only"
+            )
 
     def _check_stream(self) -> None:
         groups = self.stream_groups  # refuses an unknown mode or a bad N

@@ -23,6 +23,10 @@
 ``restart=R``  rank R restarts part way (``sender:1@0.5``): a new epoch, the old epoch's
                held writes still landing after it [LIFE-6]
 ``fail-nth=R`` the N-th send of rank R fails at the sender (``sender:1@5``) [LIFE-1]
+``reuse=P``    a first-stage rank frees a request's blocks before their transfer is done
+               and its allocator hands them to another request, whose KV overwrites them
+               (probability P per request a rank sends): every descriptor a reader or
+               writer holds for them is stale [LIFE-3, on the sender's side]
 =============  ==========================================================================
 
 Every decision is drawn from a generator seeded by (seed, replica, stage, rank), so a
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 
 from kvspec.cli.args import decimal
 
-PROBABILITIES = ("drop", "dup", "reorder", "corrupt", "garbage", "late", "abort")
+PROBABILITIES = ("drop", "dup", "reorder", "corrupt", "garbage", "late", "abort", "reuse")
 RANK_KINDS = ("kill", "hang", "restart", "fail-nth")
 MAX_DELAY_S = 10.0
 MAX_SPEC_CHARS = 4096
@@ -95,6 +99,7 @@ class FaultSpec:
     garbage: float = 0.0
     late: float = 0.0
     abort: float = 0.0
+    reuse: float = 0.0
     delay_s: float = 0.0
     ranks: tuple[RankFault, ...] = field(default=())
 

@@ -117,27 +117,34 @@ class RankMemory:
     def fill_from_oracle(self) -> None:
         """Stage 0: every request's KV, as this rank holds it, from the oracle [ORACLE-4]."""
         for request in self.workload.requests:
-            if not self.held(request):
-                continue  # none of it lives here: another DP group's, or no token of it
-            if self.config.records:  # every field of every cell, scales too [ORACLE-6]
-                fields = record_fill(
-                    self.model,
-                    self.cache.layout,
-                    request.request_id,
-                    **self.region(request),
-                    seed=self.config.seed,
-                    device=self.device,
-                )
-                scatter_fields(fields, self.cache, self.tables[request.request_id])
-                continue
-            kv = oracle_kv(
+            if self.held(request):  # else none of it lives here: another DP group's
+                self._fill(request, request.request_id)
+
+    def reuse(self, request: Request) -> None:
+        """``--faults reuse``: ``request``'s blocks freed before their transfer is done and
+        handed to another request, whose KV now fills them [LIFE-3] — what the oracle
+        would put there for a request named ``<id>~reused``, at the same places."""
+        self._fill(request, f"{request.request_id}~reused")
+
+    def _fill(self, request: Request, identity: str) -> None:
+        """Write the oracle's KV of ``identity`` into ``request``'s blocks, over this rank's
+        region of ``request`` [ORACLE-4]: of a record cache, every field [ORACLE-6]."""
+        table = self.tables[request.request_id]
+        if self.config.records:  # every field of every cell, scales too [ORACLE-6]
+            fields = record_fill(
                 self.model,
-                request.request_id,
+                self.cache.layout,
+                identity,
                 **self.region(request),
                 seed=self.config.seed,
                 device=self.device,
             )
-            scatter_request(kv, self.cache, self.tables[request.request_id])
+            scatter_fields(fields, self.cache, table)
+            return
+        kv = oracle_kv(
+            self.model, identity, **self.region(request), seed=self.config.seed, device=self.device
+        )
+        scatter_request(kv, self.cache, table)
 
     def gather(self, request: Request) -> tuple[Any, Slot | None]:
         """``request``'s KV as this rank holds it, token-major, and the gather ring's slot

@@ -274,6 +274,7 @@ class Rank:
             self.memory.build()
             if self.who.stage == 0:
                 self.memory.fill_from_oracle()
+                sender.reuse_early()
                 sender.outbox.extend(r.request_id for r in ctx.workload.requests)
             if ctx.in_plan is not None:
                 receiver.expect_keys()

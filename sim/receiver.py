@@ -384,6 +384,8 @@ class Receiver:
         request = state.request
         verdict, checked = self.ctx.memory.oracle_verdict(request.request_id)
         if not verdict.ok:
+            if self.ctx.config.faults.reuse:  # nothing else fails the oracle in such a run
+                self.ctx.book.observe("reuse", request.request_id)
             self.fail(state, self.with_clobbers(verdict.message, request.request_id))
             return
         state.done = True

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.cli.plan import human_bytes
-from sim.accounting import MESSAGE_FAULTS, RANK_FAULTS
+from sim.accounting import BY_REQUEST, MESSAGE_FAULTS, RANK_FAULTS, count
 from sim.config import ENGINE_NAMES, ONE_SIDED, SimConfig
 from sim.endpoints import RankId
 from sim.workload import Workload
@@ -240,7 +240,7 @@ class SimReport:
         )
         return {
             k: {
-                side: len(self.fault_keys.get(side, {}).get(k, []))
+                side: count(k, self.fault_keys.get(side, {}).get(k, []))
                 for side in ("injected", "observed")
             }
             for k in kinds
@@ -255,7 +255,7 @@ class SimReport:
         Corruption counts only with checksums on: without them a flipped bit is observed
         by the oracle, and only in requests that have not failed already.
         """
-        countable = [*MESSAGE_FAULTS, *RANK_FAULTS]
+        countable = [*MESSAGE_FAULTS, *RANK_FAULTS, *BY_REQUEST]
         if not self.config.checksum:
             countable.remove("corrupt")
         return {

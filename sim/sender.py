@@ -84,6 +84,17 @@ class Sender:
         for key, dst, _ in self.out_keys(request):
             self.skipped[dst][key] = why
 
+    def reuse_early(self) -> None:
+        """``--faults reuse=P``, drawn once per request this rank sends any of: its blocks
+        are handed to another request before their transfer (:meth:`RankMemory.reuse`),
+        booked by request id; the receivers' oracle observes it [LIFE-3, ORACLE-5]. A
+        replica nobody reads is never drawn: its reuse would harm nothing."""
+        ctx = self.ctx
+        for request in ctx.workload.requests:
+            if ctx.memory.held(request) and self.out_keys(request) and ctx.faults.hit("reuse"):
+                ctx.memory.reuse(request)
+                ctx.book.inject("reuse", request.request_id)
+
     def out_keys(self, request: Request) -> list[tuple[str, int, int]]:
         """(key, target rank, chunk id) of everything this sender sends of ``request``
         [KEY-4]: each edge's chunks of its own tokens."""

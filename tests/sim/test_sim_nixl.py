@@ -206,3 +206,51 @@ def test_a_mooncake_run_says_its_engine_listens_on_every_interface() -> None:
     """Mooncake's engine binds 0.0.0.0, which the sim cannot change: the run says so."""
     assert exposure(make(4, "pull", "nixl")) is None
     assert "listens on every interface" in (exposure(make(4, "pull", "mooncake")) or "")
+
+
+def assert_reuse_booked_and_caught(report: SimReport) -> None:
+    """``reuse=P``: every request whose blocks a sender handed to another request before
+    their transfer is done fails at the receivers' oracle naming the elements that differ
+    [LIFE-3, ORACLE-5]; every other request verifies; each struck request is one fault on
+    both books, however many senders struck it."""
+    struck = set(report.fault_keys["injected"].get("reuse", []))
+    assert struck, "the seed strikes at least one request"
+    assert set(report.fault_keys["observed"].get("reuse", [])) == struck
+    assert report.fault_counts()["reuse"] == {"injected": len(struck), "observed": len(struck)}
+    assert not report.unbalanced_faults(), report.fault_counts()
+    failed = {o.request_id for o in report.outcomes if not o.ok}
+    assert failed == struck, report.render()
+    for outcome in report.outcomes:
+        if not outcome.ok:
+            assert any("differ from the oracle" in r for r in outcome.reasons), outcome
+    assert report.verified == len(report.outcomes) - len(struck)
+
+
+@pytest.mark.parametrize("transport", ENGINES)
+@pytest.mark.parametrize("transfer", ["pull", "write"])
+def test_a_stale_descriptor_after_block_reuse_is_caught(transfer: str, transport: str) -> None:
+    """The descriptors a reader or writer holds for a request stay valid addresses after
+    its sender reuses the blocks early, so the engine moves whatever now lies there — the
+    other request's KV — without an error: only the receiver's oracle can tell [LIFE-3]."""
+    assert_reuse_booked_and_caught(
+        run_simulation(make(4, transfer, transport, requests=6, faults=parse_faults("reuse=0.2")))
+    )
+
+
+def test_block_reuse_on_the_push_path_is_caught_too() -> None:
+    """The same fault on push over ZMQ: the sender gathers the reused blocks and sends the
+    other request's KV under this request's key; its CRC is of those bytes, so the codec
+    accepts it and the oracle refuses it [WIRE-6, ORACLE-5]."""
+    config = runs.small_run(
+        (StageLayout(4), StageLayout(2)), GQA, requests=6, faults=parse_faults("reuse=0.2")
+    )
+    assert_reuse_booked_and_caught(run_simulation(config))
+
+
+@pytest.mark.parametrize("other", ["drop=0.1", "corrupt=0.1", "abort=0.1", "kill=sender:1@0.5"])
+def test_reuse_is_refused_beside_faults_that_fail_a_request_first(other: str) -> None:
+    """A request failed for another reason is never verified, so its reused blocks would
+    go unseen and the books could not balance: such pairs are refused, naming both."""
+    faults = parse_faults(f"reuse=0.2,{other}")
+    with pytest.raises(ValueError, match=rf"--faults reuse=0.2 with {other.split('=')[0]}"):
+        runs.small_run((StageLayout(4), StageLayout(2)), GQA, faults=faults)
