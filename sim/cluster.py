@@ -46,7 +46,8 @@ from sim.endpoints import RankId, all_ranks
 from sim.hosts import Host, host_main, process_context
 from sim.p2p import plan_groups
 from sim.rank import run_ranks
-from sim.report import PULL_STATS, SimReport, measured_edge_bytes, outcomes_from, planned_edge_bytes
+from sim.report import PULL_STATS, SimReport
+from sim.tally import measured_edge_bytes, outcomes_from, planned_edge_bytes
 from sim.validation import validate
 
 BOOKS_TIMEOUT_S = 10.0
