@@ -16,6 +16,27 @@ from tests.strategies import cache_side, shortest_request
 
 MHA = ModelShape(2, 4, 8)
 
+FAULT_SPECS: dict[str, str] = {
+    "drop": "drop=0.2",
+    "dup": "dup=0.3",
+    "reorder": "reorder=0.4",
+    "corrupt": "corrupt=0.2",
+    "garbage": "garbage=0.3",
+    "kill": "kill=sender:1@0.5",
+    "hang": "hang=receiver:0@0.3",
+    "late": "late=0.3",
+    "abort": "abort=0.3",
+    "fail-nth": "fail-nth=sender:1@2",
+    "restart": "restart=sender:1@0.5",
+    "reuse": "reuse=0.3",
+}
+"""Each fault alone, at a rate that strikes a small run: the specs the sim tests inject."""
+
+
+def faults_of(*kinds: str) -> dict[str, str]:
+    """The specs of ``kinds``, in that order (for a test's parameters)."""
+    return {kind: FAULT_SPECS[kind] for kind in kinds}
+
 
 def small_run(stages: tuple[StageLayout, ...], model: ModelShape, **overrides: Any) -> SimConfig:
     """A small run; over TCP the OS assigns every port, so concurrent runs never collide."""

@@ -23,6 +23,7 @@ from sim.cluster import run_simulation
 from sim.config import SimConfig
 from sim.faults import parse_faults
 from sim.pull import PullAgent
+from tests.sim import runs
 from tests.sim.runs import MHA, assert_all_verified, domain_runs, small_run
 
 
@@ -123,14 +124,7 @@ def _requests_of(keys: set[str]) -> set[str]:
     return {parse_key(k).request_id for k in keys}
 
 
-FAULTS = {
-    "drop": "drop=0.2",
-    "dup": "dup=0.3",
-    "reorder": "reorder=0.4",
-    "corrupt": "corrupt=0.2",
-    "garbage": "garbage=0.3",
-    "kill": "kill=sender:1@0.5",
-}
+FAULTS = runs.faults_of("drop", "dup", "reorder", "corrupt", "garbage", "kill")
 
 
 @pytest.mark.parametrize("kind", list(FAULTS))

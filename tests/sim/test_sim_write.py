@@ -82,13 +82,7 @@ def test_multi_process_writes(stages, layouts, seq_len) -> None:
     assert_all_verified(report)
 
 
-FAULTS = {
-    "drop": "drop=0.2",
-    "dup": "dup=0.3",
-    "reorder": "reorder=0.4",
-    "corrupt": "corrupt=0.2",
-    "garbage": "garbage=0.3",
-}
+FAULTS = runs.faults_of("drop", "dup", "reorder", "corrupt", "garbage")
 
 
 @pytest.mark.parametrize("kind", list(FAULTS))
