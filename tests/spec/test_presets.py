@@ -326,3 +326,34 @@ def test_a_paged_cache_over_one_cross_layer_tensor(layout: str, layers: int, blo
         k.view(torch.int16).fill_(i + 1)
         page = 2 if get_layout(layout).merged_tokens else None  # a token pool's page size
         assert same(kv_views(cache.base, layout, block_size=page)[0][i], k)
+
+
+def test_vllms_six_stride_orders_are_six_presets() -> None:
+    """vLLM 0.33.0 vllm/v1/kv_cache_layout.py: KVCacheLayout's six members are stride
+    permutations of the logical [L, B, H, N, C]; each is a preset, per layer where L is
+    outermost (is_layer_compact), one cross-layer tensor where it is not."""
+    members = {  # member: its value, as the source states it
+        "LBHNC": (0, 1, 2, 3, 4),
+        "LBNHC": (0, 1, 3, 2, 4),
+        "LHBNC": (0, 2, 1, 3, 4),
+        "BLHNC": (1, 0, 2, 3, 4),
+        "BLNHC": (1, 0, 3, 2, 4),
+        "BHLNC": (1, 2, 0, 3, 4),
+    }
+    presets = {
+        "LBHNC": "vllm_packed_hnd",
+        "LBNHC": "vllm_packed_nhd",
+        "LHBNC": "vllm_packed_lhbnc",
+        "BLHNC": "vllm_packed_hnd_layers",
+        "BLNHC": "vllm_packed_nhd_layers",
+        "BHLNC": "vllm_packed_bhlnc",
+    }
+    letter = {"layers": "L", "blocks": "B", "heads": "H", "slots": "N", "dim": "C"}
+    for member, order in members.items():
+        spec = get_layout(presets[member])
+        physical = "".join(letter[a] for a in spec.axes)
+        if not spec.cross_layer:
+            physical = "L" + physical  # a per-layer tensor: the layers are its list
+        assert physical == "".join("LBHNC"[i] for i in order) == member, member
+        assert [f.name for f in spec.record] == ["k", "v"] and spec.plain, member
+        assert spec.cross_layer == (order[0] != 0), member
