@@ -153,7 +153,9 @@ CLAUSES = (
         "plus f's offset in the record; a token pool (blocks and slots on one axis) keeps "
         "slot s of block b in row b * block_size + s, so its page size is stated, never read "
         "from the shape, and must divide its rows. Layer i of a cross-layer tensor is index i "
-        "of its layers axis, read as the layout's per-layer preset through a view.",
+        "of its layers axis, read as the layout's per-layer preset through a view; where that "
+        "preset is a tuple (K, V), index 0 and 1 of the layout's K/V axis are its two "
+        "tensors.",
         obligations=(
             must(
                 "each preset reads field f of (block, slot, head) from the byte its axes, stride "
