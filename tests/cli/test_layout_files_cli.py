@@ -276,3 +276,18 @@ def test_a_users_file_round_trips_through_layouts_desc_and_a_sim_run(
         assert sim_main(argv) == 0, transfer
         out = capsys.readouterr().out
         assert "requests: 2 verified, 0 failed, of 2 — ALL VERIFIED" in out, transfer
+
+
+def test_an_unknown_layout_name_is_refused_with_the_nearest_presets_and_a_short_list(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """27 presets no longer fit one line: the refusal names the first ten, how many more
+    and where they are listed, and the presets a typo is nearest to."""
+    argv = ["run", "--quiet", "--ports", "os", "--kv-heads", "2"]
+    with pytest.raises(SystemExit) as exited:
+        sim_main([*argv, "--src-layout", "sglang_page_majr"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "did you mean sglang_page_major or " in err  # the nearest first
+    assert f"and {len(PRESETS) - 10} more (every preset: kvspec layouts)" in err
+    assert len(err.splitlines()[0]) < 600
