@@ -9,6 +9,7 @@ import math
 import socket
 from collections.abc import Sequence
 
+from kvspec.cli.args import some_of
 from kvspec.memory.cache_layout import (
     PRESETS,
     CacheShape,
@@ -92,14 +93,14 @@ def check_layouts(config: SimConfig) -> None:
             holds = {2: "K and V", 1: "one latent"}.get(spec.kv_tensors or 0, "K and V or a latent")
             raise ValueError(
                 f"cache layout {name!r} cannot hold an {model.attention} cache: its "
-                f"kv_tensors is {spec.kv_tensors} ({holds}); use one of {', '.join(held)} "
+                f"kv_tensors is {spec.kv_tensors} ({holds}); use one of {some_of(held)} "
                 "[LAYOUT-1]"
             )
         why = _cannot_hold(name, model)
         if why is not None:
             raise ValueError(
                 f"{flag} {name} cannot hold {model.describe()}: {why}; the presets that can "
-                f"are: {', '.join(_holding(config)) or 'none'}"
+                f"are: {some_of(_holding(config)) or 'none'}"
             )
     src, dst = config.src_layout, config.dst_layout
     if _information(config, src) != _information(config, dst):
@@ -107,8 +108,8 @@ def check_layouts(config: SimConfig) -> None:
             f"cache layouts {src} -> {dst} do not hold the same information for "
             f"{model.describe()}: a {src} cell holds {_fields(config, src)}, a {dst} cell "
             f"{_fields(config, dst)}; nothing is dropped or made up. {src} pairs with "
-            f"{', '.join(_pairable(config, src))}; {dst} pairs with "
-            f"{', '.join(_pairable(config, dst))} [LAYOUT-6]"
+            f"{some_of(_pairable(config, src))}; {dst} pairs with "
+            f"{some_of(_pairable(config, dst))} [LAYOUT-6]"
         )
 
 

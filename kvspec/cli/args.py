@@ -8,11 +8,12 @@ bounds, so no option can ask for more than a machine can give.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 MAX_PARALLEL = 4096
@@ -27,6 +28,16 @@ def quote(text: object, limit: int = 40) -> str:
     """``text`` quoted for an error message, cut to ``limit`` characters."""
     shown = str(text)
     return repr(shown) if len(shown) <= limit else repr(shown[:limit]) + f"... ({len(shown)} chars)"
+
+
+def some_of(names: Sequence[str], limit: int = 10) -> str:
+    """Preset ``names`` for a one-line message: all of them up to ``limit``, else the first
+    ``limit`` and how many more, with the command that lists every preset."""
+    if len(names) <= limit:
+        return ", ".join(names)
+    return (
+        f"{', '.join(names[:limit])} and {len(names) - limit} more (every preset: kvspec layouts)"
+    )
 
 
 class Parser(argparse.ArgumentParser):
@@ -47,9 +58,11 @@ def cache_layout_ref(text: str) -> str:
     if text in PRESETS:
         return text
     if not is_layout_file(text):
+        close = difflib.get_close_matches(text, PRESETS, n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise argparse.ArgumentTypeError(
-            f"invalid choice: {quote(text)} (choose from {', '.join(PRESETS)}, or a layout "
-            "file: a path ending in .json)"
+            f"invalid choice: {quote(text)} (choose from {some_of(list(PRESETS))}, or a "
+            f"layout file: a path ending in .json){hint}"
         )
     try:
         get_layout(text)

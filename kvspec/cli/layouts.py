@@ -296,6 +296,8 @@ def render_state(info: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def render_one(layout: CacheLayout) -> str:
+    from kvspec.memory.cache_layout import get_layout
+
     info = describe(layout)
     lines = [
         f"{layout.name}  {layout.shape}",
@@ -308,7 +310,9 @@ def render_one(layout: CacheLayout) -> str:
         f"  cache dtypes    {', '.join(layout.dtypes) if layout.dtypes else 'any'}",
     ]
     if layout.per_layer:
-        lines.append(f"  each layer      reads as {layout.per_layer} (a view)")
+        tuple_of = layout.kv_axis is not None and get_layout(layout.per_layer).tuple_form
+        views = "(K, V): index 0 and 1 of its K/V axis, views" if tuple_of else "(a view)"
+        lines.append(f"  each layer      reads as {layout.per_layer} {views}")
     if layout.source is None:
         lines.append("  source          kvspec's own form (no engine's)")
     else:

@@ -153,7 +153,9 @@ CLAUSES = (
         "plus f's offset in the record; a token pool (blocks and slots on one axis) keeps "
         "slot s of block b in row b * block_size + s, so its page size is stated, never read "
         "from the shape, and must divide its rows. Layer i of a cross-layer tensor is index i "
-        "of its layers axis, read as the layout's per-layer preset through a view.",
+        "of its layers axis, read as the layout's per-layer preset through a view; where that "
+        "preset is a tuple (K, V), index 0 and 1 of the layout's K/V axis are its two "
+        "tensors.",
         obligations=(
             must(
                 "each preset reads field f of (block, slot, head) from the byte its axes, stride "
@@ -537,15 +539,24 @@ def kv_views(
     )
 
 
-def layer_views(cache: torch.Tensor, layout: str | CacheLayout) -> tuple[torch.Tensor, ...]:
+def layer_views(
+    cache: torch.Tensor, layout: str | CacheLayout, *, block_size: int | None = None
+) -> tuple[LayerCache, ...]:
     """Each layer of a cross-layer ``cache``: index i of its layers axis, a view in the
-    layout's per-layer preset [LAYOUT-5]."""
+    layout's per-layer preset [LAYOUT-5]; where that preset is a tuple (K, V), the layer
+    is the tuple of index 0 and 1 of the layout's K/V axis. A token pool needs its
+    ``block_size``."""
     spec = get_layout(layout)
     if not spec.cross_layer:
         raise ValueError(f"layout {spec.name} has no layers axis; it holds one layer [LAYOUT-5]")
-    cache_shape(cache, spec)
+    cache_shape(cache, spec, block_size=block_size)
     at = spec.axes.index("layers")
-    return tuple(cache.select(at, i) for i in range(cache.shape[at]))
+    layers = [cache.select(at, i) for i in range(cache.shape[at])]
+    assert spec.per_layer is not None
+    if spec.kv_axis is None or not get_layout(spec.per_layer).tuple_form:
+        return tuple(layers)
+    kv = [a for a in spec.axes if a != "layers"].index("kv")
+    return tuple((layer.select(kv, 0), layer.select(kv, 1)) for layer in layers)
 
 
 def empty_cache(

@@ -488,7 +488,9 @@ def _check_record(layout: CacheLayout, at: _Where) -> None:
 
 
 def _check_layers(layout: CacheLayout, at: _Where, known: Mapping[str, CacheLayout]) -> None:
-    """The per-layer preset each layer of a layers axis reads as [LAYOUT-5]."""
+    """The per-layer preset each layer of a layers axis reads as [LAYOUT-5]: the layout
+    without its layers axis is that preset's; where the preset is a tuple (K, V) and the
+    layout has a 'kv' axis, its index 0 and 1 are the tuple's two tensors."""
     if layout.per_layer is None:
         return
     base = known.get(layout.per_layer)
@@ -501,10 +503,14 @@ def _check_layers(layout: CacheLayout, at: _Where, known: Mapping[str, CacheLayo
     if base.cross_layer:
         raise at.error("per_layer", f"names {base.name!r}, which itself has a layers axis")
     own = tuple(a for a in layout.axes if a != "layers")
+    split = "kv" in layout.axes and base.tuple_form
+    if split:
+        # A tuple (K, V) per layer: index 0 and 1 of the 'kv' axis are its two tensors.
+        own = tuple(a for a in own if a != "kv")
     for field, mine, theirs in (
         ("axes", own, base.axes),
         ("kv_tensors", layout.kv_tensors, base.kv_tensors),
-        ("tuple_form", layout.tuple_form, base.tuple_form),
+        ("tuple_form", layout.tuple_form or split, base.tuple_form),
         ("record", layout.record, base.record),
         ("element", layout.element, base.element),
         ("dtypes", layout.dtypes, base.dtypes),

@@ -171,11 +171,13 @@ class PagedCache:
         tensor: torch.Tensor,
         layout: str | CacheLayout,
         scales: torch.Tensor | None = None,
+        block_size: int | None = None,
     ) -> PagedCache:
         """A paged cache over one cross-layer tensor: layer i is a view of index i of its
-        layers axis [LAYOUT-5]."""
+        layers axis [LAYOUT-5]; a token pool's ``block_size`` is its page size."""
         spec = get_layout(layout)
-        return cls(spec.name, layer_views(tensor, spec), scales, base=tensor)
+        layers = layer_views(tensor, spec, block_size=block_size)
+        return cls(spec.name, layers, scales, block_size=block_size, base=tensor)
 
     @property
     def layer_layout(self) -> str:
@@ -241,7 +243,7 @@ def empty_paged_cache(
         shape = CacheShape(kv, num_blocks, block_size, heads, head_dim, layers=num_layers)
         base = empty_cache(spec, shape, dtype, device)
         assert isinstance(base, torch.Tensor)
-        return PagedCache.cross_layer(base, spec, scales)
+        return PagedCache.cross_layer(base, spec, scales, block_size=block_size)
     shape = CacheShape(kv, num_blocks, block_size, heads, head_dim)
     layers = tuple(empty_cache(spec, shape, dtype, device) for _ in range(num_layers))
     return PagedCache(spec.name, layers, scales, block_size=block_size)

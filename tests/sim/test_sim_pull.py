@@ -104,6 +104,28 @@ PULL_RUNS = {
         dst_block_size=4,
         ranks_per_process=4,
     ),
+    "SGLang's page-major pool -> its HiCache host pool (page_first), TP4->TP2": dict(
+        stages=(StageLayout(4), StageLayout(2)),
+        model=ModelShape(3, 4, 8),
+        src_layout="sglang_page_major",
+        dst_layout="sglang_host_page_first",
+        src_block_size=4,
+        dst_block_size=8,
+    ),
+    "HiCache layer_first -> page_unified (every later stage), a chain TP2 -> TP4 -> TP1": dict(
+        stages=(StageLayout(2), StageLayout(4), StageLayout(1)),
+        model=ModelShape(2, 4, 8),
+        src_layout="sglang_host_layer_first",
+        dst_layout="sglang_host_unified",
+        src_block_size=2,
+    ),
+    "HiCache page_first_direct -> vLLM's BHLNC tensor, TP2 -> TP4": dict(
+        stages=(StageLayout(2), StageLayout(4)),
+        model=ModelShape(2, 4, 8),
+        src_layout="sglang_host_pf_direct",
+        dst_layout="vllm_packed_bhlnc",
+        src_block_size=3,
+    ),
     "a chain TP4 -> TP2 -> TP1, fp8": dict(
         stages=(StageLayout(4), StageLayout(2), StageLayout(1)),
         model=ModelShape(2, 4, 8, dtype="float8_e4m3fn"),

@@ -71,6 +71,43 @@ def test_a_plan_moves_the_share_and_nothing_else(case, data) -> None:
     block_sizes = [1 if lay == "token_major" else data.draw(st.integers(1, 5)) for lay in layouts]
     seq_len = data.draw(st.integers(1, 11))
     start = data.draw(st.integers(0, seq_len - 1))
+    _moves_the_share_and_nothing_else(case, edge, layouts, block_sizes, seq_len, start)
+
+
+NEW_LAYOUTS = (  # issue 33's layouts from the field, each a layout file
+    "vllm_packed_lhbnc",
+    "vllm_packed_bhlnc",
+    "sglang_host_page_head",
+    "sglang_host_layer_first",
+    "sglang_host_page_first",
+    "sglang_host_pf_direct",
+    "sglang_host_unified",
+    "sglang_page_major",
+)
+MHA_LAYOUTS = [n for n in layouts_for("mha", cross_layer=True) if n != "token_major"]
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        (a, b)
+        for a, b in itertools.product(MHA_LAYOUTS, MHA_LAYOUTS)
+        if a in NEW_LAYOUTS or b in NEW_LAYOUTS
+    ],
+)
+def test_every_pair_with_a_new_layout_moves_the_share_and_nothing_else(
+    source: str, target: str
+) -> None:
+    """DESC-1..3 over the layouts issue 33 added, as sender or receiver of a TP4 -> TP2
+    edge that carries one of the receiver's two heads, block sizes 2 and 3, a partial
+    last block on both sides."""
+    case = TransferCase(StageLayout(4), StageLayout(2), ModelShape(2, 4, 2))
+    edge = case.plan().edge(3, 1)
+    _moves_the_share_and_nothing_else(case, edge, [source, target], [2, 3], 7, 1)
+
+
+def _moves_the_share_and_nothing_else(case, edge, layouts, block_sizes, seq_len, start) -> None:
+    model, plan = case.model, case.plan()
     (src, src_ids, so), (dst, dst_ids, do) = _caches(case, edge, layouts, block_sizes, seq_len, 7)
     scatter_request(
         oracle_kv(model, "r", tokens=seq_len, layers=so.layers, heads=so.heads), src, src_ids

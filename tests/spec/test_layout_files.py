@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from kvspec.memory import layout_files
-from kvspec.memory.cache_layout import get_layout
+from kvspec.memory.cache_layout import get_layout, layer_views
 from kvspec.memory.layout_files import (
     LayoutFileError,
     dumps,
@@ -396,7 +397,49 @@ BAD: list[tuple[str, Any, str, str, bool]] = [
         r"no 'layers' axis",
         False,
     ),
+    (  # a tuple per-layer preset takes its two tensors from a K/V axis, and this has none
+        "per-layer-tuple-without-kv-axis",
+        _with(axes=["tokens", "layers", "heads", "dim"], logical=_DROP, per_layer="sglang_mha"),
+        "per_layer",
+        r"names 'sglang_mha', whose tuple_form is true, but this layout's is false",
+        False,
+    ),
+    (  # the K/V axis given, the rest must still be the tuple's [tokens, heads, dim]
+        "per-layer-tuple-other-axes",
+        _with(
+            axes=["kv", "layers", "blocks", "slots", "heads", "dim"],
+            logical=_DROP,
+            record=_DROP,
+            per_layer="sglang_mha",
+        ),
+        "per_layer",
+        r"whose axes is \[tokens, heads, dim\]",
+        False,
+    ),
 ]
+
+
+def test_a_cross_layer_file_whose_layers_are_tuples_reads_each_as_the_tuple(
+    tmp_path: Path,
+) -> None:
+    """LAYOUT-5.2: a K/V axis beside a layers axis, each layer a tuple (K, V) of views, as
+    SGLang's host and page-major pools keep their layers [sglang 0.5.23]."""
+    data = _with(
+        name="my_pool",
+        axes=["layers", "kv", "tokens", "heads", "dim"],
+        logical=_DROP,
+        record=_DROP,
+        per_layer="sglang_mha",
+    )
+    path = tmp_path / "my_pool.json"
+    path.write_text(json.dumps(data))
+    layout = read_layout_file(path, known=PRESETS)
+    assert isinstance(layout, CacheLayout) and layout.per_layer == "sglang_mha"
+    cache = torch.arange(3 * 2 * 8 * 2 * 4, dtype=torch.float32).reshape(3, 2, 8, 2, 4)
+    layers = layer_views(cache, layout, block_size=4)
+    assert all(isinstance(layer, tuple) and len(layer) == 2 for layer in layers)
+    assert torch.equal(layers[2][1], cache[2, 1])  # layer 2's V: index 1 of its K/V axis
+    assert layers[2][1].data_ptr() == cache[2, 1].data_ptr()  # a view, nothing copied
 
 
 @pytest.mark.parametrize(

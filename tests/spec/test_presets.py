@@ -121,6 +121,58 @@ def test_bhlnc_and_sglang_page_head_are_read_layer_by_layer() -> None:
             assert same(kv_views(layer, get_layout(name).per_layer)[1], v)
 
 
+def _sglang_host_buffers(layers, pages: int, page_size: int) -> dict[str, torch.Tensor]:
+    """The one tensor SGLang 0.5.23 allocates for each host layout and the unified pool,
+    built from ``layers`` (each K, V [pages, page_size, heads, dim]) as its source states
+    its dims (pool_host/mha.py init_kv_buffer, pool_host/page_unified.py page_dims,
+    layout/token_major.py's entry ``[K_0 | V_0 | K_1 | V_1 | ...]``)."""
+    # [2, L, pages, page_size, H, D]: K and V of every layer, pages and slots apart
+    kvl = torch.stack([torch.stack([k, v], 0) for k, v in layers], 1)
+    heads, dim = kvl.shape[-2:]
+    size = pages * page_size
+    rows = kvl.reshape(2, len(layers), size, heads, dim)  # row = page * page_size + slot
+    return {
+        # (2, layer_num, size, head_num, head_dim)
+        "sglang_host_layer_first": rows.contiguous(),
+        # (2, size, layer_num, head_num, head_dim)
+        "sglang_host_page_first": rows.permute(0, 2, 1, 3, 4).contiguous(),
+        # (2, page_num, layer_num, page_size, head_num, head_dim)
+        "sglang_host_pf_direct": kvl.permute(0, 2, 1, 3, 4, 5).contiguous(),
+        # (page_num, head_group_num=1, layer_num, 2, page_size, heads, dim), squeezed
+        "sglang_host_unified": kvl.permute(2, 1, 0, 3, 4, 5).unsqueeze(1).contiguous().squeeze(1),
+        # one entry per token slot: every layer's K row then V row
+        "sglang_page_major": rows.permute(2, 1, 0, 3, 4).contiguous(),
+    }
+
+
+def test_sglang_host_pools_and_the_page_major_pool_are_read_layer_by_layer() -> None:
+    """SGLang 0.5.23: the HiCache host pool under layer_first, page_first, page_first_direct
+    and page_unified (one head group), and the unified pool's page-major entries; layer i
+    of each reads as its per-layer preset, a tuple (K, V) of views where that is
+    sglang_mha (the host pool's k_buffer[i] / k_buffer.transpose(0, 1)[i])."""
+    pages, page_size = 3, 2
+    layers = [kv(blocks=pages, slots=page_size, seed=10 * i) for i in range(3)]
+    entry = 3 * 2 * 2 * 3 * 2  # page_major: layers * (K row + V row) bytes, bfloat16
+    for name, cache in _sglang_host_buffers(layers, pages, page_size).items():
+        spec = get_layout(name)
+        page = page_size if spec.merged_tokens else None
+        got_k, got_v = kv_views(cache, name, block_size=page)
+        assert cache_shape(cache, name, block_size=page).layers == 3, name
+        per_layer = layer_views(cache, name, block_size=page)
+        for i, (k, v) in enumerate(layers):
+            assert same(got_k[i], k) and same(got_v[i], v), (name, i)
+            layer = per_layer[i]
+            tensors = layer if isinstance(layer, tuple) else (layer,)
+            assert isinstance(layer, tuple) == get_layout(spec.per_layer).tuple_form, name
+            assert all(t.untyped_storage().data_ptr() == cache.data_ptr() for t in tensors)
+            assert same(kv_views(layer, spec.per_layer, block_size=page)[1], v), (name, i)
+        if name == "sglang_page_major":  # slot t's entry is bytes [t * entry, (t+1) * entry)
+            raw = cache.view(torch.uint8).reshape(-1)
+            k1 = layers[1][0][2, 1]  # layer 1, page 2, slot 1: token row 5
+            at = 5 * entry + 1 * (2 * 2 * 3 * 2)
+            assert torch.equal(raw[at : at + 12], k1.contiguous().view(torch.uint8).reshape(-1))
+
+
 def test_sglang_pools_keep_row_page_times_page_size_plus_slot() -> None:
     """SGLang 0.5.23 memory_pool.py: K and V [size + page_size, heads, head_dim] per layer."""
     k, v = kv(blocks=4, slots=2)
@@ -272,4 +324,36 @@ def test_a_paged_cache_over_one_cross_layer_tensor(layout: str, layers: int, blo
     for i, layer in enumerate(cache.layers):
         k = cache.views(layer)[0]
         k.view(torch.int16).fill_(i + 1)
-        assert same(kv_views(cache.base, layout)[0][i], k)
+        page = 2 if get_layout(layout).merged_tokens else None  # a token pool's page size
+        assert same(kv_views(cache.base, layout, block_size=page)[0][i], k)
+
+
+def test_vllms_six_stride_orders_are_six_presets() -> None:
+    """vLLM 0.33.0 vllm/v1/kv_cache_layout.py: KVCacheLayout's six members are stride
+    permutations of the logical [L, B, H, N, C]; each is a preset, per layer where L is
+    outermost (is_layer_compact), one cross-layer tensor where it is not."""
+    members = {  # member: its value, as the source states it
+        "LBHNC": (0, 1, 2, 3, 4),
+        "LBNHC": (0, 1, 3, 2, 4),
+        "LHBNC": (0, 2, 1, 3, 4),
+        "BLHNC": (1, 0, 2, 3, 4),
+        "BLNHC": (1, 0, 3, 2, 4),
+        "BHLNC": (1, 2, 0, 3, 4),
+    }
+    presets = {
+        "LBHNC": "vllm_packed_hnd",
+        "LBNHC": "vllm_packed_nhd",
+        "LHBNC": "vllm_packed_lhbnc",
+        "BLHNC": "vllm_packed_hnd_layers",
+        "BLNHC": "vllm_packed_nhd_layers",
+        "BHLNC": "vllm_packed_bhlnc",
+    }
+    letter = {"layers": "L", "blocks": "B", "heads": "H", "slots": "N", "dim": "C"}
+    for member, order in members.items():
+        spec = get_layout(presets[member])
+        physical = "".join(letter[a] for a in spec.axes)
+        if not spec.cross_layer:
+            physical = "L" + physical  # a per-layer tensor: the layers are its list
+        assert physical == "".join("LBHNC"[i] for i in order) == member, member
+        assert [f.name for f in spec.record] == ["k", "v"] and spec.plain, member
+        assert spec.cross_layer == (order[0] != 0), member

@@ -267,6 +267,12 @@ def _cross_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
             "dtype": "float16",
             "seed": 5,
         },
+        {  # a cross-layer token pool whose layers read as tuples (K, V): SGLang's page_major
+            "layout": "sglang_page_major",
+            "shape": _shape_dict(CacheShape(2, 3, 2, 2, 2, layers=2)),
+            "dtype": "bfloat16",
+            "seed": 6,
+        },
     ),
     covers=("LAYOUT-5.2",),
 )
@@ -274,12 +280,16 @@ def cross_layer(ctx: Context, example: Example) -> None:
     _in_domain(ctx, example)
     cache = _random_cache(example, ctx.device)
     spec = get_layout(example["layout"])
-    got = ctx.adapter.read_layer(cache, spec.name)
+    facts = _facts(ctx, "read_layer", example)  # a cross-layer token pool's page size
+    got = ctx.adapter.read_layer(cache, spec.name, **facts)
     expect(len(got) == 2, f"{_describe(example)}: read {len(got)} tensors, not K and V")
+    page = _pool(example)
     # A cross-layer cache is one tensor.
-    for i, layer in enumerate(layer_views(cast(torch.Tensor, cache), spec)):
+    layers = layer_views(cast(torch.Tensor, cache), spec, block_size=page)
+    for i, layer in enumerate(layers):
         assert spec.per_layer is not None
-        for name, want, have in zip("KV", kv_views(layer, spec.per_layer), got, strict=True):
+        want_kv = kv_views(layer, spec.per_layer, block_size=page)
+        for name, want, have in zip("KV", want_kv, got, strict=True):
             have = have[i] if have.dim() == 5 else have
             if tuple(have.shape) != tuple(want.shape) or not torch.equal(
                 bits_view(have.contiguous()), bits_view(want.contiguous())

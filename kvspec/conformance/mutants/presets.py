@@ -81,7 +81,7 @@ class LayersAxisOutermost(ReferenceAdapter):
             at = spec.axes.index("layers")
             sizes = list(cache.shape)
             sizes[0], sizes[at] = sizes[at], sizes[0]
-            return kv_views(cache.reshape(sizes), spec, **facts)
+            return kv_views(cache.reshape(sizes), spec, block_size=facts.get("page_size"))
         return super().read_layer(cache, layout, **facts)
 
 

@@ -2,9 +2,12 @@
 preset, and its K and V read back layer by layer [LAYOUT-5].
 
 Each case is one random cache of a plain cross-layer preset (vLLM's BLHNC, BLNHC and
-BHLNC tensors, TensorRT-LLM's pool, SGLang's page_head host pool); ``read`` is K and V,
-each ``[layers, num_blocks, block_size, heads, head_dim]``, layer ``i`` being index ``i``
-of the layers axis read as the preset's ``per_layer`` layout (LAYOUT-5.2).
+BHLNC tensors, TensorRT-LLM's pool, SGLang's HiCache host pools and its page-major
+unified pool); ``read`` is K and V, each ``[layers, num_blocks, block_size, heads,
+head_dim]``, layer ``i`` being index ``i`` of the layers axis read as the preset's
+``per_layer`` layout (LAYOUT-5.2). A token pool's case carries its ``page_size``, which
+its shape does not say (LAYOUT-5.3); a preset added later gets its cases after the
+older ones, which keep their bytes.
 """
 
 from __future__ import annotations
@@ -42,32 +45,35 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
             layer, names = layer_tensors(key, cache)
             tensors.update(layer)
             read = [f"{key}/read/{k}" for k in range(2)]
-            views = kv_views(cache, name)
+            page = block_size if spec.merged_tokens else None  # not in a pool's shape
+            views = kv_views(cache, name, block_size=page)
             tensors.update(dict(zip(read, (v.contiguous() for v in views), strict=True)))
-            cases.append(
-                {
-                    "id": key,
-                    "clauses": ["LAYOUT-5"],
-                    "layout": name,
-                    "per_layer": spec.per_layer,
-                    "shape": {
-                        "kv": 2,
-                        "layers": layers,
-                        "num_blocks": blocks,
-                        "block_size": block_size,
-                        "heads": heads,
-                        "head_dim": dim,
-                    },
-                    "cache": names,
-                    "read": read,
-                }
-            )
+            case: Case = {
+                "id": key,
+                "clauses": ["LAYOUT-5"],
+                "layout": name,
+                "per_layer": spec.per_layer,
+                "shape": {
+                    "kv": 2,
+                    "layers": layers,
+                    "num_blocks": blocks,
+                    "block_size": block_size,
+                    "heads": heads,
+                    "head_dim": dim,
+                },
+                "cache": names,
+                "read": read,
+            }
+            if page is not None:  # a token pool's page size; the older cases have none
+                case["page_size"] = page
+            cases.append(case)
     return cases, tensors
 
 
 def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
     cache = load_layer(tensors, case["cache"])
-    got = adapter.read_layer(cache, case["layout"])
+    page = case.get("page_size")
+    got = adapter.read_layer(cache, case["layout"], **({"page_size": page} if page else {}))
     for k, name in enumerate(case["read"]):
         want = tensors[name]
         if k >= len(got) or tuple(got[k].shape) != tuple(want.shape):
