@@ -85,6 +85,23 @@ class LayersAxisOutermost(ReferenceAdapter):
         return super().read_layer(cache, layout, **facts)
 
 
+@mutant("LAYOUT-5.2")
+class PageMajorEntryAsKThenV(ReferenceAdapter):
+    """Reads SGLang's page-major entry ``[K_0 | V_0 | K_1 | V_1 | ...]`` as every layer's K
+    then every layer's V (``[K_0 | K_1 | ... | V_0 | V_1 | ...]``), the order of a pool
+    whose K/V axis lies outside its layers axis."""
+
+    def read_layer(self, cache, layout, **facts):
+        spec = get_layout(layout)
+        at = spec.axes.index("layers") if spec.cross_layer else -1
+        if at >= 0 and spec.axes[at + 1 : at + 2] == ("kv",):
+            sizes = list(cache.shape)
+            sizes[at], sizes[at + 1] = sizes[at + 1], sizes[at]
+            as_k_then_v = cache.reshape(sizes).transpose(at, at + 1)
+            return kv_views(as_k_then_v, spec, block_size=facts.get("page_size"))
+        return super().read_layer(cache, layout, **facts)
+
+
 @mutant("LAYOUT-5.3")
 class PoolPageSizeDefaultsToOne(ReferenceAdapter):
     """Reads a token pool whose page size was not stated with page size 1, SGLang's
