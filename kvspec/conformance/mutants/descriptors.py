@@ -33,8 +33,9 @@ def _build(
     stop: int | None = None,
     request_positions: bool = False,
 ) -> tuple[Descriptor, ...]:
-    """A connector's list: every (layer, token, head, field) paired and merged, with the
-    hooks a mutant bends. Tokens sit at their positions among each rank's own tokens
+    """A connector's list for the edge :meth:`~kvspec.conformance.adapter.Adapter.descriptors`
+    is asked for: every (layer, token, head, field) paired and merged, with the hooks a
+    mutant bends. Tokens sit at their positions among each rank's own tokens
     [CP-1], unless ``request_positions`` addresses both caches by the request's."""
     plan = adapter.plan(case)
     edge = plan.edge(src, dst)
@@ -114,19 +115,8 @@ class SenderBlockSizeForBoth(ReferenceAdapter):
     """Addresses the receiver's blocks with the sender's block size (the two sides are
     assumed to page alike)."""
 
-    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
-        return _build(
-            self,
-            case,
-            src,
-            dst,
-            source,
-            source_ids,
-            target,
-            target_ids,
-            tokens,
-            target_block_size=source.block_size,
-        )
+    def descriptors(self, case, src, dst, source, *sides):
+        return _build(self, case, src, dst, source, *sides, target_block_size=source.block_size)
 
 
 @mutant("DESC-1.2")
@@ -159,19 +149,8 @@ class SkipsThePaddingPageTwice(ReferenceAdapter):
     """Adds one to every receiver block id, as if the pool's padding page were not yet
     counted: the last block's ranges run past the region."""
 
-    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
-        return _build(
-            self,
-            case,
-            src,
-            dst,
-            source,
-            source_ids,
-            target,
-            target_ids,
-            tokens,
-            target_id_shift=1,
-        )
+    def descriptors(self, case, *edge):
+        return _build(self, case, *edge, target_id_shift=1)
 
 
 @mutant("DESC-2.2")
@@ -213,16 +192,5 @@ class RequestPositionsUnderTokenShards(ReferenceAdapter):
     shard's block) with them, as vLLM's prefill context parallelism read another shard's
     blocks (vllm#38433, FIELD.md)."""
 
-    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
-        return _build(
-            self,
-            case,
-            src,
-            dst,
-            source,
-            source_ids,
-            target,
-            target_ids,
-            tokens,
-            request_positions=True,
-        )
+    def descriptors(self, case, *edge):
+        return _build(self, case, *edge, request_positions=True)
