@@ -15,7 +15,6 @@ from typing import Any
 
 from kvspec.memory.descriptors import RegisteredCache, region_buffers, share_positions
 from kvspec.memory.paged import blocks_needed
-from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.tokens import Tokens
 from kvspec.transport.checksums import ALGORITHMS, checksum_of, fastest
 from sim.config import SimConfig
@@ -43,19 +42,15 @@ def registered_cache(
 ) -> RegisteredCache:
     """The registration of rank ``who`` of ``stage`` in this run: every rank computes the
     same, from the configuration and the workload [DESC-2]."""
-    model = config.model
     layout, block_size = config.layout_of(stage)
     num_blocks, _ = workload.block_table(stage, who)
-    owner = rank_ownership(config.stages[stage], model, who)
-    return RegisteredCache(
+    return RegisteredCache.of_rank(
         layout,
-        len(owner.layers),
-        num_blocks,
-        block_size,
-        len(owner.heads),
-        model.head_dim,
-        model.dtype,
-        tensors_per_layer=model.kv_tensors,
+        config.stages[stage],
+        config.model,
+        who,
+        num_blocks=num_blocks,
+        block_size=block_size,
     )
 
 

@@ -30,8 +30,10 @@ from kvspec.forms import build, read_form
 from kvspec.memory.cache_layout import CacheShape, get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.paged import PagedCache, check_block_ids
+from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import Edge, TransferPlan
+from kvspec.topology.stage import StageLayout
 from kvspec.topology.tokens import Tokens, as_tokens
 
 CLAUSES = (
@@ -170,6 +172,33 @@ class RegisteredCache:
                 f"regions {unknown} are not regions of a {spec.name} cache; its regions are "
                 f"{', '.join(self._full_regions())} [DESC-2]"
             )
+
+    @classmethod
+    def of_rank(
+        cls,
+        layout: str,
+        stage: StageLayout,
+        model: ModelShape,
+        rank: int,
+        *,
+        num_blocks: int,
+        block_size: int,
+        dtype: str | None = None,
+    ) -> RegisteredCache:
+        """The cache rank ``rank`` of ``stage`` registers in ``layout``: the layers and
+        heads of ``model`` it owns [HEAD-1, LAYER-1], in ``dtype`` (the model's unless
+        given) [DESC-2]."""
+        owner = rank_ownership(stage, model, rank)
+        return cls(
+            layout,
+            len(owner.layers),
+            num_blocks,
+            block_size,
+            len(owner.heads),
+            model.head_dim,
+            dtype or model.dtype,
+            tensors_per_layer=model.kv_tensors,
+        )
 
     @property
     def spec(self) -> CacheLayout:

@@ -14,7 +14,6 @@ from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.descriptors import RegisteredCache, judge_descriptors, plan_descriptors
 from kvspec.strategies import TransferCase
 from kvspec.topology.model import ModelShape
-from kvspec.topology.ownership import stage_ownership
 
 DESC_LAYOUT_PAIRS = (
     ("vllm_pth_hnd", "vllm_pth_nhd"),
@@ -55,20 +54,18 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
             (src_layout, case.source, edge.src),
             (dst_layout, case.target, edge.dst),
         ):
-            owner = stage_ownership(stage, model)[rank]
             spec = get_layout(layout)
             block_size = rng.randint(1, 5) if spec.paged else 1
             needed = -(-seq_len // block_size)
             num_blocks = needed + rng.randint(0, 2)
-            registered = RegisteredCache(
+            registered = RegisteredCache.of_rank(
                 layout,
-                len(owner.layers),
-                num_blocks,
-                block_size,
-                len(owner.heads),
-                model.head_dim,
-                spec.dtypes[0] if spec.dtypes else model.dtype,
-                tensors_per_layer=model.kv_tensors,
+                stage,
+                model,
+                rank,
+                num_blocks=num_blocks,
+                block_size=block_size,
+                dtype=spec.dtypes[0] if spec.dtypes else None,
             )
             sides.append((registered, rng.sample(range(num_blocks), needed)))
         made = plan_descriptors(
