@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from sim.accounting import BY_REQUEST
 from sim.config import SimConfig
 from sim.report import SimReport
 from tests.strategies import cache_side, shortest_request
@@ -42,6 +43,18 @@ def small_run(stages: tuple[StageLayout, ...], model: ModelShape, **overrides: A
     """A small run; over TCP the OS assigns every port, so concurrent runs never collide."""
     settings_ = {"requests": 3, "seq_len": (3, 24), "timeout": 60.0, "ports": "os", **overrides}
     return SimConfig(stages=stages, model=model, **settings_)
+
+
+def assert_booked_alike(report: SimReport, kind: str, seed: int) -> None:
+    """Every fault counted where injected and where observed, and fault ``kind`` key by key
+    (request by request for a fault booked by request) [sim.accounting]."""
+    assert not report.unbalanced_faults(), (seed, report.fault_counts())
+    injected = report.fault_keys["injected"].get(kind, [])
+    observed = report.fault_keys["observed"].get(kind, [])
+    if kind in BY_REQUEST:
+        assert set(observed) == set(injected), seed
+    else:
+        assert sorted(observed) == sorted(injected), seed
 
 
 def assert_all_verified(report: SimReport) -> None:
