@@ -22,6 +22,7 @@ import zmq
 
 from kvspec.memory.paged import blocks_needed
 from kvspec.naming.keys import recv_keys
+from kvspec.topology.plan import TransferPlan
 from kvspec.transport.streaming import group_sources, stream_chunk_id
 from sim import messages
 from sim.auth import RunSecret
@@ -169,15 +170,7 @@ class Receiver:
             if self.ctx.groups:
                 self._expect_groups(request, waiting)
             for chunk_id in range(0 if self.ctx.groups else len(request.chunks)):
-                for key, src in recv_keys(
-                    plan,
-                    request.request_id,
-                    self.ctx.who.rank,
-                    from_stage=self.ctx.who.stage - 1,
-                    to_stage=self.ctx.who.stage,
-                    chunk_id=chunk_id,
-                    chunked=chunked,
-                ):
+                for key, src in self._keys(plan, request, chunk_id, chunked=chunked):
                     if chunk_id >= counts[src]:
                         continue
                     waiting.add(key)
@@ -189,6 +182,21 @@ class Receiver:
                 abort_after=self.ctx.faults.abort_point(request.request_id, len(waiting)),
             )
 
+    def _keys(
+        self, plan: TransferPlan, request: Request, chunk_id: int, *, chunked: bool
+    ) -> tuple[tuple[str, int], ...]:
+        """(key, source) of every source that sends this rank chunk ``chunk_id`` of
+        ``request`` [KEY-4]."""
+        return recv_keys(
+            plan,
+            request.request_id,
+            self.ctx.who.rank,
+            from_stage=self.ctx.who.stage - 1,
+            to_stage=self.ctx.who.stage,
+            chunk_id=chunk_id,
+            chunked=chunked,
+        )
+
     def _expect_groups(self, request: Request, waiting: set[str]) -> None:
         """A streamed request's keys: one per layer group and source carrying some of its
         layers [STREAM-1.2]."""
@@ -196,15 +204,8 @@ class Receiver:
         plan = self.ctx.in_plan.of(request)
         for g, group in enumerate(self.ctx.layer_groups):
             sources = group_sources(plan, self.ctx.who.rank, group)
-            for key, src in recv_keys(
-                plan,
-                request.request_id,
-                self.ctx.who.rank,
-                from_stage=self.ctx.who.stage - 1,
-                to_stage=self.ctx.who.stage,
-                chunk_id=stream_chunk_id(0, g, self.ctx.groups),
-                chunked=True,
-            ):
+            chunk_id = stream_chunk_id(0, g, self.ctx.groups)
+            for key, src in self._keys(plan, request, chunk_id, chunked=True):
                 if src in sources:
                     waiting.add(key)
                     self.key_owner[key] = (request.request_id, 0, src)
