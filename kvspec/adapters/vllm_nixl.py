@@ -36,8 +36,6 @@ The functions above the adapter class are pure translation and need no engine.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
@@ -45,6 +43,7 @@ from typing import Any
 import torch
 
 from kvspec.adapters._engine import engine_message, import_engine, invert_sources
+from kvspec.adapters._vllm import vllm_head_checks
 from kvspec.conformance.adapter import Acceptance, Adapter
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
@@ -319,7 +318,9 @@ class VllmNixlAdapter(Adapter):
         tps = (int(config["source"]["tp"]), int(config["target"]["tp"]))
         try:
             for side, tp in zip(("prefill", "decode"), tps, strict=True):
-                _vllm_head_checks(kv_heads, tp, tps[0] * tps[1] * kv_heads)
+                vllm_head_checks(
+                    kv_heads, tp, tps[0] * tps[1] * kv_heads, adapter=NAME, install=INSTALL
+                )
                 ran.append(f"{side} TP{tp}: verify_with_parallel_config, QKVParallelLinear")
             self.validate_topology(config)
             ran.append("decode handshake: tp_ratio, compute_tp_mapping")
@@ -356,34 +357,3 @@ class VllmNixlAdapter(Adapter):
         return self.metadata.compute_nixl_compatibility_hash(
             vllm_config(model), backend_name(model), "pull"
         )
-
-
-@functools.lru_cache(maxsize=256)
-def _vllm_head_checks(num_kv_heads: int, tp: int, num_heads: int) -> None:
-    """vLLM's head checks at TP ``tp``: ``ModelConfig.verify_with_parallel_config`` on
-    the attributes it reads, then ``QKVParallelLinear.__init__`` on a bare instance with
-    the TP world size answering ``tp``; it has passed the KV-head split once it sets
-    ``num_kv_head_replicas`` (what follows allocates weights and needs a config)."""
-    config_model = import_engine("vllm.config.model", adapter=NAME, install=INSTALL)
-    linear = import_engine("vllm.model_executor.layers.linear", adapter=NAME, install=INSTALL)
-    model = SimpleNamespace(model_arch_config=SimpleNamespace(total_num_attention_heads=num_heads))
-    parallel = SimpleNamespace(
-        enable_hc_sp=False,
-        tensor_parallel_size=tp,
-        enable_expert_parallel=False,
-        pipeline_parallel_size=1,
-        decode_context_parallel_size=1,
-    )
-    # past the head check, later checks read attributes a stub does not have
-    with contextlib.suppress(AttributeError):
-        config_model.ModelConfig.verify_with_parallel_config(model, parallel)
-    layer = linear.QKVParallelLinear.__new__(linear.QKVParallelLinear)
-    real = linear.get_tensor_model_parallel_world_size
-    linear.get_tensor_model_parallel_world_size = lambda: tp
-    try:
-        linear.QKVParallelLinear.__init__(layer, num_heads, 1, num_heads, num_kv_heads)
-    except Exception:  # a divide() assert, or what needs a config after the split
-        if not hasattr(layer, "num_kv_head_replicas"):
-            raise
-    finally:
-        linear.get_tensor_model_parallel_world_size = real

@@ -26,6 +26,8 @@ BUILTIN: dict[str, str] = {
     # refuses with what to install when it is missing (kvspec/adapters, `make field`).
     "vllm-omni": "kvspec.adapters.vllm_omni:VllmOmniAdapter",
     "vllm-nixl": "kvspec.adapters.vllm_nixl:VllmNixlAdapter",
+    "vllm-mooncake": "kvspec.adapters.vllm_mooncake:VllmMooncakeAdapter",
+    "vllm-moriio": "kvspec.adapters.vllm_moriio:VllmMoriioAdapter",
     "sglang": "kvspec.adapters.sglang:SglangAdapter",
 }
 """Adapters reachable by a built-in name."""
