@@ -72,3 +72,15 @@ def vllm_head_checks(
             raise
     finally:
         linear.get_tensor_model_parallel_world_size = real
+
+
+def _no_op(self: object) -> None:
+    """A destructor that does nothing."""
+
+
+def bare_instance(cls: Any) -> Any:
+    """An instance of engine class ``cls`` that ran no ``__init__`` (the caller sets the
+    attributes the method it calls reads) and whose destructor does nothing: a worker
+    never started has no threads or sockets for its ``__del__`` to stop."""
+    bare: Any = type(f"Bare{cls.__name__}", (cls,), {"__del__": _no_op})
+    return object.__new__(bare)

@@ -66,7 +66,13 @@ from typing import Any, NamedTuple
 import torch
 
 from kvspec.adapters._engine import engine_message, import_engine, invert_sources
-from kvspec.adapters._vllm import call_accepting, parameters, vllm_head_checks, vllm_version
+from kvspec.adapters._vllm import (
+    bare_instance,
+    call_accepting,
+    parameters,
+    vllm_head_checks,
+    vllm_version,
+)
 from kvspec.conformance.adapter import Acceptance, Adapter, AdapterError, NotProvided
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
@@ -448,8 +454,7 @@ class VllmMooncakeAdapter(Adapter):
     def _bare_worker(self, model: ModelShape, rank: int, tp: int) -> Any:
         """A ``MooncakeConnectorWorker`` holding only what ``_build_transfer_params``
         reads: its rank, the topology, MLA, one attention KV group, no kernel-block split."""
-        cls = self.conn.MooncakeConnectorWorker
-        worker = cls.__new__(cls)
+        worker = bare_instance(self.conn.MooncakeConnectorWorker)
         worker.tp_rank, worker.tp_size = rank, tp
         worker.use_mla = model.attention == "mla"
         worker.transfer_topo = self._topology(tp, rank, model)

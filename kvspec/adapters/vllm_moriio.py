@@ -11,10 +11,12 @@ moriio/`` of that wheel:
   that identical copy) and how many prefill ranks write that decode rank
   (``num_writers``: the decode counts that many ``write_done`` notifications before its
   KV is ready, moriio_engine.py); ``validate_write_tp_topology`` refuses what it cannot
-  map. ``MoRIIOConnectorWorker._write_tp_mapping`` calls it with the decode's
-  ``tp_size`` from the request (``remote_tp_size or self.world_size``): the field vllm#47764
-  fixed, where the connector read a size that defaulted to 1 and all 8 prefill ranks wrote
-  decode rank 0;
+  map. The adapter runs the write path's own call: ``MoRIIOConnectorMetadata.add_new_req``
+  (moriio_common.py) reads the decode's TP size from the request's ``kv_transfer_params``
+  and ``MoRIIOConnectorWorker._write_tp_mapping`` (moriio_connector.py, on a bare worker
+  holding what it reads) passes it on — the field of vllm#47764, where the size was read
+  from a key the WRITE producer's request does not carry, defaulted to 1, and all 8
+  prefill ranks wrote decode rank 0;
 - ``moriio_layout.py`` ``get_layer_head_layout`` (where each head of a block lies, from
   the cache tensor's strides), ``compute_head_slice_offsets`` (the byte offsets of one
   write's heads, on both sides) and ``compute_block_transfer_offsets`` (a whole-block
@@ -56,13 +58,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import torch
 
 from kvspec.adapters._engine import engine_message, import_engine
-from kvspec.adapters._vllm import vllm_head_checks, vllm_version
+from kvspec.adapters._vllm import bare_instance, call_accepting, vllm_head_checks, vllm_version
 from kvspec.conformance.adapter import Acceptance, Adapter, AdapterError
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
@@ -174,20 +176,55 @@ class VllmMoriioAdapter(Adapter):
                 "does not have (vllm 0.33.0 does)"
             ) from error
         self.layout = import_engine(f"{PACKAGE}.moriio_layout", adapter=NAME, install=INSTALL)
-        common = import_engine(f"{PACKAGE}.moriio_common", adapter=NAME, install=INSTALL)
+        self.common = common = import_engine(
+            f"{PACKAGE}.moriio_common", adapter=NAME, install=INSTALL
+        )
+        self.connector = import_engine(f"{PACKAGE}.moriio_connector", adapter=NAME, install=INSTALL)
         self.specs = import_engine("vllm.v1.kv_cache_interface", adapter=NAME, install=INSTALL)
+        if not hasattr(self.connector.MoRIIOConnectorWorker, "_write_tp_mapping"):
+            raise AdapterError(
+                f"{self.version}: MoRIIOConnectorWorker has no _write_tp_mapping, the WRITE "
+                "path's call of compute_write_tp_mapping the adapter runs"
+            )
         self.error = common.MoRIIOError
         self.refusal_types = (ValueError, AssertionError, common.MoRIIOError)
 
     # engine calls ------------------------------------------------------------------------
+    def _peer_tp_size(self, tp_d: int) -> int:
+        """The decode TP size a prefill rank's write path sees: the request's
+        ``kv_transfer_params`` as a WRITE producer gets them (the decode's TP under
+        ``remote_tp_size``: "the old plain "tp_size" key (#46332) is absent on WRITE producer
+        requests", moriio_common.py), through ``MoRIIOConnectorMetadata.add_new_req``,
+        whose ``ReqMeta.tp_size`` ``_write_blocks_for_req`` hands ``_write_tp_mapping``."""
+        metadata = self.common.MoRIIOConnectorMetadata()
+        params = {
+            "transfer_id": "transfer",
+            "remote_engine_id": "decode",
+            "remote_block_ids": [],
+            "remote_host": "127.0.0.1",
+            "remote_handshake_port": 1,
+            "remote_notify_port": 2,
+            "remote_tp_size": tp_d,
+        }
+        call_accepting(
+            metadata.add_new_req,
+            request_id="request",
+            local_block_ids=[],
+            kv_transfer_params=params,
+            write_mode=True,
+        )
+        return int(metadata.reqs_to_save["request"].tp_size)
+
     @functools.lru_cache(maxsize=1024)  # noqa: B019  (the adapter lives for one run)
     def _mapping(self, model: ModelShape, p: int, tp_p: int, tp_d: int) -> Any:
-        """``compute_write_tp_mapping`` as ``MoRIIOConnectorWorker._write_tp_mapping``
-        calls it: the KV head count is 1 for MLA."""
-        mla = model.attention == "mla"
-        return self.mapping.compute_write_tp_mapping(
-            p, tp_p, tp_d, 1 if mla else model.num_kv_heads, mla, False
-        )
+        """``MoRIIOConnectorWorker._write_tp_mapping`` of prefill rank ``p`` (on a bare
+        worker with the attributes it reads), for the decode TP the request names: it calls
+        ``compute_write_tp_mapping`` with 1 KV head for MLA."""
+        worker = bare_instance(self.connector.MoRIIOConnectorWorker)
+        worker.tp_rank, worker.world_size = p, tp_p
+        worker.use_mla, worker._has_mamba = model.attention == "mla", False
+        worker.model_config = SimpleNamespace(get_total_num_kv_heads=lambda: model.num_kv_heads)
+        return worker._write_tp_mapping(self._peer_tp_size(tp_d))
 
     def _writes_into(self, case: TransferCase, d: int) -> dict[int, Any]:
         """Prefill rank -> its ``WriteTarget`` for decode rank ``d`` (attention writes only)."""

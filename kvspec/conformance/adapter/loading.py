@@ -28,6 +28,8 @@ BUILTIN: dict[str, str] = {
     "vllm-nixl": "kvspec.adapters.vllm_nixl:VllmNixlAdapter",
     "vllm-mooncake": "kvspec.adapters.vllm_mooncake:VllmMooncakeAdapter",
     "vllm-moriio": "kvspec.adapters.vllm_moriio:VllmMoriioAdapter",
+    "vllm-canonical": "kvspec.adapters.vllm_canonical:VllmCanonicalAdapter",
+    "vllm-layouts": "kvspec.adapters.vllm_layouts:VllmLayoutsAdapter",
     "sglang": "kvspec.adapters.sglang:SglangAdapter",
 }
 """Adapters reachable by a built-in name."""
