@@ -1,6 +1,7 @@
 """Adapters for engines in the field, each importing the engine's installed package.
 
-``kvspec conform vllm-omni | vllm-nixl | sglang`` (built-in names in
+``kvspec conform vllm-omni | vllm-nixl | sglang | vllm-mooncake | vllm-moriio |
+vllm-canonical | vllm-layouts`` (built-in names in
 :data:`kvspec.conformance.adapter.BUILTIN`). Importing these modules needs no engine:
 an adapter imports its engine when it is created, and a missing package is refused with
 what to install (``make field`` installs the pinned versions into ``.venv-field``).
