@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.adapters._engine import import_engine
+from kvspec.conformance.transfer_config import TransferConfig
 
 
 def parameters(function: Callable[..., Any]) -> frozenset[str]:
@@ -72,6 +73,25 @@ def vllm_head_checks(
             raise
     finally:
         linear.get_tensor_model_parallel_world_size = real
+
+
+def kv_heads_of(config: TransferConfig) -> int:
+    """The KV heads vLLM splits over TP for ``config``'s model: an MLA latent is one."""
+    model = config["model"]
+    return 1 if model.get("attention") == "mla" else int(model["num_kv_heads"])
+
+
+def both_sides_head_checks(config: TransferConfig, *, adapter: str, install: str) -> list[str]:
+    """:func:`vllm_head_checks` for the prefill and the decode side of ``config``, with
+    query heads divisible by both TP sizes (kvspec models only KV heads); what ran, a
+    line a side. Raises what vLLM raises."""
+    kv_heads = kv_heads_of(config)
+    tps = (int(config["source"]["tp"]), int(config["target"]["tp"]))
+    ran = []
+    for side, tp in zip(("prefill", "decode"), tps, strict=True):
+        vllm_head_checks(kv_heads, tp, tps[0] * tps[1] * kv_heads, adapter=adapter, install=install)
+        ran.append(f"{side} TP{tp}: verify_with_parallel_config, QKVParallelLinear")
+    return ran
 
 
 def _no_op(self: object) -> None:

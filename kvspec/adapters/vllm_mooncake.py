@@ -68,9 +68,9 @@ import torch
 from kvspec.adapters._engine import engine_message, import_engine, invert_sources
 from kvspec.adapters._vllm import (
     bare_instance,
+    both_sides_head_checks,
     call_accepting,
     parameters,
-    vllm_head_checks,
     vllm_version,
 )
 from kvspec.conformance.adapter import Acceptance, Adapter, AdapterError, NotProvided
@@ -482,15 +482,8 @@ class VllmMooncakeAdapter(Adapter):
         ``_validate_asymmetric_region_lengths``, which fail the transfer with an ERROR
         response). Query heads are chosen divisible by both TP sizes (kvspec models only
         KV heads). Not run: a model directory, weights, the transfer engine."""
-        model, ran = config["model"], []
-        kv_heads = 1 if model.get("attention") == "mla" else int(model["num_kv_heads"])
-        tps = (int(config["source"]["tp"]), int(config["target"]["tp"]))
         try:
-            for side, tp in zip(("prefill", "decode"), tps, strict=True):
-                vllm_head_checks(
-                    kv_heads, tp, tps[0] * tps[1] * kv_heads, adapter=NAME, install=INSTALL
-                )
-                ran.append(f"{side} TP{tp}: verify_with_parallel_config, QKVParallelLinear")
+            ran = both_sides_head_checks(config, adapter=NAME, install=INSTALL)
             self.validate_topology(config)
             ran.append("every decode rank's pairing and its prefill ranks' region checks")
         except (AssertionError, ValueError, RuntimeError) as error:

@@ -64,7 +64,12 @@ from typing import Any
 import torch
 
 from kvspec.adapters._engine import engine_message, import_engine
-from kvspec.adapters._vllm import bare_instance, call_accepting, vllm_head_checks, vllm_version
+from kvspec.adapters._vllm import (
+    bare_instance,
+    both_sides_head_checks,
+    call_accepting,
+    vllm_version,
+)
 from kvspec.conformance.adapter import Acceptance, Adapter, AdapterError
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
@@ -387,15 +392,8 @@ class VllmMoriioAdapter(Adapter):
         ``validate_write_tp_topology`` (``_write_blocks_for_req`` raises it before any
         write is queued: every request fails). Not run: a model directory, weights,
         the MoRI engine."""
-        model, ran = config["model"], []
-        kv_heads = 1 if model.get("attention") == "mla" else int(model["num_kv_heads"])
-        tps = (int(config["source"]["tp"]), int(config["target"]["tp"]))
         try:
-            for side, tp in zip(("prefill", "decode"), tps, strict=True):
-                vllm_head_checks(
-                    kv_heads, tp, tps[0] * tps[1] * kv_heads, adapter=NAME, install=INSTALL
-                )
-                ran.append(f"{side} TP{tp}: verify_with_parallel_config, QKVParallelLinear")
+            ran = both_sides_head_checks(config, adapter=NAME, install=INSTALL)
             self.validate_topology(config)
             ran.append("validate_write_tp_topology")
         except (AssertionError, ValueError) as error:

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from kvspec.adapters._engine import engine_message, import_engine, invert_sources
-from kvspec.adapters._vllm import vllm_head_checks
+from kvspec.adapters._vllm import both_sides_head_checks, kv_heads_of
 from kvspec.conformance.adapter import Acceptance, Adapter
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
@@ -351,15 +351,10 @@ class VllmNixlAdapter(Adapter):
         PP refusal of base_worker.py. Query heads are chosen divisible by both TP sizes
         (kvspec models only KV heads). Not run: building a ``VllmConfig`` from a model
         directory, weight loading, NIXL agents."""
-        model, ran = config["model"], []
-        kv_heads = 1 if model.get("attention") == "mla" else int(model["num_kv_heads"])
+        model, kv_heads = config["model"], kv_heads_of(config)
         tps = (int(config["source"]["tp"]), int(config["target"]["tp"]))
         try:
-            for side, tp in zip(("prefill", "decode"), tps, strict=True):
-                vllm_head_checks(
-                    kv_heads, tp, tps[0] * tps[1] * kv_heads, adapter=NAME, install=INSTALL
-                )
-                ran.append(f"{side} TP{tp}: verify_with_parallel_config, QKVParallelLinear")
+            ran = both_sides_head_checks(config, adapter=NAME, install=INSTALL)
             self.validate_topology(config)
             ran.append("decode handshake: tp_ratio, compute_tp_mapping")
             fan_in = SimpleNamespace(
