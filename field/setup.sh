@@ -37,15 +37,37 @@ if [ ! -f "$VENV/.kvspec-stamp" ] || [ pyproject.toml -nt "$VENV/.kvspec-stamp" 
   touch "$VENV/.kvspec-stamp"
 fi
 
+# The pins of a requirements file, comments and order aside: engines whose pins are the
+# same (the vLLM 0.33.0 adapters) share one package directory, linked by name.
+pins() { sed 's/#.*//; s/[[:space:]]*$//' "$1" | grep -v '^$' | sort | sha256sum | cut -d' ' -f1; }
+
 for engine in "${engines[@]}"; do
   req=$REQUIREMENTS/$engine.txt
   dir=$VENV/engines/$engine
   [ -f "$req" ] || { echo "field: no $req" >&2; exit 2; }
   want=$(sha256sum "$req" | cut -d' ' -f1)
+  key=$(pins "$req")
+  if [ -L "$dir" ]; then
+    [ "$(cat "$dir/.pins" 2>/dev/null)" = "$key" ] && continue
+    rm -f "$dir"
+  fi
   if [ "$(cat "$dir/.stamp" 2>/dev/null)" != "$want" ]; then
-    echo "field: installing $engine into $dir" >&2
+    shared=""
+    for other in "$VENV"/engines/*; do
+      if [ -d "$other" ] && [ ! -L "$other" ] && [ "$other" != "$dir" ] \
+         && [ "$(cat "$other/.pins" 2>/dev/null)" = "$key" ]; then
+        shared=$(basename "$other") && break
+      fi
+    done
     rm -rf "$dir"
+    if [ -n "$shared" ]; then
+      echo "field: $engine shares $shared's packages (the same pins)" >&2
+      ln -s "$shared" "$dir"
+      continue
+    fi
+    echo "field: installing $engine into $dir" >&2
     pip install --no-deps --no-compile --target "$dir" -r "$req"
     echo "$want" > "$dir/.stamp"
   fi
+  echo "$key" > "$dir/.pins"
 done

@@ -10,7 +10,14 @@ vllm 0.33.0), nothing copied:
 - ``.../kv_connector/utils.py`` ``TransferTopology``: ``tp_ratio`` refuses TP sizes that
   do not divide;
 - ``.../v1/nixl/metadata.py`` ``compute_nixl_compatibility_hash``: the handshake refuses
-  a peer whose model or cache facts hash differently.
+  a peer whose model or cache facts hash differently;
+- ``TPMapping.local_consumers`` (0.33.0): how many notifications a prefill rank waits for
+  before it frees a request's blocks, checked against the decode ranks that really notify
+  it (:meth:`VllmNixlAdapter._check_consumers`). ``compute_tp_mapping``'s other new
+  parameters are not covered: ``remote_dcp_size`` (DCP, "scoped to MLA only" with each
+  side fully replicated or fully sharded) and ``head_sharded_kv_heads`` (a GQA draft under
+  an MLA target) need token-sharded reads and draft groups the adapter does not translate
+  yet (docs/engines.md).
 
 NIXL pulls: the decode side ("local") reads slices of the prefill side's ("remote")
 blocks. kvspec's sender transform is what a read fetches from one prefill rank, and its
@@ -36,8 +43,6 @@ The functions above the adapter class are pure translation and need no engine.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
@@ -45,6 +50,7 @@ from typing import Any
 import torch
 
 from kvspec.adapters._engine import engine_message, import_engine, invert_sources
+from kvspec.adapters._vllm import vllm_head_checks
 from kvspec.conformance.adapter import Acceptance, Adapter
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
@@ -252,7 +258,38 @@ class VllmNixlAdapter(Adapter):
     def targets(self, case: TransferCase, src: int) -> Sequence[int]:
         # A prefill rank serves whoever reads it: the inverse of the decode side.
         readers = {dst: self.sources(case, dst) for dst in case.target.ranks()}
+        self._check_consumers(case, src, readers)
         return invert_sources(readers, case.source.ranks())[src]
+
+    def _check_consumers(
+        self, case: TransferCase, src: int, readers: Mapping[int, Sequence[int]]
+    ) -> None:
+        """``TPMapping.local_consumers`` against the notifications prefill rank ``src``
+        really gets: each decode rank announces ``request_id:local_consumers`` with each
+        read it posts (``pull_worker._read_blocks``) and, for MLA reading one of several
+        prefill ranks, in a notification to every other prefill rank it handshook with
+        (``_remote_agents``, from ``handshake_target_ranks``); the prefill frees the
+        request's blocks once that many have come (``_get_new_notifs``). Fewer notifiers
+        than announced hold the blocks until the abort timeout; more free them while a
+        read may still be in flight. Either is raised (RuntimeError)."""
+        mla = case.model.attention == "mla"
+        notifiers, announced = [], set()
+        for dst in case.target.ranks():
+            mapping = self._mapping(case, dst)
+            reads = readers[dst]
+            notifies = src in reads
+            if mla and case.source.tp > case.target.tp and len(reads) == 1:
+                topology = self._topology(case.target.tp, dst, case.model.to_dict())
+                notifies = notifies or src in topology.handshake_target_ranks(case.source.tp)
+            if notifies:
+                notifiers.append(dst)
+                announced.add(getattr(mapping, "local_consumers", len(notifiers)))
+        if notifiers and announced != {len(notifiers)}:
+            raise RuntimeError(
+                f"prefill rank {src} is notified by decode ranks {notifiers} but they announce "
+                f"local_consumers {sorted(announced)}: it frees the request's blocks after the "
+                f"wrong number of notifications ({case.describe()})"
+            )
 
     # what a read fetches, where it lands [SLICE-1, RESHARD-2] ----------------------------
     def sender_transform(
@@ -319,7 +356,9 @@ class VllmNixlAdapter(Adapter):
         tps = (int(config["source"]["tp"]), int(config["target"]["tp"]))
         try:
             for side, tp in zip(("prefill", "decode"), tps, strict=True):
-                _vllm_head_checks(kv_heads, tp, tps[0] * tps[1] * kv_heads)
+                vllm_head_checks(
+                    kv_heads, tp, tps[0] * tps[1] * kv_heads, adapter=NAME, install=INSTALL
+                )
                 ran.append(f"{side} TP{tp}: verify_with_parallel_config, QKVParallelLinear")
             self.validate_topology(config)
             ran.append("decode handshake: tp_ratio, compute_tp_mapping")
@@ -356,34 +395,3 @@ class VllmNixlAdapter(Adapter):
         return self.metadata.compute_nixl_compatibility_hash(
             vllm_config(model), backend_name(model), "pull"
         )
-
-
-@functools.lru_cache(maxsize=256)
-def _vllm_head_checks(num_kv_heads: int, tp: int, num_heads: int) -> None:
-    """vLLM's head checks at TP ``tp``: ``ModelConfig.verify_with_parallel_config`` on
-    the attributes it reads, then ``QKVParallelLinear.__init__`` on a bare instance with
-    the TP world size answering ``tp``; it has passed the KV-head split once it sets
-    ``num_kv_head_replicas`` (what follows allocates weights and needs a config)."""
-    config_model = import_engine("vllm.config.model", adapter=NAME, install=INSTALL)
-    linear = import_engine("vllm.model_executor.layers.linear", adapter=NAME, install=INSTALL)
-    model = SimpleNamespace(model_arch_config=SimpleNamespace(total_num_attention_heads=num_heads))
-    parallel = SimpleNamespace(
-        enable_hc_sp=False,
-        tensor_parallel_size=tp,
-        enable_expert_parallel=False,
-        pipeline_parallel_size=1,
-        decode_context_parallel_size=1,
-    )
-    # past the head check, later checks read attributes a stub does not have
-    with contextlib.suppress(AttributeError):
-        config_model.ModelConfig.verify_with_parallel_config(model, parallel)
-    layer = linear.QKVParallelLinear.__new__(linear.QKVParallelLinear)
-    real = linear.get_tensor_model_parallel_world_size
-    linear.get_tensor_model_parallel_world_size = lambda: tp
-    try:
-        linear.QKVParallelLinear.__init__(layer, num_heads, 1, num_heads, num_kv_heads)
-    except Exception:  # a divide() assert, or what needs a config after the split
-        if not hasattr(layer, "num_kv_head_replicas"):
-            raise
-    finally:
-        linear.get_tensor_model_parallel_world_size = real

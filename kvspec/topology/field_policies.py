@@ -6,10 +6,10 @@ sends head ``c.head`` to receiver ``c.receiver_tp_rank`` — the way the cited e
 does, so an adapter can declare its engine's rule (``Adapter.policy_rules``) and be
 judged against it rather than against kvspec's choice.
 
-All three are *window* rules: a receiver at attention-TP rank ``d`` of ``D`` reads the
+All of them are *window* rules: a receiver at attention-TP rank ``d`` of ``D`` reads the
 source ranks of a window of the ``P`` source ranks, ``[d*P/D, (d+1)*P/D)`` when ``P > D``
 (a fan-in) and the one rank ``d*P/D`` when ``P <= D``. On every pair that divides, the
-three windows are the same; they part where the sizes do not divide (vLLM refuses such
+windows are the same; they part where the sizes do not divide (vLLM refuses such
 pairs at the handshake, SGLang does not). Where the engine reads several replicas of
 one head in a window (SGLang, ``Adapter.replicas_write = "every"``), the rule names the
 first of them, the one kvspec's single-sender plan [PLAN-2] keeps.
@@ -30,6 +30,8 @@ from kvspec.topology.plan import ReplicaChoice, ReplicaRule
 
 SGLANG = "sglang-rank-ratio"
 VLLM_NIXL = "vllm-nixl-read"
+VLLM_MOONCAKE = "vllm-mooncake-write"
+VLLM_MORIIO = "vllm-moriio-write"
 TRTLLM_MLA = "trtllm-mla-first-of-domain"
 
 
@@ -79,12 +81,41 @@ def vllm_nixl_read(c: ReplicaChoice) -> int:
     ``tp_rank * abs_tp .. + abs_tp`` (``abs_tp = remote_tp_size // tp_size``), keeping
     "only the first rank per unique head" (``np.unique(..., return_index=True)``), so one
     replica per head: ``Adapter.replicas_write = "one"``."""
+    return _vllm_window_first(c)
+
+
+def _vllm_window_first(c: ReplicaChoice) -> int:
+    """vLLM's window: the one rank ``d * P // D`` when ``D >= P``, else ``d * (P // D) ..
+    (d + 1) * (P // D) - 1``, its first replica of the head sending."""
     p, d_size, d, base = _sizes(c)
     if d_size >= p:
         window = range(d * p // d_size, d * p // d_size + 1)
     else:
         window = range(d * (p // d_size), (d + 1) * (p // d_size))
     return _first_in(c, window, base)
+
+
+def vllm_mooncake_write(c: ReplicaChoice) -> int:
+    """vLLM 0.33.0, ``vllm/distributed/kv_transfer/kv_connector/v1/mooncake/
+    mooncake_connector.py`` (prefill writes): a decode rank pairs with the prefill ranks
+    ``TransferTopology.handshake_target_ranks`` gives it (``kv_connector/utils.py``: the one
+    rank ``tp_rank // (D // P)``, or ``tp_rank * (P // D) + i`` for ``i < P // D``), and
+    ``_compute_sender_transfer_plan`` lets a replicated prefill rank write only when
+    ``local_tp_rank % local_replica_count == 0`` (decode not replicated, the vllm#52516
+    branch) or ``local_tp_rank % tp_ratio == 0`` (both replicated, or MLA): the first
+    replica of the head in the window. The same window as :func:`vllm_nixl_read`; one
+    writer per head, ``Adapter.replicas_write = "one"``."""
+    return _vllm_window_first(c)
+
+
+def vllm_moriio_write(c: ReplicaChoice) -> int:
+    """vLLM 0.33.0, ``vllm/distributed/kv_transfer/kv_connector/v1/moriio/
+    moriio_tp_mapping.py`` ``compute_write_tp_mapping`` (prefill writes): a larger decode TP
+    is fed by prefill rank ``d // (D // P)`` (``tp_rank = producer_tp_rank * ratio + j``); a
+    smaller one by the group ``d * r .. d * r + r - 1`` (``r = P // D``), where "the first
+    producer holding a head writes it; the others hold an identical copy and skip"
+    (``first_holder``). The same window as :func:`vllm_nixl_read`; one writer per head."""
+    return _vllm_window_first(c)
 
 
 def trtllm_mla_first_of_domain(c: ReplicaChoice) -> int:
@@ -111,6 +142,8 @@ FIELD_RULES: Mapping[str, ReplicaRule] = MappingProxyType(
     {
         SGLANG: sglang_rank_ratio,
         VLLM_NIXL: vllm_nixl_read,
+        VLLM_MOONCAKE: vllm_mooncake_write,
+        VLLM_MORIIO: vllm_moriio_write,
         TRTLLM_MLA: trtllm_mla_first_of_domain,
     }
 )

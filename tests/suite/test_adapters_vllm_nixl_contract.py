@@ -48,3 +48,26 @@ def test_serving_accepts_runs_vllms_checks(config, accepted, said) -> None:  # p
     verdict = vllm_nixl.VllmNixlAdapter().serving_accepts(config)
     assert verdict.accepted is accepted, verdict.evidence
     assert said in verdict.evidence
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+@pytest.mark.parametrize(("p", "d", "heads"), [(2, 8, 4), (8, 2, 8), (8, 2, 0), (4, 4, 2)])
+def test_local_consumers_counts_the_notifiers(p, d, heads, monkeypatch) -> None:  # pragma: no cover
+    """Each prefill rank hears from exactly as many decode ranks as they announce; a count
+    one too high (the prefill would hold the blocks until the abort timeout) is caught."""
+    from kvspec.strategies import TransferCase
+    from kvspec.topology.model import ModelShape
+    from kvspec.topology.stage import StageLayout
+
+    adapter = vllm_nixl.VllmNixlAdapter()
+    model = ModelShape.mla(2, 4) if heads == 0 else ModelShape(2, heads, 2)
+    case = TransferCase(StageLayout(p), StageLayout(d), model, VLLM_NIXL)
+    assert sorted({t for s in range(p) for t in adapter.targets(case, s)}) == list(range(d))
+    real = adapter.utils.TransferTopology.dcp_consumer_count
+    monkeypatch.setattr(
+        adapter.utils.TransferTopology,
+        "dcp_consumer_count",
+        lambda self, *args: real(self, *args) + 1,
+    )
+    with pytest.raises(RuntimeError, match="local_consumers"):
+        adapter.targets(case, 0)

@@ -23,7 +23,9 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.transport.payload import payload_equal, payload_from_shipment
 
-FIELD = ("vllm-omni", "vllm-nixl", "sglang")
+FIELD = ("vllm-omni", "vllm-nixl", "sglang", "vllm-mooncake", "vllm-moriio")
+ENGINE = {name: "vllm" for name in FIELD} | {"vllm-omni": "vllm_omni", "sglang": "sglang"}
+"""The package each field adapter imports."""
 
 
 def case(s: int, t: int, heads: int, **kw) -> TransferCase:
@@ -72,7 +74,7 @@ def test_an_unusable_package_gets_inert_modules_and_an_importable_one_does_not()
 def test_field_adapters_are_built_in_and_load_lazily(name: str) -> None:
     module = importlib.import_module(BUILTIN[name].split(":")[0])  # kvspec alone imports it
     assert name == module.NAME
-    engine = {"vllm-omni": "vllm_omni", "vllm-nixl": "vllm", "sglang": "sglang"}[name]
+    engine = ENGINE[name]
     if importlib.util.find_spec(engine) is not None:
         pytest.skip(f"{engine} is installed here; `make field` runs this adapter")
     with pytest.raises(AdapterError, match=f"the '{name}' adapter .* needs .*make field"):
@@ -301,7 +303,7 @@ def test_sglang_writes_pair_lists_as_far_as_both_reach() -> None:
 
 @pytest.mark.parametrize("name", FIELD)
 def test_field_adapter_checks_a_common_case_when_its_engine_is_installed(name: str) -> None:
-    engine = {"vllm-omni": "vllm_omni", "vllm-nixl": "vllm", "sglang": "sglang"}[name]
+    engine = ENGINE[name]
     pytest.importorskip(engine, reason=f"{engine} is not installed; `make field` runs it")
     from kvspec.conformance import get_check, run_check
 

@@ -14,9 +14,13 @@ from kvspec.topology.field_policies import (
     FIELD_RULES,
     SGLANG,
     TRTLLM_MLA,
+    VLLM_MOONCAKE,
+    VLLM_MORIIO,
     VLLM_NIXL,
     sglang_rank_ratio,
     trtllm_mla_first_of_domain,
+    vllm_mooncake_write,
+    vllm_moriio_write,
     vllm_nixl_read,
 )
 from kvspec.topology.model import ModelShape
@@ -94,6 +98,19 @@ GOLDEN: dict[str, list[tuple[tuple[int, int, int, bool], list[list[int]]]]] = {
         ((4, 2, 8, False), [[0, 1], [2, 3]]),
         ((2, 8, 1, True), [[0], [0], [0], [0], [1], [1], [1], [1]]),  # tp_rank * P // D
     ],
+    VLLM_MOONCAKE: [
+        # vllm#52516: TP8 -> TP1 with 4 heads, ranks 0, 2, 4, 6 (rank % (8 // 4) == 0) write
+        ((8, 1, 4, False), [[0, 2, 4, 6]]),
+        ((8, 2, 2, False), [[0], [4]]),  # both replicated: local_tp_rank % tp_ratio == 0
+        ((2, 8, 4, False), [[0], [0], [0], [0], [1], [1], [1], [1]]),  # tp_rank // (D // P)
+        ((8, 4, 1, True), [[0], [2], [4], [6]]),  # MLA: rank % (P // D) == 0
+    ],
+    VLLM_MORIIO: [
+        ((8, 1, 4, False), [[0, 2, 4, 6]]),  # first_holder of each head in the group
+        ((8, 2, 2, False), [[0], [4]]),
+        ((2, 8, 4, False), [[0], [0], [0], [0], [1], [1], [1], [1]]),  # p * ratio + j
+        ((8, 4, 1, True), [[0], [2], [4], [6]]),
+    ],
     TRTLLM_MLA: [
         ((8, 2, 1, True), [[0], [4]]),  # selfTpRank % (8 / 2) == 0 sends
         ((8, 4, 1, True), [[0], [2], [4], [6]]),
@@ -117,6 +134,8 @@ def golden_violations(rule: ReplicaRule, name: str) -> list[str]:
 RULES: dict[str, tuple[ReplicaRule, bool]] = {
     SGLANG: (sglang_rank_ratio, False),
     VLLM_NIXL: (vllm_nixl_read, False),
+    VLLM_MOONCAKE: (vllm_mooncake_write, False),
+    VLLM_MORIIO: (vllm_moriio_write, False),
     TRTLLM_MLA: (trtllm_mla_first_of_domain, True),  # stated for MLA only
 }
 
@@ -154,9 +173,30 @@ def trtllm_last_of_domain(c: ReplicaChoice) -> int:
     return trtllm_mla_first_of_domain(c)
 
 
+def mooncake_rank_zero_only(c: ReplicaChoice) -> int:
+    """Mutant: vllm#52516's bug as a rule, the fan-in's first window rank writes every head
+    (before the fix only ``local_tp_rank % tp_ratio == 0`` wrote)."""
+    p, d_size, d = c.source_attn_tp, c.target_attn_tp, c.receiver_tp_rank
+    if d_size < p:
+        return d * (p // d_size)
+    return vllm_mooncake_write(c)
+
+
+def moriio_last_holder(c: ReplicaChoice) -> int:
+    """Mutant: the last holder of a head in the group writes it, not ``first_holder``."""
+    p, d_size, d = c.source_attn_tp, c.target_attn_tp, c.receiver_tp_rank
+    if d_size < p:
+        window = range(d * (p // d_size), (d + 1) * (p // d_size))
+        inside = [r for r in c.replicas if r in window]
+        return inside[-1] if inside else c.replicas[0]
+    return vllm_moriio_write(c)
+
+
 MUTANTS: dict[str, Callable[[ReplicaChoice], int]] = {
     SGLANG: sglang_modulo,
     VLLM_NIXL: vllm_last_per_head,
+    VLLM_MOONCAKE: mooncake_rank_zero_only,
+    VLLM_MORIIO: moriio_last_holder,
     TRTLLM_MLA: trtllm_last_of_domain,
 }
 
@@ -190,7 +230,7 @@ def test_the_rules_need_the_stage_sizes():
 def test_on_dividing_pairs_the_three_windows_agree_and_part_where_sizes_do_not():
     for p, d in dividing_pairs(SIZES):
         mla = [senders(rule, p, d, 1, mla=True) for rule, _ in RULES.values()]
-        assert mla[0] == mla[1] == mla[2]
+        assert all(m == mla[0] for m in mla)
     # MLA TP2 -> TP3 does not divide: SGLang reads prefill rank r // (3 // 2) = r (rank 2
     # does not exist: the rule falls back on the lowest), vLLM's formula reads r * 2 // 3
     assert senders(sglang_rank_ratio, 2, 3, 1, mla=True) == [[0], [1], [0]]

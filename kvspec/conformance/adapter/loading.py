@@ -26,6 +26,10 @@ BUILTIN: dict[str, str] = {
     # refuses with what to install when it is missing (kvspec/adapters, `make field`).
     "vllm-omni": "kvspec.adapters.vllm_omni:VllmOmniAdapter",
     "vllm-nixl": "kvspec.adapters.vllm_nixl:VllmNixlAdapter",
+    "vllm-mooncake": "kvspec.adapters.vllm_mooncake:VllmMooncakeAdapter",
+    "vllm-moriio": "kvspec.adapters.vllm_moriio:VllmMoriioAdapter",
+    "vllm-canonical": "kvspec.adapters.vllm_canonical:VllmCanonicalAdapter",
+    "vllm-layouts": "kvspec.adapters.vllm_layouts:VllmLayoutsAdapter",
     "sglang": "kvspec.adapters.sglang:SglangAdapter",
 }
 """Adapters reachable by a built-in name."""
