@@ -62,8 +62,10 @@ def conform_commands(
         commands.append(
             (
                 str(path),
-                [kvspec, "conform", adapter, "--check", replay["check"], "--quiet"]
-                + ["--replay", json.dumps(replay["example"]), "--json", str(path)],
+                [
+                    *(kvspec, "conform", adapter, "--check", replay["check"], "--quiet"),
+                    *("--replay", json.dumps(replay["example"]), "--json", str(path)),
+                ],
             )
         )
     return commands
@@ -85,16 +87,18 @@ def run_side(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(engine_dir), os.getcwd()])}
     log = out / f"{bug['id']}.{side}.log"
     with log.open("w") as sink:
-        for report, command in conform_commands(
-            bug, side, kvspec=kvspec, profile=profile, out=out
-        ):
+        for report, command in conform_commands(bug, side, kvspec=kvspec, profile=profile, out=out):
             Path(report).unlink(missing_ok=True)
             started = time.monotonic()
             try:
                 rc = subprocess.run(
-                    command, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                    timeout=CONFORM_TIMEOUT, check=False,
-                ).returncode  # fmt: skip
+                    command,
+                    env=env,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    timeout=CONFORM_TIMEOUT,
+                    check=False,
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = 124
             run = {"report": report, "exit": rc, "seconds": round(time.monotonic() - started, 1)}
@@ -131,9 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"field history: {bug['id']}", file=sys.stderr)
         results[bug["id"]] = {
             side: run_side(
-                bug, side, engines=Path(args.engines), kvspec=args.kvspec,
-                profile=args.profile, out=out,
-            )  # fmt: skip
+                bug,
+                side,
+                engines=Path(args.engines),
+                kvspec=args.kvspec,
+                profile=args.profile,
+                out=out,
+            )
             for side in SIDES
         }
     seconds = round(time.monotonic() - started, 1)
@@ -143,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{bug} {side}"
         for bug, sides in results.items()
         for side, record in sides.items()
-        if side in SIDES
-        and (record.get("error") or any("error" in r for r in record["runs"]))
+        if side in SIDES and (record.get("error") or any("error" in r for r in record["runs"]))
     ]
     for line in failed:
         print(f"field history: {line} produced no report (see {out}/run.json)", file=sys.stderr)
