@@ -205,6 +205,23 @@ def test_a_fixed_release_whose_replay_does_not_pass_does_not_pass(tmp_path: Path
     assert judged.verdict == fh.NOT_RUN
 
 
+def test_a_pass_with_nothing_passed_is_not_a_pass(tmp_path: Path) -> None:
+    """The fixed release's only failure is another bug's, and nothing else ran: no
+    evidence that the bug is gone."""
+    other_bug = {**TP4_TO_TP2, "source": {"tp": 1}, "target": {"tp": 2}}
+    run = write_run(
+        tmp_path,
+        "b",
+        {
+            "buggy": [conform_report(failed("PLAN-2/exact-cover", "corrupts", TP4_TO_TP2))],
+            "fixed": [conform_report(failed("PLAN-2/exact-cover", "corrupts", other_bug))],
+        },
+    )
+    [judged] = fh.judge_history({"b": bug("b")}, run, tmp_path)
+    assert judged.sides["fixed"].verdict == fh.INCOMPLETE
+    assert "vacuous" in judged.sides["fixed"].note
+
+
 def test_the_corpus_refuses_an_entry_naming_what_is_wrong(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text(json.dumps(bug("a")))
     assert list(fh.load_corpus(tmp_path)) == ["a"]

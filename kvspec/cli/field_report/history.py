@@ -13,7 +13,9 @@ deployments, stated as facts of the transfer configuration (:func:`scope_facts`)
 another bug of the same release, failing the same check elsewhere, is not taken for this
 one. A release **fails** when a check or replay fails in scope with tier ``corrupts`` or
 ``breaks`` and serving may reach it (reachable ``yes`` or ``unknown``); it **passes**
-when every run completed, nothing failed that way in scope, and every replay passed. A bug
+when every run completed, nothing failed that way in scope, every replay passed, and (for
+the fixed release, whose pass is evidence) something passed: a named check or a replay. A
+bug
 is **caught** when its buggy release fails and its fixed release passes; **missed** when
 an adapter ran on both releases and that did not happen; **not run** when no adapter runs
 it on both (the entry says why: the roadmap). Recall is caught / run / total.
@@ -176,6 +178,9 @@ def judge_side(
     elif any(v != "passed" for v in out.replays):
         out.verdict = INCOMPLETE
         out.note = f"a replay of the thread's deployment ended {out.replays}"
+    elif side == "fixed" and not out.passed and not out.replays:
+        out.verdict = INCOMPLETE
+        out.note = "no named check passed and there is no replay: a pass would be vacuous"
     return out
 
 
@@ -233,8 +238,6 @@ def history_section(judged: Sequence[Judged], run: Mapping[str, Any]) -> list[st
     if not judged:
         return []
     r = recall(judged)
-    seconds = run.get("seconds")
-    took = f"; the history runs took {round(seconds / 60, 1)} min" if seconds else ""
     out = [
         "## Historical field bugs: kvspec's recall",
         "",
@@ -250,7 +253,7 @@ def history_section(judged: Sequence[Judged], run: Mapping[str, Any]) -> list[st
         "",
         f"**Recall: {r['caught']} caught of {r['run']} run, {r['total']} in the corpus**"
         f" ({r['total'] - r['run']} not run: no adapter reaches the code that holds them"
-        f" on both releases{took}).",
+        " on both releases).",
         "",
         "| bug | threads | releases (buggy → fixed) | harm | kvspec | buggy release | "
         "fixed release | verdict |",
