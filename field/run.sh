@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # `make field`: build .venv-field, run every field adapter through the conformance suite,
 # replay the targeted examples, run the repro scripts and the standalone repros of the
-# draft upstream issues (field/upstream/ID.md), and rewrite docs/field-report.md and
+# draft upstream issues (field/upstream/ID.md), run both releases of every bug of the
+# historical corpus (field/history/), and rewrite docs/field-report.md and
 # docs/field-report.json from the reports and the ledger field/defects.json.
 #
 # usage: field/run.sh [ENGINE ...]      (default: every field/requirements/*.txt)
 # Environment: CONFORM_JSON  the conform option that writes the JSON report (--json)
 #              PROFILE       the Hypothesis profile (ci)
-# Exit status: 0 when every failure is triaged in field/defects.json and the run contradicts
-# none of its verdicts, 1 otherwise.
+#              FIELD_HISTORY 0 skips the historical corpus (1, the default, runs it)
+# Exit status: 0 when every failure is triaged in field/defects.json, the run contradicts
+# none of its verdicts and every history run produced its report; 1 otherwise.
 set -euo pipefail
 
 VENV=${VENV_FIELD:-.venv-field}
@@ -90,7 +92,28 @@ runpy.run_path(sys.argv[2], run_name="__main__")' "field/repro/$engine" "$script
   done
 done
 
+# The historical corpus: both releases of each bug an adapter runs, each release in its own
+# package directory built from field/history/requirements/RELEASE.txt (field/setup.sh), the
+# verdicts judged by `kvspec field-report` (field/history/README.md).
+history_rc=0
+if [ "${FIELD_HISTORY:-1}" != 0 ]; then
+  releases=$("$VENV/bin/python" - <<'EOF'
+import json, pathlib
+bugs = [json.loads(p.read_text()) for p in sorted(pathlib.Path("field/history/bugs").glob("*.json"))]
+print(" ".join(sorted({b[s]["requirements"] for b in bugs if b["kvspec"].get("adapter")
+                       for s in ("buggy", "fixed")})))
+EOF
+  )
+  # shellcheck disable=SC2086  # one word per release
+  FIELD_REQUIREMENTS=field/history/requirements field/setup.sh $releases
+  "$VENV/bin/python" field/history/run.py --profile "$PROFILE" --out "$OUT/history" \
+    --kvspec "$VENV/bin/kvspec" || history_rc=$?
+fi
+
 minutes=$(( ($(date +%s) - started + 30) / 60 ))
 echo "{\"minutes\": $minutes}" > "$OUT/run.json"
+report_rc=0
 "$VENV/bin/kvspec" field-report --reports "$OUT" --ledger field/defects.json \
-  --out docs/field-report.md --json docs/field-report.json
+  --out docs/field-report.md --json docs/field-report.json || report_rc=$?
+[ "$report_rc" -ne 0 ] && exit "$report_rc"
+exit "$history_rc"

@@ -5,7 +5,9 @@
 # need far less, see field/NOTES.md). `make field` runs each adapter with its engine's
 # directory first on PYTHONPATH, so two vLLM versions can be checked side by side.
 #
-# usage: field/setup.sh [ENGINE ...]   (default: every field/requirements/*.txt)
+# usage: field/setup.sh [ENGINE ...]   (default: every $FIELD_REQUIREMENTS/*.txt)
+# FIELD_REQUIREMENTS names the directory of requirements files (default field/requirements;
+# the historical corpus keeps one file per engine release in field/history/requirements).
 # Re-running reinstalls only what changed (a requirements file or the torch spec).
 set -euo pipefail
 
@@ -13,10 +15,11 @@ VENV=${VENV_FIELD:-.venv-field}
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-torch==2.13.0+cpu}
 TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+REQUIREMENTS=${FIELD_REQUIREMENTS:-field/requirements}
 
 engines=("$@")
 if [ ${#engines[@]} -eq 0 ]; then
-  for f in field/requirements/*.txt; do engines+=("$(basename "$f" .txt)"); done
+  for f in "$REQUIREMENTS"/*.txt; do engines+=("$(basename "$f" .txt)"); done
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -39,7 +42,7 @@ fi
 pins() { sed 's/#.*//; s/[[:space:]]*$//' "$1" | grep -v '^$' | sort | sha256sum | cut -d' ' -f1; }
 
 for engine in "${engines[@]}"; do
-  req=field/requirements/$engine.txt
+  req=$REQUIREMENTS/$engine.txt
   dir=$VENV/engines/$engine
   [ -f "$req" ] || { echo "field: no $req" >&2; exit 2; }
   want=$(sha256sum "$req" | cut -d' ' -f1)

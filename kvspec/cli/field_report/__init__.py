@@ -4,8 +4,10 @@ Reads the JSON reports `make field` writes (one per engine, from `kvspec conform
 --profile ci --json`: each failure's consequence tier, whether serving reaches it and the
 evidence, the failures grouped by root cause), the targeted replays, the repro scripts'
 exit codes, the impact sweeps (field/impact/*.json) and the ledger (field/defects.json:
-every defect kvspec has claimed, with its verdict). Writes docs/field-report.md and
-docs/field-report.json.
+every defect kvspec has claimed, with its verdict); and the historical corpus
+(field/history/bugs/, with the runs of both releases of each bug in
+reports/field/history/): kvspec's recall on fixed bugs of the field. Writes
+docs/field-report.md and docs/field-report.json.
 
 The headline counts only defects whose failures *corrupt* KV or *break* a configuration
 the engine accepts, reachable in serving, one entry per root cause. Inputs the clause
@@ -33,6 +35,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvspec.cli.field_report.history import (
+    history_json,
+    history_section,
+    judge_history,
+    load_corpus,
+)
 from kvspec.cli.field_report.impact import impact_summary
 from kvspec.cli.field_report.json_twin import as_json
 from kvspec.cli.field_report.markdown import engine_lines, headline, impact_table, render
@@ -112,9 +120,13 @@ __all__ = [
     "effective",
     "engine_lines",
     "headline",
+    "history_json",
+    "history_section",
     "impact_summary",
     "impact_table",
     "judge",
+    "judge_history",
+    "load_corpus",
     "load_impacts",
     "load_reports",
     "render",
@@ -138,6 +150,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the per-defect JSON (default: docs/field-report.json, none with --out -)",
     )
     parser.add_argument("--root", default=".", help="where field/impact/ and repros resolve")
+    parser.add_argument(
+        "--history",
+        default="field/history/bugs",
+        help="the historical corpus (one JSON per bug; none if the directory is missing); "
+        "its runs are read from REPORTS/history/",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,7 +171,18 @@ def run(args: argparse.Namespace) -> int:
     meta = _load(reports_dir / "run.json", {})
     impacts = load_impacts(ledger, root)
     field_run = judge(reports, ledger, replays=replays, repros=repros, impacts=impacts)
-    text = render(reports, ledger, field_run, replays=replays, meta=meta)
+    corpus_dir = Path(args.history)
+    history_lines: list[str] = []
+    history: dict[str, Any] | None = None
+    if corpus_dir.is_dir():
+        runs = reports_dir / "history"
+        run_record = _load(runs / "run.json", {})
+        judged = judge_history(load_corpus(corpus_dir), run_record, runs)
+        history_lines, history = (
+            history_section(judged, run_record),
+            history_json(judged, run_record),
+        )
+    text = render(reports, ledger, field_run, replays=replays, meta=meta, history=history_lines)
     json_out = args.json if args.json is not None else ("" if args.out == "-" else None)
     if args.out == "-":
         print(text, end="")
@@ -161,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text)
         json_out = json_out if json_out is not None else str(Path(args.out).with_suffix(".json"))
     if json_out:
-        Path(json_out).write_text(json.dumps(as_json(reports, field_run), indent=2) + "\n")
+        data = as_json(reports, field_run, history)
+        Path(json_out).write_text(json.dumps(data, indent=2) + "\n")
     for engine, check in field_run.untriaged:
         print(f"kvspec field-report: UNTRIAGED {engine} {check}", file=sys.stderr)
     for line in field_run.contradictions:

@@ -9,9 +9,14 @@ from kvspec.cli.field_report.impact import impact_summary
 from kvspec.cli.field_report.verdicts import FieldRun
 
 
-def as_json(reports: Mapping[str, Mapping[str, Any]], field_run: FieldRun) -> dict[str, Any]:
+def as_json(
+    reports: Mapping[str, Mapping[str, Any]],
+    field_run: FieldRun,
+    history: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """docs/field-report.json: per defect id its verdict and evidence (nothing that varies
-    from run to run but the run's findings)."""
+    from run to run but the run's findings); ``history`` is the historical corpus's verdicts
+    (:func:`kvspec.cli.field_report.history.history_json`), under ``history``."""
     defects = {}
     for key in sorted(field_run.defects):
         d = field_run.defects[key]
@@ -58,4 +63,5 @@ def as_json(reports: Mapping[str, Mapping[str, Any]], field_run: FieldRun) -> di
         "kvspec_issues": {k: sorted(v) for k, v in sorted(field_run.kvspec_hits.items())},
         "untriaged": [f"{e} {c}" for e, c in field_run.untriaged],
         "contradictions": field_run.contradictions,
+        **({"history": dict(history)} if history is not None else {}),
     }

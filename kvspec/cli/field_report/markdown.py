@@ -130,8 +130,11 @@ def render(
     repros: Mapping[str, Any] | None = None,
     meta: Mapping[str, Any] | None = None,
     today: datetime.date | None = None,
+    history: Sequence[str] = (),
 ) -> str:
-    """The whole report as Markdown; only the ``Generated:`` line depends on the run."""
+    """The whole report as Markdown; only the ``Generated:`` line depends on the run.
+    ``history`` is the historical corpus's section, already rendered
+    (:func:`kvspec.cli.field_report.history.history_section`), placed after the defects."""
     replays = replays or {}
     meta = meta or {}
     if field_run is None:
@@ -149,6 +152,7 @@ def render(
         *_not_counted(reports, ledger, defects, by_status),
         *_verdict_sections(heads, by_status, defects),
         *_unreachable(field_run, defects, ledger),
+        *history,
         *_ledger_table(defects),
         *_failures(engines, field_run, defects, ledger),
         *_matrix(reports, engines),
