@@ -73,6 +73,9 @@ class Case:
     head_dim: int = 64
     block_size: int = 32
     seq_lens: tuple[int, ...] = (96, 77)
+    expect: str = "moved"
+    """``moved`` (every request read and verified) or ``refused`` (vLLM refuses the
+    pairing: every request fails, nothing is written)."""
     why: str = ""
 
     @property
@@ -96,6 +99,16 @@ CASES = (
         2,
         why="decode TP above the KV heads (2): decode ranks hold replicated heads, and each "
         "reads a whole block of one prefill rank",
+    ),
+    Case(
+        "tp4-to-tp2-heads2",
+        4,
+        2,
+        2,
+        expect="refused",
+        why="prefill TP above both the decode TP and the KV heads (2): vLLM 0.33.0 refuses "
+        "it in the decode worker's handshake (base_worker.py _validate_remote_agent_handshake: "
+        "assert not (tp_ratio < 0 and is_kv_replicated)); both instances start",
     ),
 )
 
@@ -289,9 +302,11 @@ def run_case(
         params = {rid: json.loads(json.dumps(f["params"])) for rid, f in finished.items()}
         admitted = d0.call("admit", deadline, params=params)
         recving: dict[str, set[int]] = {r["id"]: set() for r in requests}
+        failing: dict[str, set[int]] = {r["id"]: set() for r in requests}
         sending: dict[str, set[int]] = {r["id"]: set() for r in requests}
-        failed: list[str] = []
         steps = 0
+        # The engines step until every decode rank has reported every request (received
+        # or failed) and, when none failed, every prefill rank has seen its blocks read.
         while time.monotonic() < deadline:
             steps += 1
             for i, out in enumerate(
@@ -299,17 +314,20 @@ def run_case(
             ):
                 for rid in out["finished_recving"]:
                     recving[rid].add(i)
-                failed += out["failed_recving"]
+                for rid in out["failed_recving"]:
+                    failing[rid].add(i)
             for i, out in enumerate(
                 prefill.step_all(p0.call("build_meta", deadline)["meta"], deadline)
             ):
                 for rid in out["finished_sending"]:
                     sending[rid].add(i)
-            done_recv = all(len(v) == case.decode_tp for v in recving.values())
-            done_send = all(len(v) == case.prefill_tp for v in sending.values())
-            if failed or (done_recv and done_send):
+            reported = all(len(recving[rid] | failing[rid]) == case.decode_tp for rid in recving)
+            failed = any(failing.values())
+            sent = all(len(v) == case.prefill_tp for v in sending.values())
+            if reported and (failed or sent):
                 break
             time.sleep(0.05)
+        failed_ids = sorted(rid for rid, ranks in failing.items() if ranks)
         verdicts = [r.call("verify", deadline) for r in decode.ranks]
         result = judge(case, requests, prefill.ready, decode.ready, verdicts)
         result.update(
@@ -322,7 +340,7 @@ def run_case(
                 },
                 "finished_recving": {rid: sorted(v) for rid, v in recving.items()},
                 "finished_sending": {rid: sorted(v) for rid, v in sending.items()},
-                "failed_recving": sorted(set(failed)),
+                "failed_recving": failed_ids,
                 "steps": steps,
                 "layout_problems": layout_problems,
                 "seconds": round(time.monotonic() - started, 1),
@@ -330,15 +348,34 @@ def run_case(
             }
         )
         result["transferred"] = (
-            not failed
+            not failed_ids
             and all(len(v) == case.decode_tp for v in recving.values())
             and all(len(v) == case.prefill_tp for v in sending.values())
         )
+        result["outcome"] = outcome(result, {r["id"] for r in requests})
+        result["expected"] = case.expect
+        result["connector_errors"] = sorted({e for v in verdicts for e in v["connector_errors"]})
         return result
     finally:
         for instance in instances.values():
             for process in instance.ranks:
                 process.stop()
+
+
+def outcome(result: dict[str, Any], request_ids: set[str]) -> str:
+    """``moved``: every request read by every decode rank, every prefill rank saw its
+    blocks read, and every element verified; ``refused``: every request failed and no
+    byte of any decode cache was written; ``wrong``: anything else."""
+    if result["transferred"] and result["verified"]:
+        return "moved"
+    untouched = all(r["untouched"] for r in result["requests"])
+    if (
+        set(result["failed_recving"]) == request_ids
+        and untouched
+        and not result["stray_nonzero_elements"]
+    ):
+        return "refused"
+    return "wrong"
 
 
 def check_views(case: Case, ready: list[dict[str, Any]]) -> list[str]:
@@ -430,6 +467,7 @@ def judge(
             )
             row["request"] = request["id"]
             row["seq_len"] = request["seq_len"]
+            row["pool"] = request["pool"]
             row["problems"] = list(posted.problems) + row["problems"]
             reads.append(row)
     stray = sum(v["stray_nonzero_elements"] for v in verdicts)
@@ -499,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    ok = all(r.get("verified") and r.get("transferred") for r in results)
+    ok = all(r.get("outcome") == r.get("expected") for r in results)
     return 0 if ok else 1
 
 

@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 ENV = {
@@ -96,6 +98,28 @@ def b64(data: bytes) -> str:
 
 def unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
+
+
+class Failures(logging.Handler):
+    """vLLM's own error log lines (the connector logs each transfer failure with its
+    exception), kept as "message: exception" so the harness can report why."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage().split(" | ")[0]
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            where = traceback.extract_tb(error.__traceback__)[-1]
+            text += f": {type(error).__name__} at {Path(where.filename).name}:{where.lineno}"
+            text += f" ({where.line})" if where.line else ""
+        if text not in self.seen:
+            self.seen.append(text)
+
+
+FAILURES = Failures()
 
 
 class RecordingAgent:
@@ -522,6 +546,7 @@ class Rank:
                 {
                     "id": request["id"],
                     "ok": verdict.ok,
+                    "untouched": bool((stored.data.view(torch.int16) == 0).all()),
                     "elements": verdict.total,
                     "mismatches": verdict.mismatches,
                     "message": verdict.message,
@@ -536,6 +561,7 @@ class Rank:
             stray += int((layer[others].view(torch.int16) != 0).sum())
         return {
             "requests": results,
+            "connector_errors": FAILURES.seen,
             "stray_nonzero_elements": stray,
             "reads": self.agent.reads,
             "dlists": {str(k): v for k, v in self.agent.dlists.items()},
@@ -665,6 +691,7 @@ def main() -> None:
         os.environ.setdefault(key, value)
     if job["side"] == "prefill":
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(job["side_channel_port"])
+    logging.getLogger("vllm").addHandler(FAILURES)
     rank = Rank(job)
     try:
         started = time.perf_counter()

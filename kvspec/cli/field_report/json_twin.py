@@ -7,11 +7,16 @@ from typing import Any
 
 from kvspec.cli.field_report.impact import impact_summary
 from kvspec.cli.field_report.verdicts import FieldRun
+from kvspec.cli.field_report.workers import workers_json
 
 
-def as_json(reports: Mapping[str, Mapping[str, Any]], field_run: FieldRun) -> dict[str, Any]:
+def as_json(
+    reports: Mapping[str, Mapping[str, Any]],
+    field_run: FieldRun,
+    workers: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
     """docs/field-report.json: per defect id its verdict and evidence (nothing that varies
-    from run to run but the run's findings)."""
+    from run to run but the run's findings); with ``workers``, the worker harness's cases."""
     defects = {}
     for key in sorted(field_run.defects):
         d = field_run.defects[key]
@@ -50,6 +55,7 @@ def as_json(reports: Mapping[str, Mapping[str, Any]], field_run: FieldRun) -> di
                 for o in d.observations
             ],
         }
+    extra = {"workers": workers_json(workers)} if workers else {}
     return {
         "engines": {e: r["adapter"]["version"] for e, r in reports.items()},
         "summary_by_tier": {e: r.get("summary_by_tier") for e, r in reports.items()},
@@ -58,4 +64,5 @@ def as_json(reports: Mapping[str, Mapping[str, Any]], field_run: FieldRun) -> di
         "kvspec_issues": {k: sorted(v) for k, v in sorted(field_run.kvspec_hits.items())},
         "untriaged": [f"{e} {c}" for e, c in field_run.untriaged],
         "contradictions": field_run.contradictions,
+        **extra,
     }

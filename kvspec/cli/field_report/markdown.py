@@ -42,6 +42,7 @@ from kvspec.cli.field_report.verdicts import (
     judge,
     reach_of,
 )
+from kvspec.cli.field_report.workers import worker_lines
 
 
 def _first_line(text: str, limit: int = 400) -> str:
@@ -130,8 +131,10 @@ def render(
     repros: Mapping[str, Any] | None = None,
     meta: Mapping[str, Any] | None = None,
     today: datetime.date | None = None,
+    workers: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
-    """The whole report as Markdown; only the ``Generated:`` line depends on the run."""
+    """The whole report as Markdown; only the ``Generated:`` line depends on the run.
+    ``workers``: the worker harness's results by engine (``ENGINE.workers.json``)."""
     replays = replays or {}
     meta = meta or {}
     if field_run is None:
@@ -153,6 +156,7 @@ def render(
         *_failures(engines, field_run, defects, ledger),
         *_matrix(reports, engines),
         *_replays(replays, defects, ledger),
+        *worker_lines(workers or {}),
         *_kvspec_issues(ledger, field_run),
         *_needs_triage(field_run),
     ]
