@@ -16,8 +16,8 @@ token, and every block no request holds (still zero). Each READ's descriptor lis
 judged against kvspec's DESC-1..3 for the same edge (field/workers/descs.py).
 
 The harness is the proxy and the engines' step loops; it imports no vLLM itself. It
-binds nothing: the prefill side channel's port is one the OS just handed out, torch's
-process groups rendezvous through a file, and every socket is on loopback.
+binds nothing: prefill's rank 0 gives vLLM's side channel a port the OS just handed out,
+torch's process groups rendezvous through a file, and every socket is on loopback.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import tempfile
@@ -111,13 +110,6 @@ CASES = (
         "assert not (tp_ratio < 0 and is_kv_replicated)); both instances start",
     ),
 )
-
-
-def free_port() -> int:
-    """A port the OS just handed out on loopback (vLLM's listener takes a number)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RankProcess:
@@ -253,7 +245,6 @@ def run_case(
     page = 2 * case.block_size * case.head_dim * 2  # K and V, bfloat16, one head
     requests = requests_for(case, blocks)
     instances = {"prefill": Instance("prefill"), "decode": Instance("decode")}
-    side_channel = free_port()
     try:
         for side, tp in (("prefill", case.prefill_tp), ("decode", case.decode_tp)):
             heads_per_rank = max(1, case.kv_heads // tp)
@@ -269,7 +260,6 @@ def run_case(
                     "max_model_len": 256,
                     "engine_id": f"{side}-{case.name}",
                     "dist_init": f"file://{workdir / case.name / (side + '.dist')}",
-                    "side_channel_port": side_channel,
                     "requests": requests,
                     "seed": 0,
                     "kvspec_layout": KVSPEC_LAYOUT,
@@ -500,7 +490,13 @@ def judge(
         },
         "descriptors_posted": sum(r["count"] for r in judged),
         "descriptors_minimum": sum(r.get("minimum", 0) for r in judged),
-        "verified": mismatches == 0 and stray == 0 and bool(request_rows),
+        # Every element of the decode caches accounted for: the requests' tokens equal the
+        # oracle, the slots past a last token hold zeros or the prefill's same slots, and
+        # no other block was written.
+        "verified": mismatches == 0
+        and stray == 0
+        and bool(request_rows)
+        and all(r["tail"] != "other bytes" for r in request_rows),
     }
 
 

@@ -27,7 +27,8 @@ What serving runs, and what runs here:
   ``get_global_kv_cache_groups``, ``get_kv_cache_configs`` and
   ``generate_scheduler_kv_cache_config``, run in every rank on every rank's (identical)
   specs: serving runs them once in the engine core and sends each worker its config.
-- The scheduler connector (rank 0 only, as the engine core holds it):
+- The scheduler connector (rank 0 only, as the engine core holds it; prefill's is built
+  when it publishes the handshake, with a side-channel port the OS just handed out):
   ``KVConnectorFactory.create_connector(role=SCHEDULER)``, its handshake listener
   (``set_xfer_handshake_metadata`` with every rank's payload), and per request the calls
   vLLM's ``Scheduler`` makes: ``on_new_request``, ``get_num_new_matched_tokens``,
@@ -47,14 +48,15 @@ What serving runs, and what runs here:
 Recorded, not changed: the worker's ``nixl_wrapper`` is wrapped in
 :class:`RecordingAgent`, which forwards every call unchanged and keeps the descriptor
 lists vLLM prepares (``prep_xfer_dlist``) and the READs it posts (``make_prepped_xfer``),
-so field/workers/descs.py can judge them against DESC-1..3.
+so field/workers/descs.py can judge them against DESC-1..3; and its ``_log_failure``
+(the one place the worker reports a failed handshake or transfer) is wrapped by
+:class:`Failures` to keep each failure's type and exception before it logs them.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import logging
 import os
 import sys
 import time
@@ -100,23 +102,30 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
 
 
-class Failures(logging.Handler):
-    """vLLM's own error log lines (the connector logs each transfer failure with its
-    exception), kept as "message: exception" so the harness can report why."""
+class Failures:
+    """The transfer failures the worker reports through its ``_log_failure`` (which logs
+    each with its exception), kept as "type: exception at file:line (code)"; the call is
+    forwarded unchanged."""
 
     def __init__(self) -> None:
-        super().__init__(logging.ERROR)
         self.seen: list[str] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage().split(" | ")[0]
-        if record.exc_info and record.exc_info[1] is not None:
-            error = record.exc_info[1]
-            where = traceback.extract_tb(error.__traceback__)[-1]
-            text += f": {type(error).__name__} at {Path(where.filename).name}:{where.lineno}"
-            text += f" ({where.line})" if where.line else ""
-        if text not in self.seen:
-            self.seen.append(text)
+    def wrap(self, log_failure: Callable[..., Any]) -> Callable[..., Any]:
+        def record(*args: Any, **kwargs: Any) -> Any:
+            text = str(kwargs.get("failure_type", args[0] if args else "failure"))
+            error = kwargs.get("error")
+            if isinstance(error, BaseException):
+                text += f": {type(error).__name__}"
+                frames = traceback.extract_tb(error.__traceback__)
+                if frames:
+                    where = frames[-1]
+                    text += f" at {Path(where.filename).name}:{where.lineno}"
+                    text += f" ({where.line})" if where.line else ""
+            if text not in self.seen:
+                self.seen.append(text)
+            return log_failure(*args, **kwargs)
+
+        return record
 
 
 FAILURES = Failures()
@@ -183,6 +192,15 @@ class RecordingAgent:
         return self._agent.make_prepped_xfer(
             op, local_handle, local_ids, remote_handle, remote_ids, *args, **kwargs
         )
+
+
+def free_port() -> int:
+    """A port the OS just handed out on loopback."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def write_model_dir(path: str, spec: dict[str, Any]) -> None:
@@ -301,6 +319,7 @@ class Rank:
         worker = self.connector.connector_worker
         self.agent = RecordingAgent(worker.nixl_wrapper)
         worker.nixl_wrapper = self.agent
+        worker._log_failure = FAILURES.wrap(worker._log_failure)
         runner.initialize_kv_cache(kv_cache_config)
         self.worker = worker
         self.kv_cache_config = kv_cache_config
@@ -309,16 +328,21 @@ class Rank:
             key=_layer_index,
         )
 
-        if self.rank == 0:
-            from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-            from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        if self.rank == 0 and self.side == "decode":
+            self.make_scheduler()
 
+    def make_scheduler(self) -> None:
+        """The instance's scheduler connector, as the engine core's Scheduler builds it."""
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+        with set_current_vllm_config(self.vllm_config):
             self.scheduler = KVConnectorFactory.create_connector(
-                config=config,
+                config=self.vllm_config,
                 role=KVConnectorRole.SCHEDULER,
                 kv_cache_config=self.scheduler_kv_cache_config,
             ).connector_scheduler
-            self.scheduler_connector = self.scheduler
 
     # -- what the rank holds ----------------------------------------------------------
     def layer_caches(self) -> list[Any]:
@@ -414,6 +438,12 @@ class Rank:
             (0, int(rank)): msgspec.msgpack.decode(unb64(data), type=NixlHandshakePayload)
             for rank, data in payloads.items()
         }
+        # The listener binds VLLM_NIXL_SIDE_CHANNEL_PORT (read when the scheduler connector
+        # is built): a port the OS just handed out, taken at once. A port someone else
+        # took in between kills vLLM's listener thread before it signals ready, and
+        # set_xfer_handshake_metadata then waits forever: the harness's deadline ends it.
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(free_port())
+        self.make_scheduler()
         self.scheduler.set_xfer_handshake_metadata(decoded)
         return {"host": self.scheduler.side_channel_host, "port": self.scheduler.side_channel_port}
 
@@ -689,9 +719,6 @@ def main() -> None:
     channel = Channel(int(sys.argv[2]), int(sys.argv[3]))
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
-    if job["side"] == "prefill":
-        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(job["side_channel_port"])
-    logging.getLogger("vllm").addHandler(FAILURES)
     rank = Rank(job)
     try:
         started = time.perf_counter()

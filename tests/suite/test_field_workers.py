@@ -436,3 +436,51 @@ def test_a_case_that_ends_otherwise_than_expected_fails_the_report(
     (reports / "vllm-nixl.workers.json").write_text(json.dumps(wrong))
     assert main([*args, "--root", str(tmp_path)]) == 1
     assert "worker harness: vllm-nixl tp4-to-tp2: wrong, expected moved" in capsys.readouterr().err
+
+
+def test_a_case_is_verified_only_when_every_element_of_the_decode_caches_is_accounted_for() -> None:
+    case = vllm_nixl.Case("t", 2, 2, 2, layers=2, head_dim=8, block_size=4, seq_lens=(8,))
+    model, plan = case.model, descs.transfer_plan(2, 2, case.model)
+    request = {"id": "t-req0", "seq_len": 8, "pool": "fresh"}
+    request.update(prefill_blocks=[1, 2], decode_blocks=[3, 1])
+    source, target = (
+        descs.registered_cache(vllm_nixl.KVSPEC_LAYOUT, model, num_blocks=6, block_size=4, heads=1)
+        for _ in range(2)
+    )
+
+    def info(base: int, heads: list[int]) -> dict[str, Any]:
+        r = regions(source, base)
+        return {
+            "layer_addresses": list(r.addresses),
+            "layer_bytes": list(r.sizes),
+            "num_blocks": 6,
+            "heads": heads,
+            "backend": "CPU_ATTN",
+            "layout": "LBHNC",
+        }
+
+    prefill = [info(SRC_BASE + k * (1 << 20), [k]) for k in range(2)]
+    decode = [info(DST_BASE + k * (1 << 20), [k]) for k in range(2)]
+    verdicts = []
+    for k in range(2):
+        listed = plan_descriptors(
+            plan, plan.edge(k, k), source, [1, 2], target, [3, 1], range(8)
+        ).descriptors
+        src = descs.Regions(tuple(prefill[k]["layer_addresses"]), tuple(prefill[k]["layer_bytes"]))
+        dst = descs.Regions(tuple(decode[k]["layer_addresses"]), tuple(decode[k]["layer_bytes"]))
+        read, dlists = capture(list(listed), src, dst)
+        read["notif"] = "t-req0:1"
+        row = {"id": "t-req0", "elements": 64, "mismatches": 0, "bytes": 128, "tail": "none"}
+        verdicts.append(
+            {"requests": [row], "stray_nonzero_elements": 0, "reads": [read], "dlists": dlists}
+        )
+    judged = vllm_nixl.judge(case, [request], prefill, decode, verdicts)
+    assert judged["verified"] and judged["plan_edges_not_read"] == []
+    assert judged["reads_by_verdict"] == {"exact": 2, "whole blocks": 0, "wrong": 0}
+    assert judged["descriptors_posted"] == judged["descriptors_minimum"] > 0
+    for broken in ({"mismatches": 1}, {"tail": "other bytes"}):
+        verdicts[1]["requests"][0].update(broken)
+        assert not vllm_nixl.judge(case, [request], prefill, decode, verdicts)["verified"]
+        verdicts[1]["requests"][0].update(mismatches=0, tail="none")
+    verdicts[0]["stray_nonzero_elements"] = 2
+    assert not vllm_nixl.judge(case, [request], prefill, decode, verdicts)["verified"]
