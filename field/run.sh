@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make field`: build .venv-field, run every field adapter through the conformance suite,
 # replay the targeted examples, run the repro scripts and the standalone repros of the
-# draft upstream issues (field/upstream/ID.md), run both releases of every bug of the
-# historical corpus (field/history/), and rewrite docs/field-report.md and
-# docs/field-report.json from the reports and the ledger field/defects.json.
+# draft upstream issues (field/upstream/ID.md), run the worker harness (field/workers/),
+# run both releases of every bug of the historical corpus (field/history/), and rewrite
+# docs/field-report.md and docs/field-report.json from the reports and the ledger
+# field/defects.json.
 #
 # usage: field/run.sh [ENGINE ...]      (default: every field/requirements/*.txt)
 # Environment: CONFORM_JSON  the conform option that writes the JSON report (--json)
@@ -92,6 +93,17 @@ runpy.run_path(sys.argv[2], run_name="__main__")' "field/repro/$engine" "$script
   done
 done
 
+# The worker harness (field/workers/run.sh): vLLM's own NIXL workers move KV between two
+# TPs over NIXL on CPU; 0 and 1 (a case did not end as it expects) are results to report.
+if [[ " ${engines[*]} " == *" vllm-nixl "* ]]; then
+  rc=0
+  OUT=$OUT field/workers/run.sh || rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then
+    echo "field: the worker harness exited $rc (see $OUT/vllm-nixl.workers.log)" >&2
+    tail -5 "$OUT/vllm-nixl.workers.log" >&2
+    exit "$rc"
+  fi
+fi
 # The historical corpus: both releases of each bug an adapter runs, each release in its own
 # package directory built from field/history/requirements/RELEASE.txt (field/setup.sh), the
 # verdicts judged by `kvspec field-report` (field/history/README.md).

@@ -81,6 +81,7 @@ from kvspec.cli.field_report.verdicts import (
     stale_triage,
     untriaged_failures,
 )
+from kvspec.cli.field_report.workers import load_workers, unexpected
 
 __all__ = [
     "ACCEPTS_INVALID",
@@ -170,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     repros = _load(reports_dir / "repro.json", {})
     meta = _load(reports_dir / "run.json", {})
     impacts = load_impacts(ledger, root)
+    workers = load_workers(reports_dir)
     field_run = judge(reports, ledger, replays=replays, repros=repros, impacts=impacts)
     corpus_dir = Path(args.history)
     history_lines: list[str] = []
@@ -182,7 +184,15 @@ def run(args: argparse.Namespace) -> int:
             history_section(judged, run_record),
             history_json(judged, run_record),
         )
-    text = render(reports, ledger, field_run, replays=replays, meta=meta, history=history_lines)
+    text = render(
+        reports,
+        ledger,
+        field_run,
+        replays=replays,
+        meta=meta,
+        history=history_lines,
+        workers=workers,
+    )
     json_out = args.json if args.json is not None else ("" if args.out == "-" else None)
     if args.out == "-":
         print(text, end="")
@@ -190,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text)
         json_out = json_out if json_out is not None else str(Path(args.out).with_suffix(".json"))
     if json_out:
-        data = as_json(reports, field_run, history)
+        data = as_json(reports, field_run, history, workers)
         Path(json_out).write_text(json.dumps(data, indent=2) + "\n")
     for engine, check in field_run.untriaged:
         print(f"kvspec field-report: UNTRIAGED {engine} {check}", file=sys.stderr)
@@ -202,7 +212,10 @@ def run(args: argparse.Namespace) -> int:
             "which did not fail (fixed upstream? remove the entry)",
             file=sys.stderr,
         )
-    return 1 if field_run.untriaged or field_run.contradictions else 0
+    worker_problems = unexpected(workers)
+    for line in worker_problems:
+        print(f"kvspec field-report: worker harness: {line}", file=sys.stderr)
+    return 1 if field_run.untriaged or field_run.contradictions or worker_problems else 0
 
 
 def _load(path: Path, default: Any) -> Any:

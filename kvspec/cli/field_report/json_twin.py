@@ -7,16 +7,19 @@ from typing import Any
 
 from kvspec.cli.field_report.impact import impact_summary
 from kvspec.cli.field_report.verdicts import FieldRun
+from kvspec.cli.field_report.workers import workers_json
 
 
 def as_json(
     reports: Mapping[str, Mapping[str, Any]],
     field_run: FieldRun,
     history: Mapping[str, Any] | None = None,
+    workers: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """docs/field-report.json: per defect id its verdict and evidence (nothing that varies
     from run to run but the run's findings); ``history`` is the historical corpus's verdicts
-    (:func:`kvspec.cli.field_report.history.history_json`), under ``history``."""
+    (:func:`kvspec.cli.field_report.history.history_json`), under ``history``; with
+    ``workers``, the worker harness's cases, under ``workers``."""
     defects = {}
     for key in sorted(field_run.defects):
         d = field_run.defects[key]
@@ -55,6 +58,7 @@ def as_json(
                 for o in d.observations
             ],
         }
+    extra = {"workers": workers_json(workers)} if workers else {}
     return {
         "engines": {e: r["adapter"]["version"] for e, r in reports.items()},
         "summary_by_tier": {e: r.get("summary_by_tier") for e, r in reports.items()},
@@ -64,4 +68,5 @@ def as_json(
         "untriaged": [f"{e} {c}" for e, c in field_run.untriaged],
         "contradictions": field_run.contradictions,
         **({"history": dict(history)} if history is not None else {}),
+        **extra,
     }

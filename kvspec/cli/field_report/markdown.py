@@ -42,6 +42,7 @@ from kvspec.cli.field_report.verdicts import (
     judge,
     reach_of,
 )
+from kvspec.cli.field_report.workers import worker_lines
 
 
 def _first_line(text: str, limit: int = 400) -> str:
@@ -131,10 +132,12 @@ def render(
     meta: Mapping[str, Any] | None = None,
     today: datetime.date | None = None,
     history: Sequence[str] = (),
+    workers: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The whole report as Markdown; only the ``Generated:`` line depends on the run.
     ``history`` is the historical corpus's section, already rendered
-    (:func:`kvspec.cli.field_report.history.history_section`), placed after the defects."""
+    (:func:`kvspec.cli.field_report.history.history_section`), placed after the defects;
+    ``workers``: the worker harness's results by engine (``ENGINE.workers.json``)."""
     replays = replays or {}
     meta = meta or {}
     if field_run is None:
@@ -157,6 +160,7 @@ def render(
         *_failures(engines, field_run, defects, ledger),
         *_matrix(reports, engines),
         *_replays(replays, defects, ledger),
+        *worker_lines(workers or {}),
         *_kvspec_issues(ledger, field_run),
         *_needs_triage(field_run),
     ]
