@@ -138,7 +138,7 @@ class VllmCanonicalAdapter(Adapter):
         tp, mla = layout.attn_tp, model.attention == "mla"
         bs = self._block_size(layout)
         heads = 1 if mla else max(1, model.num_kv_heads // tp)
-        dtype = getattr(torch, model.dtype)
+        dtype = DTYPES[model.dtype]
         if mla:
             spec = self.specs.MLAAttentionSpec(
                 block_size=bs, num_kv_heads=1, head_size=HEAD_SIZE, dtype=dtype
@@ -175,7 +175,7 @@ class VllmCanonicalAdapter(Adapter):
         mapping = self._mappings(layout, model)[rank]
         mla = model.attention == "mla"
         span = self._block_size(layout) * layout.token_shards
-        itemsize = torch.empty((), dtype=getattr(torch, model.dtype)).element_size()
+        itemsize = DTYPES[model.dtype].itemsize
         cell = (1 if mla else 2) * HEAD_SIZE * itemsize
         return canonical_cells(mapping.runs, cell, span, mla)
 

@@ -144,7 +144,7 @@ def local_heads(model: ModelShape, tp: int) -> int:
 def head_bytes(model: ModelShape, block_size: int = BLOCK_SIZE) -> int:
     """Bytes of one head in one ``LBHNC`` block ``[H, N, 2 * head_size]`` (MLA:
     ``[1, N, latent]``): ``AttentionSpec.state_content_size_bytes`` per token."""
-    itemsize = torch.empty((), dtype=getattr(torch, model.dtype)).element_size()
+    itemsize = DTYPES[model.dtype].itemsize
     return block_size * model.kv_tensors * model.head_dim * itemsize
 
 

@@ -302,7 +302,7 @@ class VllmMoriioAdapter(Adapter):
 
     # the byte ranges MoRIIO writes [DESC-1, DESC-2] --------------------------------------
     def _spec(self, model: ModelShape, cache: RegisteredCache) -> Any:
-        dtype = getattr(torch, model.dtype)
+        dtype = DTYPES[model.dtype]
         if model.attention == "mla":
             return self.specs.MLAAttentionSpec(
                 block_size=cache.block_size, num_kv_heads=1, head_size=model.head_dim, dtype=dtype
