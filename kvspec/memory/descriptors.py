@@ -248,7 +248,7 @@ class RegisteredCache:
                 offset += size
         return out
 
-    def information(self) -> tuple[tuple[str, str, int], ...]:
+    def information(self) -> tuple[tuple[str, str, int | str], ...]:
         return self.spec.information(self.dtype, self.head_dim, self.kv)
 
     def to_dict(self) -> dict[str, Any]:
