@@ -32,6 +32,7 @@ from fractions import Fraction
 import torch
 
 from kvspec.tensors.dtypes import DTYPES
+from kvspec.tensors.scaled_oracle import E8M0, FOUR_BIT
 
 AXES: tuple[str, ...] = (
     "kv",
@@ -54,12 +55,6 @@ PLANE_AXES: tuple[str, ...] = ("heads", "slots", *SPLIT_AXES, "dim")
 
 SIDE_AXES: tuple[str, ...] = ("blocks", "tokens", "heads", "slots", *SPLIT_AXES, "dim")
 """Axis names of a side tensor, one per layer and field [LAYOUT-8]."""
-
-FOUR_BIT = "float4_e2m1fn_x2"
-"""Two fp4 (e2m1) values a byte, element 2i in the low nibble [ORACLE-8]."""
-
-E8M0 = "float8_e8m0fnu"
-"""An exponent-only 8-bit scale (UE8M0, the OCP MX scale type) [ORACLE-8]."""
 
 FIELD_DTYPES: dict[str, torch.dtype] = {
     **DTYPES,
