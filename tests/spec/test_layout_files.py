@@ -64,8 +64,8 @@ def test_the_presets_are_the_old_tables_value_for_value(table: str) -> None:
     added = {"planes": [], "side": [], "fixed_block_size": None, "head_dim_multiple": None}
     for old in frozen:
         value = _plain(dataclasses.asdict(now[old["name"]]))
-        # fields CacheLayout gained since the tables were frozen keep their defaults
-        assert {k: value.pop(k) for k in added} == added, old["name"]
+        if table == "layouts":  # fields CacheLayout gained since then keep their defaults
+            assert {k: value.pop(k) for k in added} == added, old["name"]
         assert value == old, old["name"]
     names = [p["name"] for p in frozen]
     assert [n for n in now if n in names] == names
