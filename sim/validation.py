@@ -126,11 +126,14 @@ def _cannot_hold(name: str, model: ModelShape) -> str | None:
     """Why preset ``name`` cannot hold ``model``'s cache, or None: every rule of the layout
     (K/V count, dtype, fixed width, field alignment), nothing allocated [LAYOUT-5, ORACLE-6]."""
     spec = get_layout(name)
+    base = get_layout(spec.per_layer or name)
+    units = [p.unit or 1 for p in (*base.planes, *(s.plane for s in base.side))]
+    block = base.fixed_block_size or max([1, *units])  # a block the layout holds [LAYOUT-8]
     try:
         check_holds(spec, model)
         empty_cache(
-            get_layout(spec.per_layer or name),
-            CacheShape(model.kv_tensors, 1, 1, 1, model.head_dim),
+            base,
+            CacheShape(model.kv_tensors, 1, block, 1, model.head_dim),
             model.dtype,
             "meta",
         )
