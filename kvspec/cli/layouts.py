@@ -167,9 +167,7 @@ def describe(layout: CacheLayout) -> dict[str, Any]:
             for f in layout.fields()
         ],
         "cross_layer": layout.per_layer,
-        "planes": [
-            {"field": p.field, "axes": list(p.axes), "unit": p.unit} for p in layout.planes
-        ],
+        "planes": [{"field": p.field, "axes": list(p.axes), "unit": p.unit} for p in layout.planes],
         "side": [
             {"field": s.field.name, "of": s.of, "axes": list(s.plane.axes), "unit": s.plane.unit}
             for s in layout.side
