@@ -18,6 +18,7 @@ from kvspec.memory.cache_layout import (
     holds_attention,
     layouts_for,
 )
+from kvspec.memory.planes import check_scaled
 from kvspec.memory.records import check_holds
 from kvspec.topology.model import ModelShape
 from sim import messages
@@ -102,6 +103,13 @@ def check_layouts(config: SimConfig) -> None:
                 f"{flag} {name} cannot hold {model.describe()}: {why}; the presets that can "
                 f"are: {some_of(_holding(config)) or 'none'}"
             )
+        if spec.scaled:  # its blocks: whole groups of a split slot axis, a fixed page size
+            block = config.src_block_size if flag == "--src-layout" else config.dst_block_size
+            side = "--src-block-size" if flag == "--src-layout" else "--dst-block-size"
+            try:
+                check_scaled(spec, model.dtype, block, model.head_dim)
+            except ValueError as error:
+                raise ValueError(f"{flag} {name} with {side} {block}: {error}") from None
     src, dst = config.src_layout, config.dst_layout
     if _information(config, src) != _information(config, dst):
         raise ValueError(
