@@ -121,7 +121,7 @@ def check_layouts(config: SimConfig) -> None:
         )
 
 
-def _information(config: SimConfig, name: str) -> tuple[tuple[str, str, int], ...]:
+def _information(config: SimConfig, name: str) -> tuple[tuple[str, str, int | str], ...]:
     model = config.model
     return get_layout(name).information(model.dtype, model.head_dim, model.kv_tensors)
 

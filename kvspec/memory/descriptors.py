@@ -404,7 +404,7 @@ class RegisteredCache:
             return self._placed(name, layers, blocks, slots, heads, index)
         offset = torch.zeros((), dtype=torch.int64) + start
         element = index
-        index = {
+        coords = {
             "kv": torch.tensor(part),
             "layers": layers,
             "blocks": blocks,
@@ -414,7 +414,7 @@ class RegisteredCache:
         }
         for axis in spec.axes:
             if axis != "dim":
-                offset = offset + index[axis] * strides[axis]
+                offset = offset + coords[axis] * strides[axis]
         if element is not None:
             dtype, _ = next(f for f in spec.fields(self.kv) if f.name == name).resolve(
                 self.dtype, self.head_dim

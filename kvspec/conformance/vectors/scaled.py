@@ -84,7 +84,13 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
         seed = rng.randrange(2**40)
         request = f"scaled-{layout}"
         fill = record_fill(
-            model, layout, request, seed=seed, **{k: range(*v) for k, v in region.items()}
+            model,
+            layout,
+            request,
+            seed=seed,
+            tokens=range(*region["tokens"]),
+            layers=range(*region["layers"]),
+            heads=range(*region["heads"]),
         )
         key = f"scaled-{i:03d}"
         i += 1
