@@ -18,6 +18,7 @@ from kvspec.memory.cache_layout import (
     holds_attention,
     layouts_for,
 )
+from kvspec.memory.planes import check_scaled
 from kvspec.memory.records import check_holds
 from kvspec.topology.model import ModelShape
 from sim import messages
@@ -102,6 +103,13 @@ def check_layouts(config: SimConfig) -> None:
                 f"{flag} {name} cannot hold {model.describe()}: {why}; the presets that can "
                 f"are: {some_of(_holding(config)) or 'none'}"
             )
+        if spec.scaled:  # its blocks: whole groups of a split slot axis, a fixed page size
+            block = config.src_block_size if flag == "--src-layout" else config.dst_block_size
+            side = "--src-block-size" if flag == "--src-layout" else "--dst-block-size"
+            try:
+                check_scaled(spec, model.dtype, block, model.head_dim)
+            except ValueError as error:
+                raise ValueError(f"{flag} {name} with {side} {block}: {error}") from None
     src, dst = config.src_layout, config.dst_layout
     if _information(config, src) != _information(config, dst):
         raise ValueError(
@@ -113,7 +121,7 @@ def check_layouts(config: SimConfig) -> None:
         )
 
 
-def _information(config: SimConfig, name: str) -> tuple[tuple[str, str, int], ...]:
+def _information(config: SimConfig, name: str) -> tuple[tuple[str, str, int | str], ...]:
     model = config.model
     return get_layout(name).information(model.dtype, model.head_dim, model.kv_tensors)
 
@@ -126,11 +134,14 @@ def _cannot_hold(name: str, model: ModelShape) -> str | None:
     """Why preset ``name`` cannot hold ``model``'s cache, or None: every rule of the layout
     (K/V count, dtype, fixed width, field alignment), nothing allocated [LAYOUT-5, ORACLE-6]."""
     spec = get_layout(name)
+    base = get_layout(spec.per_layer or name)
+    units = [p.unit or 1 for p in (*base.planes, *(s.plane for s in base.side))]
+    block = base.fixed_block_size or max([1, *units])  # a block the layout holds [LAYOUT-8]
     try:
         check_holds(spec, model)
         empty_cache(
-            get_layout(spec.per_layer or name),
-            CacheShape(model.kv_tensors, 1, 1, 1, model.head_dim),
+            base,
+            CacheShape(model.kv_tensors, 1, block, 1, model.head_dim),
             model.dtype,
             "meta",
         )

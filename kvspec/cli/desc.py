@@ -151,8 +151,8 @@ def _registered(
     stage.check_block_size(block_size)  # the token rule fits the cache [CP-2]
     needed = blocks_needed(slots, block_size)
     total = needed + 2  # a few blocks that hold other requests
-    dtype = spec.dtypes[0] if spec.dtypes else model.dtype
-    if spec.dtypes and model.dtype != dtype:
+    dtype = model.dtype
+    if spec.dtypes and model.dtype not in spec.dtypes:
         raise ValueError(
             f"{layout} holds {', '.join(spec.dtypes)} records; the model is {model.dtype} "
             "(--dtype) [LAYOUT-6]"

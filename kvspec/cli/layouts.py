@@ -167,6 +167,11 @@ def describe(layout: CacheLayout) -> dict[str, Any]:
             for f in layout.fields()
         ],
         "cross_layer": layout.per_layer,
+        "planes": [{"field": p.field, "axes": list(p.axes), "unit": p.unit} for p in layout.planes],
+        "side": [
+            {"field": s.field.name, "of": s.of, "axes": list(s.plane.axes), "unit": s.plane.unit}
+            for s in layout.side
+        ],
         "dtypes": list(layout.dtypes) if layout.dtypes else "any cache dtype",
         "source": layout.source.to_dict() if layout.source else None,
     }
@@ -175,8 +180,12 @@ def describe(layout: CacheLayout) -> dict[str, Any]:
 def placement(layout: CacheLayout) -> str:
     if layout.kv_axis is not None:
         return "K/V axis"
+    if layout.side:
+        return "(K, V) tuple, scales in side tensors"
     if layout.tuple_form:
         return "(K, V) tuple" if layout.kv_tensors == 2 else "tuple"
+    if layout.planes:
+        return "per-block planes"
     if layout.packed:
         return "packed in the last axis"
     return "one latent"
@@ -309,6 +318,12 @@ def render_one(layout: CacheLayout) -> str:
         + " | ".join(f"{r['field']} ({r['width']} x {r['dtype']})" for r in info["record"]),
         f"  cache dtypes    {', '.join(layout.dtypes) if layout.dtypes else 'any'}",
     ]
+    for name, entries in (("planes", info["planes"]), ("side tensors", info["side"])):
+        for i, e in enumerate(entries):
+            split = f", slot t at (t // {e['unit']}, t % {e['unit']})" if e["unit"] else ""
+            lines.append(
+                f"  {name if i == 0 else '':<15} {e['field']} [{', '.join(e['axes'])}]{split}"
+            )
     if layout.per_layer:
         tuple_of = layout.kv_axis is not None and get_layout(layout.per_layer).tuple_form
         views = "(K, V): index 0 and 1 of its K/V axis, views" if tuple_of else "(a view)"
@@ -390,9 +405,10 @@ def convert_report(args: argparse.Namespace) -> dict[str, Any]:
     source, target = (get_layout(name) for name in args.convert)
     dtype = args.dtype or (source.dtypes[0] if source.dtypes else "bfloat16")
     kv = source.kv_tensors or target.kv_tensors or 2
-    head_dim = source.fixed_head_dim or args.head_dim or 8
-    block_size = (args.block_size or 16) if source.paged else 1
-    blocks = args.blocks if source.paged else args.blocks * (args.block_size or 16)
+    head_dim = source.fixed_head_dim or args.head_dim or source.head_dim_multiple or 8
+    default_block = source.fixed_block_size or 16  # whole 4-token groups [LAYOUT-8]
+    block_size = (args.block_size or default_block) if source.paged else 1
+    blocks = args.blocks if source.paged else args.blocks * (args.block_size or default_block)
     shape = CacheShape(
         kv,
         blocks,

@@ -39,6 +39,7 @@ FAMILY_NAMES: tuple[str, ...] = (
     "states",
     "state-layouts",
     "cross-layer",
+    "scaled",
 )
 """The names of :data:`kvspec.conformance.vectors.FAMILY_NAMES`, for ``--family``'s choices:
 written out, because the vectors (and so torch) are imported only by :func:`run`, and

@@ -186,7 +186,18 @@ class Domain:
 
     def record_layouts(self) -> tuple[str, ...]:
         """The domain's layouts whose cells carry inline scales or a fixed record [LAYOUT-6]."""
-        return tuple(n for n in self.layouts if not get_layout(n).plain)
+        return tuple(
+            n for n in self.layouts if not get_layout(n).plain and not get_layout(n).scaled
+        )
+
+    def scaled_layouts(self) -> tuple[str, ...]:
+        """The domain's block-scaled layouts, their fields in per-block planes or side
+        tensors [LAYOUT-8]: those whose model dtypes the domain has."""
+        return tuple(
+            n
+            for n in self.layouts
+            if get_layout(n).scaled and set(get_layout(n).dtypes or ()) & set(self.model_dtypes())
+        )
 
     def holds(self, case: TransferCase) -> bool:
         """Whether a transfer case lies inside the domain (pinned examples may not)."""

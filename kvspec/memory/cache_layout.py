@@ -19,6 +19,14 @@ from kvspec._checks import require_int
 from kvspec.clause import Clause, must, refuses
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout, Field
 from kvspec.memory.layout_refs import is_layout_file, read_cache_file, read_name
+from kvspec.memory.planes import (
+    check_scaled,
+    plane_views,
+    side_shape,
+    side_view,
+    slot_rows,
+    unit_of,
+)
 from kvspec.memory.presets import PRESETS
 from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import dtype_name, torch_dtype
@@ -29,6 +37,7 @@ __all__ = [
     "LAYOUTS",
     "PRESETS",
     "RECORDS",
+    "SCALED",
     "CacheLayout",
     "CacheShape",
     "Field",
@@ -222,9 +231,13 @@ CROSS_LAYER: dict[str, CacheLayout] = {
 """The plain presets that keep every layer in one tensor [LAYOUT-5]."""
 
 RECORDS: dict[str, CacheLayout] = {
-    name: layout for name, layout in PRESETS.items() if not layout.plain
+    name: layout for name, layout in PRESETS.items() if not layout.plain and not layout.scaled
 }
 """The presets whose cells are records with inline scales or fixed formats [LAYOUT-6]."""
+
+SCALED: dict[str, CacheLayout] = {name: layout for name, layout in PRESETS.items() if layout.scaled}
+"""The block-scaled presets, whose fields live in per-block planes or side tensors
+[LAYOUT-8]: vLLM's NVFP4 pages, SGLang's MXFP8 pool."""
 
 
 def get_layout(name: object) -> CacheLayout:
@@ -334,6 +347,8 @@ def _tensors(cache: object, layout: CacheLayout) -> tuple[tuple[torch.Tensor, ..
     where = f"{layout.name} cache {layout.shape}"
     if layout.tuple_form:
         counts = (2,) if layout.kv_tensors == 2 else (1, 2)
+        if layout.side:
+            counts = (2 + len(layout.side),)
         if (
             not isinstance(cache, (tuple, list))
             or len(cache) not in counts
@@ -341,9 +356,15 @@ def _tensors(cache: object, layout: CacheLayout) -> tuple[tuple[torch.Tensor, ..
         ):
             wanted = " or ".join(str(c) for c in counts)
             raise ValueError(
-                f"a {where} is a tuple of {wanted} tensors; got {describe_cache(cache)} [LAYOUT-1]"
+                f"a {where} is a tuple of {wanted} tensors"
+                + (
+                    f" (K, V, {', '.join(s.field.name for s in layout.side)})"
+                    if layout.side
+                    else ""
+                )
+                + f"; got {describe_cache(cache)} [LAYOUT-1, LAYOUT-8]"
             )
-        tensors = tuple(cache)
+        tensors = tuple(cache)[:2] if layout.side else tuple(cache)
     else:
         if not isinstance(cache, torch.Tensor):
             raise ValueError(f"a {where} is one tensor; got {describe_cache(cache)} [LAYOUT-1]")
@@ -363,6 +384,12 @@ def _tensors(cache: object, layout: CacheLayout) -> tuple[tuple[torch.Tensor, ..
     return tensors, _cache_dtype(layout, first, where)
 
 
+def _side_tensors(cache: LayerCache, layout: CacheLayout) -> tuple[torch.Tensor, ...]:
+    """A side layout's side tensors, after K and V in its tuple [LAYOUT-8.3]."""
+    assert isinstance(cache, (tuple, list))
+    return tuple(cache[2:])
+
+
 def cache_dtype(cache: LayerCache, layout: str | CacheLayout) -> str:
     """The cache dtype ``cache`` holds when read as ``layout``: its tensors' own, or, for a
     layout that stores records as bytes, the dtype its record is of [DTYPE-1, LAYOUT-5]."""
@@ -371,6 +398,8 @@ def cache_dtype(cache: LayerCache, layout: str | CacheLayout) -> str:
 
 def _check_alignment(spec: CacheLayout, dtype: str, head_dim: int) -> None:
     """Every field starts at a multiple of its dtype's size [LAYOUT-6]."""
+    if spec.planes:
+        return  # planes start aligned, or are refused where they are read [LAYOUT-8]
     for part in spec.parts():
         offset = 0
         for f in part:
@@ -407,6 +436,14 @@ def cache_shape(
             f"got {describe_cache(cache)} [LAYOUT-1]"
         )
     kv = sizes.get("kv", len(tensors) if spec.tuple_form else spec.kv_tensors or 1)
+    if "head_slots" in sizes:
+        if sizes["head_slots"] % kv:
+            raise ValueError(
+                f"a {spec.name} cache {spec.shape} has K's heads then V's on one axis; got "
+                f"{describe_cache(cache)}, whose {sizes['head_slots']} head slots are not "
+                f"{kv} x heads [LAYOUT-8]"
+            )
+        sizes["heads"] = sizes["head_slots"] // kv
     if kv == 1 and "heads" in sizes and sizes["heads"] != 1:
         raise ValueError(
             f"a {spec.name} cache with one tensor holds an MLA latent, which has one head; got "
@@ -416,7 +453,7 @@ def cache_shape(
     if dim is None:
         raise ValueError(
             f"a {spec.name} cache {spec.shape} of {dtype} has a last axis of "
-            f"{spec.record_bytes(0, dtype, 1) if not spec.plain else 'whole'} records; got "
+            f"{_record_text(spec, dtype)} records; got "
             f"{describe_cache(cache)}, whose last axis {sizes['dim']} fits no head_dim "
             "[LAYOUT-1, LAYOUT-5]"
         )
@@ -442,6 +479,10 @@ def cache_shape(
         layers=sizes.get("layers", 1),
     )
     _check_alignment(spec, dtype, dim)
+    if spec.scaled:
+        check_scaled(spec, dtype, shape.block_size, dim)
+    if spec.side:
+        _check_side(cache, spec, shape, dtype)
     stated = {"heads": heads, "head_dim": head_dim, "block_size": block_size}
     wrong = [
         f"{name} {getattr(shape, name)} != stated {value}"
@@ -454,6 +495,30 @@ def cache_shape(
             f"{'; '.join(wrong)} [LAYOUT-1]"
         )
     return shape
+
+
+def _record_text(spec: CacheLayout, dtype: str) -> str:
+    if spec.plain:
+        return "whole"
+    if any(not f.fixed for f in spec.parts()[0]):
+        return "head_dim-wide"
+    return str(spec.record_bytes(0, dtype, 1))
+
+
+def _check_side(cache: LayerCache, spec: CacheLayout, shape: CacheShape, dtype: str) -> None:
+    """Each side tensor has the shape K and V imply, and one-byte elements [LAYOUT-8.4]."""
+    for tensor, side in zip(_side_tensors(cache, spec), spec.side, strict=True):
+        want = side_shape(
+            side, dtype, shape.num_blocks, shape.block_size, shape.heads, shape.head_dim
+        )
+        name, _ = side.field.resolve(dtype, shape.head_dim)
+        size = FIELD_DTYPES[name].itemsize
+        if list(tensor.shape) != want or tensor.element_size() != size:
+            raise ValueError(
+                f"a {spec.name} cache's {side.field.name} tensor is [{', '.join(side.plane.axes)}]"
+                f" = {want} of {name}; got {list(tensor.shape)} of {tensor.dtype} "
+                f"({describe_cache(cache)}) [LAYOUT-8]"
+            )
 
 
 def _canonical(tensor: torch.Tensor, axes: Sequence[str], block_size: int | None) -> torch.Tensor:
@@ -498,6 +563,8 @@ def field_views(
     ``v``, a latent ``latent``; inline scales are fields of their own. Nothing is copied.
     """
     spec = get_layout(layout)
+    if spec.scaled:
+        return _scaled_views(cache, spec, block_size)
     records, shape, dtype = _records(cache, spec, block_size)
     out: dict[str, torch.Tensor] = {}
     for part, canon in zip(spec.parts(len(records)), records, strict=True):
@@ -515,6 +582,36 @@ def field_views(
             out[f.name] = raw.narrow(-1, start, size).view(FIELD_DTYPES[name])
             start += size
     return out
+
+
+def _scaled_views(
+    cache: LayerCache, spec: CacheLayout, block_size: int | None
+) -> dict[str, torch.Tensor]:
+    """Every field of a block-scaled cache: planes of its blocks, K and V of its tuple, and
+    its side tensors, in the order of :meth:`CacheLayout.fields` [LAYOUT-8]."""
+    shape = cache_shape(cache, spec, block_size=block_size)
+    tensors, dtype = _tensors(cache, spec)
+    views: dict[str, torch.Tensor] = {}
+    if spec.planes:
+        views.update(
+            plane_views(
+                tensors[0],
+                spec,
+                dtype,
+                shape.num_blocks,
+                shape.block_size,
+                shape.heads,
+                shape.head_dim,
+            )
+        )
+    else:
+        axes = list(spec.axes)
+        for name, tensor in zip(("k", "v"), tensors, strict=True):
+            views[name] = _canonical(tensor, axes, shape.block_size)
+    sides = _side_tensors(cache, spec) if spec.side else ()
+    for tensor, side in zip(sides, spec.side, strict=True):
+        views[side.field.name] = side_view(tensor, side, dtype, shape.block_size, shape.head_dim)
+    return {f.name: views[f.name] for f in spec.fields(shape.kv)}
 
 
 def kv_views(
@@ -580,6 +677,8 @@ def _allocate(
             f"layout {spec.name} holds {', '.join(spec.dtypes)} caches, not {dtype} [LAYOUT-5]"
         )
     _check_alignment(spec, dtype, shape.head_dim)
+    if spec.scaled:
+        check_scaled(spec, dtype, shape.block_size, shape.head_dim)
     if spec.fixed_head_dim is not None and shape.head_dim != spec.fixed_head_dim:
         raise ValueError(
             f"layout {spec.name} holds a latent of {spec.fixed_head_dim}, not {shape.head_dim} "
@@ -592,6 +691,7 @@ def _allocate(
         "slots": shape.block_size,
         "tokens": shape.slots,
         "heads": shape.heads,
+        "head_slots": shape.kv * shape.heads,
         "dim": spec.dim_size(dtype, shape.head_dim),
     }
     dims = [sizes[a] for a in spec.axes]
@@ -600,6 +700,17 @@ def _allocate(
         factory(dims, dtype=element, device=device)
         for _ in range(shape.kv if spec.tuple_form else 1)
     ]
+    for side in spec.side:  # each side field a tensor of its own [LAYOUT-8]
+        name, _ = side.field.resolve(dtype, shape.head_dim)
+        tensors.append(
+            factory(
+                side_shape(
+                    side, dtype, shape.num_blocks, shape.block_size, shape.heads, shape.head_dim
+                ),
+                dtype=FIELD_DTYPES[name],
+                device=device,
+            )
+        )
     return tuple(tensors) if spec.tuple_form else tensors[0]
 
 
@@ -678,6 +789,12 @@ def convert(
         out = _allocate(dst, out_shape, dtype, device, torch.empty)
     else:
         _check_out(out, cache, dst, out_shape, dtype, device, page)
+    if src.scaled or dst.scaled:
+        # Fields in planes or side tensors: each field slot by slot, whatever its axes.
+        targets = field_views(out, dst, block_size=page)
+        for name, have in views.items():
+            _copy_split(have, unit_of(src, name), targets[name], unit_of(dst, name))
+        return out
     if src.parts(shape.kv) == dst.parts(shape.kv) and src.element == dst.element:
         # The same record in the same order: move whole cells, fewer and longer copies.
         have_records, _, _ = _records(cache, src, source_block_size)
@@ -722,8 +839,19 @@ def _check_out(
         )
 
 
-def _fields_text(info: tuple[tuple[str, str, int], ...]) -> str:
+def _fields_text(info: tuple[tuple[str, str, int | str], ...]) -> str:
     return ", ".join(f"{name} ({width} x {dtype})" for name, dtype, width in info)
+
+
+def _copy_split(
+    have: torch.Tensor, have_unit: int | None, want: torch.Tensor, want_unit: int | None
+) -> None:
+    """Copy slot s of a field view to slot s of another, either of them split [LAYOUT-8.2]."""
+    if have_unit is None and want_unit is None:
+        _copy_slots(have, want)
+        return
+    rows = slot_rows(have, have_unit).reshape(-1, *have.shape[-2:])
+    copy_bits(want, rows.reshape(want.shape))
 
 
 def _copy_slots(have: torch.Tensor, want: torch.Tensor) -> None:

@@ -30,6 +30,7 @@ from kvspec.forms import build, read_form
 from kvspec.memory.cache_layout import CacheShape, get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.paged import PagedCache, check_block_ids
+from kvspec.memory.planes import check_scaled, plane_layout, side_shape
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import Edge, TransferPlan
@@ -165,6 +166,8 @@ class RegisteredCache:
             raise ValueError(f"unknown cache dtype {self.dtype!r} [DTYPE-1]")
         if not spec.paged and self.block_size != 1:
             raise ValueError(f"layout {spec.name} has block size 1, not {self.block_size}")
+        if spec.scaled:
+            check_scaled(spec, self.dtype, self.block_size, self.head_dim)
         object.__setattr__(self, "region_bytes", dict(self.region_bytes))
         unknown = sorted(set(self.region_bytes) - set(self._full_regions()))
         if unknown:
@@ -209,7 +212,7 @@ class RegisteredCache:
         return self.spec.kv_tensors or self.tensors_per_layer or 2
 
     def _tensor_count(self) -> int:
-        return self.kv if self.spec.tuple_form else 1
+        return self.kv + len(self.spec.side) if self.spec.tuple_form else 1
 
     def _sizes(self) -> dict[str, int]:
         spec = self.spec
@@ -220,6 +223,7 @@ class RegisteredCache:
             "slots": self.block_size,
             "tokens": self.num_blocks * self.block_size,
             "heads": self.heads,
+            "head_slots": self.kv * self.heads,
             "dim": spec.dim_size(self.dtype, self.head_dim),
         }
 
@@ -239,8 +243,21 @@ class RegisteredCache:
             return {"cache": size}
         if self.spec.tuple_form:
             names = ("K", "V") if self.kv == 2 else ("latent",)
-            return {f"L{i}.{n}": size for i in range(self.num_layers) for n in names}
+            sizes = {n: size for n in names}
+            for side in self.spec.side:  # a side field's tensor is a region of its own
+                sizes[side.field.name] = self._side_bytes(side.field.name)
+            return {f"L{i}.{n}": b for i in range(self.num_layers) for n, b in sizes.items()}
         return {f"L{i}": size for i in range(self.num_layers)}
+
+    def _side_bytes(self, name: str) -> int:
+        side = next(s for s in self.spec.side if s.field.name == name)
+        dtype, _ = side.field.resolve(self.dtype, self.head_dim)
+        count = 1
+        for n in side_shape(
+            side, self.dtype, self.num_blocks, self.block_size, self.heads, self.head_dim
+        ):
+            count *= n
+        return count * FIELD_DTYPES[dtype].itemsize
 
     def regions(self) -> dict[str, int]:
         """Every registered region and its size in bytes, in a fixed order [DESC-2]."""
@@ -267,7 +284,8 @@ class RegisteredCache:
         return out
 
     def fields(self) -> dict[str, tuple[int, int, int]]:
-        """field -> (part, byte offset in the record, bytes) [LAYOUT-5, LAYOUT-6]."""
+        """field -> (part, byte offset in the record, bytes) [LAYOUT-5, LAYOUT-6]; a plane
+        or side field has offset 0 in a part of its own (:meth:`addresses` places it)."""
         out = {}
         for part, fields in enumerate(self.spec.parts(self.kv)):
             offset = 0
@@ -275,9 +293,25 @@ class RegisteredCache:
                 size = f.nbytes(self.dtype, self.head_dim)
                 out[f.name] = (part, offset, size)
                 offset += size
+        for i, side in enumerate(self.spec.side):
+            out[side.field.name] = (self.kv + i, 0, side.field.nbytes(self.dtype, self.head_dim))
         return out
 
-    def information(self) -> tuple[tuple[str, str, int], ...]:
+    def element_count(self, name: str) -> int:
+        """How many stored elements one (slot, head) of field ``name`` has."""
+        spec = self.spec
+        field = next(
+            f for f in (*spec.fields(self.kv), *(s.field for s in spec.side)) if f.name == name
+        )
+        return field.resolve(self.dtype, self.head_dim)[1]
+
+    def contiguous(self, name: str) -> bool:
+        """Whether field ``name``'s bytes of one (slot, head) are consecutive: its width
+        axis innermost (not so for vLLM's SM100 V scales, a 4-token group transposed)."""
+        plane = self.spec.placement(name)
+        return plane is None or plane.axes[-1] == "dim"
+
+    def information(self) -> tuple[tuple[str, str, int | str], ...]:
         return self.spec.information(self.dtype, self.head_dim, self.kv)
 
     def to_dict(self) -> dict[str, Any]:
@@ -340,6 +374,8 @@ class RegisteredCache:
             return f"no region {region!r}"
         index = names.index(region)
         spec, strides = self.spec, self.strides()
+        if spec.scaled:
+            return self._locate_placed(region, index, offset)
         if spec.cross_layer:
             layer, part = None, None
         elif spec.tuple_form:
@@ -364,6 +400,21 @@ class RegisteredCache:
                 )
         return f"byte {offset} of {region}"
 
+    def _locate_placed(self, region: str, index: int, offset: int) -> str:
+        """What byte ``offset`` of a block-scaled cache's region holds, by plane or side
+        tensor [LAYOUT-8]."""
+        spec = self.spec
+        if spec.planes:
+            block, rest = divmod(offset, self.tensor_bytes() // self.num_blocks)
+            planes = plane_layout(spec, self.dtype, self.heads, self.block_size, self.head_dim)
+            for name, (start, size, _) in planes.items():
+                if start <= rest < start + size:
+                    return f"layer {index}, block {block}, {name} plane byte {rest - start}"
+            return f"byte {offset} of {region}"
+        layer, part = divmod(index, self._tensor_count())
+        names = ["K", "V", *(s.field.name for s in spec.side)]
+        return f"layer {layer}, {names[part]} tensor byte {offset}"
+
     def addresses(
         self,
         name: str,
@@ -371,13 +422,18 @@ class RegisteredCache:
         blocks: torch.Tensor,
         slots: torch.Tensor,
         heads: torch.Tensor,
+        index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(region index, byte offset) of field ``name`` of each (layer, block, slot, head),
-        the index tensors broadcast together [LAYOUT-5]."""
+        the index tensors broadcast together [LAYOUT-5]; ``index``, where given, is the
+        element of the field (for a field whose elements are not consecutive)."""
         part, start, _ = self.fields()[name]
         spec, strides = self.spec, self.strides()
+        if spec.scaled and spec.placement(name) is not None:
+            return self._placed(name, layers, blocks, slots, heads, index)
         offset = torch.zeros((), dtype=torch.int64) + start
-        index = {
+        element = index
+        coords = {
             "kv": torch.tensor(part),
             "layers": layers,
             "blocks": blocks,
@@ -387,13 +443,69 @@ class RegisteredCache:
         }
         for axis in spec.axes:
             if axis != "dim":
-                offset = offset + index[axis] * strides[axis]
+                offset = offset + coords[axis] * strides[axis]
+        if element is not None:
+            dtype, _ = next(f for f in spec.fields(self.kv) if f.name == name).resolve(
+                self.dtype, self.head_dim
+            )
+            offset = offset + element * FIELD_DTYPES[dtype].itemsize
         if spec.cross_layer:
             region = torch.zeros_like(offset)
         elif spec.tuple_form:
             region = layers * self._tensor_count() + part
         else:
             region = layers + torch.zeros_like(offset)
+        region, offset = torch.broadcast_tensors(region, offset)
+        return region, offset
+
+    def _placed(
+        self,
+        name: str,
+        layers: torch.Tensor,
+        blocks: torch.Tensor,
+        slots: torch.Tensor,
+        heads: torch.Tensor,
+        index: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Addresses of a plane or side field [LAYOUT-8.1, LAYOUT-8.3]."""
+        spec = self.spec
+        plane = spec.placement(name)
+        assert plane is not None
+        element = torch.zeros((), dtype=torch.int64) if index is None else index
+        field = next(f for f in (*spec.record, *(s.field for s in spec.side)) if f.name == name)
+        dtype, width = field.resolve(self.dtype, self.head_dim)
+        item = FIELD_DTYPES[dtype].itemsize
+        if spec.planes:
+            block_bytes = self.tensor_bytes() // self.num_blocks
+            start, _, _ = plane_layout(
+                spec, self.dtype, self.heads, self.block_size, self.head_dim
+            )[name]
+            within = plane.offset(self.block_size, self.heads, width, heads, slots, element)
+            offset = blocks * block_bytes + start + within * item  # type: ignore[operator]
+            region = layers + torch.zeros_like(offset)
+        else:
+            side = [s.field.name for s in spec.side].index(name)
+            sizes = {
+                **plane.sizes(self.block_size, self.heads, width),
+                "blocks": self.num_blocks,
+                "tokens": self.num_blocks * self.block_size,
+            }
+            unit = plane.unit or 1
+            coords = {
+                "blocks": blocks,
+                "tokens": blocks * self.block_size + slots,
+                "heads": heads,
+                "slots": slots,
+                "slots_hi": slots // unit,
+                "slots_lo": slots % unit,
+                "dim": element,
+            }
+            offset = torch.zeros((), dtype=torch.int64)
+            stride = item
+            for axis in reversed(plane.axes):
+                offset = offset + coords[axis] * stride
+                stride *= sizes[axis]
+            region = layers * self._tensor_count() + self.kv + side + torch.zeros_like(offset)
         region, offset = torch.broadcast_tensors(region, offset)
         return region, offset
 
@@ -475,12 +587,19 @@ def _atoms(
     td = torch.tensor(share.target.tokens(), dtype=torch.int64).view(1, -1, 1)
     parts = []
     for name, (_, _, size) in source.fields().items():
-        sr, so = source.addresses(
-            name, layers_src, src_ids[ts // source.block_size], ts % source.block_size, heads_src
-        )
-        dr, do = target.addresses(
-            name, layers_dst, dst_ids[td // target.block_size], td % target.block_size, heads_dst
-        )
+        src_at = (layers_src, src_ids[ts // source.block_size], ts % source.block_size, heads_src)
+        dst_at = (layers_dst, dst_ids[td // target.block_size], td % target.block_size, heads_dst)
+        index = None
+        if not (source.contiguous(name) and target.contiguous(name)):
+            # A field whose elements are not consecutive on a side: one atom per element,
+            # which coalescing joins again where both sides run on [LAYOUT-8, DESC-3].
+            count = source.element_count(name)
+            index = torch.arange(count, dtype=torch.int64).view(1, 1, 1, -1)
+            src_at = tuple(t.unsqueeze(-1) for t in src_at)  # type: ignore[assignment]
+            dst_at = tuple(t.unsqueeze(-1) for t in dst_at)  # type: ignore[assignment]
+            size //= count
+        sr, so = source.addresses(name, *src_at, index=index)
+        dr, do = target.addresses(name, *dst_at, index=index)
         parts.append((sr.flatten(), so.flatten(), dr.flatten(), do.flatten(), size))
     if not parts or not len(parts[0][0]):
         empty = torch.zeros(0, dtype=torch.int64)
@@ -816,7 +935,8 @@ def region_buffers(cache: PagedCache) -> dict[str, torch.Tensor]:
         assert cache.base is not None
         tensors = {"cache": cache.base}
     elif spec.tuple_form:
-        names = ("K", "V") if len(cache.layers[0]) == 2 else ("latent",)
+        names: tuple[str, ...] = ("K", "V") if len(cache.layers[0]) >= 2 else ("latent",)
+        names = (*names, *(side.field.name for side in spec.side))
         tensors = {
             f"L{i}.{n}": t
             for i, layer in enumerate(cache.layers)

@@ -27,9 +27,14 @@ from typing import Any
 from kvspec.memory.layout_model import (
     AXES,
     FIELD_DTYPES,
+    PLANE_AXES,
+    SIDE_AXES,
     STATE_AXES,
+    WIDTH_PREFIX,
     CacheLayout,
     Field,
+    Plane,
+    SideField,
     Source,
     StateCacheLayout,
 )
@@ -69,6 +74,10 @@ CACHE_FIELDS = (
     "per_layer",
     "dtypes",
     "fixed_head_dim",
+    "planes",
+    "side",
+    "fixed_block_size",
+    "head_dim_multiple",
     "source",
 )
 """The fields of a cache layout file, in the order :func:`layout_to_data` writes them."""
@@ -81,6 +90,8 @@ STATE_REQUIRED = ("kind", "name", "shape", "conv_axes", "source")
 SOURCE_FIELDS = ("project", "file", "version", "confirmed", "unconfirmed")
 SOURCE_REQUIRED = ("project", "file", "version", "confirmed")
 RECORD_FIELDS = ("name", "dtype", "width")
+PLANE_FIELDS = ("field", "axes", "unit")
+SIDE_FIELDS = ("name", "dtype", "width", "of", "axes", "unit")
 
 MAX_FILE_BYTES = 1 << 20
 """A layout file is a few hundred bytes; anything past 1 MiB is refused unread."""
@@ -200,14 +211,23 @@ def _show(value: object) -> str:
 
 
 def _fields(
-    data: dict[str, Any], at: _Where, allowed: tuple[str, ...], required: tuple[str, ...], what: str
+    data: dict[str, Any],
+    at: _Where,
+    allowed: tuple[str, ...],
+    required: tuple[str, ...],
+    what: str,
+    *,
+    prefix: str = "",
 ) -> None:
-    extra = [k for k in data if k not in allowed and k != "$schema"]
+    dot = f"{prefix}." if prefix else ""
+    extra = [k for k in data if k not in allowed and (k != "$schema" or prefix)]
     if extra:
-        raise at.error(extra[0], f"is not a field of {what}; its fields are {', '.join(allowed)}")
+        raise at.error(
+            f"{dot}{extra[0]}", f"is not a field of {what}; its fields are {', '.join(allowed)}"
+        )
     for name in required:
         if name not in data:
-            raise at.error(name, f"is missing; {what} must give {', '.join(required)}")
+            raise at.error(f"{dot}{name}", f"is missing; {what} must give {', '.join(required)}")
     if "$schema" in data and not isinstance(data["$schema"], str):
         raise at.error("$schema", "must be a string (the schema's address)")
 
@@ -305,11 +325,117 @@ def _record(value: object, at: _Where) -> tuple[Field, ...]:
             if "dtype" in item
             else None
         )
-        width = _positive(item["width"], f"{here}.width", at) if "width" in item else None
+        width = _width(item["width"], f"{here}.width", at) if "width" in item else None
         if any(f.name == name for f in fields):
             raise at.error("record", f"names the field {name!r} twice")
         fields.append(Field(name, dtype, width))
     return tuple(fields)
+
+
+def _width(value: object, field: str, at: _Where) -> int | str:
+    """A field width: a whole number of elements, or ``head_dim/N`` [LAYOUT-8]."""
+    if isinstance(value, str):
+        n = value.removeprefix(WIDTH_PREFIX)
+        if value.startswith(WIDTH_PREFIX) and n.isdigit() and not n.startswith("0"):
+            return value
+        raise at.error(
+            field,
+            f"is {value!r}; a width is a whole number >= 1 or 'head_dim/N' for a whole N >= 1",
+        )
+    return _positive(value, field, at)
+
+
+def _plane(value: object, field: str, at: _Where, axes: tuple[str, ...]) -> Plane:
+    """Where a field lives: its axes (a split slot axis with its unit) [LAYOUT-8]."""
+    names = _names(value, f"{field}.axes", at, axes, "axis names")
+    if "heads" not in names or "dim" not in names:
+        raise at.error(f"{field}.axes", f"is [{', '.join(names)}]; it must name 'heads' and 'dim'")
+    split = [a for a in ("slots_hi", "slots_lo") if a in names]
+    if split and len(split) != 2:
+        raise at.error(
+            f"{field}.axes",
+            f"names {split[0]!r} alone; a split slot axis is 'slots_hi' and 'slots_lo' together",
+        )
+    whole = "slots" in names or "tokens" in names
+    if split and whole:
+        raise at.error(
+            f"{field}.axes", "names 'slots' (or 'tokens') and its split parts: one or the other"
+        )
+    if not split and not whole:
+        raise at.error(
+            f"{field}.axes",
+            "has no slot axis: name 'slots', or 'slots_hi' and 'slots_lo' with a unit",
+        )
+    return Plane("", names, None)
+
+
+def _planes(value: object, at: _Where) -> tuple[Plane, ...]:
+    if not isinstance(value, list) or not value:
+        raise at.error("planes", f"is {_show(value)}; it must be a non-empty array of planes")
+    out = []
+    for i, item in enumerate(value):
+        here = f"planes[{i}]"
+        if not isinstance(item, dict):
+            raise at.error(here, f"is a {_kind_of(item)}; a plane is an object")
+        _fields(item, at, PLANE_FIELDS, ("field", "axes"), "a plane", prefix=here)
+        name = _name(item["field"], f"{here}.field", at)
+        plane = _plane(item["axes"], here, at, PLANE_AXES)
+        out.append(Plane(name, plane.axes, _unit(item, here, at, plane.axes)))
+    return tuple(out)
+
+
+def _unit(item: dict[str, Any], here: str, at: _Where, axes: tuple[str, ...]) -> int | None:
+    split = "slots_lo" in axes
+    if "unit" not in item:
+        if split:
+            raise at.error(
+                f"{here}.unit", "is missing: a split slot axis says how many slots 'slots_lo' has"
+            )
+        return None
+    unit = _positive(item["unit"], f"{here}.unit", at)
+    if not split:
+        raise at.error(f"{here}.unit", "is given, but the slot axis is not split")
+    if unit < 2:
+        raise at.error(f"{here}.unit", f"is {unit}; a split needs a unit of 2 or more")
+    return unit
+
+
+def _side(value: object, at: _Where) -> tuple[SideField, ...]:
+    if not isinstance(value, list) or not value:
+        raise at.error("side", f"is {_show(value)}; it must be a non-empty array of fields")
+    out: list[SideField] = []
+    for i, item in enumerate(value):
+        here = f"side[{i}]"
+        if not isinstance(item, dict):
+            raise at.error(here, f"is a {_kind_of(item)}; a side field is an object")
+        _fields(item, at, SIDE_FIELDS, ("name", "of", "axes"), "a side field", prefix=here)
+        name = _name(item["name"], f"{here}.name", at)
+        dtype = (
+            _choice(item["dtype"], f"{here}.dtype", at, tuple(FIELD_DTYPES))
+            if "dtype" in item
+            else None
+        )
+        width = _width(item["width"], f"{here}.width", at) if "width" in item else None
+        of = _choice(item["of"], f"{here}.of", at, ("k", "v"))
+        plane = _plane(item["axes"], here, at, SIDE_AXES)
+        if ("blocks" in plane.axes) == ("tokens" in plane.axes):
+            raise at.error(
+                f"{here}.axes",
+                "must name 'blocks' (pages, with their slots) or 'tokens' (a pool's rows), "
+                "one of them",
+            )
+        if "tokens" in plane.axes and plane.split:
+            raise at.error(f"{here}.axes", "splits the slots of 'tokens' rows; use 'blocks'")
+        if name in ("k", "v") or any(s.field.name == name for s in out):
+            raise at.error(f"{here}.name", f"is {name!r}, a field the layout already has")
+        out.append(
+            SideField(
+                Field(name, dtype, width),
+                of,
+                Plane(name, plane.axes, _unit(item, here, at, plane.axes)),
+            )
+        )
+    return tuple(out)
 
 
 def _cache_layout(
@@ -346,6 +472,18 @@ def _cache_layout(
         if "fixed_head_dim" in data
         else None
     )
+    planes = _planes(data["planes"], at) if "planes" in data else ()
+    side = _side(data["side"], at) if "side" in data else ()
+    fixed_block = (
+        _positive(data["fixed_block_size"], "fixed_block_size", at)
+        if "fixed_block_size" in data
+        else None
+    )
+    multiple = (
+        _positive(data["head_dim_multiple"], "head_dim_multiple", at)
+        if "head_dim_multiple" in data
+        else None
+    )
     source = _source(data["source"], at) if "source" in data else None
     _check_axes(at, axes, logical, per_layer)
     layout = CacheLayout(
@@ -361,9 +499,14 @@ def _cache_layout(
         source=source,
         dtypes=dtypes,
         fixed_head_dim=fixed,
+        planes=planes,
+        side=side,
+        fixed_block_size=fixed_block,
+        head_dim_multiple=multiple,
     )
     _check_placement(layout, at)
     _check_record(layout, at)
+    _check_scaled(layout, at)
     _check_layers(layout, at, known)
     if name in known and known[name] != layout:
         raise at.error(
@@ -472,7 +615,7 @@ def _check_record(layout: CacheLayout, at: _Where) -> None:
             f"is {layout.element!r} but the file has no 'dtypes': a cache stored as "
             f"{layout.element} elements must say the cache dtypes its record holds",
         )
-    fixed = bool(layout.record) and all(f.width is not None for f in layout.record)
+    fixed = bool(layout.record) and all(f.fixed for f in layout.record)
     if fixed and layout.fixed_head_dim is None:
         raise at.error(
             "fixed_head_dim",
@@ -485,6 +628,64 @@ def _check_record(layout: CacheLayout, at: _Where) -> None:
             "is given, but the record has a field as wide as head_dim: the head_dim follows "
             "from the tensor's last axis, and the value would be ignored",
         )
+
+
+def _check_scaled(layout: CacheLayout, at: _Where) -> None:
+    """Planes and side tensors [LAYOUT-8]: every record field is one plane of a block (the
+    block outermost, no layers or token axis), a side field belongs with K or V of a
+    tuple, and a plane's split unit divides the block size where that is fixed."""
+    axes = layout.axes
+    if "head_slots" in axes and not layout.planes:
+        raise at.error(
+            "axes",
+            "has 'head_slots' (K's heads then V's on one axis), which only a layout of "
+            "per-block planes has; give 'planes'",
+        )
+    if layout.planes:
+        names = [p.field for p in layout.planes]
+        record = [f.name for f in layout.record]
+        if not layout.record:
+            raise at.error("planes", "are given, but there is no record: a plane holds a field")
+        if sorted(names) != sorted(record) or len(set(names)) != len(names):
+            raise at.error(
+                "planes",
+                f"hold the fields [{', '.join(names)}]; each field of the record "
+                f"[{', '.join(record)}] is one plane, once",
+            )
+        if axes[0] != "blocks" or any(a in axes for a in ("layers", "tokens", "kv")):
+            raise at.error(
+                "axes",
+                f"are [{', '.join(axes)}]: a layout of per-block planes keeps each block's "
+                "bytes together, so 'blocks' is its first axis and it has no 'layers', "
+                "'tokens' or 'kv' axis",
+            )
+        if ("heads" in axes) == ("head_slots" in axes):
+            raise at.error(
+                "axes",
+                "must name 'heads' or 'head_slots' (K's heads then V's), one of them",
+            )
+    if layout.side and not (layout.tuple_form and layout.kv_tensors == 2):
+        raise at.error(
+            "side",
+            "is given, but K and V are not a tuple of tensors: a side field is a tensor "
+            "beside K's and V's",
+        )
+    if layout.side and layout.cross_layer:
+        raise at.error(
+            "side", "is given for a layout with a layers axis; side tensors are per layer"
+        )
+    if layout.side and layout.record:
+        raise at.error("side", "and 'record' are both given; a side layout's cells are K or V")
+    unit_planes = [*layout.planes, *(s.plane for s in layout.side)]
+    for plane in unit_planes:
+        if plane.unit and layout.fixed_block_size and layout.fixed_block_size % plane.unit:
+            raise at.error(
+                "fixed_block_size",
+                f"is {layout.fixed_block_size}, which field {plane.field}'s unit of "
+                f"{plane.unit} slots does not divide",
+            )
+    if layout.fixed_block_size is not None and not layout.paged:
+        raise at.error("fixed_block_size", "is given for a layout without blocks")
 
 
 def _check_layers(layout: CacheLayout, at: _Where, known: Mapping[str, CacheLayout]) -> None:
@@ -597,9 +798,32 @@ def layout_to_data(layout: CacheLayout | StateCacheLayout) -> dict[str, Any]:
         data["dtypes"] = list(layout.dtypes)
     if layout.fixed_head_dim is not None:
         data["fixed_head_dim"] = layout.fixed_head_dim
+    if layout.planes:
+        data["planes"] = [_plane_data(p.axes, p.unit, {"field": p.field}) for p in layout.planes]
+    if layout.side:
+        data["side"] = [
+            _plane_data(
+                s.plane.axes,
+                s.plane.unit,
+                {
+                    "name": s.field.name,
+                    **({"dtype": s.field.dtype} if s.field.dtype is not None else {}),
+                    **({"width": s.field.width} if s.field.width is not None else {}),
+                    "of": s.of,
+                },
+            )
+            for s in layout.side
+        ]
+    for name in ("fixed_block_size", "head_dim_multiple"):
+        if getattr(layout, name) is not None:
+            data[name] = getattr(layout, name)
     if layout.source is not None:
         data["source"] = _source_data(layout.source)
     return data
+
+
+def _plane_data(axes: tuple[str, ...], unit: int | None, head: dict[str, Any]) -> dict[str, Any]:
+    return {**head, "axes": list(axes), **({"unit": unit} if unit is not None else {})}
 
 
 def _source_data(source: Source) -> dict[str, str]:

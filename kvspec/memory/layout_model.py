@@ -12,28 +12,68 @@ this data (:mod:`kvspec.memory.presets`).
 
 Axis names: ``kv`` (K at index 0, V at 1), ``layers``, ``blocks``, ``slots`` (a
 block's token slots), ``tokens`` (blocks and slots merged into one axis, as a token
-pool keeps them: row ``block * block_size + slot``), ``heads`` and ``dim`` (the
-record, in elements of the stored tensor's type).
+pool keeps them: row ``block * block_size + slot``), ``heads``, ``head_slots`` (K's
+heads then V's on one axis, as vLLM's NVFP4 page counts them: ``2 * heads``) and
+``dim`` (the record, in elements of the stored tensor's type).
+
+A layout may keep its fields outside the cells [LAYOUT-8]: as *planes* of each block
+(vLLM's NVFP4 page is ``[K values | K scales | V values | V scales]`` per block, each a
+``[heads, block_size, width]`` plane), or in *side* tensors of their own (SGLang's MXFP8
+scales). A plane or side tensor may split the slot axis in two, ``slots_hi`` (slot //
+unit) and ``slots_lo`` (slot % unit), and place the two parts apart: that is how a
+4-token swizzle or a 32 x 4 interleave is said as data.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
 from kvspec.tensors.dtypes import DTYPES
+from kvspec.tensors.scaled_oracle import E8M0, FOUR_BIT
 
-AXES: tuple[str, ...] = ("kv", "layers", "blocks", "slots", "tokens", "heads", "dim")
-"""Every axis name a layout may use."""
+AXES: tuple[str, ...] = (
+    "kv",
+    "layers",
+    "blocks",
+    "slots",
+    "tokens",
+    "heads",
+    "head_slots",
+    "dim",
+)
+"""Every axis name a layout's tensor may use."""
+
+SPLIT_AXES: tuple[str, str] = ("slots_hi", "slots_lo")
+"""A block's slot axis split in two: ``slots_hi`` is slot // unit, ``slots_lo`` slot % unit
+[LAYOUT-8]."""
+
+PLANE_AXES: tuple[str, ...] = ("heads", "slots", *SPLIT_AXES, "dim")
+"""Axis names of a plane within a block [LAYOUT-8]."""
+
+SIDE_AXES: tuple[str, ...] = ("blocks", "tokens", "heads", "slots", *SPLIT_AXES, "dim")
+"""Axis names of a side tensor, one per layer and field [LAYOUT-8]."""
 
 FIELD_DTYPES: dict[str, torch.dtype] = {
     **DTYPES,
     "int8": torch.int8,
     "uint8": torch.uint8,
+    FOUR_BIT: torch.uint8,
+    E8M0: torch.uint8,
 }
-"""Dtypes a record field or a stored tensor may have: the cache dtypes [DTYPE-1], plus the
-1-byte integer types engines store quantised data and opaque records in."""
+"""Dtypes a record field or a stored tensor may have: the cache dtypes [DTYPE-1], the
+1-byte integer types engines store quantised data and opaque records in, and the
+block-scaled formats' packed fp4 pairs and e8m0 scales (read and written as their bytes,
+uint8, so any torch reads them) [LAYOUT-8, ORACLE-8]."""
+
+WIDTH_PREFIX = "head_dim/"
+"""A field width ``head_dim/N`` is head_dim / N elements [LAYOUT-8]."""
+
+SCALED_DTYPES: tuple[str, ...] = (FOUR_BIT, E8M0)
+"""Field dtypes only a block-scaled layout's fields have; the oracle's values for them are
+ORACLE-8's."""
 
 
 @dataclass(frozen=True)
@@ -41,12 +81,21 @@ class Field:
     """One field of a cell's record [LAYOUT-5, LAYOUT-6].
 
     ``dtype`` None is the cache's dtype; ``width`` None is the head_dim (the latent width
-    for a latent). A field named ``*_scale`` is an inline scale.
+    for a latent); a width ``"head_dim/N"`` is head_dim / N (a block scale's count, a
+    packed pair's: widths as fractions of head_dim [LAYOUT-8]). A field named ``*_scale``
+    is an inline scale.
     """
 
     name: str
     dtype: str | None = None
-    width: int | None = None
+    width: int | str | None = None
+
+    @property
+    def per(self) -> int | None:
+        """N of a width ``"head_dim/N"``; None for a width in elements or head_dim itself."""
+        if isinstance(self.width, str):
+            return int(self.width.removeprefix(WIDTH_PREFIX))
+        return None
 
     @property
     def is_scale(self) -> bool:
@@ -54,11 +103,88 @@ class Field:
 
     def resolve(self, dtype: str, head_dim: int) -> tuple[str, int]:
         """(dtype, width) of the field in a cache of ``dtype`` and ``head_dim``."""
+        if self.per is not None:
+            if head_dim % self.per:
+                raise ValueError(
+                    f"field {self.name} is head_dim/{self.per} wide: a head_dim of {head_dim} "
+                    f"is not a multiple of {self.per} [LAYOUT-8]"
+                )
+            return (self.dtype or dtype, head_dim // self.per)
+        assert not isinstance(self.width, str)
         return (self.dtype or dtype, self.width or head_dim)
+
+    @property
+    def fixed(self) -> bool:
+        """Its width is a number of elements, whatever the head_dim."""
+        return isinstance(self.width, int)
 
     def nbytes(self, dtype: str, head_dim: int) -> int:
         name, width = self.resolve(dtype, head_dim)
         return width * FIELD_DTYPES[name].itemsize
+
+
+@dataclass(frozen=True)
+class Plane:
+    """Where one field lives outside the cells [LAYOUT-8]: a plane of every block of the
+    layout's tensor (``axes`` of :data:`PLANE_AXES`), or a side tensor of its own per layer
+    (``axes`` of :data:`SIDE_AXES`). ``unit`` is the size of ``slots_lo`` where the slot
+    axis is split: slot t is at ``slots_hi`` t // unit and ``slots_lo`` t % unit."""
+
+    field: str
+    axes: tuple[str, ...]
+    unit: int | None = None
+
+    @property
+    def split(self) -> bool:
+        return "slots_lo" in self.axes
+
+    def sizes(self, block_size: int, heads: int, width: int) -> dict[str, int]:
+        """Each plane axis's size in a block of ``block_size`` slots."""
+        unit = self.unit or 1
+        return {
+            "heads": heads,
+            "slots": block_size,
+            "slots_hi": block_size // unit,
+            "slots_lo": unit,
+            "dim": width,
+        }
+
+    def offset(
+        self,
+        block_size: int,
+        heads: int,
+        width: int,
+        head: object,
+        slot: object,
+        index: object,
+    ) -> object:
+        """Element offset of element ``index`` of (``slot``, ``head``) within one block's plane
+        (ints or broadcasting int64 tensors) [LAYOUT-8]."""
+        unit = self.unit or 1
+        coords = {
+            "heads": head,
+            "slots": slot,
+            "slots_hi": slot // unit,  # type: ignore[operator]
+            "slots_lo": slot % unit,  # type: ignore[operator]
+            "dim": index,
+        }
+        sizes = self.sizes(block_size, heads, width)
+        offset: object = 0
+        stride = 1
+        for axis in reversed([a for a in self.axes if a in sizes]):
+            offset = offset + coords[axis] * stride  # type: ignore[operator]
+            stride *= sizes[axis]
+        return offset
+
+
+@dataclass(frozen=True)
+class SideField:
+    """A field in a tensor of its own, one per layer, beside K and V [LAYOUT-8]: SGLang's
+    MXFP8 scales. ``of`` is the part it belongs with (``k`` or ``v``)."""
+
+    field: Field
+    of: str
+    plane: Plane
 
 
 @dataclass(frozen=True)
@@ -113,6 +239,14 @@ class CacheLayout:
     """The cache dtypes the layout holds (None: every allowed cache dtype [DTYPE-1])."""
     fixed_head_dim: int | None = None
     """The head_dim (latent width) a fixed-format record holds, e.g. 576 for FlashMLA's."""
+    planes: tuple[Plane, ...] = ()
+    """The record's fields as planes of each block, in byte order [LAYOUT-8]."""
+    side: tuple[SideField, ...] = ()
+    """Fields in tensors of their own, one per layer and field [LAYOUT-8]."""
+    fixed_block_size: int | None = None
+    """The one block (page) size the layout has, e.g. 128 for SGLang's MXFP8 interleave."""
+    head_dim_multiple: int | None = None
+    """head_dim must be a multiple of this (vLLM's NVFP4 swizzle: 64) [LAYOUT-8]."""
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.axes if a not in AXES]
@@ -154,8 +288,25 @@ class CacheLayout:
     @property
     def plain(self) -> bool:
         """Its cells hold only K and V (or the latent) in the cache's dtype: no inline
-        scales, no fixed-format record [LAYOUT-6]."""
-        return all(f.dtype is None and f.width is None and not f.is_scale for f in self.record)
+        scales, no fixed-format record, no planes or side tensors [LAYOUT-6, LAYOUT-8]."""
+        return not self.scaled and all(
+            f.dtype is None and f.width is None and not f.is_scale for f in self.record
+        )
+
+    @property
+    def scaled(self) -> bool:
+        """Its fields live outside the cells: per-block planes or side tensors [LAYOUT-8]."""
+        return bool(self.planes or self.side)
+
+    def placement(self, name: str) -> Plane | None:
+        """The plane or side tensor field ``name`` lives in, or None (it is in the cell)."""
+        for plane in self.planes:
+            if plane.field == name:
+                return plane
+        for side in self.side:
+            if side.field.name == name:
+                return side.plane
+        return None
 
     @property
     def stride_order(self) -> tuple[int, ...]:
@@ -174,15 +325,22 @@ class CacheLayout:
 
     def fields(self, kv: int | None = None) -> tuple[Field, ...]:
         """Every field of a cell, over all parts: the information the layout holds (``kv``
-        says which token_major holds: 2 tensors or 1)."""
-        return tuple(f for part in self.parts(kv) for f in part)
+        says which token_major holds: 2 tensors or 1). A side field comes after the part it
+        belongs with [LAYOUT-8]."""
+        out: list[Field] = []
+        for part in self.parts(kv):
+            out.extend(part)
+            names = {f.name for f in part}
+            out.extend(s.field for s in self.side if s.of in names)
+        return tuple(out)
 
     def information(
         self, dtype: str, head_dim: int, kv: int | None = None
-    ) -> tuple[tuple[str, str, int], ...]:
-        """What a cell holds, independent of where: (field, dtype, width), sorted by name.
+    ) -> tuple[tuple[str, str, int | str], ...]:
+        """What a cell holds, independent of where: (field, dtype, width), sorted by name; a
+        ``head_dim/N`` width that head_dim does not divide stays ``"head_dim/N"``.
         Two layouts convert into one another only when this is equal [LAYOUT-3, LAYOUT-6]."""
-        return tuple(sorted((f.name, *f.resolve(dtype, head_dim)) for f in self.fields(kv)))
+        return tuple(sorted(_held(f, dtype, head_dim) for f in self.fields(kv)))
 
     def record_bytes(self, part: int, dtype: str, head_dim: int) -> int:
         return sum(f.nbytes(dtype, head_dim) for f in self.parts()[part])
@@ -191,9 +349,12 @@ class CacheLayout:
         return self.element or dtype
 
     def dim_size(self, dtype: str, head_dim: int) -> int:
-        """Size of the ``dim`` axis, in elements of the stored tensor [LAYOUT-5]."""
+        """Size of the ``dim`` axis, in elements of the stored tensor [LAYOUT-5]; with a
+        ``head_slots`` axis, each head slot holds 1/kv of a cell's bytes [LAYOUT-8]."""
         item = FIELD_DTYPES[self.element_dtype(dtype)].itemsize
         total = self.record_bytes(0, dtype, head_dim)
+        if "head_slots" in self.axes:
+            total //= self.kv_tensors or 1
         if total % item:
             raise ValueError(
                 f"layout {self.name}: a {total}-byte record is not a whole number of "
@@ -204,18 +365,32 @@ class CacheLayout:
     def head_dim_of(self, dim: int, dtype: str) -> int | None:
         """The head_dim that gives a ``dim`` axis of ``dim`` elements, or None."""
         item = FIELD_DTYPES[self.element_dtype(dtype)].itemsize
-        fixed = sum(f.nbytes(dtype, 1) for f in self.parts()[0] if f.width is not None)
+        part = self.parts()[0]
+        fixed = sum(f.nbytes(dtype, 1) for f in part if f.fixed)
         per = sum(
-            FIELD_DTYPES[f.resolve(dtype, 1)[0]].itemsize
-            for f in self.parts()[0]
-            if f.width is None
+            (
+                Fraction(FIELD_DTYPES[f.dtype or dtype].itemsize, f.per or 1)
+                for f in part
+                if not f.fixed
+            ),
+            Fraction(0),
         )
-        rest = dim * item - fixed
+        have = dim * item * ((self.kv_tensors or 1) if "head_slots" in self.axes else 1)
+        rest = have - fixed
         if per == 0:
             return self.fixed_head_dim if rest == 0 else None
-        if rest <= 0 or rest % per:
+        head_dim = rest / per
+        if rest <= 0 or head_dim.denominator != 1:
             return None
-        return rest // per
+        if any(f.per and head_dim % f.per for f in part):
+            return None
+        return int(head_dim)
+
+
+def _held(f: Field, dtype: str, head_dim: int) -> tuple[str, str, int | str]:
+    if f.per is not None and head_dim % f.per:
+        return (f.name, f.dtype or dtype, str(f.width))
+    return (f.name, *f.resolve(dtype, head_dim))
 
 
 STATE_AXES: tuple[str, ...] = ("blocks", "dim", "state_len")

@@ -32,11 +32,22 @@ import torch
 
 from kvspec.clause import Clause, must, refuses
 from kvspec.memory.cache_layout import get_layout
-from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout, Field
+from kvspec.memory.layout_model import FIELD_DTYPES, SCALED_DTYPES, CacheLayout, Field
 from kvspec.memory.paged import PagedCache, check_block_ids, check_same_scales
+from kvspec.memory.planes import at_slots, check_scaled, unit_of
 from kvspec.tensors.dtypes import FLOAT_FORMATS, bits_view, raw_bits, torch_dtype
 from kvspec.tensors.kv import RequestKV, check_scales
-from kvspec.tensors.oracle import PRIME, _values, absorb, mix, oracle_kv, region, request_value
+from kvspec.tensors.oracle import (
+    PRIME,
+    _values,
+    absorb,
+    mix,
+    oracle_hashes,
+    oracle_kv,
+    region,
+    request_value,
+)
+from kvspec.tensors.scaled_oracle import FOUR_BIT, scaled_values, values_per_element
 from kvspec.topology.model import ModelShape
 from kvspec.topology.tokens import Tokens
 
@@ -231,12 +242,22 @@ def check_holds(layout: str | CacheLayout, model: ModelShape) -> CacheLayout:
             f"{model.head_dim} [ORACLE-6, LAYOUT-5]"
         )
     for f in spec.fields(model.kv_tensors):
-        dtype, _ = f.resolve(model.dtype, model.head_dim)
-        if dtype not in FLOAT_FORMATS:
+        dtype, _ = f.resolve(model.dtype, model.head_dim)  # refuses a head_dim off head_dim/N
+        if dtype not in FLOAT_FORMATS and dtype not in SCALED_DTYPES:
             raise ValueError(
                 f"layout {spec.name}: field {f.name} is {dtype}, which the oracle has no "
                 "values for [ORACLE-6, ORACLE-2]"
             )
+        if f.name in ORACLE_FIELDS and dtype not in (model.dtype, FOUR_BIT):
+            raise ValueError(
+                f"layout {spec.name}: field {f.name} is {dtype}; ORACLE-1's {f.name} of a "
+                f"{model.dtype} model is {model.dtype}, or fp4 packed [ORACLE-6, ORACLE-8]"
+            )
+    if spec.scaled:
+        block = spec.fixed_block_size or max(
+            [1, *(p.unit or 1 for p in (*spec.planes, *(s.plane for s in spec.side)))]
+        )
+        check_scaled(spec, model.dtype, block, model.head_dim)
     return spec
 
 
@@ -274,7 +295,22 @@ def record_fill(
     fields = spec.fields(model.kv_tensors)
     out: dict[str, torch.Tensor] = {}
     kv = None
-    if any(f.name in ORACLE_FIELDS for f in fields):
+    packed = any(
+        f.name in ORACLE_FIELDS and f.resolve(model.dtype, model.head_dim)[0] == FOUR_BIT
+        for f in fields
+    )
+    if packed:  # ORACLE-1's hashes, as fp4 values [ORACLE-8.3]
+        hashes = oracle_hashes(
+            model,
+            request_id,
+            tokens=where.tokens,
+            layers=where.layers,
+            heads=where.heads,
+            seed=seed,
+            device=device,
+        )
+        kv = scaled_values(hashes, FOUR_BIT)
+    elif any(f.name in ORACLE_FIELDS for f in fields):
         kv = oracle_kv(
             model,
             request_id,
@@ -292,13 +328,17 @@ def record_fill(
             out[f.name] = kv[:, ORACLE_FIELDS[f.name]]
             continue
         named = absorb(start, request_value(FIELD_TAG + f.name))
+        values = width * values_per_element(dtype)  # fp4: two values a byte [ORACLE-8]
         h = torch.full((1, 1, 1, 1), named, dtype=torch.int64, device=device)
         h = absorb(h, _axis(where.layers, 0, device))
         h = absorb(h, _axis(where.heads, 2, device))
         h = absorb(h, _axis(where.token_list(), 1, device))
-        h = absorb(h, _axis(range(width), 3, device))
-        shape = (len(where.layers), where.token_count, len(where.heads), width)
-        out[f.name] = _values(h.expand(shape).contiguous(), dtype, positive=f.is_scale)
+        h = absorb(h, _axis(range(values), 3, device))
+        shape = (len(where.layers), where.token_count, len(where.heads), values)
+        if dtype in SCALED_DTYPES:
+            out[f.name] = scaled_values(h.expand(shape).contiguous(), dtype)
+        else:
+            out[f.name] = _values(h.expand(shape).contiguous(), dtype, positive=f.is_scale)
     return out
 
 
@@ -321,9 +361,12 @@ def gather_fields(
     """Every field of the request's cells, ``[layers, seq_len, heads, width]`` each, copied
     out of ``cache`` as bits [PAGED-1, LAYOUT-6, DTYPE-2]."""
     blocks, slots = _token_index(cache, block_ids, seq_len)
+    spec = get_layout(cache.layout)
     per_layer = [cache.fields(layer) for layer in cache.layers]
     return {
-        name: torch.stack([views[name][blocks, slots] for views in per_layer])
+        name: torch.stack(
+            [views[name][at_slots(unit_of(spec, name), blocks, slots)] for views in per_layer]
+        )
         for name in per_layer[0]
     }
 
@@ -343,7 +386,7 @@ def scatter_fields(
     seq_len = None
     for name, data in fields.items():
         view = per_layer[0][name]
-        want = [len(per_layer), None, *view.shape[2:]]
+        want = [len(per_layer), None, *view.shape[-2:]]
         if data.dim() != 4 or [w for w in want if w is not None] != [
             n for w, n in zip(want, data.shape, strict=True) if w is not None
         ]:
@@ -361,9 +404,11 @@ def scatter_fields(
         seq_len = data.shape[1]
     assert seq_len is not None
     blocks, slots = _token_index(cache, block_ids, seq_len)
+    spec = get_layout(cache.layout)
     for layer, views in enumerate(per_layer):
         for name, data in fields.items():
-            bits_view(views[name])[blocks, slots] = bits_view(data[layer].to(cache.device))
+            at = at_slots(unit_of(spec, name), blocks, slots)
+            bits_view(views[name])[at] = bits_view(data[layer].to(cache.device))
 
 
 @dataclass(frozen=True)

@@ -342,6 +342,26 @@ def oracle_kv(
     return RequestKV(data, scales)
 
 
+def oracle_hashes(
+    model: ModelShape,
+    request_id: str,
+    *,
+    tokens: range | Tokens | int,
+    layers: range | None = None,
+    heads: range | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """The ORACLE-1 hashes of a region, int64 ``[layers, kv, tokens, heads, head_dim]``,
+    before ORACLE-2 turns them into values: what a format with its own value rule (fp4,
+    [ORACLE-8]) starts from."""
+    where = region(model, tokens=tokens, layers=layers, heads=heads)
+    device = torch.device(device)
+    states = _hashes_before_dim(model, where, _start(seed, request_id), device)
+    dims = torch.arange(model.head_dim, dtype=torch.int64, device=device)
+    return absorb(states, dims)
+
+
 @dataclass(frozen=True)
 class Mismatch:
     """One element that differs from the oracle, in global coordinates [ORACLE-5]."""

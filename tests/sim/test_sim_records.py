@@ -39,12 +39,12 @@ def _pairs() -> list[tuple[str, str]]:
     fields for the model that record holds: the pairs the sim must move [LAYOUT-6]."""
     out = []
     for a, spec in PRESETS.items():
-        if spec.plain:
+        if spec.plain or spec.scaled:  # block-scaled pairs: tests/sim/test_sim_scaled.py
             continue
         model = _model(a)
         want = spec.information(model.dtype, model.head_dim, model.kv_tensors)
         for b, other in PRESETS.items():
-            held = other.kv_tensors in (model.kv_tensors, None)
+            held = other.kv_tensors in (model.kv_tensors, None) and not other.scaled
             if held and other.information(model.dtype, model.head_dim, model.kv_tensors) == want:
                 out.append((a, b))
     return out

@@ -256,9 +256,11 @@ def _fill(cache) -> None:
 def _shape_for(name: str, blocks: int, block_size: int, layers: int) -> tuple[CacheShape, str]:
     spec = get_layout(name)
     kv_count = spec.kv_tensors or 2
-    head_dim = spec.fixed_head_dim or 4
+    head_dim = spec.fixed_head_dim or spec.head_dim_multiple or 4
     heads = 1 if kv_count == 1 else 2
     dtype = spec.dtypes[0] if spec.dtypes else "float8_e4m3fn"
+    units = [p.unit for p in (*spec.planes, *(s.plane for s in spec.side)) if p.unit]
+    block_size = spec.fixed_block_size or max([block_size, *units])  # LAYOUT-8: whole units
     if not spec.paged:
         blocks, block_size = blocks * block_size, 1
     return CacheShape(
@@ -282,11 +284,11 @@ def test_every_pair_converts_bit_for_bit_or_is_refused(source: str, target: str)
         shape = CacheShape(1, shape.num_blocks, 1, 1, shape.head_dim)
     cache = empty_cache(source, shape, dtype)
     _fill(cache)
-    page = 2 if src.merged_tokens else None
+    page = shape.block_size if src.merged_tokens else None
     same_info = src.information(dtype, shape.head_dim, shape.kv) == dst.information(
         dtype, shape.head_dim, shape.kv
     ) and (dst.kv_tensors in (None, shape.kv))
-    block = 1 if not dst.paged else 4
+    block = dst.fixed_block_size or (1 if not dst.paged else 4)
     if not same_info:
         with pytest.raises(ValueError, match=r"\[LAYOUT-[36]\]"):
             convert(cache, source, target, block_size=block, source_block_size=page)

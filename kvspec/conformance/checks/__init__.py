@@ -50,6 +50,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "kvspec.conformance.checks.descriptors",
     "kvspec.conformance.checks.oracle",
     "kvspec.conformance.checks.records",
+    "kvspec.conformance.checks.scaled",
     "kvspec.conformance.checks.naming",
     "kvspec.conformance.checks.payloads",
     "kvspec.conformance.checks.chunks",

@@ -33,6 +33,7 @@ MUTANT_MODULES: tuple[str, ...] = (
     "kvspec.conformance.mutants.descriptors",
     "kvspec.conformance.mutants.oracle",
     "kvspec.conformance.mutants.records",
+    "kvspec.conformance.mutants.scaled",
     "kvspec.conformance.mutants.naming",
     "kvspec.conformance.mutants.payloads",
     "kvspec.conformance.mutants.chunks",

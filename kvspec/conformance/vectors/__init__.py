@@ -11,10 +11,11 @@ tensors) and a ``check`` that replays one case through an adapter. A family is o
 module, named after it, holding both side by side and the clause ids it covers
 (``ownership``, ``tokens``, ``plan``, ``errors``, ``reshard``, ``layouts``, ``paged``,
 ``records``, ``descriptors``, ``oracle``, ``keys``, ``ports``, ``wire``, ``groups``,
-``states``, ``state_layouts``); :mod:`~kvspec.conformance.vectors.family` says what a
-family is, :mod:`~kvspec.conformance.vectors.sampling` holds the configurations the
-families share, and :mod:`~kvspec.conformance.vectors.format` the files, their loader
-and the replay.
+``states``, ``state_layouts``, ``cross_layer``, ``scaled``);
+:mod:`~kvspec.conformance.vectors.family` says what a family is,
+:mod:`~kvspec.conformance.vectors.sampling` holds the configurations the families
+share, and :mod:`~kvspec.conformance.vectors.format` the files, their loader and the
+replay.
 """
 
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors

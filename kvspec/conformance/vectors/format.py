@@ -35,6 +35,7 @@ from kvspec.conformance.vectors import (
     ports,
     records,
     reshard,
+    scaled,
     state_layouts,
     states,
     tokens,
@@ -68,6 +69,7 @@ FAMILIES: tuple[Family, ...] = (
     states.FAMILY,
     state_layouts.FAMILY,
     cross_layer.FAMILY,
+    scaled.FAMILY,
 )
 """Every family, in the order they are exported and replayed."""
 
