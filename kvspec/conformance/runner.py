@@ -33,11 +33,9 @@ from kvspec.conformance.checks import (
     Example,
     OutsideDomain,
     Vacuous,
-    Violation,
     all_checks,
-    crash_report,
-    judging,
 )
+from kvspec.conformance.checks.expectations import crash_report, judging
 from kvspec.conformance.pins import pins_for
 from kvspec.conformance.result import (
     FAILED,
@@ -50,6 +48,7 @@ from kvspec.conformance.result import (
 )
 from kvspec.conformance.tiers import TIERS, default_fail_on, tier_of
 from kvspec.conformance.transfer_config import TransferConfig
+from kvspec.conformance.violation import Violation
 from kvspec.profiles import default_profile, profile_settings
 
 MIN_EFFECTIVE_EXAMPLES = 20

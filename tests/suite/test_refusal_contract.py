@@ -3,9 +3,11 @@ a crash on an invalid input is never a pass (issue 28)."""
 
 import pytest
 
-from kvspec.conformance.checks import Context, Violation, expect_refused, judging, refused
+from kvspec.conformance.checks import Context
+from kvspec.conformance.checks.expectations import expect_refused, judging, refused
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import FAILED, PASSED, get_check, run_check
+from kvspec.conformance.violation import Violation
 from kvspec.strategies import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout

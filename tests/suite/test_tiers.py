@@ -7,7 +7,6 @@ import pytest
 
 from kvspec.clauses import all_obligations
 from kvspec.conformance.adapter import Acceptance
-from kvspec.conformance.checks import Violation
 from kvspec.conformance.mutants.routing import ReplicasMergedTwice
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import (
@@ -26,6 +25,7 @@ from kvspec.conformance.tiers import (
     tier_of_obligation,
     violated_obligation,
 )
+from kvspec.conformance.violation import Violation
 from kvspec.strategies import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout

@@ -13,7 +13,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect, expect_refused, fail
+from kvspec.conformance.checks import Context, Example, check
+from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.checks.groups import LOCAL, STATES, _case, _cases, _tp_sizes
 from kvspec.strategies import TransferCase
 from kvspec.topology.block_size import hybrid_block_size

@@ -17,14 +17,8 @@ from typing import Any, overload
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    check,
-    expect_refused,
-    fail,
-    vacuous,
-)
+from kvspec.conformance.checks import Context, Example, check, vacuous
+from kvspec.conformance.checks.expectations import expect_refused, fail
 from kvspec.conformance.checks.payloads import BLOCK_SIZE, inbox
 from kvspec.conformance.checks.routing import case_examples
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup

@@ -17,15 +17,8 @@ from typing import Any, cast
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    check,
-    expect_refused,
-    fail,
-    within_domain,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check, within_domain
+from kvspec.conformance.checks.expectations import expect_refused, fail
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.descriptors import (
     DescriptorPlan,

@@ -14,17 +14,8 @@ from typing import Any, cast
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    changed_values,
-    check,
-    expect,
-    expect_refused,
-    fail,
-    vacuous,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
+from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused, fail
 from kvspec.conformance.transfer_config import TransferConfig, handed
 from kvspec.strategies import TP_SIZES, TransferCase
 from kvspec.tensors.dtypes import bits_view

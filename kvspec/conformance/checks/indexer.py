@@ -13,16 +13,8 @@ from typing import Any, cast
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    changed_values,
-    check,
-    expect,
-    expect_refused,
-    vacuous,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
+from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused
 from kvspec.conformance.transfer_config import handed
 from kvspec.strategies import TP_SIZES, TransferCase
 from kvspec.topology.group_plan import plan_groups

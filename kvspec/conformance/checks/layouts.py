@@ -14,16 +14,8 @@ import torch
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    check,
-    expect,
-    expect_refused,
-    fail,
-    vacuous,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
+from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.cache_layout import (
     PRESETS,

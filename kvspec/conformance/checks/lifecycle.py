@@ -18,7 +18,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvspec.conformance.checks import Context, Example, check, fail, refused
+from kvspec.conformance.checks import Context, Example, check
+from kvspec.conformance.checks.expectations import fail, refused
 from kvspec.lifecycle.machine import Lifecycle, LifecycleError, LifecycleRefusal
 
 POOL = 12

@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from kvspec.conformance.checks import Context, Example, check, expect, expect_refused, fail
+from kvspec.conformance.checks import Context, Example, check
+from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.checks.transfer import (
     TENSOR_PINS,
     TENSOR_WEIGHT,

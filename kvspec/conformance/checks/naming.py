@@ -13,16 +13,8 @@ from contextlib import suppress
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    check,
-    expect,
-    expect_refused,
-    fail,
-    refusal_types,
-    within_domain,
-)
+from kvspec.conformance.checks import Context, Example, check, within_domain
+from kvspec.conformance.checks.expectations import expect, expect_refused, fail, refusal_types
 from kvspec.conformance.checks.routing import (
     ROUTING_PINS,
     case_examples,

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, OutsideDomain, check, expect, fail
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check
+from kvspec.conformance.checks.expectations import expect, fail
 from kvspec.strategies import TP_SIZES, cp_rules, head_counts_for
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership

@@ -17,13 +17,8 @@ from typing import Any, overload
 
 import torch
 
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    check,
-    expect_refused,
-    fail,
-)
+from kvspec.conformance.checks import Context, Example, check
+from kvspec.conformance.checks.expectations import expect_refused, fail
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
 from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.paged import blocks_needed

@@ -13,15 +13,8 @@ import torch
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    check,
-    expect,
-    expect_refused,
-    fail,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check
+from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.checks.layouts import (
     _cache_examples,
     _describe,

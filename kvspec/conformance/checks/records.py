@@ -13,15 +13,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    check,
-    expect,
-    expect_refused,
-    fail,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check
+from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.records import (
     ORACLE_FIELDS,

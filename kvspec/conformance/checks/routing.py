@@ -11,16 +11,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    check,
-    expect,
-    fail,
-    refused,
-    within_domain,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check, within_domain
+from kvspec.conformance.checks.expectations import expect, fail, refused
 from kvspec.conformance.tiers import DIFFERS
 from kvspec.strategies import TransferCase
 from kvspec.topology.model import ModelShape

@@ -14,15 +14,8 @@ import torch
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    check,
-    expect,
-    expect_refused,
-    fail,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check
+from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.memory.cache_layout import CacheShape, LayerCache, empty_cache, field_views, get_layout
 from kvspec.memory.records import ORACLE_FIELDS, record_fill
 from kvspec.tensors.dtypes import bits_view

@@ -18,7 +18,8 @@ import torch
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, expect_refused
+from kvspec.conformance.checks import Context, Example, check
+from kvspec.conformance.checks.expectations import expect_refused
 from kvspec.conformance.checks.transfer import (
     FP8_PINS,
     TENSOR_PINS,

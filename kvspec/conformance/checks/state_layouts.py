@@ -15,15 +15,8 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import (
-    Context,
-    Example,
-    OutsideDomain,
-    check,
-    expect,
-    expect_refused,
-    fail,
-)
+from kvspec.conformance.checks import Context, Example, OutsideDomain, check
+from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.checks.groups import STATES, _hybrid, _tp_sizes
 from kvspec.memory.presets import STATE_PRESETS
 from kvspec.memory.state_cache import StatePage, element_offset, state_page

@@ -13,7 +13,8 @@ import random
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, check, fail, vacuous
+from kvspec.conformance.checks import Context, Example, check, vacuous
+from kvspec.conformance.checks.expectations import fail
 from kvspec.conformance.checks.payloads import inbox
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
 from kvspec.conformance.tiers import BREAKS

@@ -22,7 +22,8 @@ import torch
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter, provided_capabilities
-from kvspec.conformance.checks import Context, Example, check, expect, fail, within_domain
+from kvspec.conformance.checks import Context, Example, check, within_domain
+from kvspec.conformance.checks.expectations import expect, fail
 from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples, policy_in_domain
 from kvspec.conformance.checks.routing import spec_plan as _spec_plan
 from kvspec.conformance.tiers import BREAKS
