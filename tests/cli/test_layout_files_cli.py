@@ -14,24 +14,9 @@ from kvspec.cli import main as kvspec_main
 from kvspec.memory.layout_files import layout_to_data
 from kvspec.memory.presets import PRESETS
 from sim.cli import main as sim_main
+from tests.user_layouts import engine_hnd
 
-LAYOUT: dict[str, Any] = {
-    "kind": "cache",
-    "name": "cli_engine_hnd",
-    "shape": "[num_blocks, heads, block_size, 2*head_dim] (K | V in the last axis)",
-    "axes": ["blocks", "heads", "slots", "dim"],
-    "logical": ["blocks", "slots", "heads", "dim"],
-    "kv_tensors": 2,
-    "tuple_form": False,
-    "record": [{"name": "k"}, {"name": "v"}],
-    "source": {
-        "project": "an-engine",
-        "file": "engine/cache.py: allocate_kv",
-        "version": "2.1",
-        "confirmed": "K then V in the last axis, heads outside block slots",
-        "unconfirmed": "the page padding",
-    },
-}
+LAYOUT: dict[str, Any] = engine_hnd("cli_engine_hnd")
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ from kvspec.memory.layout_model import (
 from kvspec.memory.presets import LAYOUT_PRESETS, PRESETS, STATE_LAYOUT_PRESETS
 from kvspec.memory.state_cache import get_state_layout
 from kvspec.tensors.dtype_names import DTYPE_NAMES
+from tests.user_layouts import engine_hnd
 
 FROZEN = Path(__file__).parent / "fixtures" / "presets_before_files.json"
 """dataclasses.asdict of every preset at fc2919a, before the presets were files."""
@@ -126,22 +127,7 @@ def test_the_schema_and_the_reader_name_the_same_fields_and_values() -> None:
     assert [f.name for f in dataclasses.fields(Field)] == list(layout_files.RECORD_FIELDS)
 
 
-USER: dict[str, Any] = {
-    "kind": "cache",
-    "name": "spec_user_hnd",
-    "shape": "[num_blocks, heads, block_size, 2*head_dim] (K | V in the last axis)",
-    "axes": ["blocks", "heads", "slots", "dim"],
-    "logical": ["blocks", "slots", "heads", "dim"],
-    "kv_tensors": 2,
-    "tuple_form": False,
-    "record": [{"name": "k"}, {"name": "v"}],
-    "source": {
-        "project": "an-engine",
-        "file": "engine/cache.py: allocate_kv",
-        "version": "1.0",
-        "confirmed": "K then V in the last axis; heads outside slots",
-    },
-}
+USER: dict[str, Any] = engine_hnd("spec_user_hnd")
 
 
 def test_a_user_file_reads_back_as_written(tmp_path: Path) -> None:
@@ -158,7 +144,11 @@ def test_a_user_file_reads_back_as_written(tmp_path: Path) -> None:
         record=(Field("k"), Field("v")),
         logical=("blocks", "slots", "heads", "dim"),
         source=Source(
-            "an-engine", "engine/cache.py: allocate_kv", "1.0", USER["source"]["confirmed"]
+            "an-engine",
+            "engine/cache.py: allocate_kv",
+            "2.1",
+            "K then V in the last axis, heads outside block slots",
+            "the page padding",
         ),
     )
     assert layout.stride_order == (0, 2, 1, 3) and layout.packed
