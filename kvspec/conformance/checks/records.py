@@ -66,6 +66,17 @@ def _record_regions(draw: st.DrawFn, adapter: Adapter) -> Example:
         layout, draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
     )
 
+    return draw_region(
+        draw, layout, model, st.one_of(st.integers(0, 2**31), st.integers(2**31, 2**40))
+    )
+
+
+def draw_region(
+    draw: st.DrawFn, layout: str, model: ModelShape, seeds: st.SearchStrategy[int]
+) -> Example:
+    """A region of one request of ``model`` in ``layout``: a request id, a seed drawn from
+    ``seeds`` and a non-empty range of tokens, layers and heads [ORACLE-4, ORACLE-6]."""
+
     def sub(n: int) -> list[int]:
         start = draw(st.integers(0, n - 1))
         return [start, draw(st.integers(start + 1, n))]
@@ -77,7 +88,7 @@ def _record_regions(draw: st.DrawFn, adapter: Adapter) -> Example:
         "tokens": sub(draw(st.integers(1, 8)) + 4),
         "layers": sub(model.num_layers),
         "heads": sub(model.num_kv_heads),
-        "seed": draw(st.one_of(st.integers(0, 2**31), st.integers(2**31, 2**40))),
+        "seed": draw(seeds),
     }
 
 

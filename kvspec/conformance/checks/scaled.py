@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
+from kvspec.conformance.checks.layouts import _shape_dict
+from kvspec.conformance.checks.records import draw_region
 from kvspec.memory.cache_layout import CacheShape, LayerCache, empty_cache, field_views, get_layout
 from kvspec.memory.records import ORACLE_FIELDS, record_fill
 from kvspec.tensors.dtypes import bits_view
@@ -58,19 +60,9 @@ def _scaled_caches(draw: st.DrawFn, adapter: Adapter) -> Example:
     )
     return {
         "layout": layout,
-        "shape": _shape(shape),
+        "shape": _shape_dict(shape),
         "dtype": _dtype(adapter, layout),
         "seed": draw(st.integers(0, 2**16)),
-    }
-
-
-def _shape(shape: CacheShape) -> dict[str, int]:
-    return {
-        "kv": shape.kv,
-        "num_blocks": shape.num_blocks,
-        "block_size": shape.block_size,
-        "heads": shape.heads,
-        "head_dim": shape.head_dim,
     }
 
 
@@ -97,13 +89,13 @@ def _what(example: Example) -> str:
 _READ_PINS: tuple[Example, ...] = (
     {
         "layout": "vllm_nvfp4_hnd",
-        "shape": _shape(CacheShape(2, 2, 8, 2, 64)),
+        "shape": _shape_dict(CacheShape(2, 2, 8, 2, 64)),
         "dtype": "bfloat16",
         "seed": 3,
     },
     {
         "layout": "sglang_mxfp8",
-        "shape": _shape(CacheShape(2, 2, 128, 2, 128)),
+        "shape": _shape_dict(CacheShape(2, 2, 128, 2, 128)),
         "dtype": "float8_e4m3fn",
         "seed": 4,
     },
@@ -260,19 +252,7 @@ def _scaled_regions(draw: st.DrawFn, adapter: Adapter) -> Example:
         dtype=_dtype(adapter, layout),
     )
 
-    def sub(n: int) -> list[int]:
-        start = draw(st.integers(0, n - 1))
-        return [start, draw(st.integers(start + 1, n))]
-
-    return {
-        "layout": layout,
-        "model": model.to_dict(),
-        "request_id": draw(st.text("abc-_0123456789", min_size=1, max_size=8)),
-        "tokens": sub(draw(st.integers(1, 8)) + 4),
-        "layers": sub(model.num_layers),
-        "heads": sub(model.num_kv_heads),
-        "seed": draw(st.integers(0, 2**33)),
-    }
+    return draw_region(draw, layout, model, st.integers(0, 2**33))
 
 
 def _fp4_rule(name: str, want: torch.Tensor, have: torch.Tensor) -> str:
