@@ -6,6 +6,7 @@ vectors and tests — read from the registries themselves, so the map cannot rot
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from collections import Counter
@@ -36,7 +37,10 @@ class FamilyMap:
 
 
 def _path(module: str) -> str:
-    return module.replace(".", "/") + ".py"
+    """The file of ``module`` in the repository: a package's is its ``__init__.py``."""
+    spec = importlib.util.find_spec(module)
+    package = spec is not None and spec.submodule_search_locations is not None
+    return module.replace(".", "/") + ("/__init__.py" if package else ".py")
 
 
 def _family(clause_or_obligation: str) -> str:

@@ -27,14 +27,8 @@ from kvspec.tensors.slicing import HeadSlice
 from kvspec.topology.groups import KINDS, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from kvspec.transport.payload import (
-    _META_KEYS,
-    _META_OPTIONAL,
-    _TOP_KEYS,
-    CACHE_FIELDS,
-    Chunk,
-    Payload,
-)
+from kvspec.transport.payload import CACHE_FIELDS, Chunk, Payload
+from kvspec.transport.payload.form import _META_KEYS, _META_OPTIONAL, _TOP_KEYS
 from kvspec.transport.wire import WireError
 from sim import group_messages, messages
 from sim.config import SimConfig
