@@ -180,6 +180,8 @@ def test_every_relative_link_reaches_its_file_and_anchor(page: str) -> None:
         linked = (path.parent / file).resolve() if file else path
         if not linked.exists():
             broken.append(f"{target}: no such file")
+        elif linked.is_dir():  # mkdocs --strict refuses a link to a folder (make docs)
+            broken.append(f"{target}: a folder, not a file")
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{target}: no such heading in {linked.relative_to(ROOT)}")
     assert not broken, f"{page}: " + "; ".join(broken)
