@@ -27,7 +27,8 @@ import sys
 from types import SimpleNamespace
 
 import _cpu  # noqa: F401  (torchvision stand-in on CPU-only machines)
-from sglang.srt.disaggregation.common.conn import CommonKVManager, PrefillServerInfo
+from _mapping import resolve
+from sglang.srt.disaggregation.common.conn import CommonKVManager
 from sglang.srt.distributed.utils import get_pp_indices
 
 V = 1000  # the V buffer of layer l is V + l; the K buffer is l
@@ -41,27 +42,13 @@ def writes(prefill: list[list[int]], decode: list[list[int]]) -> dict[str, list[
     """Decode buffer -> the prefill buffers SGLang writes into it."""
     got: dict[str, list[str]] = {}
     for pp_rank, decode_layers in enumerate(decode):
-        me = SimpleNamespace(
-            is_mla_backend=False,
-            is_hybrid_mla_backend=False,
-            attn_tp_size=1,
-            kv_args=SimpleNamespace(engine_rank=0),
-            attn_cp_size=1,
-            attn_cp_rank=0,
-            enable_all_cp_ranks_for_transfer=False,
-            pp_size=len(decode),
-            pp_rank=pp_rank,
+        info = resolve(
+            prefill_tp=1,
+            decode_tp=1,
+            prefill_pp=len(prefill),
+            decode_pp=len(decode),
+            decode_pp_rank=pp_rank,
         )
-        info = PrefillServerInfo(
-            attn_tp_size=1,
-            attn_cp_size=1,
-            dp_size=1,
-            pp_size=len(prefill),
-            page_size=16,
-            kv_cache_dtype="auto",
-            follow_bootstrap_room=True,
-        )
-        CommonKVManager._resolve_rank_mapping(me, info)
         for src_pp in info.target_pp_ranks:
             layers = prefill[src_pp]
             stage = SimpleNamespace(kv_args=SimpleNamespace(prefill_start_layer=layers[0]))

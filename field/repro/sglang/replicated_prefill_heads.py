@@ -13,34 +13,13 @@ Run with sglang==0.5.23 importable; exits 1 while the defect is there.
 """
 
 import sys
-from types import SimpleNamespace
 
 import _cpu  # noqa: F401  (torchvision stand-in on CPU-only machines)
-from sglang.srt.disaggregation.common.conn import CommonKVManager, PrefillServerInfo
+from _mapping import resolve
 from sglang.srt.disaggregation.common.staging_buffer import compute_head_slice_params
 
 PREFILL_TP, DECODE_TP, KV_HEADS = 4, 2, 2
-decode = SimpleNamespace(
-    is_mla_backend=False,
-    is_hybrid_mla_backend=False,
-    attn_tp_size=DECODE_TP,
-    kv_args=SimpleNamespace(engine_rank=0),
-    attn_cp_size=1,
-    attn_cp_rank=0,
-    enable_all_cp_ranks_for_transfer=False,
-    pp_size=1,
-    pp_rank=0,
-)
-info = PrefillServerInfo(
-    attn_tp_size=PREFILL_TP,
-    attn_cp_size=1,
-    dp_size=1,
-    pp_size=1,
-    page_size=16,
-    kv_cache_dtype="auto",
-    follow_bootstrap_room=True,
-)
-CommonKVManager._resolve_rank_mapping(decode, info)
+info = resolve(prefill_tp=PREFILL_TP, decode_tp=DECODE_TP)
 writes = {}
 for src in info.target_tp_ranks:
     _, count, dst_head, _ = compute_head_slice_params(PREFILL_TP, DECODE_TP, src, 0, KV_HEADS)

@@ -157,13 +157,25 @@ PAGED_PINS = (
 )
 
 
-@check(
+def _paged_check(
+    clause: str, slug: str, title: str, *, covers: tuple[str, ...]
+) -> Callable[[Callable[[Context, Example], None]], Callable[[Context, Example], None]]:
+    """A check over the paged examples: the pins, then drawn ones [PAGED-1..4]."""
+    return check(
+        clause,
+        slug,
+        title,
+        needs=("paged",),
+        strategy=paged_examples,
+        examples=PAGED_PINS,
+        covers=covers,
+    )
+
+
+@_paged_check(
     "PAGED-1",
     "gather",
     "a request is gathered from its blocks, in block-table order, with the cache's scales",
-    needs=("paged",),
-    strategy=paged_examples,
-    examples=PAGED_PINS,
     covers=("PAGED-1.1", "PAGED-4.1"),
 )
 def gather(ctx: Context, example: Example) -> None:
@@ -200,13 +212,10 @@ def gather(ctx: Context, example: Example) -> None:
         )
 
 
-@check(
+@_paged_check(
     "PAGED-4",
     "scatter-across-block-sizes",
     "a request scattered into another layout and block size lands in its slots only",
-    needs=("paged",),
-    strategy=paged_examples,
-    examples=PAGED_PINS,
     covers=("PAGED-1.1", "PAGED-1.2", "PAGED-4.2"),
 )
 def scatter(ctx: Context, example: Example) -> None:
@@ -321,26 +330,20 @@ def _table_refusals(ctx: Context, example: Example, kinds: tuple[str, ...]) -> N
         )
 
 
-@check(
+@_paged_check(
     "PAGED-2",
     "refuses-bad-ids",
     "ids out of range, negative, repeated or not integers are refused; nothing is written",
-    needs=("paged",),
-    strategy=paged_examples,
-    examples=PAGED_PINS,
     covers=("PAGED-2.1", "PAGED-2.2", "PAGED-2.3", "PAGED-2.4", "PAGED-4.3"),
 )
 def refuses_bad_ids(ctx: Context, example: Example) -> None:
     _table_refusals(ctx, example, ("past-end", "negative", "duplicate", "not-integer"))
 
 
-@check(
+@_paged_check(
     "PAGED-3",
     "refuses-wrong-count",
     "exactly the blocks seq_len needs; nothing is written otherwise",
-    needs=("paged",),
-    strategy=paged_examples,
-    examples=PAGED_PINS,
     covers=("PAGED-3.1", "PAGED-3.2", "PAGED-4.3"),
 )
 def refuses_wrong_count(ctx: Context, example: Example) -> None:
@@ -367,13 +370,10 @@ def _misfit(kv: RequestKV, misfit: str, model: ModelShape) -> RequestKV:
     return RequestKV(data.view(other) if same else data.to(other), fp8_scales)
 
 
-@check(
+@_paged_check(
     "PAGED-4",
     "refuses-mismatched-kv",
     "KV that does not fit the cache (layers, heads, head_dim, dtype) is refused, unwritten",
-    needs=("paged",),
-    strategy=paged_examples,
-    examples=PAGED_PINS,
     covers=("PAGED-4.4", "PAGED-4.3"),
 )
 def refuses_mismatched_kv(ctx: Context, example: Example) -> None:

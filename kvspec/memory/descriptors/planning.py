@@ -55,6 +55,14 @@ def _check_same_information(source: RegisteredCache, target: RegisteredCache) ->
         )
 
 
+def _block_ids(cache: RegisteredCache, ids: Sequence[int], slots: int) -> torch.Tensor:
+    """A side's block table, checked against its cache and the slots it must hold [PAGED-2]."""
+    checked = check_block_ids(
+        ids, num_blocks=cache.num_blocks, block_size=cache.block_size, seq_len=slots
+    )
+    return torch.tensor(checked, dtype=torch.int64)
+
+
 def _atoms(
     plan: TransferPlan,
     edge: Edge,
@@ -77,24 +85,8 @@ def _atoms(
                 f"layers {owner.layers} [DESC-1]"
             )
     _check_same_information(source, target)
-    src_ids = torch.tensor(
-        check_block_ids(
-            source_ids,
-            num_blocks=source.num_blocks,
-            block_size=source.block_size,
-            seq_len=share.source_slots,
-        ),
-        dtype=torch.int64,
-    )
-    dst_ids = torch.tensor(
-        check_block_ids(
-            target_ids,
-            num_blocks=target.num_blocks,
-            block_size=target.block_size,
-            seq_len=share.target_slots,
-        ),
-        dtype=torch.int64,
-    )
+    src_ids = _block_ids(source, source_ids, share.source_slots)
+    dst_ids = _block_ids(target, target_ids, share.target_slots)
     layers_src = _local(src_owner.layers, edge.layers, "layers").view(-1, 1, 1)
     layers_dst = _local(dst_owner.layers, edge.layers, "layers").view(-1, 1, 1)
     heads_src = _local(src_owner.heads, edge.heads, "heads").view(1, 1, -1)
