@@ -11,7 +11,9 @@ from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from sim.accounting import BY_REQUEST
+from sim.cluster import run_simulation
 from sim.config import SimConfig
+from sim.faults import parse_faults
 from sim.report import SimReport
 from tests.strategies import cache_side, shortest_request
 
@@ -55,6 +57,25 @@ def assert_booked_alike(report: SimReport, kind: str, seed: int) -> None:
         assert set(observed) == set(injected), seed
     else:
         assert sorted(observed) == sorted(injected), seed
+
+
+def faulted_run(kind: str, seed: int, **overrides: Any) -> SimReport:
+    """Four TP2 -> TP2 requests of 3..8 tokens in one process under fault ``kind`` alone
+    (its :data:`FAULT_SPECS` rate) and ``seed``, its books checked key by key
+    [sim.accounting]."""
+    config = small_run(
+        (StageLayout(2), StageLayout(2)),
+        MHA,
+        requests=4,
+        seq_len=(3, 8),
+        transport="inproc",
+        faults=parse_faults(FAULT_SPECS[kind]),
+        seed=seed,
+        **overrides,
+    )
+    report = run_simulation(config)
+    assert_booked_alike(report, kind, seed)
+    return report
 
 
 def assert_all_verified(report: SimReport) -> None:

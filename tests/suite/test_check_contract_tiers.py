@@ -10,28 +10,7 @@ from kvspec.strategies import TransferCase
 from kvspec.tensors.reshard import RequestKV
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-
-REPLICATED = TransferCase(StageLayout(4), StageLayout(2), ModelShape(2, 2, 2)).to_dict()
-"""TP4 -> TP2 with 2 heads: each head on two source replicas (ranks 0, 1 hold head 0)."""
-
-
-def _holders(case, dst):
-    receiver = case.owner("target", dst)
-    return [
-        src
-        for src in case.source.ranks()
-        if set(case.owner("source", src).heads) & set(receiver.heads)
-        and set(case.owner("source", src).layers) & set(receiver.layers)
-    ]
-
-
-class EveryReplicaSends(ReferenceAdapter):
-    """Every replica holding a receiver's heads sends them (SGLang's window), declared."""
-
-    replicas_write = "every"
-
-    def sources(self, case, dst):
-        return _holders(case, dst)
+from tests.suite.replicas import REPLICATED, EveryReplicaSends, holders
 
 
 class EveryReplicaSendsUndeclared(EveryReplicaSends):
@@ -78,7 +57,7 @@ def test_named_policy_missing_rule_sender_declared_is_corrupts() -> None:
         """Sends from the second replica only: the rule's sender is missing."""
 
         def sources(self, case, dst):
-            return _holders(case, dst)[1:]
+            return holders(case, dst)[1:]
 
     result = _named_policy(OtherReplicaOnly())
     assert (result.verdict, result.tier) == (FAILED, "corrupts")

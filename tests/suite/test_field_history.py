@@ -104,21 +104,24 @@ def test_a_failure_is_in_scope_when_it_meets_any_condition() -> None:
 
 # --- the judgement -----------------------------------------------------------------------
 
+REPLAY = {"check": "PLAN-2/exact-cover", "why": "the thread's", "example": TP4_TO_TP2}
+BUGGY_WITH_REPLAY = [
+    conform_report(failed("PLAN-2/exact-cover", "corrupts", TP4_TO_TP2)),
+    conform_report(failed("PLAN-2/exact-cover", "corrupts", TP4_TO_TP2)),
+]
+"""The buggy release fails in scope, in its suite run and in the replay of :data:`REPLAY`."""
+
 
 def test_the_buggy_release_failing_in_scope_and_the_fixed_passing_is_caught(
     tmp_path: Path,
 ) -> None:
-    replay = {"check": "PLAN-2/exact-cover", "why": "the thread's", "example": TP4_TO_TP2}
-    b = bug("b", replays=[replay])
+    b = bug("b", replays=[REPLAY])
     other_bug = {**TP4_TO_TP2, "source": {"tp": 1}, "target": {"tp": 2}}  # out of scope
     run = write_run(
         tmp_path,
         "b",
         {
-            "buggy": [
-                conform_report(failed("PLAN-2/exact-cover", "corrupts", TP4_TO_TP2)),
-                conform_report(failed("PLAN-2/exact-cover", "corrupts", TP4_TO_TP2)),
-            ],
+            "buggy": BUGGY_WITH_REPLAY,
             "fixed": [
                 conform_report(failed("PLAN-2/exact-cover", "corrupts", other_bug)),
                 conform_report(passed("PLAN-2/exact-cover")),
@@ -187,20 +190,16 @@ def test_a_release_that_could_not_run_makes_the_bug_not_run(tmp_path: Path) -> N
 
 
 def test_a_fixed_release_whose_replay_does_not_pass_does_not_pass(tmp_path: Path) -> None:
-    replay = {"check": "PLAN-2/exact-cover", "why": "the thread's", "example": TP4_TO_TP2}
     inconclusive = {"check": "PLAN-2/exact-cover", "verdict": "inconclusive"}
     run = write_run(
         tmp_path,
         "b",
         {
-            "buggy": [
-                conform_report(failed("PLAN-2/exact-cover", "corrupts", TP4_TO_TP2)),
-                conform_report(failed("PLAN-2/exact-cover", "corrupts", TP4_TO_TP2)),
-            ],
+            "buggy": BUGGY_WITH_REPLAY,
             "fixed": [conform_report(passed("PLAN-2/exact-cover")), conform_report(inconclusive)],
         },
     )
-    [judged] = fh.judge_history({"b": bug("b", replays=[replay])}, run, tmp_path)
+    [judged] = fh.judge_history({"b": bug("b", replays=[REPLAY])}, run, tmp_path)
     assert judged.sides["fixed"].verdict == fh.INCOMPLETE
     assert judged.verdict == fh.NOT_RUN
 

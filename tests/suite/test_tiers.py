@@ -29,10 +29,9 @@ from kvspec.conformance.violation import Violation
 from kvspec.strategies import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from tests.suite.replicas import REPLICATED, EveryReplicaSends
 
 OBLIGATIONS = all_obligations()
-REPLICATED = TransferCase(StageLayout(4), StageLayout(2), ModelShape(2, 2, 2)).to_dict()
-"""TP4 -> TP2 with 2 heads: each head on two source replicas."""
 
 
 def test_tiers_most_severe_first() -> None:
@@ -86,24 +85,8 @@ def test_parse_tiers() -> None:
     assert default_fail_on("my_adapter:adapter") == ("corrupts", "breaks")
 
 
-class EveryReplicaWrites(ReferenceAdapter):
-    """SGLang's choice: every replica of a replicated head sends it (identical bytes) and
-    the receiver counts them; declared as replicas_write='every'."""
-
-    replicas_write = "every"
-
-    def sources(self, case, dst):
-        receiver = case.owner("target", dst)
-        return [
-            src
-            for src in case.source.ranks()
-            if set(case.owner("source", src).heads) & set(receiver.heads)
-            and set(case.owner("source", src).layers) & set(receiver.layers)
-        ]
-
-
 def test_every_replica_writing_is_differs_when_declared() -> None:
-    result = run_check(get_check("PLAN-2/exact-cover"), EveryReplicaWrites(), replay=REPLICATED)
+    result = run_check(get_check("PLAN-2/exact-cover"), EveryReplicaSends(), replay=REPLICATED)
     assert result.verdict == FAILED
     assert result.tier == "differs"
     assert result.obligation == "PLAN-2.2"
@@ -207,4 +190,4 @@ def test_an_adapter_with_an_unknown_replicas_write_is_refused_at_load() -> None:
 
     with pytest.raises(AdapterError, match=r"replicas_write must be one of \('one', 'every'\)"):
         check_adapter(Some(), where="test")
-    check_adapter(EveryReplicaWrites(), where="test")
+    check_adapter(EveryReplicaSends(), where="test")
