@@ -14,13 +14,41 @@ from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.conformance.vectors.tokens import TOKEN_LAYOUTS
 from kvspec.tensors.dtypes import bits_view
+from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv
 from kvspec.topology.model import ModelShape
 from kvspec.topology.tokens import Tokens
 
 
+def _case(
+    tensors: Tensors,
+    key: str,
+    clauses: list[str],
+    model: ModelShape,
+    request_id: str,
+    seed: int,
+    region: dict[str, Any],
+    kv: RequestKV,
+) -> Case:
+    """The case ``key``: the fill of ``region``, its tensors stored in ``tensors``."""
+    tensors[f"{key}/data"] = kv.data
+    if kv.scales is not None:
+        tensors[f"{key}/scales"] = kv.scales
+    return {
+        "id": key,
+        "clauses": clauses,
+        "model": model.to_dict(),
+        "request_id": request_id,
+        "seed": seed,
+        "region": region,
+        "data": f"{key}/data",
+        "scales": f"{key}/scales" if kv.scales is not None else None,
+    }
+
+
 def export(rng: random.Random) -> tuple[list[Case], Tensors]:
-    cases, tensors = [], {}
+    cases: list[Case] = []
+    tensors: Tensors = {}
     for i, dtype in enumerate(
         ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"] * 2
     ):
@@ -34,21 +62,9 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
         region = {"tokens": [2, 9], "layers": [1, 3], "heads": [0, model.num_kv_heads]}
         ranges: dict[str, Any] = {k: range(*v) for k, v in region.items()}
         kv = oracle_kv(model, request_id, seed=seed, **ranges)
-        key = f"oracle-{i:03d}"
-        tensors[f"{key}/data"] = kv.data
-        if kv.scales is not None:
-            tensors[f"{key}/scales"] = kv.scales
+        clauses = ["ORACLE-1", "ORACLE-2", "ORACLE-3", "ORACLE-4"]
         cases.append(
-            {
-                "id": key,
-                "clauses": ["ORACLE-1", "ORACLE-2", "ORACLE-3", "ORACLE-4"],
-                "model": model.to_dict(),
-                "request_id": request_id,
-                "seed": seed,
-                "region": region,
-                "data": f"{key}/data",
-                "scales": f"{key}/scales" if kv.scales is not None else None,
-            }
+            _case(tensors, f"oracle-{i:03d}", clauses, model, request_id, seed, region, kv)
         )
     for i, (layout, _) in enumerate(TOKEN_LAYOUTS[:6], len(cases)):
         # a context-parallel rank's token set: its k-th entry is its k-th token [ORACLE-4]
@@ -56,21 +72,10 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
         tokens = layout.rule.tokens(1, layout.token_shards, 37)
         request_id, seed = f"req_{i}-cp", rng.randrange(2**31)
         kv = oracle_kv(model, request_id, seed=seed, tokens=tokens, layers=range(2))
-        key = f"oracle-{i:03d}"
-        tensors[f"{key}/data"] = kv.data
-        if kv.scales is not None:
-            tensors[f"{key}/scales"] = kv.scales
+        region = {"tokens": tokens.to_list(), "layers": [0, 2], "heads": [0, 2]}
+        clauses = ["ORACLE-1", "ORACLE-4", "CP-1"]
         cases.append(
-            {
-                "id": key,
-                "clauses": ["ORACLE-1", "ORACLE-4", "CP-1"],
-                "model": model.to_dict(),
-                "request_id": request_id,
-                "seed": seed,
-                "region": {"tokens": tokens.to_list(), "layers": [0, 2], "heads": [0, 2]},
-                "data": f"{key}/data",
-                "scales": f"{key}/scales" if kv.scales is not None else None,
-            }
+            _case(tensors, f"oracle-{i:03d}", clauses, model, request_id, seed, region, kv)
         )
     return cases, tensors
 

@@ -22,57 +22,47 @@ def _span(r: range) -> list[int]:
     return [r.start, r.stop]
 
 
+_FIRST_RELEASE = ["STAGE-1", "HEAD-1", "HEAD-2", "HEAD-3", "LAYER-1", "LAYER-2"]
+_PARALLEL = ["STAGE-1", "STAGE-2", "HEAD-1", "HEAD-2", "HEAD-3", "CP-3"]
+
+
+def _case(key: str, clauses: list[str], layout: StageLayout, model: ModelShape) -> Case:
+    """What each rank of ``layout`` owns of ``model``."""
+    return {
+        "id": key,
+        "clauses": clauses,
+        "layout": layout.to_dict(),
+        "model": model.to_dict(),
+        "ranks": [
+            {
+                "rank": r.rank,
+                "pp_rank": r.pp_rank,
+                "tp_rank": r.tp_rank,
+                "heads": _span(r.heads),
+                "layers": _span(r.layers),
+            }
+            for r in stage_ownership(layout, model)
+        ],
+    }
+
+
 def export(rng: random.Random) -> tuple[list[Case], Tensors]:
-    cases = []
-    for i, case in enumerate([*PINNED, *sample_cases(rng, 30, max_layers=64)]):
-        for side, layout in (("source", case.source), ("target", case.target)):
-            cases.append(
-                {
-                    "id": f"ownership-{i:03d}-{side}",
-                    "clauses": ["STAGE-1", "HEAD-1", "HEAD-2", "HEAD-3", "LAYER-1", "LAYER-2"],
-                    "layout": layout.to_dict(),
-                    "model": case.model.to_dict(),
-                    "ranks": [
-                        {
-                            "rank": r.rank,
-                            "pp_rank": r.pp_rank,
-                            "tp_rank": r.tp_rank,
-                            "heads": _span(r.heads),
-                            "layers": _span(r.layers),
-                        }
-                        for r in stage_ownership(layout, case.model)
-                    ],
-                }
-            )
+    cases = [
+        _case(f"ownership-{i:03d}-{side}", _FIRST_RELEASE, layout, case.model)
+        for i, case in enumerate([*PINNED, *sample_cases(rng, 30, max_layers=64)])
+        for side, layout in (("source", case.source), ("target", case.target))
+    ]
     return cases + _parallel_cases(len(PINNED) + 30), {}
 
 
 def _parallel_cases(start: int) -> list[Case]:
     """Ownership of layouts with attention groups and token shards [STAGE-2, CP-3]."""
-    cases = []
-    for i, case in enumerate(PARALLEL, start):
-        for side, layout in (("source", case.source), ("target", case.target)):
-            if layout.first_release:
-                continue
-            cases.append(
-                {
-                    "id": f"ownership-{i:03d}-{side}",
-                    "clauses": ["STAGE-1", "STAGE-2", "HEAD-1", "HEAD-2", "HEAD-3", "CP-3"],
-                    "layout": layout.to_dict(),
-                    "model": case.model.to_dict(),
-                    "ranks": [
-                        {
-                            "rank": r.rank,
-                            "pp_rank": r.pp_rank,
-                            "tp_rank": r.tp_rank,
-                            "heads": _span(r.heads),
-                            "layers": _span(r.layers),
-                        }
-                        for r in stage_ownership(layout, case.model)
-                    ],
-                }
-            )
-    return cases
+    return [
+        _case(f"ownership-{i:03d}-{side}", _PARALLEL, layout, case.model)
+        for i, case in enumerate(PARALLEL, start)
+        for side, layout in (("source", case.source), ("target", case.target))
+        if not layout.first_release
+    ]
 
 
 def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
