@@ -185,9 +185,17 @@ def row_fields(
             f"rows of shape {list(rows.shape)} are not {spec.name} rows of {model.describe()}: "
             f"expected [layers, {model.kv_tensors}, seq, heads, {carrier.head_dim}] [LAYOUT-7]"
         )
+    return split_rows(rows, _rows(spec, model), model)
+
+
+def split_rows(
+    rows: torch.Tensor, order: Sequence[Sequence[Field]], model: ModelShape
+) -> dict[str, torch.Tensor]:
+    """Cut rows ``[layers, kv, seq, heads, row bytes]`` into fields, row ``k`` holding the
+    fields ``order[k]`` back to back, each viewed in its own dtype [LAYOUT-7]."""
     raw = rows.view(torch.uint8)
     out: dict[str, torch.Tensor] = {}
-    for k, row in enumerate(_rows(spec, model)):
+    for k, row in enumerate(order):
         at = 0
         for f in row:
             dtype, _ = f.resolve(model.dtype, model.head_dim)

@@ -17,11 +17,11 @@ import torch
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.memory.cache_layout import get_layout
-from kvspec.memory.layout_model import FIELD_DTYPES
 from kvspec.memory.records import (
     FIELD_TAG,
     ORACLE_FIELDS,
     record_fill,
+    split_rows,
     verify_fields,
 )
 from kvspec.tensors.dtypes import raw_bits
@@ -159,15 +159,7 @@ class RowsReadScaleFirst(ReferenceAdapter):
 
     def record_fields(self, rows, model, layout):
         super().record_fields(rows, model, layout)  # the same refusals
-        raw, out = rows.view(torch.uint8), {}
-        for k, row in enumerate(_scale_first_rows(model, layout)):
-            at = 0
-            for f in row:
-                dtype, _ = f.resolve(model.dtype, model.head_dim)
-                size = f.nbytes(model.dtype, model.head_dim)
-                out[f.name] = raw[:, k, ..., at : at + size].contiguous().view(FIELD_DTYPES[dtype])
-                at += size
-        return out
+        return split_rows(rows, _scale_first_rows(model, layout), model)
 
 
 @mutant("LAYOUT-7.3")
