@@ -377,3 +377,22 @@ def test_from_dict_refuses_invalid_payloads(data, match: str) -> None:
     """PAYLOAD-1 and DTYPE-3: each broken rule is named with its values."""
     with pytest.raises(ValueError, match=match):
         Payload.from_dict(data())
+
+
+def test_with_layers_edits_k_v_and_the_scales_alike() -> None:
+    """``Payload.with_layers`` edits the four per-layer tuples the same way, and leaves
+    the scales of a model without them absent."""
+    for model in (SMALL, SMALL_FP8):
+        _, inbox = _pair_to_rank_0(model)
+        payload = next(iter(inbox.values()))
+        drop = lambda values: tuple(None if i == 1 else t for i, t in enumerate(values))  # noqa: E731
+        edited = payload.with_layers(drop)
+        assert edited.layers == (0,)
+        tuples = ("key_cache", "value_cache", "key_scale", "value_scale")
+        for name in tuples:
+            before, after = getattr(payload, name), getattr(edited, name)
+            if before is None:
+                assert after is None, name
+            else:
+                assert after[1] is None and after[0] is before[0], name
+        assert (payload.key_scale is None) == (model is SMALL)

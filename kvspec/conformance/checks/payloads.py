@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, overload
+from typing import Any
 
 import torch
 
@@ -136,63 +136,20 @@ def _tensors(
 
 def _extra_layer(payload: Payload) -> Payload:
     """``payload`` with one more (absent) layer at the end: num_layers + 1."""
-
-    @overload
-    def grow(values: Layers) -> Layers: ...
-    @overload
-    def grow(values: Layers | None) -> Layers | None: ...
-    def grow(values: Layers | None) -> Layers | None:
-        return None if values is None else (*values, None)
-
-    return replace(
-        payload,
-        key_cache=grow(payload.key_cache),
-        value_cache=grow(payload.value_cache),
-        key_scale=grow(payload.key_scale),
-        value_scale=grow(payload.value_scale),
-    )
+    return payload.with_layers(lambda values: (*values, None))
 
 
 def _without_layer(payload: Payload, layer: int) -> Payload:
-    @overload
-    def drop(values: Layers) -> Layers: ...
-    @overload
-    def drop(values: Layers | None) -> Layers | None: ...
-    def drop(values: Layers | None) -> Layers | None:
-        return (
-            None
-            if values is None
-            else tuple(None if i == layer else t for i, t in enumerate(values))
-        )
-
-    return replace(
-        payload,
-        key_cache=drop(payload.key_cache),
-        value_cache=drop(payload.value_cache),
-        key_scale=drop(payload.key_scale),
-        value_scale=drop(payload.value_scale),
+    return payload.with_layers(
+        lambda values: tuple(None if i == layer else t for i, t in enumerate(values))
     )
 
 
 def _with_layer(payload: Payload, layer: int) -> Payload:
     """``payload`` also carrying ``layer`` (a copy of its first present layer)."""
     first = payload.layers[0]
-
-    @overload
-    def add(values: Layers) -> Layers: ...
-    @overload
-    def add(values: Layers | None) -> Layers | None: ...
-    def add(values: Layers | None) -> Layers | None:
-        if values is None:
-            return None
-        return tuple(values[first] if i == layer else t for i, t in enumerate(values))
-
-    return replace(
-        payload,
-        key_cache=add(payload.key_cache),
-        value_cache=add(payload.value_cache),
-        key_scale=add(payload.key_scale),
-        value_scale=add(payload.value_scale),
+    return payload.with_layers(
+        lambda values: tuple(values[first] if i == layer else t for i, t in enumerate(values))
     )
 
 

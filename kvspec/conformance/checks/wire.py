@@ -17,7 +17,7 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import strategies as st
 
@@ -28,7 +28,7 @@ from kvspec.conformance.checks.payloads import inbox
 from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
 from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.dtypes import DTYPES
-from kvspec.transport.payload import Layers, Payload, payload_equal
+from kvspec.transport.payload import Payload, payload_equal
 from kvspec.transport.wire import DEFAULT_LIMITS, WireError, decode, encode
 
 if TYPE_CHECKING:
@@ -420,23 +420,8 @@ def _address(buffer: Buffer) -> tuple[int, int]:
 
 
 def _contiguous(payload: Payload) -> Payload:
-    @overload
-    def own(values: Layers) -> Layers: ...
-    @overload
-    def own(values: Layers | None) -> Layers | None: ...
-    def own(values: Layers | None) -> Layers | None:
-        return (
-            None
-            if values is None
-            else tuple(None if t is None else t.contiguous().clone() for t in values)
-        )
-
-    return replace(
-        payload,
-        key_cache=own(payload.key_cache),
-        value_cache=own(payload.value_cache),
-        key_scale=own(payload.key_scale),
-        value_scale=own(payload.value_scale),
+    return payload.with_layers(
+        lambda values: tuple(None if t is None else t.contiguous().clone() for t in values)
     )
 
 

@@ -12,7 +12,6 @@ import ast
 import json
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -271,19 +270,10 @@ class DecoderCopies(ReferenceAdapter):
     """Copies each decoded tensor out of its frame (``.clone()``)."""
 
     def decode(self, frames):
-        payload = super().decode(frames)
-
-        def own(values):
-            return (
-                None if values is None else tuple(None if t is None else t.clone() for t in values)
-            )
-
-        return replace(
-            payload,
-            key_cache=own(payload.key_cache),
-            value_cache=own(payload.value_cache),
-            key_scale=own(payload.key_scale),
-            value_scale=own(payload.value_scale),
+        return (
+            super()
+            .decode(frames)
+            .with_layers(lambda values: tuple(None if t is None else t.clone() for t in values))
         )
 
 

@@ -235,17 +235,23 @@ def _record(value: object, at: Where) -> tuple[Field, ...]:
             )
         if "name" not in item:
             raise at.error(f"{here}.name", "is missing")
-        name = _name(item["name"], f"{here}.name", at)
-        dtype = (
-            _choice(item["dtype"], f"{here}.dtype", at, tuple(FIELD_DTYPES))
-            if "dtype" in item
-            else None
-        )
-        width = _width(item["width"], f"{here}.width", at) if "width" in item else None
-        if any(f.name == name for f in fields):
-            raise at.error("record", f"names the field {name!r} twice")
-        fields.append(Field(name, dtype, width))
+        field = _field(item, here, at)
+        if any(f.name == field.name for f in fields):
+            raise at.error("record", f"names the field {field.name!r} twice")
+        fields.append(field)
     return tuple(fields)
+
+
+def _field(item: dict[str, object], here: str, at: Where) -> Field:
+    """A field's name, and its dtype and width where given [LAYOUT-8]."""
+    name = _name(item["name"], f"{here}.name", at)
+    dtype = (
+        _choice(item["dtype"], f"{here}.dtype", at, tuple(FIELD_DTYPES))
+        if "dtype" in item
+        else None
+    )
+    width = _width(item["width"], f"{here}.width", at) if "width" in item else None
+    return Field(name, dtype, width)
 
 
 def _width(value: object, field: str, at: Where) -> int | str:
@@ -325,13 +331,8 @@ def _side(value: object, at: Where) -> tuple[SideField, ...]:
         if not isinstance(item, dict):
             raise at.error(here, f"is a {kind_of(item)}; a side field is an object")
         _fields(item, at, SIDE_FIELDS, ("name", "of", "axes"), "a side field", prefix=here)
-        name = _name(item["name"], f"{here}.name", at)
-        dtype = (
-            _choice(item["dtype"], f"{here}.dtype", at, tuple(FIELD_DTYPES))
-            if "dtype" in item
-            else None
-        )
-        width = _width(item["width"], f"{here}.width", at) if "width" in item else None
+        field = _field(item, here, at)
+        name = field.name
         of = _choice(item["of"], f"{here}.of", at, ("k", "v"))
         plane = _plane(item["axes"], here, at, SIDE_AXES)
         if ("blocks" in plane.axes) == ("tokens" in plane.axes):
@@ -346,7 +347,7 @@ def _side(value: object, at: Where) -> tuple[SideField, ...]:
             raise at.error(f"{here}.name", f"is {name!r}, a field the layout already has")
         out.append(
             SideField(
-                Field(name, dtype, width),
+                field,
                 of,
                 Plane(name, plane.axes, _unit(item, here, at, plane.axes)),
             )

@@ -12,7 +12,7 @@ refused on construction, naming the offending value.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, overload
 
@@ -138,6 +138,17 @@ class Payload:
     @property
     def device(self) -> torch.device:
         return self._first().device
+
+    def with_layers(self, edit: Callable[[Layers], Layers]) -> Payload:
+        """This payload with ``edit`` applied to each per-layer tuple: K, V and, where
+        present, their scales (validated again, as any payload is)."""
+        return replace(
+            self,
+            key_cache=edit(self.key_cache),
+            value_cache=edit(self.value_cache),
+            key_scale=None if self.key_scale is None else edit(self.key_scale),
+            value_scale=None if self.value_scale is None else edit(self.value_scale),
+        )
 
     def tensors(self) -> list[tuple[str, int, torch.Tensor]]:
         """Every present tensor as ``(field, layer, tensor)``, layer by layer."""
