@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.cli import field_report as fr
 from kvspec.cli import main
 from kvspec.cli.field_report import history as fh
+from kvspec.cli.field_report import verdicts as fr
 from tests.paths import ROOT
 from tests.suite.test_field_report import LEDGER, REPORTS
 

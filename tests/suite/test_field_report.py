@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.cli import field_report as fr
 from kvspec.cli import main
+from kvspec.cli.field_report import markdown
+from kvspec.cli.field_report import verdicts as fr
+from kvspec.cli.field_report.json_twin import as_json
 from tests.paths import ROOT
 
 
@@ -208,7 +210,7 @@ TODAY = datetime.date(2026, 12, 1)
 
 def render(ledger=LEDGER, reports=REPORTS, **kw) -> str:
     run = fr.judge(reports, ledger, impacts={"field/impact/alpha.json": IMPACT}, **kw)
-    return fr.render(reports, ledger, run, today=TODAY)
+    return markdown.render(reports, ledger, run, today=TODAY)
 
 
 def section(text: str, title: str) -> str:
@@ -246,7 +248,7 @@ def test_the_headline_counts_reachable_corrupts_and_breaks_one_per_cause() -> No
     assert (pairing.tier, pairing.reachable) == ("corrupts", "yes")
     assert pairing.evidence == "alpha's server_args accept PP2 -> PP1"
     assert run.defects["alpha-outside"].tier == "breaks"  # the ledger's own finding
-    text = fr.render(REPORTS, LEDGER, run, today=TODAY)
+    text = markdown.render(REPORTS, LEDGER, run, today=TODAY)
     top = section(text, "Headline")
     assert "**2 defects** corrupt KV or break a deployment" in top
     assert "1 material, 1 minor" in top
@@ -296,7 +298,7 @@ def test_the_json_twin_has_each_defects_verdict() -> None:
         },
         impacts={"field/impact/alpha.json": IMPACT},
     )
-    data = fr.as_json(REPORTS, run)
+    data = as_json(REPORTS, run)
     assert data["headline"] == ["alpha-outside", "alpha-pairing"]
     assert data["engines"] == {"alpha": "alpha 1.0", "beta": "beta 2.0"}
     pairing = data["defects"]["alpha-pairing"]
@@ -357,7 +359,7 @@ def test_reports_without_tiers_still_render_from_the_ledgers_evidence() -> None:
     assert run.untriaged == []
     assert run.defects["alpha-outside"].headline
     assert "alpha-pairing is open" in run.contradictions[0]  # nothing supports it now
-    text = fr.render(old, ledger, run, today=TODAY)
+    text = markdown.render(old, ledger, run, today=TODAY)
     assert "| KEY-3/injective | **FAILED** |" in text
 
 
@@ -492,7 +494,7 @@ def test_a_claim_awaiting_re_triage_is_shown_and_fails_the_run() -> None:
     defects = {**LEDGER["defects"], "alpha-later": entry("alpha", "not judged yet", "pending")}
     run = fr.judge(REPORTS, {**LEDGER, "defects": defects})
     assert run.contradictions == ["alpha-later awaits re-triage (status pending)"]
-    text = fr.render(REPORTS, {**LEDGER, "defects": defects}, run, today=TODAY)
+    text = markdown.render(REPORTS, {**LEDGER, "defects": defects}, run, today=TODAY)
     assert "### alpha-later: not judged yet" in section(text, "Awaiting re-triage")
     assert "1 awaiting re-triage" in section(text, "Headline")
 
@@ -512,7 +514,7 @@ def test_an_unconfirmed_candidate_is_listed_apart_and_not_counted() -> None:
     ledger = {**LEDGER, "defects": {**LEDGER["defects"], "alpha-views": candidate}}
     run = fr.judge(REPORTS, ledger)
     assert run.contradictions == [] and not run.defects["alpha-views"].headline
-    text = fr.render(REPORTS, ledger, run, today=TODAY)
+    text = markdown.render(REPORTS, ledger, run, today=TODAY)
     assert "**2 defects**" in section(text, "Headline")
     assert "1 candidates whose reachability is not confirmed" in section(text, "Headline")
     listed = section(text, "Candidates not confirmed in serving")

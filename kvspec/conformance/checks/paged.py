@@ -111,6 +111,15 @@ def _cache(model: ModelShape, side: dict, device: str, *, fill_seed: int | None)
     return cache
 
 
+def _filled_side(ctx: Context, example: Example, index: int) -> tuple[ModelShape, dict, PagedCache]:
+    """The example's model, its side ``index`` and that side's cache filled with oracle
+    values; outside the adapter's domain, the example is skipped."""
+    _in_domain(ctx, example)
+    model = ModelShape.from_dict(example["model"])
+    side = example["sides"][index]
+    return model, side, _cache(model, side, ctx.device, fill_seed=example["seed"])
+
+
 def _cache_bits(cache: PagedCache, *, scales: bool = True) -> list[torch.Tensor]:
     """Every layer's K and V (or latent) as raw bits, then (with ``scales``) the scales."""
     bits = [bits_view(v).clone() for layer in cache.layers for v in cache.views(layer)]
@@ -179,10 +188,7 @@ def _paged_check(
     covers=("PAGED-1.1", "PAGED-4.1"),
 )
 def gather(ctx: Context, example: Example) -> None:
-    _in_domain(ctx, example)
-    model = ModelShape.from_dict(example["model"])
-    side = example["sides"][0]
-    cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
+    _, side, cache = _filled_side(ctx, example, 0)
     expected = gather_request(cache, side["block_ids"], example["seq_len"])
     got = ctx.adapter.gather(cache, list(side["block_ids"]), example["seq_len"])
     if tuple(got.data.shape) != tuple(expected.data.shape):
@@ -298,10 +304,7 @@ def _bad_tables(side: dict, kinds: tuple[str, ...]) -> list[tuple[str, str, list
 def _table_refusals(ctx: Context, example: Example, kinds: tuple[str, ...]) -> None:
     """Every defective table of the example's first side is refused by gather and by
     scatter, and a refused scatter writes nothing [PAGED-2, PAGED-3, PAGED-4.3]."""
-    _in_domain(ctx, example)
-    model = ModelShape.from_dict(example["model"])
-    side = example["sides"][0]
-    cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
+    model, side, cache = _filled_side(ctx, example, 0)
     request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
     for obligation, kind, bad in _bad_tables(side, kinds):
         what = f"{_describe(example, side)}: block ids {bad!r} ({kind})"
@@ -377,10 +380,7 @@ def _misfit(kv: RequestKV, misfit: str, model: ModelShape) -> RequestKV:
     covers=("PAGED-4.4", "PAGED-4.3"),
 )
 def refuses_mismatched_kv(ctx: Context, example: Example) -> None:
-    _in_domain(ctx, example)
-    model = ModelShape.from_dict(example["model"])
-    side = example["sides"][1]
-    cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
+    model, side, cache = _filled_side(ctx, example, 1)
     request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
     for misfit in _MISFITS:
         kv = _misfit(request, misfit, model)

@@ -59,7 +59,11 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
         )
         request_id = f"req_{i}-x"
         seed = rng.randrange(2**31)
-        region = {"tokens": [2, 9], "layers": [1, 3], "heads": [0, model.num_kv_heads]}
+        region: dict[str, Any] = {
+            "tokens": [2, 9],
+            "layers": [1, 3],
+            "heads": [0, model.num_kv_heads],
+        }
         ranges: dict[str, Any] = {k: range(*v) for k, v in region.items()}
         kv = oracle_kv(model, request_id, seed=seed, **ranges)
         clauses = ["ORACLE-1", "ORACLE-2", "ORACLE-3", "ORACLE-4"]
