@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 
-from kvspec.memory import layout_files
 from kvspec.memory.cache_layout import get_layout, layer_views
 from kvspec.memory.layout_files import (
     LayoutFileError,
@@ -27,6 +26,7 @@ from kvspec.memory.layout_files import (
     read_layout_file,
     schema,
 )
+from kvspec.memory.layout_files import format as file_format
 from kvspec.memory.layout_model import (
     AXES,
     FIELD_DTYPES,
@@ -105,26 +105,26 @@ def test_the_schema_and_the_reader_name_the_same_fields_and_values() -> None:
     published = schema()
     defs = published["$defs"]
     cache, state = defs["cache"], defs["state"]
-    assert cache["required"] == list(layout_files.CACHE_REQUIRED)
-    assert list(cache["properties"]) == ["$schema", *layout_files.CACHE_FIELDS]
-    assert state["required"] == list(layout_files.STATE_REQUIRED)
-    assert list(state["properties"]) == ["$schema", *layout_files.STATE_FIELDS]
-    assert defs["source"]["required"] == list(layout_files.SOURCE_REQUIRED)
-    assert list(defs["source"]["properties"]) == list(layout_files.SOURCE_FIELDS)
-    assert list(defs["field"]["properties"]) == list(layout_files.RECORD_FIELDS)
+    assert cache["required"] == list(file_format.CACHE_REQUIRED)
+    assert list(cache["properties"]) == ["$schema", *file_format.CACHE_FIELDS]
+    assert state["required"] == list(file_format.STATE_REQUIRED)
+    assert list(state["properties"]) == ["$schema", *file_format.STATE_FIELDS]
+    assert defs["source"]["required"] == list(file_format.SOURCE_REQUIRED)
+    assert list(defs["source"]["properties"]) == list(file_format.SOURCE_FIELDS)
+    assert list(defs["field"]["properties"]) == list(file_format.RECORD_FIELDS)
     assert _enum(defs, "axis") == list(AXES)
     assert _enum(defs, "field_dtype") == list(FIELD_DTYPES)
     assert _enum(defs, "cache_dtype") == list(DTYPE_NAMES)
     assert defs["state_axes"]["items"]["enum"] == list(STATE_AXES)
-    assert published["properties"]["kind"]["enum"] == list(layout_files.KINDS)
+    assert published["properties"]["kind"]["enum"] == list(file_format.KINDS)
     assert cache["properties"]["kv_tensors"]["enum"] == [1, 2, None]
     # CacheLayout's fields are the file's, less kind (what the file holds)
     fields = [f.name for f in dataclasses.fields(CacheLayout)]
-    assert sorted(fields) == sorted(set(layout_files.CACHE_FIELDS) - {"kind"})
+    assert sorted(fields) == sorted(set(file_format.CACHE_FIELDS) - {"kind"})
     state_fields = [f.name for f in dataclasses.fields(StateCacheLayout)]
-    assert sorted(state_fields) == sorted(set(layout_files.STATE_FIELDS) - {"kind"})
-    assert [f.name for f in dataclasses.fields(Source)] == list(layout_files.SOURCE_FIELDS)
-    assert [f.name for f in dataclasses.fields(Field)] == list(layout_files.RECORD_FIELDS)
+    assert sorted(state_fields) == sorted(set(file_format.STATE_FIELDS) - {"kind"})
+    assert [f.name for f in dataclasses.fields(Source)] == list(file_format.SOURCE_FIELDS)
+    assert [f.name for f in dataclasses.fields(Field)] == list(file_format.RECORD_FIELDS)
 
 
 USER: dict[str, Any] = engine_hnd("spec_user_hnd")
@@ -482,7 +482,7 @@ def test_a_missing_or_huge_file_is_refused_unread(tmp_path: Path) -> None:
     with pytest.raises(LayoutFileError, match=r"nothere.json: cannot be read"):
         get_layout(str(tmp_path / "nothere.json"))
     huge = tmp_path / "huge.json"
-    huge.write_bytes(b" " * (layout_files.MAX_FILE_BYTES + 1))
+    huge.write_bytes(b" " * (file_format.MAX_FILE_BYTES + 1))
     with pytest.raises(LayoutFileError, match=r"huge.json: is over"):
         read_layout_file(huge)
 

@@ -280,6 +280,25 @@ def _expect_nothing_written(
     )
 
 
+def _expect_scatter_refused(
+    ctx: Context,
+    example: Example,
+    side: dict,
+    cache: PagedCache,
+    kv: RequestKV,
+    obligation: str,
+    what: str,
+) -> None:
+    """Scattering ``kv`` into the side's blocks must be refused, the cache untouched."""
+
+    def scatter() -> object:
+        write: Callable[..., object] = ctx.adapter.scatter  # its result is shown
+        return write(kv, cache, list(side["block_ids"]))
+
+    described = f"{what} into {_describe(example, side)}"
+    _expect_nothing_written(ctx, example, cache, obligation, described, scatter)
+
+
 def _bad_tables(side: dict, kinds: tuple[str, ...]) -> list[tuple[str, str, list]]:
     """The side's block table with one defect, for every kind that applies:
     (obligation, what, ids) [PAGED-2, PAGED-3]."""
@@ -384,20 +403,8 @@ def refuses_mismatched_kv(ctx: Context, example: Example) -> None:
     request = _oracle(model, "req", example["seq_len"], 1, ctx.device)
     for misfit in _MISFITS:
         kv = _misfit(request, misfit, model)
-
-        def scatter(kv: RequestKV = kv) -> object:
-            write: Callable[..., object] = ctx.adapter.scatter  # its result is shown
-            return write(kv, cache, list(side["block_ids"]))
-
-        _expect_nothing_written(
-            ctx,
-            example,
-            cache,
-            "PAGED-4.4",
-            f"scattering {kv.data.dtype} KV of shape {list(kv.data.shape)} ({misfit}) "
-            f"into {_describe(example, side)}",
-            scatter,
-        )
+        what = f"scattering {kv.data.dtype} KV of shape {list(kv.data.shape)} ({misfit})"
+        _expect_scatter_refused(ctx, example, side, cache, kv, "PAGED-4.4", what)
 
 
 @check(
@@ -431,16 +438,6 @@ def fp8_scales(ctx: Context, example: Example) -> None:
             )
             variants.append(("PAGED-5.1", what, RequestKV(request.data, scales)))
     for obligation, what, kv in variants:
-
-        def scatter(kv: RequestKV = kv) -> object:
-            write: Callable[..., object] = ctx.adapter.scatter  # its result is shown
-            return write(kv, cache, list(side["block_ids"]))
-
-        _expect_nothing_written(
-            ctx,
-            example,
-            cache,
-            obligation,
-            f"scattering fp8 KV {what} into {_describe(example, side)}",
-            scatter,
+        _expect_scatter_refused(
+            ctx, example, side, cache, kv, obligation, f"scattering fp8 KV {what}"
         )

@@ -17,8 +17,8 @@ that breaks one is refused, naming the file, the field and why [LAYOUT-5, LAYOUT
 
 The package's modules, one concern each:
 
-- :mod:`~kvspec.memory.layout_files.format`: the format's fields and limits, its schema
-  and its refusal (:class:`LayoutFileError`);
+- :mod:`~kvspec.memory.layout_files.format`: the format's fields and limits (``CACHE_FIELDS``,
+  ``MAX_FILE_BYTES``, ...), its schema and its refusal (:class:`LayoutFileError`);
 - :mod:`~kvspec.memory.layout_files.reading`: a file, its text or its parsed data read
   into a layout, field by field as the schema says (:func:`read_layout_file`,
   :func:`layout_from_json`, :func:`layout_from_data`);
@@ -30,37 +30,11 @@ The package's modules, one concern each:
 
 from __future__ import annotations
 
-from kvspec.memory.layout_files.format import (
-    CACHE_FIELDS,
-    CACHE_REQUIRED,
-    KINDS,
-    MAX_FILE_BYTES,
-    PLANE_FIELDS,
-    RECORD_FIELDS,
-    SIDE_FIELDS,
-    SOURCE_FIELDS,
-    SOURCE_REQUIRED,
-    STATE_FIELDS,
-    STATE_REQUIRED,
-    LayoutFileError,
-    is_layout_file,
-    schema,
-)
+from kvspec.memory.layout_files.format import LayoutFileError, is_layout_file, schema
 from kvspec.memory.layout_files.reading import layout_from_data, layout_from_json, read_layout_file
 from kvspec.memory.layout_files.writing import dumps, layout_to_data
 
 __all__ = [
-    "CACHE_FIELDS",
-    "CACHE_REQUIRED",
-    "KINDS",
-    "MAX_FILE_BYTES",
-    "PLANE_FIELDS",
-    "RECORD_FIELDS",
-    "SIDE_FIELDS",
-    "SOURCE_FIELDS",
-    "SOURCE_REQUIRED",
-    "STATE_FIELDS",
-    "STATE_REQUIRED",
     "LayoutFileError",
     "dumps",
     "is_layout_file",
