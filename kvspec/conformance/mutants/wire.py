@@ -25,15 +25,21 @@ from kvspec.transport.wire import WireLimits, decode, encode
 Header = dict[str, Any]
 
 
+def _header(frames: list) -> Header | None:
+    """The header frame parsed as plain JSON, or None where it is no JSON object."""
+    try:
+        header = json.loads(bytes(frames[0]))
+    except (ValueError, IndexError, TypeError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
 def _rewritten(frames, edit: Callable[[Header, list], Header | None]) -> list:
     """``frames`` with the header (parsed as plain JSON) passed through ``edit``; the frames
     unchanged when the header is no JSON object or ``edit`` returns None."""
     frames = list(frames)
-    try:
-        header = json.loads(bytes(frames[0]))
-    except (ValueError, IndexError, TypeError):
-        return frames
-    if not isinstance(header, dict):
+    header = _header(frames)
+    if header is None:
         return frames
     edited = edit(header, frames)
     if edited is None:
@@ -284,11 +290,8 @@ class HeaderCrcOverSentBytes(ReferenceAdapter):
 
     def decode(self, frames):
         frames = list(frames)
-        try:
-            header = json.loads(bytes(frames[0]))
-        except ValueError:
-            return super().decode(frames)
-        if isinstance(header, dict) and isinstance(header.get("crc32"), dict):
+        header = _header(frames)
+        if header is not None and isinstance(header.get("crc32"), dict):
             plain = {k: v for k, v in header.items() if k != "crc32"}
             if zlib.crc32(json.dumps(plain).encode()) != header["crc32"].get("header"):
                 raise ValueError("the header does not match its CRC-32")
@@ -309,11 +312,10 @@ class HeaderCrcOnly(ReferenceAdapter):
 
     def decode(self, frames):
         frames = list(frames)
-        try:
-            header = json.loads(bytes(frames[0]))
-        except ValueError:
+        header = _header(frames)
+        if header is None:
             return super().decode(frames)
-        sums = header.get("crc32") if isinstance(header, dict) else None
+        sums = header.get("crc32")
         if isinstance(sums, dict) and isinstance(sums.get("frames"), list):
             sums = {**sums, "frames": [zlib.crc32(bytes(f)) for f in frames[1:]]}
             plain = {k: v for k, v in header.items() if k != "crc32"}
@@ -330,11 +332,10 @@ class Crc32cCheckedWithZlib(ReferenceAdapter):
 
     def decode(self, frames):
         frames = list(frames)
-        try:
-            header = json.loads(bytes(frames[0]))
-        except ValueError:
+        header = _header(frames)
+        if header is None:
             return super().decode(frames)
-        sums = header.get("crc32c") if isinstance(header, dict) else None
+        sums = header.get("crc32c")
         if isinstance(sums, dict) and isinstance(sums.get("frames"), list):
             plain = {k: v for k, v in header.items() if k not in ("crc32", "crc32c")}
             canonical = json.dumps(plain, separators=(",", ":"), sort_keys=True).encode()
