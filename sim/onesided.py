@@ -326,11 +326,11 @@ class OneSidedPath(RegionPath):
             except messages.MessageError:
                 key = None
             known = self.keys_of.get(key) if isinstance(key, str) else None
-            if known is None or known[2] != dst or key in self.answered:
+            if not isinstance(key, str) or known is None or known[2] != dst or key in self.answered:
                 ep.stats["onesided_refused"] += 1
                 return
-            ep.sent_keys[dst].append(key)  # type: ignore[arg-type]
-            self.answered.add(key)  # type: ignore[arg-type]
+            ep.sent_keys[dst].append(key)
+            self.answered.add(key)
             ep.strike(True)
         else:
             ep.strangers["nixl notifications refused"] += 1

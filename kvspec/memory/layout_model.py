@@ -154,25 +154,25 @@ class Plane:
         block_size: int,
         heads: int,
         width: int,
-        head: object,
-        slot: object,
-        index: object,
-    ) -> object:
+        head: int | torch.Tensor,
+        slot: int | torch.Tensor,
+        index: int | torch.Tensor,
+    ) -> int | torch.Tensor:
         """Element offset of element ``index`` of (``slot``, ``head``) within one block's plane
         (ints or broadcasting int64 tensors) [LAYOUT-8]."""
         unit = self.unit or 1
         coords = {
             "heads": head,
             "slots": slot,
-            "slots_hi": slot // unit,  # type: ignore[operator]
-            "slots_lo": slot % unit,  # type: ignore[operator]
+            "slots_hi": slot // unit,
+            "slots_lo": slot % unit,
             "dim": index,
         }
         sizes = self.sizes(block_size, heads, width)
-        offset: object = 0
+        offset: int | torch.Tensor = 0
         stride = 1
         for axis in reversed([a for a in self.axes if a in sizes]):
-            offset = offset + coords[axis] * stride  # type: ignore[operator]
+            offset = offset + coords[axis] * stride
             stride *= sizes[axis]
         return offset
 

@@ -63,6 +63,16 @@ def _block_ids(cache: RegisteredCache, ids: Sequence[int], slots: int) -> torch.
     return torch.tensor(checked, dtype=torch.int64)
 
 
+_Coords = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""(layers, blocks, slots, heads) index tensors, broadcasting together."""
+
+
+def _element_axis(at: _Coords) -> _Coords:
+    """The coordinates with one more trailing axis, for a field's elements [LAYOUT-8]."""
+    layers, blocks, slots, heads = (t.unsqueeze(-1) for t in at)
+    return layers, blocks, slots, heads
+
+
 def _atoms(
     plan: TransferPlan,
     edge: Edge,
@@ -95,16 +105,26 @@ def _atoms(
     td = torch.tensor(share.target.tokens(), dtype=torch.int64).view(1, -1, 1)
     parts = []
     for name, (_, _, size) in source.fields().items():
-        src_at = (layers_src, src_ids[ts // source.block_size], ts % source.block_size, heads_src)
-        dst_at = (layers_dst, dst_ids[td // target.block_size], td % target.block_size, heads_dst)
+        src_at: _Coords = (
+            layers_src,
+            src_ids[ts // source.block_size],
+            ts % source.block_size,
+            heads_src,
+        )
+        dst_at: _Coords = (
+            layers_dst,
+            dst_ids[td // target.block_size],
+            td % target.block_size,
+            heads_dst,
+        )
         index = None
         if not (source.contiguous(name) and target.contiguous(name)):
             # A field whose elements are not consecutive on a side: one atom per element,
             # which coalescing joins again where both sides run on [LAYOUT-8, DESC-3].
             count = source.element_count(name)
             index = torch.arange(count, dtype=torch.int64).view(1, 1, 1, -1)
-            src_at = tuple(t.unsqueeze(-1) for t in src_at)  # type: ignore[assignment]
-            dst_at = tuple(t.unsqueeze(-1) for t in dst_at)  # type: ignore[assignment]
+            src_at = _element_axis(src_at)
+            dst_at = _element_axis(dst_at)
             size //= count
         sr, so = source.addresses(name, *src_at, index=index)
         dr, do = target.addresses(name, *dst_at, index=index)

@@ -408,7 +408,7 @@ class RegisteredCache:
                 spec, self.dtype, self.heads, self.block_size, self.head_dim
             )[name]
             within = plane.offset(self.block_size, self.heads, width, heads, slots, element)
-            offset = blocks * block_bytes + start + within * item  # type: ignore[operator]
+            offset = blocks * block_bytes + start + within * item
             region = layers + torch.zeros_like(offset)
         else:
             side = [s.field.name for s in spec.side].index(name)
