@@ -18,7 +18,7 @@ from kvspec.memory.cache_layout import (
     holds_attention,
     layouts_for,
 )
-from kvspec.memory.planes import check_scaled
+from kvspec.memory.planes import check_scaled, smallest_block
 from kvspec.memory.records import check_holds
 from kvspec.topology.model import ModelShape
 from sim import messages
@@ -135,8 +135,7 @@ def _cannot_hold(name: str, model: ModelShape) -> str | None:
     (K/V count, dtype, fixed width, field alignment), nothing allocated [LAYOUT-5, ORACLE-6]."""
     spec = get_layout(name)
     base = get_layout(spec.per_layer or name)
-    units = [p.unit or 1 for p in (*base.planes, *(s.plane for s in base.side))]
-    block = base.fixed_block_size or max([1, *units])  # a block the layout holds [LAYOUT-8]
+    block = smallest_block(base)
     try:
         check_holds(spec, model)
         empty_cache(

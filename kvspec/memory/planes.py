@@ -184,6 +184,13 @@ def side_view(
     return _canonical(raw.view(FIELD_DTYPES[name]), side.plane.axes, block_size)
 
 
+def smallest_block(spec: CacheLayout) -> int:
+    """The fewest slots a block of ``spec`` can have: its fixed block size, else the largest
+    unit of its split slot axes (whole groups of slots), else 1 [LAYOUT-8]."""
+    units = [p.unit or 1 for p in (*spec.planes, *(s.plane for s in spec.side))]
+    return spec.fixed_block_size or max([1, *units])
+
+
 def unit_of(spec: CacheLayout, name: str) -> int | None:
     """The unit of field ``name``'s split slot axis, or None (its slots are one axis)."""
     plane = spec.placement(name)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ from kvspec.clause import Clause, must, refuses
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, SCALED_DTYPES, CacheLayout, Field
 from kvspec.memory.paged import PagedCache, check_block_ids, check_same_scales
-from kvspec.memory.planes import at_slots, check_scaled, unit_of
+from kvspec.memory.planes import at_slots, check_scaled, smallest_block, unit_of
 from kvspec.tensors.dtypes import FLOAT_FORMATS, bits_view, raw_bits, torch_dtype
 from kvspec.tensors.kv import RequestKV, check_scales
 from kvspec.tensors.oracle import (
@@ -262,10 +263,7 @@ def check_holds(layout: str | CacheLayout, model: ModelShape) -> CacheLayout:
                 f"{model.dtype} model is {model.dtype}, or fp4 packed [ORACLE-6, ORACLE-8]"
             )
     if spec.scaled:
-        block = spec.fixed_block_size or max(
-            [1, *(p.unit or 1 for p in (*spec.planes, *(s.plane for s in spec.side)))]
-        )
-        check_scaled(spec, model.dtype, block, model.head_dim)
+        check_scaled(spec, model.dtype, smallest_block(spec), model.head_dim)
     return spec
 
 
@@ -303,31 +301,21 @@ def record_fill(
     fields = spec.fields(model.kv_tensors)
     out: dict[str, torch.Tensor] = {}
     kv = None
+    wanted: dict[str, Any] = {  # the region asked for, as the oracle takes it
+        "tokens": where.tokens,
+        "layers": where.layers,
+        "heads": where.heads,
+        "seed": seed,
+        "device": device,
+    }
     packed = any(
         f.name in ORACLE_FIELDS and f.resolve(model.dtype, model.head_dim)[0] == FOUR_BIT
         for f in fields
     )
     if packed:  # ORACLE-1's hashes, as fp4 values [ORACLE-8.3]
-        hashes = oracle_hashes(
-            model,
-            request_id,
-            tokens=where.tokens,
-            layers=where.layers,
-            heads=where.heads,
-            seed=seed,
-            device=device,
-        )
-        kv = scaled_values(hashes, FOUR_BIT)
+        kv = scaled_values(oracle_hashes(model, request_id, **wanted), FOUR_BIT)
     elif any(f.name in ORACLE_FIELDS for f in fields):
-        kv = oracle_kv(
-            model,
-            request_id,
-            tokens=where.tokens,
-            layers=where.layers,
-            heads=where.heads,
-            seed=seed,
-            device=device,
-        ).data
+        kv = oracle_kv(model, request_id, **wanted).data
     start = absorb(mix(seed % PRIME), request_value(request_id))
     for f in fields:
         dtype, width = f.resolve(model.dtype, model.head_dim)
