@@ -19,6 +19,7 @@ from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.checks.layouts import _shape_dict
 from kvspec.conformance.checks.records import draw_region
 from kvspec.memory.cache_layout import CacheShape, LayerCache, empty_cache, field_views, get_layout
+from kvspec.memory.planes import smallest_block
 from kvspec.memory.records import ORACLE_FIELDS, record_fill
 from kvspec.tensors.dtypes import bits_view
 from kvspec.tensors.scaled_oracle import E8M0, FOUR_BIT, unpack_fp4
@@ -36,9 +37,8 @@ def _geometry(layout: str) -> tuple[list[int], list[int]]:
     of its units, or its fixed block size [LAYOUT-8]."""
     spec = get_layout(layout)
     multiple = spec.head_dim_multiple or 16
-    units = [p.unit for p in (*spec.planes, *(s.plane for s in spec.side)) if p.unit] or [1]
-    unit = max(units)
-    blocks = [spec.fixed_block_size] if spec.fixed_block_size else [unit, 2 * unit]
+    block = smallest_block(spec)
+    blocks = [block] if spec.fixed_block_size else [block, 2 * block]
     return [multiple, 2 * multiple], blocks
 
 
