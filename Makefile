@@ -14,7 +14,8 @@
 # Also: make smoke (build the wheel, install it in a fresh venv, use it), make test-gpu
 # (tools/gpu_check.sh: the suite with CUDA required, a sim run, the benchmarks' CUDA
 # rows and the conformance suite on cuda; fails without a GPU), make stress (the sim
-# tests 20 times beside a CPU hog; RUNS=N), make bench (the benchmark table, --quick), make vectors
+# tests 20 times beside a CPU hog; RUNS=N), make fuzz (the layout-file parser fuzzed
+# 10**5 times), make bench (the benchmark table, --quick), make vectors
 # (regenerate the golden vectors), make notebooks (execute and render the notebooks),
 # make field (real engines through the suite: builds .venv-field, rewrites
 # docs/field-report.md; see field/run.sh).
@@ -34,7 +35,7 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 SPEC_TESTS := tests/spec
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: setup run test check smoke test-gpu stress bench vectors notebooks field field-report clean
+.PHONY: setup run test check smoke test-gpu stress fuzz bench vectors notebooks field field-report clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
@@ -67,6 +68,12 @@ test-gpu: setup
 
 stress: setup
 	PY=$(PY) tools/stress.sh
+
+# The parsers of untrusted files fuzzed at length (issue 45): 10**5 mutated layout files by
+# default, FUZZ_EXAMPLES=N for more; make test runs the same test at its profile's sample.
+FUZZ_EXAMPLES ?= 100000
+fuzz: setup
+	KVSPEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/spec/test_layout_file_fuzz.py
 
 bench: setup
 	$(PY) -m benchmarks --quick

@@ -395,6 +395,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_CONVERT_BYTES = 1 << 28
+"""The largest sample cache ``--convert`` makes (256 MiB): each flag is bounded on its own,
+and this bounds their product, checked before anything is allocated (the round trip
+holds the cache three times)."""
+
+
+def _tensors_of(cache: object) -> tuple[Any, ...]:
+    return cache if isinstance(cache, tuple) else (cache,)
+
+
 def convert_report(args: argparse.Namespace) -> dict[str, Any]:
     """Convert a random cache from A to B and back; what moved and whether it is bit-exact."""
     import torch
@@ -417,8 +427,17 @@ def convert_report(args: argparse.Namespace) -> dict[str, Any]:
         head_dim,
         args.layers if source.cross_layer else 1,
     )
+    planned = empty_cache(source, shape, dtype, device="meta")  # sizes only, nothing allocated
+    need = sum(t.numel() * t.element_size() for t in _tensors_of(planned))
+    if need > MAX_CONVERT_BYTES:
+        raise ValueError(
+            f"the sample cache --convert would make is {need:,} bytes ({shape.num_blocks} blocks "
+            f"of {shape.block_size}, {shape.heads} heads, head_dim {shape.head_dim}, "
+            f"{shape.layers} layer(s), {dtype}); it converts at most {MAX_CONVERT_BYTES:,}: "
+            "lower --blocks, --block-size, --heads, --head-dim or --layers"
+        )
     cache = empty_cache(source, shape, dtype)
-    tensors = cache if isinstance(cache, tuple) else (cache,)
+    tensors = _tensors_of(cache)
     generator = torch.Generator().manual_seed(0)
     for tensor in tensors:
         raw = tensor.view(torch.uint8)

@@ -211,6 +211,15 @@ KVSPEC_LINES += [
     ["layouts", "--convert", "flash_attn", "kv_tuple", "--blocks", "3", "--to-block-size", "32"],
     ["layouts", "--convert", "vllm_pth_hnd", "vllm_pth_nhd", "--head-dim", "3"],  # misaligned
     ["layouts", "--convert", "flash_attn"],
+    # each flag at its own maximum: their product (16 PiB) is refused before allocating
+    [
+        "layouts",
+        "--convert",
+        "flash_attn",
+        "flashinfer",
+        *("--blocks", "4096", "--block-size"),
+        *("4096", "--heads", "4096", "--head-dim", "65536", "--layers", "64"),
+    ],
     ["layouts", "--heads", "0"],
     ["layouts", "--block-size", "x"],
     ["layouts", "--dtype", "int4"],
@@ -309,6 +318,20 @@ def test_refusals_name_the_value_and_the_limit(capsys) -> None:
     code = _run(sim_main, [*RUN, *OK, "--faults", "kill=sender:99@0.5"])
     err = capsys.readouterr().err
     assert code == 2 and "kill=sender:99@0.5" in err and "ranks 0..3" in err
+    code = _run(
+        kvspec_main,
+        [
+            "layouts",
+            "--convert",
+            "flash_attn",
+            "kv_tuple",
+            *("--blocks", "4096", "--block-size"),
+            *("4096", "--heads", "64", "--head-dim", "128"),
+        ],
+    )
+    err = capsys.readouterr().err
+    kv_bytes = 2 * 4096 * 4096 * 64 * 128 * 2  # K and V, blocks, slots, heads, dim, bfloat16
+    assert code == 2 and f"{kv_bytes:,} bytes" in err and f"at most {1 << 28:,}" in err
     code = _run(kvspec_main, ["ports", "--stage", "tp=1e9"])
     err = capsys.readouterr().err
     assert code == 2 and "tp" in err and "'1e9'" in err and "1..4096" in err

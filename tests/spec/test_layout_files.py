@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -250,7 +251,36 @@ BAD: list[tuple[str, Any, str, str, bool]] = [
         "zero-width",
         _with(record=[{"name": "k", "width": 0}, {"name": "v"}]),
         "record[0].width",
-        r"whole number >= 1",
+        r"whole number from 1 to 65536",
+        True,
+    ),
+    (
+        "huge-width",
+        _with(record=[{"name": "k", "width": 10**12}, {"name": "v"}]),
+        "record[0].width",
+        r"is 1000000000000; it must be a whole number from 1 to 65536",
+        True,
+    ),
+    (
+        # Arabic-Indic three: str.isdigit() takes it, the schema's [0-9] does not
+        "unicode-digit-width",
+        _with(record=[{"name": "k", "width": "head_dim/\u0663"}, {"name": "v"}]),
+        "record[0].width",
+        r"a width is a whole number",
+        True,
+    ),
+    (
+        "huge-width-divisor",
+        _with(record=[{"name": "k", "width": "head_dim/65537"}, {"name": "v"}]),
+        "record[0].width",
+        r"'head_dim/N' for a whole N from 1 to 65536",
+        True,
+    ),
+    (
+        "huge-block-size",
+        _with(fixed_block_size=2**40),
+        "fixed_block_size",
+        r"is 1099511627776; it must be a whole number from 1 to 65536",
         True,
     ),
     ("dotted-name", _with(name="my.layout"), "name", r"no dots", True),
@@ -465,8 +495,11 @@ def test_a_bad_file_is_refused_naming_the_file_the_field_and_why(
         (b'{"kind": "cache", ', "", "is not JSON"),
         (b'{"kind": NaN}', "", "is not JSON"),
         (b"\xff\xfe", "", "is not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "", "nests arrays or objects more than 8 deep"),
+        (b'{"kind": "cache", "a": ' + b'{"a": ' * 9 + b"1" + b"}" * 10, "", "nests"),
+        (b'{"kind": "cache", "fixed_block_size": 1' + b"0" * 4_500 + b"}", "", "is not JSON"),
     ],
-    ids=["key-twice", "truncated", "nan", "not-utf8"],
+    ids=["key-twice", "truncated", "nan", "not-utf8", "deep-arrays", "deep-objects", "long-number"],
 )
 def test_a_file_that_is_not_json_is_refused_naming_the_file(
     tmp_path: Path, text: bytes, field: str, why: str
@@ -485,6 +518,32 @@ def test_a_missing_or_huge_file_is_refused_unread(tmp_path: Path) -> None:
     huge.write_bytes(b" " * (file_format.MAX_FILE_BYTES + 1))
     with pytest.raises(LayoutFileError, match=r"huge.json: is over"):
         read_layout_file(huge)
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(tmp_path: Path) -> None:
+    """The depth scan skips strings (escaped quotes included): a deep-looking name is
+    judged by the schema as a name, not refused as nesting."""
+    path = tmp_path / "brackets.json"
+    path.write_text(json.dumps({**USER, "name": '[[[[[[[[[["\\' + "]" * 10}))
+    with pytest.raises(LayoutFileError, match=r"field 'name' is .*a name is up to"):
+        read_layout_file(path, known=PRESETS)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_path_that_is_not_a_regular_file_is_refused_unread(tmp_path: Path, kind: str) -> None:
+    """A FIFO named as a layout file is refused at once, not read until a writer comes
+    (the reader would block forever); a directory likewise names what it is."""
+    path = tmp_path / "pipe.json"
+    if kind == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("no FIFOs on this platform")
+        os.mkfifo(path)
+        named = "a FIFO"
+    else:
+        path.mkdir()
+        named = "a directory"
+    with pytest.raises(LayoutFileError, match=rf"pipe.json: is {named}.*not a regular file"):
+        read_layout_file(path)
 
 
 def test_the_docs_example_file_is_the_one_shown_and_reads() -> None:

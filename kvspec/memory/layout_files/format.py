@@ -52,6 +52,17 @@ SIDE_FIELDS = ("name", "dtype", "width", "of", "axes", "unit")
 MAX_FILE_BYTES = 1 << 20
 """A layout file is a few hundred bytes; anything past 1 MiB is refused unread."""
 
+MAX_DEPTH = 8
+"""How deep a layout file's arrays and objects may nest: the format's deepest value (a
+plane's or side field's ``axes``) is 4 deep; past 8 the text is refused before it is
+parsed, so no nesting can exhaust the parser's stack."""
+
+MAX_NUMBER = 1 << 16
+"""The largest whole number a layout file may give (a fixed head_dim or block size, a
+field width, a split slot axis's unit, the N of ``head_dim/N``): every field's engines
+use numbers in the hundreds, and a bound keeps what a file implies (the cache a
+conversion allocates) bounded too."""
+
 
 class LayoutFileError(ValueError):
     """A layout file that is not one: the message names the file, the field and why."""
