@@ -1,9 +1,9 @@
 # The two commands of the README:
 #   make run    the main job on a fresh machine: a simulated cluster moves and verifies KV
-#   make test   the whole test suite, in stages (setup, ruff, types (mypy over kvspec/ and
-#               sim/), pytest, the notebooks, the wheel smoke test): every stage runs even
-#               after one fails, and a table of each stage's result and time ends it
-#               (tools/stages.sh)
+#   make test   the whole test suite, in stages (setup, ruff, types (mypy over kvspec/,
+#               sim/ and field/report/), pytest, the notebooks, the wheel smoke test):
+#               every stage runs even after one fails, and a table of each stage's result
+#               and time ends it (tools/stages.sh)
 # Both create or refresh the virtual environment first (tools/bootstrap.sh).
 # Also the quick tier: make check (ruff, mypy, the spec's unit and property tests at the
 # quick Hypothesis profile, the reference through the conformance suite's quick profile),
@@ -18,7 +18,7 @@
 # 10**5 times), make bench (the benchmark table, --quick), make vectors
 # (regenerate the golden vectors), make notebooks (execute and render the notebooks),
 # make field (real engines through the suite: builds .venv-field, rewrites
-# docs/field-report.md; see field/run.sh).
+# docs/field-report.md with the report builder field/report/; see field/run.sh).
 # make docs: the docs site (mkdocs.yml) built with --strict into site/; not part of make test.
 
 VENV ?= .venv
@@ -31,7 +31,8 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 
 # The spec's own unit and property tests (tests/spec: pure functions; no processes, CLI or
 # notebooks): what make check runs. tests/ is grouped by role: spec, suite (the conformance
-# suite testing itself), sim, cli, docs (README, docs pages and notebooks).
+# suite testing itself), sim, cli, field (the field tools: report builder, worker harness),
+# docs (README, docs pages and notebooks).
 SPEC_TESTS := tests/spec
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
@@ -89,9 +90,10 @@ field:
 	CONFORM_JSON=$(CONFORM_JSON) field/run.sh
 
 # Rewrite docs/field-report.{md,json} from the last `make field`'s reports/field/ and the
-# ledger field/defects.json, without running the engines again (seconds).
+# ledger field/defects.json, without running the engines again (seconds): the report
+# builder field/report/ (python -m field.report; the project's tool, not in the wheel).
 field-report:
-	.venv-field/bin/kvspec field-report --reports reports/field --ledger field/defects.json
+	.venv-field/bin/python -m field.report --reports reports/field --ledger field/defects.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .mypy_cache

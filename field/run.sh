@@ -106,7 +106,7 @@ if [[ " ${engines[*]} " == *" vllm-nixl "* ]]; then
 fi
 # The historical corpus: both releases of each bug an adapter runs, each release in its own
 # package directory built from field/history/requirements/RELEASE.txt (field/setup.sh), the
-# verdicts judged by `kvspec field-report` (field/history/README.md).
+# verdicts judged by the report builder, field/report/ (field/history/README.md).
 history_rc=0
 if [ "${FIELD_HISTORY:-1}" != 0 ]; then
   releases=$("$VENV/bin/python" - <<'EOF'
@@ -125,7 +125,7 @@ fi
 minutes=$(( ($(date +%s) - started + 30) / 60 ))
 echo "{\"minutes\": $minutes}" > "$OUT/run.json"
 report_rc=0
-"$VENV/bin/kvspec" field-report --reports "$OUT" --ledger field/defects.json \
+"$VENV/bin/python" -m field.report --reports "$OUT" --ledger field/defects.json \
   --out docs/field-report.md --json docs/field-report.json || report_rc=$?
 [ "$report_rc" -ne 0 ] && exit "$report_rc"
 exit "$history_rc"

@@ -16,8 +16,8 @@ field/history/requirements/REQUIREMENTS.txt) first on PYTHONPATH:
   ``kvspec conform ADAPTER --check CHECK --replay EXAMPLE --json OUT/ID.SIDE.replay-N.json``.
 
 It records each command's exit status and time in OUT/run.json and judges nothing: the
-verdicts (caught, missed, not run) are `kvspec field-report`'s
-(kvspec/cli/field_report/history.py), from these reports and the corpus. A bug with no
+verdicts (caught, missed, not run) are the report builder's (`python -m field.report`,
+field/report/history.py), from these reports and the corpus. A bug with no
 adapter is not run (its entry says why). Exit status 0 when every run produced its report,
 1 when one could not (an adapter that does not load, a timeout): the report says which.
 """

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The worker harness in `make field` (field/run.sh): vLLM 0.33.0's NixlConnector workers
 # move KV between two TPs over NIXL on CPU (field/workers/vllm_nixl.py). Writes
-# reports/field/vllm-nixl.workers.json, which `kvspec field-report` reads, and the
-# engines' logs beside it.
+# reports/field/vllm-nixl.workers.json, which the report builder (python -m field.report)
+# reads, and the engines' logs beside it.
 # Exit status: 0 every case moved and verified, 1 a case did not (a result to report),
 # anything else the harness failed.
 set -euo pipefail

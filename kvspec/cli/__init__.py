@@ -7,11 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from kvspec import __version__
-from kvspec.cli import adapter, clauses, conform, desc, field_report, layouts, plan, ports, vectors
+from kvspec.cli import adapter, clauses, conform, desc, layouts, plan, ports, vectors
 from kvspec.cli.args import Parser, quote
 from kvspec.cli.exits import run_to_exit
 
-SUBCOMMANDS = (plan, ports, layouts, desc, conform, adapter, vectors, clauses, field_report)
+SUBCOMMANDS = (plan, ports, layouts, desc, conform, adapter, vectors, clauses)
 """Each module provides ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
 
 

@@ -19,7 +19,7 @@ BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
 GENERATED = {
     "docs/clauses.md": "kvspec clauses --markdown (tests/spec/test_clauses.py); no code blocks",
     "docs/adapter-api.md": "kvspec adapter doc (tests/suite/test_adapter_api.py); no code blocks",
-    "docs/field-report.md": "kvspec field-report, from make field's reports; no code blocks",
+    "docs/field-report.md": "python -m field.report, from make field's reports; no code blocks",
 }
 """Pages written by code, compared with what the code renders by their own tests."""
 

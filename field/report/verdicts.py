@@ -2,7 +2,7 @@
 engine's failures grouped by root cause and tied to their ledger entry, and each claimed
 defect's verdict from the evidence (the consequence tiers of issue 28, restated here).
 
-Imports no engine, torch or check: ``kvspec field-report`` runs in any venv.
+Imports no engine, torch or check: ``python -m field.report`` runs in any venv.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ GENERATED = "Generated:"
 CORRUPTS, BREAKS, ACCEPTS_INVALID, DIFFERS = "corrupts", "breaks", "accepts-invalid", "differs"
 TIERS = (CORRUPTS, BREAKS, ACCEPTS_INVALID, DIFFERS)
 """kvspec.conformance.tiers.TIERS, most severe first (restated: this command imports no
-engine, torch or check; tests/suite/test_field_report.py holds the two equal)."""
+engine, torch or check; tests/field/test_field_report.py holds the two equal)."""
 HEADLINE_TIERS = (CORRUPTS, BREAKS)
 REACH = ("yes", "unknown", "no")
 """Reachability in serving, most reachable first."""

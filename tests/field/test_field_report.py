@@ -1,5 +1,6 @@
-"""`kvspec field-report`: the report and its JSON twin, written from `make field`'s JSON
-reports (tiers, reachability, causes) and the ledger field/defects.json."""
+"""The field report builder (`python -m field.report`): the report and its JSON twin,
+written from `make field`'s JSON reports (tiers, reachability, causes) and the ledger
+field/defects.json."""
 
 import datetime
 import json
@@ -7,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.cli import main
-from kvspec.cli.field_report import markdown
-from kvspec.cli.field_report import verdicts as fr
-from kvspec.cli.field_report.json_twin import as_json
+from field.report import main, markdown
+from field.report import verdicts as fr
+from field.report.json_twin import as_json
 from tests.paths import ROOT
 
 
@@ -396,7 +396,7 @@ def test_the_command_writes_both_files_and_exits_1_on_untriaged(
     ledger = tmp_path / "defects.json"
     ledger.write_text(json.dumps(LEDGER))
     out = tmp_path / "report.md"
-    args = ["field-report", "--reports", str(reports), "--ledger", str(ledger)]
+    args = ["--reports", str(reports), "--ledger", str(ledger)]
     args += ["--out", str(out), "--root", str(tmp_path)]
     assert main(args) == 0
     text = out.read_text()
@@ -414,7 +414,7 @@ def test_the_command_writes_both_files_and_exits_1_on_untriaged(
 
 
 def test_no_reports_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["field-report", "--reports", str(tmp_path), "--out", "-"]) == 2
+    assert main(["--reports", str(tmp_path), "--out", "-"]) == 2
     assert "no ENGINE.json reports" in capsys.readouterr().err
 
 
@@ -542,3 +542,35 @@ def test_one_check_can_show_different_defects_by_its_counterexample() -> None:
     ]
     run = fr.judge(REPORTS, ledger)  # PAIRING is PP2 -> PP1 with TP1 on both sides
     assert run.defects["alpha-pairing"].checks[0] == "alpha RESHARD-2/round-trip"
+
+
+def test_the_builder_is_out_of_the_wheel_and_the_kvspec_command():
+    """The report builder is the project's tool (issue 41): `kvspec` has no field-report
+    subcommand, the wheel packages no field/ module, and no kvspec module imports field/."""
+    import ast
+    import re
+
+    from kvspec.cli import build_parser
+
+    subcommands = next(
+        a for a in build_parser()._actions if getattr(a, "choices", None) and "conform" in a.choices
+    )
+    assert "field-report" not in subcommands.choices
+    find = re.search(
+        r"\[tool\.setuptools\.packages\.find\]\ninclude = \[(.*?)\]",
+        (ROOT / "pyproject.toml").read_text(),
+    )
+    assert find is not None
+    assert re.findall(r'"([^"]+)"', find.group(1)) == ["kvspec*", "sim*"]
+    importers = []
+    for path in sorted((ROOT / "kvspec").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            importers += [str(path) for n in names if n == "field" or n.startswith("field.")]
+    assert importers == []

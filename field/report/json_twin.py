@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvspec.cli.field_report.impact import impact_summary
-from kvspec.cli.field_report.verdicts import FieldRun
-from kvspec.cli.field_report.workers import workers_json
+from field.report.impact import impact_summary
+from field.report.verdicts import FieldRun
+from field.report.workers import workers_json
 
 
 def as_json(
@@ -18,7 +18,7 @@ def as_json(
 ) -> dict[str, Any]:
     """docs/field-report.json: per defect id its verdict and evidence (nothing that varies
     from run to run but the run's findings); ``history`` is the historical corpus's verdicts
-    (:func:`kvspec.cli.field_report.history.history_json`), under ``history``; with
+    (:func:`field.report.history.history_json`), under ``history``; with
     ``workers``, the worker harness's cases, under ``workers``."""
     defects = {}
     for key in sorted(field_run.defects):

@@ -388,7 +388,7 @@ WORKERS = {
 
 
 def test_the_report_shows_each_case_its_outcome_and_the_counts_beside_the_minimum() -> None:
-    from kvspec.cli.field_report.workers import unexpected, worker_lines, workers_json
+    from field.report.workers import unexpected, worker_lines, workers_json
 
     text = "\n".join(worker_lines(WORKERS))
     assert "## Real connector workers" in text and "### vllm-nixl (vllm 0.33.0)" in text
@@ -404,7 +404,7 @@ def test_the_report_shows_each_case_its_outcome_and_the_counts_beside_the_minimu
 def test_a_case_that_ends_otherwise_than_expected_fails_the_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kvspec.cli import main
+    from field.report import main
 
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -427,7 +427,7 @@ def test_a_case_that_ends_otherwise_than_expected_fails_the_report(
     ledger = tmp_path / "defects.json"
     ledger.write_text(json.dumps({"defects": {}}))
     out = tmp_path / "report.md"
-    args = ["field-report", "--reports", str(reports), "--ledger", str(ledger), "--out", str(out)]
+    args = ["--reports", str(reports), "--ledger", str(ledger), "--out", str(out)]
     assert main([*args, "--root", str(tmp_path)]) == 0
     assert "## Real connector workers" in out.read_text()
     data = json.loads(out.with_suffix(".json").read_text())

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.cli import main
-from kvspec.cli.field_report import history as fh
-from kvspec.cli.field_report import verdicts as fr
+from field.report import history as fh
+from field.report import main
+from field.report import verdicts as fr
+from tests.field.test_field_report import LEDGER, REPORTS
 from tests.paths import ROOT
-from tests.suite.test_field_report import LEDGER, REPORTS
 
 TP4_TO_TP2 = {  # 2 KV heads: the source replicates them, the target does not
     "source": {"tp": 4, "pp": 1, "layer_partition": None},
@@ -263,7 +263,7 @@ def test_the_report_gains_the_table_with_recall_and_its_json(tmp_path: Path) -> 
     ledger = tmp_path / "defects.json"
     ledger.write_text(json.dumps(LEDGER))
     out = tmp_path / "report.md"
-    args = ["field-report", "--reports", str(reports), "--ledger", str(ledger), "--out", str(out)]
+    args = ["--reports", str(reports), "--ledger", str(ledger), "--out", str(out)]
     main([*args, "--root", str(tmp_path), "--history", str(corpus)])
     text = out.read_text()
     section = text.split("## Historical field bugs: kvspec's recall\n", 1)[1].split("\n## ")[0]

@@ -1,5 +1,9 @@
 """Write the field report: what kvspec finds on real engines, judged as a maintainer would.
 
+The project's own tool, not part of the kvspec wheel: `make field` (field/run.sh) and
+`make field-report` run it as ``python -m field.report``. It imports nothing from kvspec,
+no engine and no torch, so it runs in any venv.
+
 Reads the JSON reports `make field` writes (one per engine, from `kvspec conform ENGINE
 --profile ci --json`: each failure's consequence tier, whether serving reaches it and the
 evidence, the failures grouped by root cause), the targeted replays, the repro scripts'
@@ -14,7 +18,10 @@ the engine accepts, reachable in serving, one entry per root cause. Inputs the c
 says to refuse that go through are hardening notes; correct results by another
 legitimate choice are differences from kvspec's choices; failures serving never reaches
 are listed with the evidence; every earlier claim the ledger withdraws stays visible
-with its reason.
+with its reason. Where the triage shows that serving turns what the engine's functions
+compute into another outcome (a transfer serving never starts, an input its shipped
+models refuse), the ledger's ``serving`` verdict decides, and the run's own tiers stay
+listed beside it (field/report/verdicts.py).
 
 Exit status 1 when a failure has no ledger entry (UNTRIAGED) or the run contradicts a
 verdict of the ledger (an open defect with no reachable corrupts/breaks evidence, or a
@@ -22,8 +29,8 @@ withdrawn one the run shows reachable), so a new engine release cannot change th
 picture unnoticed.
 
 examples:
-  kvspec field-report                          # reports/field -> docs/field-report.{md,json}
-  kvspec field-report --reports DIR --out -    # print the Markdown instead (no JSON)
+  python -m field.report                          # reports/field -> docs/field-report.{md,json}
+  python -m field.report --reports DIR --out -    # print the Markdown instead (no JSON)
 """
 
 from __future__ import annotations
@@ -31,25 +38,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvspec.cli.field_report.history import (
+from field.report.history import (
     history_json,
     history_section,
     judge_history,
     load_corpus,
 )
-from kvspec.cli.field_report.json_twin import as_json
-from kvspec.cli.field_report.markdown import render
-from kvspec.cli.field_report.verdicts import LEDGER, judge, stale_triage
-from kvspec.cli.field_report.workers import load_workers, unexpected
+from field.report.json_twin import as_json
+from field.report.markdown import render
+from field.report.verdicts import LEDGER, judge, stale_triage
+from field.report.workers import load_workers, unexpected
 
-__all__ = ["HELP", "NAME", "add_arguments", "load_impacts", "load_reports", "run"]
+__all__ = ["PROG", "add_arguments", "build_parser", "load_impacts", "load_reports", "main", "run"]
 
-NAME = "field-report"
-HELP = "write docs/field-report.md and .json from the JSON reports of `make field`"
+PROG = "python -m field.report"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,11 +76,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default: the command line) and write the report; the exit status."""
+    return run(build_parser().parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
     reports_dir = Path(args.reports)
     reports = load_reports(reports_dir)
     if not reports:
-        print(f"kvspec field-report: no ENGINE.json reports in {reports_dir}", file=sys.stderr)
+        print(f"{PROG}: no ENGINE.json reports in {reports_dir}", file=sys.stderr)
         return 2
     ledger = json.loads(Path(args.ledger).read_text())
     root = Path(args.root)
@@ -114,18 +135,18 @@ def run(args: argparse.Namespace) -> int:
         data = as_json(reports, field_run, history, workers)
         Path(json_out).write_text(json.dumps(data, indent=2) + "\n")
     for engine, check in field_run.untriaged:
-        print(f"kvspec field-report: UNTRIAGED {engine} {check}", file=sys.stderr)
+        print(f"{PROG}: UNTRIAGED {engine} {check}", file=sys.stderr)
     for line in field_run.contradictions:
-        print(f"kvspec field-report: the run contradicts {LEDGER}: {line}", file=sys.stderr)
+        print(f"{PROG}: the run contradicts {LEDGER}: {line}", file=sys.stderr)
     for engine, check in stale_triage(reports, ledger):
         print(
-            f"kvspec field-report: warning: {LEDGER} explains {engine} {check}, "
+            f"{PROG}: warning: {LEDGER} explains {engine} {check}, "
             "which did not fail (fixed upstream? remove the entry)",
             file=sys.stderr,
         )
     worker_problems = unexpected(workers)
     for line in worker_problems:
-        print(f"kvspec field-report: worker harness: {line}", file=sys.stderr)
+        print(f"{PROG}: worker harness: {line}", file=sys.stderr)
     return 1 if field_run.untriaged or field_run.contradictions or worker_problems else 0
 
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvspec.cli.field_report.impact import (
+from field.report.impact import (
     cell_text,
     hits,
     impact_rows,
@@ -18,7 +18,7 @@ from kvspec.cli.field_report.impact import (
     start_key,
     starts,
 )
-from kvspec.cli.field_report.verdicts import (
+from field.report.verdicts import (
     DIFFERENCE,
     FAILED,
     GENERATED,
@@ -42,7 +42,7 @@ from kvspec.cli.field_report.verdicts import (
     judge,
     reach_of,
 )
-from kvspec.cli.field_report.workers import worker_lines
+from field.report.workers import worker_lines
 
 
 def _first_line(text: str, limit: int = 400) -> str:
@@ -136,7 +136,7 @@ def render(
 ) -> str:
     """The whole report as Markdown; only the ``Generated:`` line depends on the run.
     ``history`` is the historical corpus's section, already rendered
-    (:func:`kvspec.cli.field_report.history.history_section`), placed after the defects;
+    (:func:`field.report.history.history_section`), placed after the defects;
     ``workers``: the worker harness's results by engine (``ENGINE.workers.json``)."""
     replays = replays or {}
     meta = meta or {}
@@ -180,7 +180,8 @@ def _opening(
     out = [
         "# kvspec on real engines",
         "",
-        "<!-- Written by `kvspec field-report` from the reports of `make field`; do not edit. "
+        "<!-- Written by `python -m field.report` (field/report/) from the reports of "
+        "`make field`; do not edit. "
         f"Verdicts live in {LEDGER}; the same report as data: docs/field-report.json. -->",
         "",
         f"{GENERATED} {today.isoformat()}{minutes}",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvspec.cli.field_report.verdicts import FAILED, HEADLINE_TIERS, counterexample_facts
+from field.report.verdicts import FAILED, HEADLINE_TIERS, counterexample_facts
 
 SIDES = ("buggy", "fixed")
 FAILS, PASSES, NOT_RUN, INCOMPLETE = "fails", "passes", "not run", "incomplete"
@@ -40,7 +40,7 @@ REQUIRED = ("id", "title", "engine", "threads", "symptom", "harm", "buggy", "fix
 
 def scope_facts(counterexample: Any) -> dict[str, Any]:
     """What a bug's ``scope`` can ask of a counterexample: the field report's facts
-    (:func:`~kvspec.cli.field_report.verdicts.counterexample_facts`: dotted paths,
+    (:func:`~field.report.verdicts.counterexample_facts`: dotted paths,
     ``tp_divides``, ``pipeline``) and three of the head ownership rules [HEAD-1, HEAD-2]:
     ``source.replicates_heads`` / ``target.replicates_heads`` (that stage's TP exceeds the
     KV head count, so ranks hold replicas; None for MLA, whose latent every rank holds
