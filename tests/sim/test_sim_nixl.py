@@ -115,6 +115,28 @@ def test_key_lists_longer_than_the_engines_queue_move_whole(transfer: str, trans
     assert rows_per_key(report) > 2 * mooncake.QUEUE_DEFAULT, report.receiver_stats
 
 
+@pytest.mark.parametrize("transfer", ["pull", "write"])
+@pytest.mark.parametrize("transport", [t for t in ENGINES if t.id == "mooncake"])
+def test_a_transfer_the_library_fails_is_booked_as_its_error_not_a_drop(
+    monkeypatch, transfer: str, transport: str
+) -> None:
+    """Issue 46's failure, kept on purpose: each key's 4,096 rows in one Mooncake batch
+    (no split to its queue), which its TCP transport refuses (-1). Each failed transfer is
+    booked as Mooncake's error with its words and fails its request with them; nothing
+    is booked as a fault (no drop observed that nobody injected), and the run fails."""
+    monkeypatch.setattr(mooncake, "queue_depth", lambda: 1 << 30)  # the forked ranks too
+    report = run_simulation(make(4, transfer, transport, requests=2, seq_len=(LONG, LONG)))
+    failed = report.library_errors.get("Mooncake", [])
+    assert failed and set(report.library_errors) == {"Mooncake"}, report.render()
+    assert all("returned -1" in what for what in failed), failed
+    assert report.fault_counts() == {} and not report.unbalanced_faults(), report.fault_counts()
+    assert not report.ok and report.verified == 0, report.render()
+    for outcome in report.outcomes:
+        assert any("returned -1" in r for r in outcome.reasons), outcome
+    assert f"library:    Mooncake failed {len(failed)} transfer(s)" in report.render()
+    assert report.to_dict()["library_errors"] == {"Mooncake": failed}
+
+
 def test_a_list_goes_to_mooncake_in_batches_its_queue_holds(monkeypatch) -> None:
     """:func:`sim.mooncake.batch_transfer`: the rows in order, in batches of the queue's
     depth (``MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER`` where Mooncake takes the value, else
