@@ -370,9 +370,8 @@ class OneSidedPath(RegionPath):
                 self.ep.book.inject("drop", flight.key)
             elif not self.notifies:  # now, over ZMQ
                 self.ep.put(dst, [flight.notif, b""])
-            if flight.dup:  # right behind its original: a dup
-                self.ep.book.inject("dup", flight.key)
-                self._notify_write(dst, flight.notif)
+            if flight.dup and self._notify_write(dst, flight.notif, flight.key):
+                self.ep.book.inject("dup", flight.key)  # right behind its original
         for dst, queue in self.q.writes.items():
             while queue and dst in self.broken:  # its receiver is gone: say why, send nothing
                 self._broken(dst, self.broken[dst], queue.popleft()[0])
@@ -421,8 +420,8 @@ class OneSidedPath(RegionPath):
         peer = self.remote_dst[dst]
         faults, send_note, dup = ep.faults, note, False
         # the wire faults in the order every path strikes them [sim.faults]
-        if faults.hit("garbage"):  # booked where it is refused: here, or by the receiver
-            self._notify_write(dst, faults.garbage())
+        # garbage: booked where it is refused, here or by the receiver, once it is sent
+        if faults.hit("garbage") and self._notify_write(dst, faults.garbage(), key):
             ep.book.inject("garbage", _edge(ep, ep.who.rank, dst, ep.who.stage))
         if faults.hit("drop"):  # booked once the WRITE is done
             send_note = b""  # the bytes land; nobody is told
@@ -529,18 +528,23 @@ class OneSidedPath(RegionPath):
         with suppress(Exception):  # a handle of a dead peer's may not release cleanly
             self.engine.release(handle)
 
-    def _notify_write(self, dst: int, message: bytes) -> None:
-        """A notification to receiver ``dst`` beside a WRITE: through the engine, or over
-        the verified connection (one frame of garbage is refused there by the receiver
-        itself; an envelope travels as ``[envelope, b""]``)."""
+    def _notify_write(self, dst: int, message: bytes, key: str) -> bool:
+        """A notification to receiver ``dst`` beside the WRITE of ``key``: through the
+        engine, or over the verified connection (one frame of garbage is refused there by
+        the receiver itself; an envelope travels as ``[envelope, b""]``). False when the
+        engine refused it (booked as its error: the fault it carried never struck)."""
         assert self.engine is not None
         if not self.notifies:
             self.ep.put(dst, [message] if message[:1] != b"{" else [message, b""])
-            return
+            return True
         try:
             self.engine.notify(self.remote_dst[dst].name, message)
-        except Exception:
+        except Exception as error:
             self.ep.stats["onesided_errors"] += 1
+            edge = _edge(self.ep, self.ep.who.rank, dst, self.ep.who.stage)
+            self._library_error(edge, key, f"its notification was refused ({_error(error)})")
+            return False
+        return True
 
     # -- the admission ---------------------------------------------------------------
     def check(
