@@ -187,7 +187,7 @@ def swa_writes(model: Model, prefill_pp: int, decode_pp: int, adapter: SglangAda
                 out[part].setdefault(dst_pp, {})[src_pp] = [
                     (src_label[s], dst_label[d])
                     for s_list, d_list in ((sk, dk), (sv, dv))
-                    for s, d in zip(s_list[:n], d_list[:n])
+                    for s, d in zip(s_list[:n], d_list[:n], strict=True)
                 ]
     return out
 
@@ -267,12 +267,18 @@ def sweep_one(adapter: SglangAdapter, model: Model, prefill_pp: int, decode_pp: 
     case = case_of(adapter, model, started[0], prefill_pp, decode_pp)
     kinds = "KV" if case.model.kv_tensors == 2 else "L"
     decode_layers = {
-        p: [(kv, layer) for layer in adapter._layers(case.target, layers, p) for kv in range(len(kinds))]
+        p: [
+            (kv, layer)
+            for layer in adapter._layers(case.target, layers, p)
+            for kv in range(len(kinds))
+        ]
         for p in range(decode_pp)
     }
     row |= counts(adapter_writes(adapter, case, decode_pp), decode_layers, kinds)
     row["pool"] = "MLA pool" if attention == "mla" else "MHATokenToKVPool (no layer ids)"
-    row["hit"] = bool(sum(row["misrouted_writes"].values()) or row["decode_buffers_without_their_layer"])
+    row["hit"] = bool(
+        sum(row["misrouted_writes"].values()) or row["decode_buffers_without_their_layer"]
+    )
     return row
 
 
@@ -327,7 +333,10 @@ def main() -> int:
         )
         + "\n"
     )
-    print(f"{'model':26} {'P->D PP':>8} {'split':24} {'TPs':>10} {'K wrong':>8} {'V wrong':>8} {'stages':>6}")
+    print(
+        f"{'model':26} {'P->D PP':>8} {'split':24} {'TPs':>10} "
+        f"{'K wrong':>8} {'V wrong':>8} {'stages':>6}"
+    )
     for r in rows + synthetic:
         split = ",".join(map(str, r["prefill"]["split"]))
         for part in ("full_attention", "swa_attention") if r["attention"] == "swa" else (None,):
