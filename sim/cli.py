@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvspec import __version__
-from kvspec.cli.args import (
+from kvspec.console.args import (
     MAX_HEAD_DIM,
     MAX_HEADS,
     MAX_LAYERS,
@@ -60,10 +60,10 @@ from kvspec.cli.args import (
     number_in,
     seconds_in,
 )
-from kvspec.cli.exits import run_to_exit
-from kvspec.cli.nearby import Knob, flag_hint, nearby, print_hints
-from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.cli.plan import (
+from kvspec.console.exits import run_to_exit
+from kvspec.console.nearby import Knob, flag_hint, nearby, print_hints
+from kvspec.console.output import STDOUT, add_json_option, check_writable, write_json
+from kvspec.console.stage_options import (
     SIDES,
     add_parallel_arguments,
     groups_from_args,

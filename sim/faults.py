@@ -41,7 +41,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from kvspec.cli.args import decimal
+from kvspec.console.args import decimal
 
 PROBABILITIES = ("drop", "dup", "reorder", "corrupt", "garbage", "late", "abort", "reuse")
 RANK_KINDS = ("kill", "hang", "restart", "fail-nth")
@@ -116,7 +116,7 @@ class FaultSpec:
 
 
 def _number(name: str, text: str) -> float:
-    """A number of a fault spec, as written (:func:`kvspec.cli.args.decimal`)."""
+    """A number of a fault spec, as written (:func:`kvspec.console.args.decimal`)."""
     try:
         return decimal(text)
     except ValueError as error:

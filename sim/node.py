@@ -39,8 +39,8 @@ from datetime import timedelta
 from typing import Any
 
 from kvspec import __version__
-from kvspec.cli.args import Parser
-from kvspec.cli.output import STDOUT, check_writable, write_json
+from kvspec.console.args import Parser
+from kvspec.console.output import STDOUT, check_writable, write_json
 from kvspec.naming.ports import port
 from sim.auth import KEY_ENV, RunSecret, board_key, run_key
 from sim.cli import add_run_arguments, config_from_args

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-from kvspec.cli.plan import human_bytes
+from kvspec.console.units import human_bytes
 from sim.report import human_rate
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.cli.plan import human_bytes
+from kvspec.console.units import human_bytes
 from sim.accounting import BY_REQUEST, MESSAGE_FAULTS, RANK_FAULTS, count
 from sim.config import ENGINE_NAMES, ONE_SIDED, SimConfig
 from sim.tally import RequestOutcome

@@ -9,7 +9,7 @@ import math
 import socket
 from collections.abc import Sequence
 
-from kvspec.cli.args import some_of
+from kvspec.console.args import some_of
 from kvspec.memory.cache_layout import (
     PRESETS,
     CacheShape,
