@@ -40,11 +40,11 @@ from kvspec.memory.descriptors import Runs, plan_runs, share_positions
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import ONE_SIDED_LIBRARIES, SimConfig
-from sim.onesided_checks import quiet_engines, unloadable
-from sim.regions import registered_cache
-from sim.workload import Workload
+from sim.harness.cluster import run_simulation
+from sim.paths.onesided_checks import quiet_engines, unloadable
+from sim.paths.regions import registered_cache
+from sim.run.config import ONE_SIDED_LIBRARIES, SimConfig
+from sim.run.workload import Workload
 
 KIB = 1024
 

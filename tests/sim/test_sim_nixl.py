@@ -1,6 +1,6 @@
 """``--transport nixl`` (and ``mooncake``, the same one-sided layer): every request's KV
 moves one-sided through NIXL over UCX on DRAM, or the Mooncake transfer engine over
-TCP [sim.onesided, sim.nixl, sim.mooncake, DESC-1..3] — READs posted by receivers,
+TCP [sim.paths.onesided, sim.paths.nixl, sim.paths.mooncake, DESC-1..3] — READs posted by receivers,
 WRITEs by senders, each key's descriptor list one engine transfer, every element
 verified against the oracle; the faults that mean something for a one-sided transfer;
 the runs it refuses.
@@ -16,13 +16,13 @@ import pytest
 
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import ONE_SIDED_LIBRARIES, SimConfig
-from sim.faults import parse_faults
-from sim.onesided_checks import unloadable
-from sim.report import SimReport
-from sim.validation import exposure, validate
-from sim.workload import Workload
+from sim.books.report import SimReport
+from sim.harness.cluster import run_simulation
+from sim.harness.validation import exposure, validate
+from sim.paths.onesided_checks import unloadable
+from sim.run.config import ONE_SIDED_LIBRARIES, SimConfig
+from sim.run.faults import parse_faults
+from sim.run.workload import Workload
 from tests.sim import runs
 
 

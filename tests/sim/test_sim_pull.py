@@ -19,9 +19,9 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
 from sim.cli import main as sim_main
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.pull import PullAgent
+from sim.harness.cluster import run_simulation
+from sim.paths.pull import PullAgent
+from sim.run.config import SimConfig
 from tests.sim import runs
 from tests.sim.runs import MHA, assert_all_verified, domain_runs, small_run
 
@@ -151,7 +151,7 @@ FAULTS = runs.faults_of("drop", "dup", "reorder", "corrupt", "garbage", "kill")
 @pytest.mark.parametrize("kind", list(FAULTS))
 def test_pull_books_balance(kind: str) -> None:
     """Each fault strikes answers as it strikes payloads; over ten seeds the books balance
-    key by key, and only the struck requests fail [sim.accounting]."""
+    key by key, and only the struck requests fail [sim.books.accounting]."""
     for seed in range(10):
         report = runs.faulted_run(
             kind,
@@ -172,7 +172,7 @@ def test_pull_books_balance(kind: str) -> None:
 
 def test_a_read_is_served_only_to_a_verified_receiver_for_its_own_share() -> None:
     """A read from an unknown connection is a stranger's; one naming another receiver's key,
-    or asking for other bytes than the spec's list, is refused [sim.auth, DESC-1]."""
+    or asking for other bytes than the spec's list, is refused [sim.net.auth, DESC-1]."""
     plan = plan_transfer(StageLayout(2), StageLayout(2), MHA)
     cache = RegisteredCache("flash_attn", 2, 3, 4, 2, 8, "bfloat16")
     made = plan_descriptors(plan, plan.edge(0, 0), cache, [1, 2], cache, [0, 1], range(6))

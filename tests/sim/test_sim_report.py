@@ -14,13 +14,13 @@ import pytest
 
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout
-from sim.clock import process_age, process_start
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.faults import parse_faults
-from sim.progress import ProgressBar
-from sim.report import SimReport, human_rate
-from sim.workload import Workload
+from sim.books.report import SimReport, human_rate
+from sim.harness.clock import process_age, process_start
+from sim.harness.cluster import run_simulation
+from sim.harness.progress import ProgressBar
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
+from sim.run.workload import Workload
 from tests.paths import ROOT
 from tests.sim.runs import MHA
 
