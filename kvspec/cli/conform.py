@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from kvspec.console.args import quote
 from kvspec.console.output import check_writable
 from kvspec.profile_names import PROFILES
+from kvspec.untrusted_input import InputRefused, loads
 
 # The suite (and so torch and Hypothesis) is imported by run(), so that `kvspec --help`
 # and every other command start without it.
@@ -58,6 +59,10 @@ if TYPE_CHECKING:
 
 NAME = "conform"
 HELP = "check an implementation (through its adapter) against every clause"
+
+MAX_REPLAY_DEPTH = 16
+"""How deep a ``--replay`` example may nest: a drawn example nests a few levels (a list of
+block tables, a map of layers); deeper is refused before the JSON parser recurses."""
 
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 
@@ -254,9 +259,9 @@ def _replay(args: argparse.Namespace, adapter: Adapter) -> int:
             "check id (see `kvspec conform --list`)"
         )
     try:
-        example = json.loads(args.replay)
-    except ValueError as error:
-        raise ValueError(f"--replay must be JSON: {error}") from None
+        example = loads(args.replay, max_depth=MAX_REPLAY_DEPTH)
+    except InputRefused as refusal:
+        raise ValueError(f"--replay {quote(args.replay)} {refusal}") from None
     if not isinstance(example, dict):
         raise ValueError(
             f"--replay must be a JSON object (the example a failure prints), got "

@@ -33,6 +33,13 @@ A receiver observes the message faults in one admission, the same on every data 
 (:meth:`sim.rank.receiver.Receiver.admit`): a second copy is ``late`` or ``dup`` by its
 ``seq`` alone, whichever path carried it.
 
+A transfer library's own error is no fault: when NIXL or Mooncake refuses or fails a
+transfer (:mod:`sim.paths.onesided`), the rank that posted it books it under ``errors``, by
+library, with the library's words, and its key is skipped with that reason; it is never
+counted as a fault observed (a key listed as sent and never seen would otherwise be
+booked a ``drop`` nobody injected), and the run's report names it apart
+(:attr:`sim.books.report.SimReport.library_errors`).
+
 Rank faults (``kill``, ``hang``) are announced by the rank to the parent just before
 they strike, and observed by the parent (a death, or no answer by the deadline).
 ``delay`` is a condition of every message, not an event, and is not counted. The
@@ -73,10 +80,12 @@ def count(kind: str, booked: list[str]) -> int:
 
 @dataclass
 class FaultBook:
-    """One rank's books: what it injected and what it observed, by fault, as keys."""
+    """One rank's books: what it injected and what it observed, by fault, as keys; and
+    the transfers a library failed, by library (not faults)."""
 
     injected: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     observed: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    errors: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
     def inject(self, kind: str, what: str) -> None:
         self.injected[kind].append(what)
@@ -84,8 +93,16 @@ class FaultBook:
     def observe(self, kind: str, what: str) -> None:
         self.observed[kind].append(what)
 
+    def error(self, library: str, what: str) -> None:
+        """A transfer ``library`` failed: ``what`` says which, in the library's words."""
+        self.errors[library].append(what)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"injected": dict(self.injected), "observed": dict(self.observed)}
+        return {
+            "injected": dict(self.injected),
+            "observed": dict(self.observed),
+            "errors": dict(self.errors),
+        }
 
 
 @dataclass
@@ -118,6 +135,11 @@ class Ledger:
     @property
     def observed(self) -> dict[str, list[str]]:
         return self._sum("observed")
+
+    @property
+    def errors(self) -> dict[str, list[str]]:
+        """The transfers each library failed, every rank's together."""
+        return self._sum("errors")
 
     def counts(self) -> dict[str, dict[str, int]]:
         """fault -> {"injected": n, "observed": m}, for every fault either side saw."""

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.console.units import human_bytes
+from kvspec.cli.plan import human_bytes
 from sim.books.accounting import BY_REQUEST, MESSAGE_FAULTS, RANK_FAULTS, count
 from sim.books.tally import RequestOutcome
 from sim.run.config import ENGINE_NAMES, ONE_SIDED, SimConfig
@@ -54,6 +54,9 @@ class SimReport:
     stack_dumps: str = ""
     fault_keys: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     """``{"injected": {fault: [key or rank, ...]}, "observed": {...}}`` (sim.books.accounting)."""
+    library_errors: dict[str, list[str]] = field(default_factory=dict)
+    """The transfers a transfer library failed, by library (``NIXL``, ``Mooncake``): which
+    and the library's words; its own verdict, never a fault (sim.books.accounting)."""
     books_closed: int = 0
     """Ranks whose final books arrived."""
     strangers: dict[str, int] = field(default_factory=dict)
@@ -143,6 +146,7 @@ class SimReport:
             and not self.timed_out
             and not self.corrupted
             and not self.violations
+            and not self.library_errors
         )
 
     @property
@@ -290,6 +294,7 @@ class SimReport:
             "processes": self.processes,
             "faults": self.fault_counts(),
             "faults_unbalanced": self.unbalanced_faults(),
+            "library_errors": self.library_errors,
             "books_closed": self.books_closed,
             "strangers": self.strangers,
             "lifecycle": self.lifecycle,
@@ -500,6 +505,12 @@ class SimReport:
                 if not unbalanced
                 else f"            books DO NOT balance for {', '.join(unbalanced)}"
             )
+        for library, failed in sorted(self.library_errors.items()):
+            lines.append(
+                f"library:    {library} failed {len(failed)} transfer(s): its own errors, "
+                "not faults (none is booked as one)"
+            )
+            lines += [f"  {what}" for what in failed[:5]]
         life = self.lifecycle
         if life.get("traces"):
             lines.append(

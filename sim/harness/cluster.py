@@ -577,6 +577,7 @@ class Cluster:
                 "injected": dict(self.ledger.injected),
                 "observed": dict(self.ledger.observed),
             },
+            library_errors=dict(self.ledger.errors),
             books_closed=len(self.ledger.closed),
             strangers=dict(self.strangers),
             lifecycle=lifecycle_summary(self.lifecycle, self.by_tag),

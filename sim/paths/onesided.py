@@ -46,12 +46,17 @@ so a key is never declared lost while its notification is still queued.
 **Faults.** ``write``: ``drop=P`` (the WRITE lands, its notification is not sent: the
 receiver fails the request when the end-of-stream lists the key), ``dup=P`` (the
 notification is sent again right after the WRITE completes: booked ``dup``, never
-landed twice), ``garbage=P`` (a malformed notification first), ``delay=T``; both:
-``kill``/``hang`` of a rank, which its peers learn of as on every path (a READ or
-WRITE to a dead peer fails, or never completes: its request fails with the reason).
-Other faults are refused (:func:`sim.paths.onesided_checks.check_onesided`). A notification
-through an engine is not authenticated by it: a forged one can fail a request (its CRC
-or the oracle refuses it), never make it wrong.
+landed twice; both booked once the WRITE is done), ``garbage=P`` (a malformed
+notification first), ``delay=T``; both: ``kill``/``hang`` of a rank, which its peers
+learn of as on every path (a READ or WRITE to a dead peer fails, or never completes:
+its request fails with the reason). Other faults are refused
+(:func:`sim.paths.onesided_checks.check_onesided`). A notification through an engine is not
+authenticated by it: a forged one can fail a request (its CRC or the oracle refuses
+it), never make it wrong.
+
+**Library errors.** A READ or WRITE the library refuses or fails is no fault: it is
+booked as the library's error, in its words (:mod:`sim.books.accounting`), its request fails
+with them, and the key is skipped, never listed as sent (so no ``drop`` is observed).
 """
 
 from __future__ import annotations
@@ -354,20 +359,39 @@ class OneSidedPath(RegionPath):
             state = self._state(flight.handle)
             if state == "PROC":
                 continue
-            if state == "DONE" and not self.notifies and flight.send:  # now, over ZMQ
-                self.ep.put(dst, [flight.notif, b""])
-            if state == "DONE" and flight.dup:  # right behind its original: a dup
-                self._notify_write(dst, flight.notif)
             self._release(flight.handle)
             del self.q.inflight[dst]
             if state != "DONE":
-                self._broken(dst, f"its {self.label} WRITE failed ({state})", flight.key)
+                self._write_failed(dst, flight.key, f"its {self.label} WRITE failed ({state})")
+                continue
+            # a WRITE's faults are booked once it is done: one the library failed is not
+            # dropped or duplicated, only failed
+            if not flight.send:
+                self.ep.book.inject("drop", flight.key)
+            elif not self.notifies:  # now, over ZMQ
+                self.ep.put(dst, [flight.notif, b""])
+            if flight.dup and self._notify_write(dst, flight.notif, flight.key):
+                self.ep.book.inject("dup", flight.key)  # right behind its original
         for dst, queue in self.q.writes.items():
             while queue and dst in self.broken:  # its receiver is gone: say why, send nothing
                 self._broken(dst, self.broken[dst], queue.popleft()[0])
             if dst in self.q.inflight or dst not in self.remote_dst or not queue:
                 continue
             self._write(dst, *queue.popleft())
+
+    def _write_failed(self, dst: int, key: str, why: str) -> None:
+        """The library failed the WRITE of ``key`` to ``dst``: booked as its error, never
+        as a fault, the key no longer listed as sent (its end-of-stream lists it skipped,
+        with ``why``, so no ``drop`` is observed), and the receiver broken."""
+        ep = self.ep
+        self._library_error(_edge(ep, ep.who.rank, dst, ep.who.stage), key, why)
+        with suppress(ValueError):
+            ep.sent_keys[dst].remove(key)
+        self._broken(dst, why, key)
+
+    def _library_error(self, edge: str, key: str, why: str) -> None:
+        """A transfer the library refused or failed, in its words [sim.books.accounting]."""
+        self.ep.book.error(self.label, f"{edge} {key}: {why}")
 
     def _broken(self, dst: int, why: str, key: str) -> None:
         """A WRITE to ``dst`` failed: this key and every later one are skipped, with why."""
@@ -396,21 +420,19 @@ class OneSidedPath(RegionPath):
         peer = self.remote_dst[dst]
         faults, send_note, dup = ep.faults, note, False
         # the wire faults in the order every path strikes them [sim.run.faults]
-        if faults.hit("garbage"):  # booked where it is refused: here, or by the receiver
-            self._notify_write(dst, faults.garbage())
+        # garbage: booked where it is refused, here or by the receiver, once it is sent
+        if faults.hit("garbage") and self._notify_write(dst, faults.garbage(), key):
             ep.book.inject("garbage", _edge(ep, ep.who.rank, dst, ep.who.stage))
-        if faults.hit("drop"):
-            ep.book.inject("drop", key)
+        if faults.hit("drop"):  # booked once the WRITE is done
             send_note = b""  # the bytes land; nobody is told
         if ep.config.faults.delay_s:
             time.sleep(ep.config.faults.delay_s)
         if send_note and faults.hit("dup"):
-            ep.book.inject("dup", key)
             dup = True
         riding = send_note if self.notifies else b""
         handle, state = self._post(runs, "src", peer, "WRITE", riding)
         if state.startswith("ERR"):
-            self._broken(dst, f"its {self.label} WRITE could not be posted ({state})", key)
+            self._write_failed(dst, key, f"its {self.label} WRITE could not be posted ({state})")
             return
         self.q.inflight[dst] = InFlight(
             handle, key, seq, time.time(), notif=note, dup=dup, send=bool(send_note)
@@ -430,7 +452,7 @@ class OneSidedPath(RegionPath):
                 outstanding.popleft()
                 self._release(flight.handle)
                 if state != "DONE":
-                    self._read_failed(src, flight.key, f"failed ({state})")
+                    self._read_failed(src, flight.key, f"failed ({state})", library=True)
                     continue
                 if not self.notifies:  # the source learns of the read over ZMQ
                     with suppress(zmq.ZMQError):
@@ -452,9 +474,12 @@ class OneSidedPath(RegionPath):
                     continue
                 self._read(src, key, request_id, chunk)
 
-    def _read_failed(self, src: int, key: str, why: str) -> None:
-        """A READ from ``src`` failed: its request fails with why; no more are posted."""
+    def _read_failed(self, src: int, key: str, why: str, *, library: bool = False) -> None:
+        """A READ from ``src`` failed: its request fails with why; no more are posted. The
+        library's own failure (``library``) is booked as its error, not a fault."""
         ep = self.ep
+        if library:
+            self._library_error(_edge(ep, src, ep.who.rank, ep.who.stage - 1), key, why)
         ep.stats["onesided_errors"] += 1
         self.broken.setdefault(src, why)
         ep.fail(
@@ -469,7 +494,7 @@ class OneSidedPath(RegionPath):
         notif = messages.dump({"read": key}) if self.notifies else b""
         handle, state = self._post(runs, "dst", self.remote_src[src], "READ", notif)
         if state.startswith("ERR"):
-            self._read_failed(src, key, f"could not be posted ({state})")
+            self._read_failed(src, key, f"could not be posted ({state})", library=True)
             return
         seq = self.seq[src]
         self.seq[src] += 1
@@ -503,18 +528,23 @@ class OneSidedPath(RegionPath):
         with suppress(Exception):  # a handle of a dead peer's may not release cleanly
             self.engine.release(handle)
 
-    def _notify_write(self, dst: int, message: bytes) -> None:
-        """A notification to receiver ``dst`` beside a WRITE: through the engine, or over
-        the verified connection (one frame of garbage is refused there by the receiver
-        itself; an envelope travels as ``[envelope, b""]``)."""
+    def _notify_write(self, dst: int, message: bytes, key: str) -> bool:
+        """A notification to receiver ``dst`` beside the WRITE of ``key``: through the
+        engine, or over the verified connection (one frame of garbage is refused there by
+        the receiver itself; an envelope travels as ``[envelope, b""]``). False when the
+        engine refused it (booked as its error: the fault it carried never struck)."""
         assert self.engine is not None
         if not self.notifies:
             self.ep.put(dst, [message] if message[:1] != b"{" else [message, b""])
-            return
+            return True
         try:
             self.engine.notify(self.remote_dst[dst].name, message)
-        except Exception:
+        except Exception as error:
             self.ep.stats["onesided_errors"] += 1
+            edge = _edge(self.ep, self.ep.who.rank, dst, self.ep.who.stage)
+            self._library_error(edge, key, f"its notification was refused ({_error(error)})")
+            return False
+        return True
 
     # -- the admission ---------------------------------------------------------------
     def check(

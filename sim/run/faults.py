@@ -48,8 +48,8 @@ RANK_KINDS = ("kill", "hang", "restart", "fail-nth")
 MAX_DELAY_S = 10.0
 MAX_SPEC_CHARS = 4096
 _NUMBER = r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
-_DURATION = re.compile(rf"({_NUMBER})(ms|s|us)")
-_RANK = re.compile(rf"(sender|receiver|stage(\d{{1,4}})):(\d{{1,6}})@({_NUMBER})")
+_DURATION = re.compile(rf"({_NUMBER})(ms|s|us)", re.ASCII)
+_RANK = re.compile(rf"(sender|receiver|stage(\d{{1,4}})):(\d{{1,6}})@({_NUMBER})", re.ASCII)
 
 
 @dataclass(frozen=True)
