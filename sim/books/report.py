@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.cli.plan import human_bytes
+from kvspec.console.units import human_bytes
 from sim.books.accounting import BY_REQUEST, MESSAGE_FAULTS, RANK_FAULTS, count
 from sim.books.tally import RequestOutcome
 from sim.run.config import ENGINE_NAMES, ONE_SIDED, SimConfig
