@@ -19,8 +19,9 @@ A data path (``--transfer push|pull|write``: :mod:`sim.paths.push`, :mod:`sim.pa
   (:meth:`Landing.land`) and the admission keeps the request's accounts and completes
   it once nothing is awaited.
 
-A path is given a :class:`PathEndpoint`, never the rank: what it reads of the rank and
-the handful of things it may ask of it. A one-sided transport (NIXL, Mooncake) fits
+A path is given :class:`PathPorts`, never the rank: a read-only :class:`RankView` of it,
+the :class:`Outbound` port its sender implements and the :class:`Inbound` port its
+receiver implements. A one-sided transport (NIXL, Mooncake) fits
 the same shape: ``post`` a descriptor list, ``complete`` on its notification, and
 ``land`` with nothing to copy (the bytes are already in place), after the same
 admission.
@@ -29,7 +30,7 @@ admission.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,46 +123,134 @@ class DataPath(Landing, Protocol):
         ...
 
 
-@dataclass
-class PathEndpoint:
-    """What a data path may read of its rank and ask of it: the narrow endpoint a path
-    is given instead of the rank."""
+@dataclass(frozen=True)
+class RankView:
+    """What a data path reads of its rank: the run, who the rank is, its plans and cache,
+    and the books and hooks it counts in. Neither role's own state is here."""
 
     config: SimConfig
     who: RankId
     workload: Workload
-    requests: dict[str, Request]
+    requests: Mapping[str, Request]
     in_plan: PlanBook | None
     out_plan: PlanBook | None
     sources: tuple[int, ...]
     memory: RankMemory
-    stats: Counter[str]
-    strangers: Counter[str]
-    book: FaultBook
     layer_groups: tuple[range, ...]
-    # the sending side
-    peers: dict[int, bytes]
-    """Receiver rank -> its verified connection."""
-    skipped: dict[int, dict[str, str]]
-    """Receiver rank -> its keys not sent, and why (the end-of-stream says)."""
-    sent_keys: dict[int, list[str]]
-    aborted_out: set[tuple[str, int]]
-    out_keys: Callable[[Request], list[tuple[str, int, int]]]
-    put_ranges: Callable[[int, str, list[Any], Slot | None, str], None]
-    put: Callable[[int, list[Any]], None]
-    """Frames to a receiver's verified connection, as they are (a one-sided path's
-    set-up: its agent metadata, :mod:`sim.paths.nixl`)."""
     faults: FaultInjector
-    transmit: Callable[[int, str, Payload, float | None, Slot | None], None]
+    stats: Counter[str]
+    """The rank's counters, which a path adds to."""
+    strangers: Counter[str]
+    """Messages from strangers, refused, by kind."""
+    book: FaultBook
     compute: Callable[[int], None]
+    """The loop's stand-in for computing one layer group (streamed runs)."""
     strike: Callable[[bool], None]
-    # the receiving side
-    incoming: dict[str, Incoming]
-    key_owner: dict[str, tuple[str, int, int]]
-    key_group: dict[str, int]
-    dead_sources: set[int]
-    ended_sources: set[int]
-    dealer_of: Callable[[int], Any]
-    admit: Callable[[int, list[Any], float, Landing], None]
-    fail: Callable[[Incoming, str], None]
-    landed: Callable[[Incoming, float], None]
+    """The rank's own kill and hang faults, struck on a send (True) or a receive."""
+
+
+class Outbound(Protocol):
+    """The port a data path sends through, implemented by the rank's sender
+    (:class:`sim.rank.sender.Sender`): its connections, the keys it sent or skipped, and
+    the sends themselves, each through the run's faults."""
+
+    def receivers(self) -> list[int]:
+        """The receiver ranks with a verified connection."""
+        ...
+
+    def receiver_of(self, peer: bytes) -> int | None:
+        """The receiver whose verified connection ``peer`` is, or None (a stranger)."""
+        ...
+
+    def is_skipped(self, dst: int, key: str) -> bool:
+        """Whether ``key`` was skipped for receiver ``dst`` (its end-of-stream says so)."""
+        ...
+
+    def skip_key(self, dst: int, key: str, why: str) -> None:
+        """Not send ``key`` to ``dst``, for the reason the end-of-stream gives."""
+
+    def mark_sent(self, dst: int, key: str) -> None:
+        """``key`` went to ``dst`` (the end-of-stream lists it)."""
+
+    def unmark_sent(self, dst: int, key: str) -> None:
+        """``key`` did not go to ``dst`` after all (its transfer failed)."""
+
+    def aborted(self, request_id: str, dst: int) -> bool:
+        """Whether receiver ``dst`` told this sender to stop sending ``request_id``."""
+        ...
+
+    def out_keys(self, request: Request) -> list[tuple[str, int, int]]:
+        """Every (key, receiver, chunk) this rank owes of ``request``."""
+        ...
+
+    def transmit(
+        self,
+        dst: int,
+        key: str,
+        payload: Payload,
+        started: float | None = None,
+        gathered: Slot | None = None,
+    ) -> None:
+        """Send one payload as a data message, through the run's faults."""
+
+    def put_ranges(
+        self, dst: int, key: str, frames: list[Any], slot: Slot | None, algorithm: str
+    ) -> None:
+        """Send byte ranges as one data message, through the run's faults."""
+
+    def put(self, dst: int, frames: list[Any], *, slot: Slot | None = None) -> None:
+        """Frames to a receiver's verified connection, as they are (a one-sided path's
+        set-up: its agent metadata, :mod:`sim.paths.nixl`)."""
+
+
+class Inbound(Protocol):
+    """The port a data path receives through, implemented by the rank's receiver
+    (:class:`sim.rank.receiver.Receiver`): what it awaits, from whom, and the one
+    admission every path calls."""
+
+    def awaited(self, request_id: str) -> Incoming:
+        """What the receiver holds of ``request_id`` until it is complete or failed."""
+        ...
+
+    def owners(self) -> list[tuple[str, tuple[str, int, int]]]:
+        """Every awaited key with its (request, chunk, source), in the order expected."""
+        ...
+
+    def owner(self, key: str) -> tuple[str, int, int]:
+        """The (request, chunk, source) of an awaited key."""
+        ...
+
+    def group_of(self, key: str) -> int:
+        """The layer group a streamed key carries [STREAM-1]."""
+        ...
+
+    def is_dead(self, src: int) -> bool:
+        """Whether source ``src`` is known dead."""
+        ...
+
+    def has_ended(self, src: int) -> bool:
+        """Whether source ``src`` sent its end-of-stream."""
+        ...
+
+    def dealer_of(self, src: int) -> Any:
+        """The connection to source ``src``."""
+
+    def admit(self, src: int, frames: list[Any], received_at: float, landing: Landing) -> None:
+        """The one admission of a data message (see the module)."""
+
+    def fail(self, state: Incoming, reason: str) -> None:
+        """Fail a request, with the reason."""
+
+    def landed(self, state: Incoming, received_at: float) -> None:
+        """Every byte of a request is in the cache: verify it."""
+
+
+@dataclass(frozen=True)
+class PathPorts:
+    """What a data path is given instead of the rank: a read-only view of it, the port it
+    sends through and the port it receives through. A path touches neither role's state
+    but through these."""
+
+    view: RankView
+    out: Outbound
+    inbound: Inbound

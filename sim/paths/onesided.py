@@ -74,7 +74,7 @@ from kvspec.memory.descriptors import Runs, plan_runs
 from kvspec.transport.checksums import checksum_of
 from sim.net import messages
 from sim.net.endpoints import RankId
-from sim.paths.datapath import Checked, Incoming, PathEndpoint
+from sim.paths.datapath import Checked, Incoming, PathPorts
 from sim.paths.regions import RegionPath, ranges_intact
 
 READ_WINDOW = 8
@@ -179,10 +179,10 @@ class OneSidedPath(RegionPath):
     """How long the rank's loop may sleep: an engine progressed by it (UCX over TCP needs
     both sides progressed) completes no sooner."""
 
-    def __init__(self, ep: PathEndpoint) -> None:
+    def __init__(self, ep: PathPorts) -> None:
         super().__init__(ep)
         self.engine: Engine | None = None
-        self.name = agent_name(ep.who.tag)
+        self.name = agent_name(ep.view.who.tag)
         self.sources_of: dict[str, int] = {}  # remote agent name -> source rank
         self.targets_of: dict[str, int] = {}  # remote agent name -> receiver rank
         self.remote_src: dict[int, Peer] = {}
@@ -206,19 +206,23 @@ class OneSidedPath(RegionPath):
         head = messages.dump(
             {"agent": self.name, "regions": [[int(t.data_ptr()), t.numel()] for t in tensors]}
         )
-        for dst in list(ep.peers):
-            self.targets_of[agent_name(RankId(ep.who.replica, ep.who.stage + 1, dst).tag)] = dst
-            ep.put(dst, [head, metadata])
-        for src in ep.sources:
-            self.sources_of[agent_name(RankId(ep.who.replica, ep.who.stage - 1, src).tag)] = src
-            ep.dealer_of(src).send_multipart([head, metadata])
+        for dst in ep.out.receivers():
+            self.targets_of[
+                agent_name(RankId(ep.view.who.replica, ep.view.who.stage + 1, dst).tag)
+            ] = dst
+            ep.out.put(dst, [head, metadata])
+        for src in ep.view.sources:
+            self.sources_of[
+                agent_name(RankId(ep.view.who.replica, ep.view.who.stage - 1, src).tag)
+            ] = src
+            ep.inbound.dealer_of(src).send_multipart([head, metadata])
         for early_head, early_metadata, rank, source in self.early:
             self._on_metadata(early_head, early_metadata, rank=rank, source=source)
         self.early.clear()
         for key, (request_id, _, _) in self.keys_of.items():
             self.keys_by_request[request_id].append(key)
-        if ep.config.transfer == "pull":
-            for key, (request_id, chunk, src) in ep.key_owner.items():
+        if ep.view.config.transfer == "pull":
+            for key, (request_id, chunk, src) in ep.inbound.owners():
                 self.q.reads[src].append((key, request_id, chunk))
 
     def start(self) -> None:
@@ -239,7 +243,7 @@ class OneSidedPath(RegionPath):
             return True
         names = self.sources_of if source else self.targets_of
         expected = next((n for n, r in names.items() if r == rank), None)
-        registered = self.sources[rank] if source else self._peer(self.ep.who.stage + 1, rank)
+        registered = self.sources[rank] if source else self._peer(self.ep.view.who.stage + 1, rank)
         name, regions = head.get("agent"), head.get("regions")
         added = False
         assert self.engine is not None
@@ -255,7 +259,7 @@ class OneSidedPath(RegionPath):
             except Exception:
                 added = False
         if not added or not isinstance(name, str) or not isinstance(regions, list):
-            self.ep.strangers["one-sided metadata refused"] += 1
+            self.ep.view.strangers["one-sided metadata refused"] += 1
             return True
         peer = Peer(name, np.array([r[0] for r in regions], dtype=np.int64))
         (self.remote_src if source else self.remote_dst)[rank] = peer
@@ -273,8 +277,8 @@ class OneSidedPath(RegionPath):
         local = np.stack([self.bases[own.numpy()] + own_at.numpy(), lengths], axis=1)
         far = np.stack([remote.bases[other.numpy()] + other_at.numpy(), lengths], axis=1)
         handle = self.engine.post(op, local, far, remote.name, notif)
-        self.ep.stats["onesided_transfers"] += 1
-        self.ep.stats["onesided_descriptors"] += len(lengths)
+        self.ep.view.stats["onesided_transfers"] += 1
+        self.ep.view.stats["onesided_descriptors"] += len(lengths)
         return handle
 
     def _views(self, runs: Runs, side: str) -> list[Any]:
@@ -314,17 +318,19 @@ class OneSidedPath(RegionPath):
 
     def _on_notification(self, name: str, note: bytes, received_at: float) -> None:
         ep = self.ep
-        ep.stats["onesided_notifications"] += 1  # through the engine or beside it
-        if name in self.sources_of and ep.config.transfer == "write":
+        ep.view.stats["onesided_notifications"] += 1  # through the engine or beside it
+        if name in self.sources_of and ep.view.config.transfer == "write":
             src = self.sources_of[name]
             try:
                 messages.read_envelope(note)
             except messages.MessageError:
-                ep.stats["onesided_refused"] += 1  # malformed: refused, booked by its edge
-                ep.book.observe("garbage", _edge(ep, src, ep.who.rank, ep.who.stage - 1))
+                ep.view.stats["onesided_refused"] += 1  # malformed: refused, booked by its edge
+                ep.view.book.observe(
+                    "garbage", _edge(ep, src, ep.view.who.rank, ep.view.who.stage - 1)
+                )
                 return
-            ep.admit(src, [Notice(note)], received_at, self)
-        elif name in self.targets_of and ep.config.transfer == "pull":
+            ep.inbound.admit(src, [Notice(note)], received_at, self)
+        elif name in self.targets_of and ep.view.config.transfer == "pull":
             dst = self.targets_of[name]
             try:
                 key = messages.load(note, limit=messages.MAX_ENVELOPE).get("read")
@@ -332,24 +338,24 @@ class OneSidedPath(RegionPath):
                 key = None
             known = self.keys_of.get(key) if isinstance(key, str) else None
             if not isinstance(key, str) or known is None or known[2] != dst or key in self.answered:
-                ep.stats["onesided_refused"] += 1
+                ep.view.stats["onesided_refused"] += 1
                 return
-            ep.sent_keys[dst].append(key)
+            ep.out.mark_sent(dst, key)
             self.answered.add(key)
-            ep.strike(True)
+            ep.view.strike(True)
         else:
-            ep.strangers["nixl notifications refused"] += 1
+            ep.view.strangers["nixl notifications refused"] += 1
 
     # -- sender: write ---------------------------------------------------------------
     def post(self, request_id: str) -> None:
         """``request_id`` is in this rank's cache: queue its WRITEs (a pull's source is
         read without it)."""
         self.ready_requests.add(request_id)
-        if self.ep.config.transfer != "write":
+        if self.ep.view.config.transfer != "write":
             return
         for key in self.keys_by_request.get(request_id, []):
             _, chunk, dst = self.keys_of[key]
-            if key not in self.ep.skipped[dst]:
+            if not self.ep.out.is_skipped(dst, key):
                 self.q.writes[dst].append((key, request_id, chunk))
         self._writes_on()
 
@@ -367,11 +373,11 @@ class OneSidedPath(RegionPath):
             # a WRITE's faults are booked once it is done: one the library failed is not
             # dropped or duplicated, only failed
             if not flight.send:
-                self.ep.book.inject("drop", flight.key)
+                self.ep.view.book.inject("drop", flight.key)
             elif not self.notifies:  # now, over ZMQ
-                self.ep.put(dst, [flight.notif, b""])
+                self.ep.out.put(dst, [flight.notif, b""])
             if flight.dup and self._notify_write(dst, flight.notif, flight.key):
-                self.ep.book.inject("dup", flight.key)  # right behind its original
+                self.ep.view.book.inject("dup", flight.key)  # right behind its original
         for dst, queue in self.q.writes.items():
             while queue and dst in self.broken:  # its receiver is gone: say why, send nothing
                 self._broken(dst, self.broken[dst], queue.popleft()[0])
@@ -384,31 +390,31 @@ class OneSidedPath(RegionPath):
         as a fault, the key no longer listed as sent (its end-of-stream lists it skipped,
         with ``why``, so no ``drop`` is observed), and the receiver broken."""
         ep = self.ep
-        self._library_error(_edge(ep, ep.who.rank, dst, ep.who.stage), key, why)
+        self._library_error(_edge(ep, ep.view.who.rank, dst, ep.view.who.stage), key, why)
         with suppress(ValueError):
-            ep.sent_keys[dst].remove(key)
+            ep.out.unmark_sent(dst, key)
         self._broken(dst, why, key)
 
     def _library_error(self, edge: str, key: str, why: str) -> None:
         """A transfer the library refused or failed, in its words [sim.books.accounting]."""
-        self.ep.book.error(self.label, f"{edge} {key}: {why}")
+        self.ep.view.book.error(self.label, f"{edge} {key}: {why}")
 
     def _broken(self, dst: int, why: str, key: str) -> None:
         """A WRITE to ``dst`` failed: this key and every later one are skipped, with why."""
-        self.ep.stats["onesided_errors"] += 1
+        self.ep.view.stats["onesided_errors"] += 1
         self.broken.setdefault(dst, why)
-        self.ep.skipped[dst][key] = why
+        self.ep.out.skip_key(dst, key, why)
 
     def _write(self, dst: int, key: str, request_id: str, chunk: int) -> None:
         """One key's runs as ONE WRITE, its envelope the notification [sim.run.faults]."""
         ep = self.ep
-        ep.sent_keys[dst].append(key)
+        ep.out.mark_sent(dst, key)
         self.answered.add(key)
-        ep.strike(True)
-        runs = plan_runs(*self.share(request_id, chunk, ep.who.rank, dst, as_sender=True))
+        ep.view.strike(True)
+        runs = plan_runs(*self.share(request_id, chunk, ep.view.who.rank, dst, as_sender=True))
         seq = self.seq[dst]
         self.seq[dst] += 1
-        checksum = ep.config.checksum
+        checksum = ep.view.config.checksum
         note = messages.envelope(
             key,
             seq,
@@ -418,15 +424,15 @@ class OneSidedPath(RegionPath):
             ranges_alg=self.algorithm if checksum else None,
         )
         peer = self.remote_dst[dst]
-        faults, send_note, dup = ep.faults, note, False
+        faults, send_note, dup = ep.view.faults, note, False
         # the wire faults in the order every path strikes them [sim.run.faults]
         # garbage: booked where it is refused, here or by the receiver, once it is sent
         if faults.hit("garbage") and self._notify_write(dst, faults.garbage(), key):
-            ep.book.inject("garbage", _edge(ep, ep.who.rank, dst, ep.who.stage))
+            ep.view.book.inject("garbage", _edge(ep, ep.view.who.rank, dst, ep.view.who.stage))
         if faults.hit("drop"):  # booked once the WRITE is done
             send_note = b""  # the bytes land; nobody is told
-        if ep.config.faults.delay_s:
-            time.sleep(ep.config.faults.delay_s)
+        if ep.view.config.faults.delay_s:
+            time.sleep(ep.view.config.faults.delay_s)
         if send_note and faults.hit("dup"):
             dup = True
         riding = send_note if self.notifies else b""
@@ -441,7 +447,7 @@ class OneSidedPath(RegionPath):
     # -- receiver: pull --------------------------------------------------------------
     def _reads_on(self) -> None:
         ep = self.ep
-        if ep.config.transfer != "pull" or ep.in_plan is None:
+        if ep.view.config.transfer != "pull" or ep.view.in_plan is None:
             return
         for src, outstanding in self.q.outstanding.items():
             while outstanding:  # in posting order: an edge's seq never goes back
@@ -456,18 +462,18 @@ class OneSidedPath(RegionPath):
                     continue
                 if not self.notifies:  # the source learns of the read over ZMQ
                     with suppress(zmq.ZMQError):
-                        ep.dealer_of(src).send_multipart(
+                        ep.inbound.dealer_of(src).send_multipart(
                             [messages.dump({"read": flight.key}), b""], flags=zmq.NOBLOCK
                         )
                 head = messages.envelope(flight.key, flight.seq, flight.posted)
                 self.pending_runs[flight.key] = flight.runs
-                ep.admit(src, [Notice(head)], time.time(), self)
+                ep.inbound.admit(src, [Notice(head)], time.time(), self)
         for src, queue in self.q.reads.items():
-            if src in ep.dead_sources or src not in self.remote_src:
+            if ep.inbound.is_dead(src) or src not in self.remote_src:
                 continue
             while queue and len(self.q.outstanding[src]) < READ_WINDOW:
                 key, request_id, chunk = queue.popleft()
-                if ep.incoming[request_id].done:
+                if ep.inbound.awaited(request_id).done:
                     continue
                 if src in self.broken:  # its source is gone: every later read fails so
                     self._read_failed(src, key, self.broken[src])
@@ -479,18 +485,18 @@ class OneSidedPath(RegionPath):
         library's own failure (``library``) is booked as its error, not a fault."""
         ep = self.ep
         if library:
-            self._library_error(_edge(ep, src, ep.who.rank, ep.who.stage - 1), key, why)
-        ep.stats["onesided_errors"] += 1
+            self._library_error(_edge(ep, src, ep.view.who.rank, ep.view.who.stage - 1), key, why)
+        ep.view.stats["onesided_errors"] += 1
         self.broken.setdefault(src, why)
-        ep.fail(
-            ep.incoming[ep.key_owner[key][0]],
+        ep.inbound.fail(
+            ep.inbound.awaited(ep.inbound.owner(key)[0]),
             f"the {self.label} READ of shard {key} from source rank {src} {why}",
         )
 
     def _read(self, src: int, key: str, request_id: str, chunk: int) -> None:
         """One key's runs as ONE READ, with a notification to its source."""
         ep = self.ep
-        runs = plan_runs(*self.share(request_id, chunk, src, ep.who.rank, as_sender=False))
+        runs = plan_runs(*self.share(request_id, chunk, src, ep.view.who.rank, as_sender=False))
         notif = messages.dump({"read": key}) if self.notifies else b""
         handle, state = self._post(runs, "dst", self.remote_src[src], "READ", notif)
         if state.startswith("ERR"):
@@ -498,7 +504,7 @@ class OneSidedPath(RegionPath):
             return
         seq = self.seq[src]
         self.seq[src] += 1
-        ep.stats["reads_posted"] += 1
+        ep.view.stats["reads_posted"] += 1
         self.q.outstanding[src].append(InFlight(handle, key, seq, time.time(), runs=runs))
 
     # -- the engine's calls: a peer that died answers with an error, never an exception --
@@ -535,13 +541,13 @@ class OneSidedPath(RegionPath):
         engine refused it (booked as its error: the fault it carried never struck)."""
         assert self.engine is not None
         if not self.notifies:
-            self.ep.put(dst, [message] if message[:1] != b"{" else [message, b""])
+            self.ep.out.put(dst, [message] if message[:1] != b"{" else [message, b""])
             return True
         try:
             self.engine.notify(self.remote_dst[dst].name, message)
         except Exception as error:
-            self.ep.stats["onesided_errors"] += 1
-            edge = _edge(self.ep, self.ep.who.rank, dst, self.ep.who.stage)
+            self.ep.view.stats["onesided_errors"] += 1
+            edge = _edge(self.ep, self.ep.view.who.rank, dst, self.ep.view.who.stage)
             self._library_error(edge, key, f"its notification was refused ({_error(error)})")
             return False
         return True
@@ -553,24 +559,24 @@ class OneSidedPath(RegionPath):
         """A write: the CRC of the bytes now in this cache at the list's targets, against
         the sender's [WIRE-6, WIRE-7]; a pull: nothing but the oracle, later."""
         ep = self.ep
-        if ep.config.transfer == "pull":
+        if ep.view.config.transfer == "pull":
             return Checked(self.pending_runs.pop(key, None))
-        request_id, chunk, _ = ep.key_owner[key]
-        runs = plan_runs(*self.share(request_id, chunk, src, ep.who.rank, as_sender=False))
-        if not ranges_intact(head, self._views(runs, "dst"), required=ep.config.checksum):
+        request_id, chunk, _ = ep.inbound.owner(key)
+        runs = plan_runs(*self.share(request_id, chunk, src, ep.view.who.rank, as_sender=False))
+        if not ranges_intact(head, self._views(runs, "dst"), required=ep.view.config.checksum):
             return Checked(refusal=f"the ranges of {key} from source rank {src} fail their CRC")
         return Checked(runs)
 
     def land(self, state: Incoming, src: int, key: str, chunk: int, data: Any) -> int | None:
         """Nothing to copy: the engine put the bytes where the list said [DESC-1]."""
         if data is None:
-            self.ep.fail(
+            self.ep.inbound.fail(
                 state, f"the {self.label} transfer of {key} from source rank {src} is unknown"
             )
             return None
         nbytes = int(data.length.sum())
-        self.ep.stats["descriptors"] += len(data.length)
-        self.ep.stats["descriptor_bytes"] += nbytes
+        self.ep.view.stats["descriptors"] += len(data.length)
+        self.ep.view.stats["descriptor_bytes"] += nbytes
         return nbytes
 
     def complete(self, src: int, frames: list[Any], received_at: float) -> None:
@@ -584,14 +590,14 @@ class OneSidedPath(RegionPath):
             name = next(n for n, r in self.sources_of.items() if r == src)
             self._on_notification(name, bytes(frames[0].buffer), received_at)
             return
-        self.ep.stats["onesided_refused"] += 1
+        self.ep.view.stats["onesided_refused"] += 1
 
     def on_read(self, frames: list[bytes]) -> None:
         """On the sender's socket: a verified receiver's metadata, nothing else."""
         peer, head, body = frames
-        dst = next((d for d, p in self.ep.peers.items() if p == peer), None)
+        dst = self.ep.out.receiver_of(peer)
         if dst is None:
-            self.ep.strangers["kv messages"] += 1
+            self.ep.view.strangers["kv messages"] += 1
             return
         if self._on_metadata(head, body, rank=dst, source=False):
             return
@@ -599,7 +605,7 @@ class OneSidedPath(RegionPath):
             name = next(n for n, r in self.targets_of.items() if r == dst)
             self._on_notification(name, bytes(head), time.time())
             return
-        self.ep.stats["reads_refused"] += 1
+        self.ep.view.stats["reads_refused"] += 1
 
     def served(self) -> bool:
         """Every key answered (a pull: notified as read; a write: done) or skipped."""
@@ -624,5 +630,5 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
 
 
-def _edge(ep: PathEndpoint, src: int, dst: int, stage: int) -> str:
-    return f"replica {ep.who.replica} stage {stage}->{stage + 1} {src}->{dst}"
+def _edge(ep: PathPorts, src: int, dst: int, stage: int) -> str:
+    return f"replica {ep.view.who.replica} stage {stage}->{stage + 1} {src}->{dst}"

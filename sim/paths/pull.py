@@ -47,7 +47,7 @@ from kvspec.memory.descriptors import (
 )
 from kvspec.transport.checksums import checksum_of
 from sim.net import messages
-from sim.paths.datapath import Checked, Incoming, PathEndpoint
+from sim.paths.datapath import Checked, Incoming, PathPorts
 from sim.paths.regions import RegionPath, ranges_intact
 
 __all__ = ["READ_WINDOW", "PullAgent", "ranges_intact"]
@@ -78,9 +78,9 @@ def _write(target: torch.Tensor, data: memoryview) -> None:
 class PullAgent(RegionPath):
     """The pull data path of one rank (:class:`sim.paths.datapath.DataPath`): it posts reads
     (as a receiver) and answers them (as a sender), given its rank's
-    :class:`sim.paths.datapath.PathEndpoint`."""
+    :class:`sim.paths.datapath.PathPorts`."""
 
-    def __init__(self, ep: PathEndpoint) -> None:
+    def __init__(self, ep: PathPorts) -> None:
         super().__init__(ep)
         # receiver side
         self.pending: dict[int, deque[tuple[str, str, int]]] = defaultdict(deque)
@@ -99,7 +99,7 @@ class PullAgent(RegionPath):
     def start(self) -> None:
         """Register this rank's regions and lay out every read it will post."""
         self.register()
-        for key, (request_id, chunk, src) in self.ep.key_owner.items():
+        for key, (request_id, chunk, src) in self.ep.inbound.owners():
             self.pending[src].append((key, request_id, chunk))
 
     def _plan(
@@ -112,17 +112,17 @@ class PullAgent(RegionPath):
     def progress(self) -> None:
         """Keep up to :data:`READ_WINDOW` reads outstanding on every source's connection."""
         ep = self.ep
-        if not self.started or ep.in_plan is None:
+        if not self.started or ep.view.in_plan is None:
             return
         for src, queue in self.pending.items():
-            if src in ep.dead_sources or src in ep.ended_sources:
+            if ep.inbound.is_dead(src) or ep.inbound.has_ended(src):
                 continue
             while queue and len(self.outstanding[src]) < READ_WINDOW:
                 key, request_id, chunk = queue.popleft()
-                state = ep.incoming[request_id]
+                state = ep.inbound.awaited(request_id)
                 if state.done:
                     continue
-                made = self._plan(request_id, chunk, src, ep.who.rank, as_sender=False)
+                made = self._plan(request_id, chunk, src, ep.view.who.rank, as_sender=False)
                 index = self.source_index[src]
                 rows = torch.tensor(
                     [[index[a], b, self.own_index[c], d, n] for a, b, c, d, n in made.descriptors],
@@ -132,16 +132,18 @@ class PullAgent(RegionPath):
                 seq = self.read_seq[src]
                 self.read_seq[src] += 1
                 head: dict[str, Any] = {"read": key, "seq": seq, "n": len(made.descriptors)}
-                if ep.config.checksum:
+                if ep.view.config.checksum:
                     head["crc"] = _crc([key.encode(), body])
                 try:  # a DEALER whose source is gone would block: never wait for it
-                    ep.dealer_of(src).send_multipart([messages.dump(head), body], flags=zmq.NOBLOCK)
+                    ep.inbound.dealer_of(src).send_multipart(
+                        [messages.dump(head), body], flags=zmq.NOBLOCK
+                    )
                 except zmq.Again:
                     self.read_seq[src] -= 1
                     queue.appendleft((key, request_id, chunk))
                     break
                 self.outstanding[src][key] = (seq, made)
-                ep.stats["reads_posted"] += 1
+                ep.view.stats["reads_posted"] += 1
 
     def check(
         self, state: Incoming, src: int, key: str, head: dict[str, Any], frames: list[Any]
@@ -162,15 +164,17 @@ class PullAgent(RegionPath):
             or len(ranges) != len(made.descriptors)
             or any(len(r) != d.length for r, d in zip(ranges, made.descriptors, strict=False))
         ):
-            ep.fail(state, f"the answer to read {key} from source rank {src} does not fit it")
+            ep.inbound.fail(
+                state, f"the answer to read {key} from source rank {src} does not fit it"
+            )
             return None
-        if ep.memory.device.type == "cpu":
+        if ep.view.memory.device.type == "cpu":
             for d, data in zip(made.descriptors, ranges, strict=True):
                 _write(self.buffers[d.dst_region][d.dst_offset : d.dst_offset + d.length], data)
         else:  # pragma: no cover - needs a GPU
             self._land_staged(made.descriptors, ranges)
-        ep.stats["descriptors"] += len(made.descriptors)
-        ep.stats["descriptor_bytes"] += made.share_bytes
+        ep.view.stats["descriptors"] += len(made.descriptors)
+        ep.view.stats["descriptor_bytes"] += made.share_bytes
         return int(made.share_bytes)
 
     def _land_staged(
@@ -179,7 +183,7 @@ class PullAgent(RegionPath):
         """Land ranges in a device cache from a pinned staging slot, not from the pageable
         frames: one host copy into the slot, then device copies on the side stream that the
         compute stream waits for [sim.cache.staging]."""
-        memory = self.ep.memory
+        memory = self.ep.view.memory
         slot = memory.staging_slot(sum(d.length for d in listed))
         memory.copy_stream.wait_stream(torch.cuda.current_stream(memory.device))
         at = 0
@@ -208,14 +212,14 @@ class PullAgent(RegionPath):
         asking exactly the spec's list; anything else is refused and counted."""
         ep = self.ep
         peer, head_frame, body = frames
-        dst = next((d for d, p in ep.peers.items() if p == peer), None)
+        dst = ep.out.receiver_of(peer)
         if dst is None:
-            ep.strangers["kv reads refused"] += 1
+            ep.view.strangers["kv reads refused"] += 1
             return
         try:
             head = messages.load(head_frame, limit=messages.MAX_ENVELOPE)
         except messages.MessageError:
-            ep.strangers["kv reads refused"] += 1
+            ep.view.strangers["kv reads refused"] += 1
             return
         key, count, seq = head.get("read"), head.get("n"), head.get("seq")
         known = self.keys_of.get(key) if isinstance(key, str) else None
@@ -226,23 +230,23 @@ class PullAgent(RegionPath):
             or not isinstance(count, int)
             or not isinstance(seq, int)
             or len(body) != count * ROW
-            or (ep.config.checksum and head.get("crc") != _crc([key.encode(), body]))
+            or (ep.view.config.checksum and head.get("crc") != _crc([key.encode(), body]))
         ):
-            ep.stats["reads_refused"] += 1
+            ep.view.stats["reads_refused"] += 1
             return
         request_id, chunk, _ = known
-        made = self._plan(request_id, chunk, ep.who.rank, dst, as_sender=True)
+        made = self._plan(request_id, chunk, ep.view.who.rank, dst, as_sender=True)
         target_names = list(made.target.regions())
         rows = torch.frombuffer(bytearray(body), dtype=torch.int64).reshape(-1, 5).tolist()
         try:
             listed = [Descriptor(self.names[a], b, target_names[c], d, n) for a, b, c, d, n in rows]
         except IndexError:
-            ep.stats["reads_refused"] += 1
+            ep.view.stats["reads_refused"] += 1
             return
         if not judge_descriptors(listed, made).ok:  # nothing beyond the share is ever read
-            ep.stats["reads_refused"] += 1
+            ep.view.stats["reads_refused"] += 1
             return
-        if key in ep.skipped[dst]:
+        if ep.out.is_skipped(dst, key):
             return  # its request failed here; the end-of-stream says why
         if request_id not in self.ready_requests:
             self.waiting_reads[request_id].append((dst, key, seq, listed))
@@ -253,24 +257,24 @@ class PullAgent(RegionPath):
         """Send the ranges' bytes straight from cache memory, with the run's faults applied
         and booked as for a push payload [sim.run.faults]."""
         ep = self.ep
-        ep.sent_keys[dst].append(key)
+        ep.out.mark_sent(dst, key)
         self.answered.add(key)
-        ep.strike(True)
+        ep.view.strike(True)
         ranges, slot = self._ranges(listed)
-        ep.put_ranges(dst, key, ranges, slot, self.algorithm)
+        ep.out.put_ranges(dst, key, ranges, slot, self.algorithm)
 
     def _ranges(self, listed: list[Descriptor]) -> tuple[list[Any], Any]:
         """The bytes of each range, and the staging slot holding them: views of cache
         memory on the CPU (no slot); from a device cache, one copy into a slot of the
         rank's pinned staging ring [sim.cache.staging] on its side stream, fenced by an event."""
         views = [self.buffers[d.src_region][d.src_offset : d.src_offset + d.length] for d in listed]
-        if self.ep.memory.device.type == "cpu":
+        if self.ep.view.memory.device.type == "cpu":
             # array.data is memoryview(array), in a form numpy's stubs type before 3.12
             return [v.numpy().data for v in views], None
         return self._stage_ranges(views)  # pragma: no cover - needs a GPU
 
     def _stage_ranges(self, views: list[torch.Tensor]) -> tuple[list[Any], Any]:  # pragma: no cover
-        memory = self.ep.memory
+        memory = self.ep.view.memory
         total = sum(v.numel() for v in views)
         slot = memory.staging_slot(total)
         memory.copy_stream.wait_stream(torch.cuda.current_stream(memory.device))

@@ -40,14 +40,14 @@ from kvspec.transport.streaming import (
 from kvspec.transport.wire import WireError, decode
 from sim.cache.staging import Slot
 from sim.net import messages
-from sim.paths.datapath import Checked, Incoming, PathEndpoint
+from sim.paths.datapath import Checked, Incoming, PathPorts
 from sim.run.workload import Request, edge_chunks
 
 
 class PushPath:
     """The push data path of one rank (:class:`sim.paths.datapath.DataPath`)."""
 
-    def __init__(self, ep: PathEndpoint) -> None:
+    def __init__(self, ep: PathPorts) -> None:
         self.ep = ep
 
     def prepare(self) -> None:
@@ -60,7 +60,7 @@ class PushPath:
         return  # nothing is asked for: the senders push
 
     def on_read(self, frames: list[bytes]) -> None:
-        self.ep.strangers["kv messages"] += 1  # a push sender takes no reads
+        self.ep.view.strangers["kv messages"] += 1  # a push sender takes no reads
 
     def served(self) -> bool:
         return True  # every key went out as its request was posted
@@ -69,14 +69,14 @@ class PushPath:
     def post(self, request_id: str) -> None:
         """Gather one request from the cache and send every chunk along every edge."""
         ep = self.ep
-        assert ep.out_plan is not None
-        memory, config, me = ep.memory, ep.config, ep.who
-        request = ep.requests[request_id]
-        plan = ep.out_plan.of(request)
+        assert ep.view.out_plan is not None
+        memory, config, me = ep.view.memory, ep.view.config, ep.view.who
+        request = ep.view.requests[request_id]
+        plan = ep.view.out_plan.of(request)
         held = memory.held(request)
         kv, slot = memory.gather(request)
         _, block_size = config.layout_of(me.stage)
-        keys = {(dst, c): key for key, dst, c in ep.out_keys(request)}
+        keys = {(dst, c): key for key, dst, c in ep.out.out_keys(request)}
         pieces = []  # per edge, its payload cut into chunks of its own tokens [CHUNK-1]
         for shipment in send(plan, me.rank, kv, slicing=config.slicing):
             whole = shipment.kv.seq_len == held  # the edge takes every token held here
@@ -91,14 +91,14 @@ class PushPath:
             chunks = split_chunks(payload, sizes) if len(sizes) > 1 else (payload,)
             pieces.append((shipment.edge.dst, chunks))
         started = time.time() if config.stream != "off" else None
-        if ep.layer_groups:
+        if ep.view.layer_groups:
             self._stream(request, pieces, started, slot)
             return
-        ep.compute(len(memory.owner.layers))  # whole: every layer first (none unless --stream)
+        ep.view.compute(len(memory.owner.layers))  # whole: every layer first (none unless --stream)
         for chunk_id in range(len(request.chunks)):  # chunk by chunk, edge by edge
             for dst, chunks in pieces:
                 if chunk_id < len(chunks):
-                    ep.transmit(dst, keys[(dst, chunk_id)], chunks[chunk_id], started, slot)
+                    ep.out.transmit(dst, keys[(dst, chunk_id)], chunks[chunk_id], started, slot)
 
     def _stream(
         self,
@@ -110,34 +110,34 @@ class PushPath:
         """Send each layer group of every edge as soon as this rank has computed its
         layers of the group [STREAM-1]."""
         ep = self.ep
-        layers, me, groups = ep.memory.owner.layers, ep.who, ep.config.stream_groups
+        layers, me, groups = ep.view.memory.owner.layers, ep.view.who, ep.view.config.stream_groups
         done = layers.start
-        for g, group in enumerate(ep.layer_groups):
+        for g, group in enumerate(ep.view.layer_groups):
             mine = group_layers(layers, group)
             if not len(mine):
                 continue
-            ep.compute(mine.stop - done)
+            ep.view.compute(mine.stop - done)
             done = mine.stop
             for dst, chunks in pieces:
                 part = layer_part(chunks[0], group)
                 if part is not None:
                     key = stream_key(request.request_id, me.stage, 0, g, groups, me.rank, dst)
-                    ep.transmit(dst, key, part, started, slot)
+                    ep.out.transmit(dst, key, part, started, slot)
 
     # -- receiving: this path's part of the admission --------------------------------
     def complete(self, src: int, frames: list[Any], received_at: float) -> None:
-        self.ep.admit(src, frames, received_at, self)
+        self.ep.inbound.admit(src, frames, received_at, self)
 
     def second_copy(self, key: str, head: dict[str, Any], frames: list[Any]) -> None:
         """A copy of a shard whose transfer already ended. The rules refuse it [LIFE-4];
         with ``--unsafe-reuse`` it lands where its handle pointed."""
-        pool = self.ep.memory.pool
+        pool = self.ep.view.memory.pool
         if pool is None or key not in pool.handles:
             return
         if pool.write(key, head["epoch"]) == "stale":
             self._clobber(key, frames)
         else:
-            self.ep.stats["writes_refused"] += 1
+            self.ep.view.stats["writes_refused"] += 1
 
     def check(
         self, state: Incoming, src: int, key: str, head: dict[str, Any], frames: list[Any]
@@ -147,10 +147,10 @@ class PushPath:
         or landing where a stale handle points with ``--unsafe-reuse``), then the codec
         [WIRE-4, WIRE-6, WIRE-7]."""
         ep = self.ep
-        pool, request_id = ep.memory.pool, state.request.request_id
+        pool, request_id = ep.view.memory.pool, state.request.request_id
         if pool is not None and request_id not in pool.tables and not state.done:
             needed = blocks_needed(
-                ep.memory.held(state.request), ep.config.layout_of(ep.who.stage)[1]
+                ep.view.memory.held(state.request), ep.view.config.layout_of(ep.view.who.stage)[1]
             )
             pool.admit(request_id, needed, state.keys)
         lands = True
@@ -161,7 +161,7 @@ class PushPath:
                 self._clobber(key, frames)
         try:
             payload = decode(
-                [f.buffer for f in frames[1:]], require_checksum=ep.config.require_checksum
+                [f.buffer for f in frames[1:]], require_checksum=ep.view.config.require_checksum
             )
         except WireError as error:
             if pool is not None and request_id in pool.tables:
@@ -179,7 +179,7 @@ class PushPath:
         every source's part is here); its K and V bytes."""
         payload: Payload = data
         if payload.request_id != state.request.request_id or payload.chunk.chunk_id != chunk:
-            self.ep.fail(
+            self.ep.inbound.fail(
                 state,
                 f"shard {key} from source rank {src} holds request "
                 f"{messages.short(payload.request_id)} chunk {payload.chunk.chunk_id}, not what "
@@ -191,16 +191,18 @@ class PushPath:
             for t in (*payload.key_cache, *payload.value_cache)
             if t is not None
         )
-        if self.ep.layer_groups:  # streamed: a layer group lands once every source's part is here
-            if not self._land_part(state, self.ep.key_group[key], src, payload):
+        if (
+            self.ep.view.layer_groups
+        ):  # streamed: a layer group lands once every source's part is here
+            if not self._land_part(state, self.ep.inbound.group_of(key), src, payload):
                 return None
         else:
             state.chunks[chunk].append((src, payload))
         return nbytes
 
     def finish(self, state: Incoming, received_at: float) -> None:
-        if self.ep.layer_groups:
-            self.ep.landed(state, received_at)  # every group is in the cache already
+        if self.ep.view.layer_groups:
+            self.ep.inbound.landed(state, received_at)  # every group is in the cache already
         else:
             self._complete(state, received_at)
 
@@ -209,19 +211,19 @@ class PushPath:
         place the group and scatter it into the cache's layers [STREAM-1.3, PAGED-4].
         False when the group was refused (the request has failed)."""
         ep = self.ep
-        assert ep.in_plan is not None
+        assert ep.view.in_plan is not None
         parts = state.groups[g]
         parts.append((src, payload))
-        plan = ep.in_plan.of(state.request)
-        group = ep.layer_groups[g]
-        if len(parts) < len(group_sources(plan, ep.who.rank, group)):
+        plan = ep.view.in_plan.of(state.request)
+        group = ep.view.layer_groups[g]
+        if len(parts) < len(group_sources(plan, ep.view.who.rank, group)):
             return True
-        memory = ep.memory
+        memory = ep.view.memory
         owned = memory.owner.layers
         mine = group_layers(owned, group)
         first = mine.start - owned.start
         try:
-            kv = memory.to_device(merge_layers(plan, ep.who.rank, group, parts))
+            kv = memory.to_device(merge_layers(plan, ep.view.who.rank, group, parts))
             cache = memory.cache
             layers = replace(
                 cache,
@@ -230,7 +232,9 @@ class PushPath:
             )
             memory.scatter(kv, layers, memory.tables[state.request.request_id])
         except ValueError as error:
-            ep.fail(state, f"layers {mine.start}..{mine.stop - 1} refused on assembly: {error}")
+            ep.inbound.fail(
+                state, f"layers {mine.start}..{mine.stop - 1} refused on assembly: {error}"
+            )
             return False
         del state.groups[g]  # the frames can go: the cache holds these layers now
         return True
@@ -239,10 +243,10 @@ class PushPath:
         """Merge, reassemble and scatter into the cache [PAYLOAD-3, CHUNK-2, PAGED-4]; then
         verify every element now, or once every request has arrived (``verify_after``)."""
         ep = self.ep
-        assert ep.in_plan is not None
-        memory, me = ep.memory, ep.who.rank
+        assert ep.view.in_plan is not None
+        memory, me = ep.view.memory, ep.view.who.rank
         request = state.request
-        plan = ep.in_plan.of(request)
+        plan = ep.view.in_plan.of(request)
         try:
             if len(state.chunks) == 1:  # one chunk: straight to the shard, one copy fewer
                 pairs = state.chunks[0]
@@ -260,15 +264,15 @@ class PushPath:
             kv = memory.to_device(kv)
             memory.scatter(kv, memory.cache, memory.tables[request.request_id])
         except ValueError as error:
-            ep.fail(state, f"refused on assembly: {error}")
+            ep.inbound.fail(state, f"refused on assembly: {error}")
             return
         state.chunks.clear()  # the frames can go: the cache holds the request now
-        ep.landed(state, received_at)
+        ep.inbound.landed(state, received_at)
 
     def _clobber(self, key: str, frames: list[Any]) -> None:
         """Land a closed handle's data at the blocks it was posted with, as an RDMA write
         to a stale address would: whoever owns those blocks now gets its bytes."""
-        pool, cache = self.ep.memory.pool, self.ep.memory.cache
+        pool, cache = self.ep.view.memory.pool, self.ep.view.memory.cache
         assert pool is not None
         try:
             payload = decode([f.buffer for f in frames[1:]])

@@ -17,7 +17,7 @@ from kvspec.memory.descriptors import RegisteredCache, region_buffers, share_pos
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.tokens import Tokens
 from kvspec.transport.checksums import ALGORITHMS, checksum_of, fastest
-from sim.paths.datapath import Checked, Incoming, PathEndpoint
+from sim.paths.datapath import Checked, Incoming, PathPorts
 from sim.run.config import SimConfig
 from sim.run.workload import Workload, edge_chunks
 
@@ -69,7 +69,7 @@ class RegionPath:
     """The common part of the pull and write paths: registration, the shares of an edge,
     the keys a sender owes, and the ranges' CRC in the admission."""
 
-    def __init__(self, ep: PathEndpoint) -> None:
+    def __init__(self, ep: PathPorts) -> None:
         self.ep = ep
         self.started = False
         self.algorithm = fastest()  # of the ranges sent [WIRE-6, WIRE-7]
@@ -83,16 +83,16 @@ class RegionPath:
         """Register this rank's regions, its sources' as it computes them, and the keys it
         owes each receiver."""
         ep = self.ep
-        cache = ep.memory.cache
-        self.own = RegisteredCache.of(cache, head_dim=ep.config.model.head_dim)
+        cache = ep.view.memory.cache
+        self.own = RegisteredCache.of(cache, head_dim=ep.view.config.model.head_dim)
         self.buffers = region_buffers(cache)
         self.names = list(self.own.regions())
-        if ep.out_plan is not None:
-            for request in ep.workload.requests:
-                for key, dst, chunk in ep.out_keys(request):
+        if ep.view.out_plan is not None:
+            for request in ep.view.workload.requests:
+                for key, dst, chunk in ep.out.out_keys(request):
                     self.keys_of[key] = (request.request_id, chunk, dst)
-        if ep.in_plan is not None:
-            self.sources = {src: self._peer(ep.who.stage - 1, src) for src in ep.sources}
+        if ep.view.in_plan is not None:
+            self.sources = {src: self._peer(ep.view.who.stage - 1, src) for src in ep.view.sources}
             self.source_index = {
                 src: {name: i for i, name in enumerate(registered.regions())}
                 for src, registered in self.sources.items()
@@ -103,12 +103,14 @@ class RegionPath:
     def _peer(self, stage: int, who: int) -> RegisteredCache:
         if (stage, who) not in self._registered:
             ep = self.ep
-            self._registered[(stage, who)] = registered_cache(ep.config, ep.workload, stage, who)
+            self._registered[(stage, who)] = registered_cache(
+                ep.view.config, ep.view.workload, stage, who
+            )
         return self._registered[(stage, who)]
 
     def _table(self, stage: int, who: int) -> dict[str, list[int]]:
         if (stage, who) not in self._tables:
-            self._tables[(stage, who)] = self.ep.workload.block_table(stage, who)[1]
+            self._tables[(stage, who)] = self.ep.view.workload.block_table(stage, who)[1]
         return self._tables[(stage, who)]
 
     def share(
@@ -119,22 +121,22 @@ class RegionPath:
         of the edge's own tokens, as a push payload's is [CHUNK-1, PLAN-6]; each side's
         blocks run up to the chunk's last slot [PAGED-3]."""
         ep = self.ep
-        request = ep.requests[request_id]
-        book = ep.out_plan if as_sender else ep.in_plan
+        request = ep.view.requests[request_id]
+        book = ep.view.out_plan if as_sender else ep.view.in_plan
         assert book is not None
         plan = book.of(request)
-        tables = ep.memory.tables
+        tables = ep.view.memory.tables
         if as_sender:
             source, source_ids = self.own, tables[request_id]
-            target = self._peer(ep.who.stage + 1, dst)
-            target_ids = self._table(ep.who.stage + 1, dst)[request_id]
+            target = self._peer(ep.view.who.stage + 1, dst)
+            target_ids = self._table(ep.view.who.stage + 1, dst)[request_id]
         else:
             source = self.sources[src]
-            source_ids = self._table(ep.who.stage - 1, src)[request_id]
+            source_ids = self._table(ep.view.who.stage - 1, src)[request_id]
             target, target_ids = self.own, tables[request_id]
         edge = plan.edge(src, dst)
         carried = Tokens.span(0, request.seq_len) if edge.tokens is None else edge.tokens
-        tokens = pick(carried, edge_chunks(len(carried), ep.config.chunks)[chunk])
+        tokens = pick(carried, edge_chunks(len(carried), ep.view.config.chunks)[chunk])
         share = share_positions(plan, edge, tokens)
         need_src = blocks_needed(share.source_slots, source.block_size)
         need_dst = blocks_needed(share.target_slots, target.block_size)
@@ -142,14 +144,15 @@ class RegionPath:
 
     def served(self) -> bool:
         """Whether every key of every receiver was answered (or skipped): the streams end."""
-        skipped = self.ep.skipped
+        out = self.ep.out
         return all(
-            key in self.answered or key in skipped[dst] for key, (_, _, dst) in self.keys_of.items()
+            key in self.answered or out.is_skipped(dst, key)
+            for key, (_, _, dst) in self.keys_of.items()
         )
 
     # -- receiving: this part of the admission ---------------------------------------
     def complete(self, src: int, frames: list[Any], received_at: float) -> None:
-        self.ep.admit(src, frames, received_at, self)
+        self.ep.inbound.admit(src, frames, received_at, self)
 
     def second_copy(self, key: str, head: dict[str, Any], frames: list[Any]) -> None:
         return  # a receiver holds its blocks from the start: a copy is only booked
@@ -159,7 +162,7 @@ class RegionPath:
     ) -> Checked:
         """The ranges' CRC, over the received frames in place [WIRE-6, WIRE-7]."""
         ranges = [f.buffer for f in frames[1:]]
-        if not ranges_intact(head, ranges, required=self.ep.config.checksum):
+        if not ranges_intact(head, ranges, required=self.ep.view.config.checksum):
             return Checked(refusal=f"the ranges of {key} from source rank {src} fail their CRC")
         return Checked(ranges)
 
@@ -168,5 +171,5 @@ class RegionPath:
 
     def finish(self, state: Incoming, received_at: float) -> None:
         """Every range of the request is in the cache: verify now, or once all have landed."""
-        self.ep.stats["requests_pulled"] += 1
-        self.ep.landed(state, received_at)
+        self.ep.view.stats["requests_pulled"] += 1
+        self.ep.inbound.landed(state, received_at)

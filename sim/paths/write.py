@@ -28,7 +28,7 @@ from typing import Any
 from kvspec.memory.descriptors import plan_runs
 from sim.cache.staging import Slot, StagingRing
 from sim.paths.byteruns import Framing, frames_from, framing, land, packed_nbytes
-from sim.paths.datapath import Incoming, PathEndpoint
+from sim.paths.datapath import Incoming, PathPorts
 from sim.paths.regions import RegionPath
 
 STAGING_SLOTS = 4
@@ -43,7 +43,7 @@ class WriteAgent(RegionPath):
     pushes each key's runs once the request is in its cache; as a receiver it lands them.
     It posts no reads and answers none (a read on its socket is refused and counted)."""
 
-    def __init__(self, ep: PathEndpoint) -> None:
+    def __init__(self, ep: PathPorts) -> None:
         super().__init__(ep)
         self.keys_by_request: dict[str, list[str]] = defaultdict(list)
         self.framings: dict[str, Framing] = {}
@@ -66,10 +66,10 @@ class WriteAgent(RegionPath):
         # As a connector prepares its descriptor lists when blocks are allocated, not on
         # the data path: the first PREPARED keys each way are framed now, the rest when
         # they move (memory stays bounded on long runs).
-        me = ep.who.rank
+        me = ep.view.who.rank
         for key, (request_id, chunk, dst) in list(self.keys_of.items())[:PREPARED]:
             self.framings[key] = self._framing(request_id, chunk, me, dst, as_sender=True)
-        for key, (request_id, chunk, src) in list(ep.key_owner.items())[:PREPARED]:
+        for key, (request_id, chunk, src) in ep.inbound.owners()[:PREPARED]:
             self.framings[key] = self._framing(request_id, chunk, src, me, as_sender=False)
         # The staging a sender packs short runs into, allocated and touched now, as a
         # connector registers its buffers [sim.cache.staging].
@@ -99,25 +99,25 @@ class WriteAgent(RegionPath):
         self.ready_requests.add(request_id)
         for key in self.keys_by_request.get(request_id, []):
             _, chunk, dst = self.keys_of[key]
-            if key in self.ep.skipped[dst]:
+            if self.ep.out.is_skipped(dst, key):
                 continue
             self._write_key(dst, key, request_id, chunk)
 
     def on_read(self, frames: list[bytes]) -> None:
-        self.ep.stats["reads_refused"] += 1  # a write run takes no reads
+        self.ep.view.stats["reads_refused"] += 1  # a write run takes no reads
 
     def _write_key(self, dst: int, key: str, request_id: str, chunk: int) -> None:
         """Send one key's runs, with the run's faults applied and booked [sim.run.faults]."""
         ep = self.ep
-        if (request_id, dst) in ep.aborted_out:
-            ep.skipped[dst][key] = "a receiver of the request aborted it"
+        if ep.out.aborted(request_id, dst):
+            ep.out.skip_key(dst, key, "a receiver of the request aborted it")
             return
-        ep.sent_keys[dst].append(key)
+        ep.out.mark_sent(dst, key)
         self.answered.add(key)
-        ep.strike(True)
-        made = self._framed(key, request_id, chunk, ep.who.rank, dst, as_sender=True)
+        ep.view.strike(True)
+        made = self._framed(key, request_id, chunk, ep.view.who.rank, dst, as_sender=True)
         data, slot = self._frames(made)
-        ep.put_ranges(dst, key, data, slot, self.algorithm)
+        ep.out.put_ranges(dst, key, data, slot, self.algorithm)
 
     def _frames(self, made: Framing) -> tuple[list[Any], Slot | None]:
         """The frames, from cache memory: views of it, or runs packed into a slot of the
@@ -126,7 +126,7 @@ class WriteAgent(RegionPath):
         if not made.packed:
             return frames_from(made, self.regions), None
         need = packed_nbytes(made)
-        slot = self.ring.acquire(need, wait=self.ep.memory.wait)
+        slot = self.ring.acquire(need, wait=self.ep.view.memory.wait)
         return frames_from(made, self.regions, slot.view(need)), slot
 
     # -- receiver ----------------------------------------------------------------------------
@@ -150,14 +150,16 @@ class WriteAgent(RegionPath):
         the checks means a corrupt, short, duplicate or unexpected write changes no
         byte of the cache: what was verified stays verified [WIRE-6, WIRE-7]."""
         ep = self.ep
-        made = self._framed(key, state.request.request_id, chunk, src, ep.who.rank, as_sender=False)
+        made = self._framed(
+            key, state.request.request_id, chunk, src, ep.view.who.rank, as_sender=False
+        )
         try:
             land(made, data, self.regions)
         except ValueError as error:
-            ep.fail(state, f"the write {key} from source rank {src} does not fit: {error}")
+            ep.inbound.fail(state, f"the write {key} from source rank {src} does not fit: {error}")
             return None
-        ep.stats["descriptors"] += len(made.runs.length)
-        ep.stats["descriptor_bytes"] += made.nbytes
+        ep.view.stats["descriptors"] += len(made.runs.length)
+        ep.view.stats["descriptor_bytes"] += made.nbytes
         return int(made.nbytes)
 
     def finish(self, state: Incoming, received_at: float) -> None:

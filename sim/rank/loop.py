@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 import traceback
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ from sim.net.auth import RunSecret, new_nonce
 from sim.net.endpoints import RankId, all_ranks, bind_endpoint
 from sim.net.p2p import Link
 from sim.net.sizing import max_receiver_message, max_router_message
-from sim.paths.datapath import DataPath, PathEndpoint
+from sim.paths.datapath import DataPath, PathPorts, RankView
 from sim.paths.pull import PullAgent
 from sim.paths.push import PushPath
 from sim.paths.write import WriteAgent
@@ -146,47 +147,32 @@ class Rank:
             self.receiver.forward = lambda request_id: None  # the last stage sends on nothing
         self.stopping = self.finishing = self.drain = self.final_sent = self.acked = False
         self.monitor: zmq.Socket[Any] | None = None
-        self.path: DataPath = path_for(config)(self._endpoint())
+        self.path: DataPath = path_for(config)(self._ports())
         self.poll_ms: int = getattr(self.path, "poll_ms", POLL_MS)  # a one-sided path's own
         self.out_of_band = config.transport in ONE_SIDED  # completions beside the ZMQ stream
 
-    def _endpoint(self) -> PathEndpoint:
-        """What the data path is given of this rank (:class:`sim.paths.datapath.PathEndpoint`)."""
-        ctx, sender, receiver = self.ctx, self.sender, self.receiver
-        return PathEndpoint(
+    def _ports(self) -> PathPorts:
+        """What the data path is given of this rank (:class:`sim.paths.datapath.PathPorts`):
+        a read-only view, the sender as its outbound port, the receiver as its inbound."""
+        ctx = self.ctx
+        view = RankView(
             config=ctx.config,
             who=ctx.who,
             workload=ctx.workload,
-            requests=ctx.requests,
+            requests=MappingProxyType(ctx.requests),
             in_plan=ctx.in_plan,
             out_plan=ctx.out_plan,
             sources=ctx.sources,
             memory=ctx.memory,
+            layer_groups=ctx.layer_groups,
+            faults=ctx.faults,
             stats=ctx.stats,
             strangers=ctx.strangers,
             book=ctx.book,
-            layer_groups=ctx.layer_groups,
-            peers=sender.peers,
-            skipped=sender.skipped,
-            sent_keys=sender.sent_keys,
-            aborted_out=sender.aborted_out,
-            out_keys=sender.out_keys,
-            put_ranges=sender.put_ranges,
-            put=sender.put,
-            faults=ctx.faults,
-            transmit=sender.transmit,
             compute=self._compute,
             strike=ctx.strike,
-            incoming=receiver.incoming,
-            key_owner=receiver.key_owner,
-            key_group=receiver.key_group,
-            dead_sources=receiver.dead_sources,
-            ended_sources=receiver.ended_sources,
-            dealer_of=receiver.dealer_of,
-            admit=receiver.admit,
-            fail=receiver.fail,
-            landed=receiver.landed,
         )
+        return PathPorts(view=view, out=self.sender, inbound=self.receiver)
 
     # -- setup -----------------------------------------------------------------------
     def _open_control(self) -> None:

@@ -65,6 +65,31 @@ class Receiver:
         )  # a held request is verified again before its blocks go back
         self.corrupted: list[dict[str, Any]] = []
 
+    # -- the inbound port a data path receives through (sim.paths.datapath.Inbound) -----
+    def awaited(self, request_id: str) -> Incoming:
+        """What this receiver holds of ``request_id``."""
+        return self.incoming[request_id]
+
+    def owners(self) -> list[tuple[str, tuple[str, int, int]]]:
+        """Every awaited key with its (request, chunk, source), in the order expected."""
+        return list(self.key_owner.items())
+
+    def owner(self, key: str) -> tuple[str, int, int]:
+        """The (request, chunk, source) of an awaited key."""
+        return self.key_owner[key]
+
+    def group_of(self, key: str) -> int:
+        """The layer group a streamed key carries [STREAM-1]."""
+        return self.key_group[key]
+
+    def is_dead(self, src: int) -> bool:
+        """Whether source ``src`` is known dead."""
+        return src in self.dead_sources
+
+    def has_ended(self, src: int) -> bool:
+        """Whether source ``src`` sent its end-of-stream."""
+        return src in self.ended_sources
+
     def dealer_of(self, src: int) -> zmq.Socket[Any]:
         """The connection to source ``src``."""
         return next(d for d, s in self.dealers.items() if s == src)

@@ -84,6 +84,35 @@ class Sender:
         for key, dst, _ in self.out_keys(request):
             self.skipped[dst][key] = why
 
+    # -- the outbound port a data path sends through (sim.paths.datapath.Outbound) ------
+    def receivers(self) -> list[int]:
+        """The receiver ranks with a verified connection."""
+        return list(self.peers)
+
+    def receiver_of(self, peer: bytes) -> int | None:
+        """The receiver whose verified connection ``peer`` is, or None (a stranger)."""
+        return next((dst for dst, known in self.peers.items() if known == peer), None)
+
+    def is_skipped(self, dst: int, key: str) -> bool:
+        """Whether ``key`` was skipped for receiver ``dst``."""
+        return key in self.skipped[dst]
+
+    def skip_key(self, dst: int, key: str, why: str) -> None:
+        """Not send ``key`` to ``dst``; the end-of-stream says why."""
+        self.skipped[dst][key] = why
+
+    def mark_sent(self, dst: int, key: str) -> None:
+        """``key`` went to ``dst`` (the end-of-stream lists it)."""
+        self.sent_keys[dst].append(key)
+
+    def unmark_sent(self, dst: int, key: str) -> None:
+        """``key`` did not go to ``dst`` after all (its transfer failed)."""
+        self.sent_keys[dst].remove(key)
+
+    def aborted(self, request_id: str, dst: int) -> bool:
+        """Whether receiver ``dst`` told this sender to stop sending ``request_id``."""
+        return (request_id, dst) in self.aborted_out
+
     def reuse_early(self) -> None:
         """``--faults reuse=P``, drawn once per request this rank sends any of: its blocks
         are handed to another request before their transfer (:meth:`RankMemory.reuse`),
