@@ -611,3 +611,26 @@ def test_a_serving_verdict_decides_over_the_functions_tiers_and_shows_them() -> 
     assert run.contradictions == [
         "alpha-pairing is open, but no reachable corrupts/breaks evidence supports it"
     ]
+
+
+def test_a_drafted_upstream_comment_is_named_by_its_entry_and_needs_no_kvspec() -> None:
+    """field/upstream/comments/: comments on open upstream threads (issue 43: the PP
+    pairing on sgl-project/sglang#33457), each named by a ledger entry, with a script that
+    imports the engine and torch only and exits by itself."""
+    import ast
+    import re
+
+    ledger = json.loads((ROOT / fr.LEDGER).read_text())
+    named = {d["upstream_comment"] for d in ledger["defects"].values() if d.get("upstream_comment")}
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "field/upstream/comments").glob("*.md")}
+    assert named == on_disk and named
+    for comment in sorted(named):
+        code = re.search(r"```python\n(.*?)```", (ROOT / comment).read_text(), re.S).group(1)
+        imported = {
+            (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+            for node in ast.walk(ast.parse(code))
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        assert imported <= {"sys", "types", "torch", "sglang", "vllm", "vllm_omni"}, comment
+        assert "sys.exit(" in code, comment
