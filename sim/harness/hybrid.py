@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import zmq
 
+from kvspec.console.units import human_bytes
 from kvspec.tensors import group_reshard as gr
 from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.model import ModelShape
@@ -176,7 +177,7 @@ class HybridReport:
             layers = len(model.group_layers(index))
             lines.append(
                 f"  group {index}  {group.kind:<7} {layers:>3} layers  "
-                f"{_human(moved[index]):>10} / {_human(planned[index])}"
+                f"{human_bytes(moved[index]):>10} / {human_bytes(planned[index])}"
             )
         lines += ["", "bytes per edge (moved / plan):"]
         for key in sorted(set(self.moved) | set(self.planned)):
@@ -184,11 +185,12 @@ class HybridReport:
             got, want = self.moved.get(key, 0), self.planned.get(key, 0)
             mark = "" if got == want else "   <-- differs from the plan"
             lines.append(
-                f"  group {index}  {src:>3} -> {dst:<3} {_human(got):>10} / {_human(want)}{mark}"
+                f"  group {index}  {src:>3} -> {dst:<3} {human_bytes(got):>10} / "
+                f"{human_bytes(want)}{mark}"
             )
         verdict = "every edge equals the plan" if self.bytes_match else "EDGES DIFFER FROM THE PLAN"
         lines.append(
-            f"  {len(self.planned)} edges, {_human(sum(self.moved.values()))} moved; {verdict}"
+            f"  {len(self.planned)} edges, {human_bytes(sum(self.moved.values()))} moved; {verdict}"
         )
         if self.strangers:
             lines.append(f"strangers: {self.strangers} message(s) refused")
@@ -223,15 +225,6 @@ class HybridReport:
             "ok": self.ok,
             "wall_s": self.wall_s,
         }
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    raise AssertionError
 
 
 def planned_bytes(run: HybridRun) -> dict[tuple[int, int, int], int]:

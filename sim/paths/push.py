@@ -191,9 +191,8 @@ class PushPath:
             for t in (*payload.key_cache, *payload.value_cache)
             if t is not None
         )
-        if (
-            self.ep.view.layer_groups
-        ):  # streamed: a layer group lands once every source's part is here
+        if self.ep.view.layer_groups:
+            # streamed: a layer group lands once every source's part is here
             if not self._land_part(state, self.ep.inbound.group_of(key), src, payload):
                 return None
         else:

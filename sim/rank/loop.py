@@ -109,7 +109,7 @@ class Rank:
     the sender role's (:mod:`sim.rank.sender`), what comes in the receiver role's
     (:mod:`sim.rank.receiver`), the cache the memory's (:mod:`sim.cache.memory`), and how a
     request's bytes move the data path's (:mod:`sim.paths.datapath`), each given the
-    rank's context or a narrow endpoint, never the rank."""
+    rank's context or, the data path, its ports, never the rank."""
 
     def __init__(
         self,

@@ -176,15 +176,18 @@ def test_a_read_is_served_only_to_a_verified_receiver_for_its_own_share() -> Non
     plan = plan_transfer(StageLayout(2), StageLayout(2), MHA)
     cache = RegisteredCache("flash_attn", 2, 3, 4, 2, 8, "bfloat16")
     made = plan_descriptors(plan, plan.edge(0, 0), cache, [1, 2], cache, [0, 1], range(6))
-    rank = SimpleNamespace(
-        peers={0: b"verified"},
+    rank = SimpleNamespace(  # the path's read-only view of its rank
         strangers=Counter(),
         stats=Counter(),
         config=SimpleNamespace(checksum=False),
-        skipped={0: {}},
         who=SimpleNamespace(rank=0),
     )
-    agent = PullAgent(rank)  # type: ignore[arg-type]
+    outbound = SimpleNamespace(  # the sender's port: one verified receiver, nothing skipped
+        receiver_of=lambda peer: 0 if peer == b"verified" else None,
+        is_skipped=lambda dst, key: False,
+    )
+    ports = SimpleNamespace(view=rank, out=outbound, inbound=None)
+    agent = PullAgent(ports)  # type: ignore[arg-type]
     agent.names = list(cache.regions())
     agent.keys_of = {"req_0_0_0_0": ("req", 0, 0), "req_0_0_0_1": ("req", 0, 1)}
     agent._plan = lambda *a, **k: made  # type: ignore[method-assign]
