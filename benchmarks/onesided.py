@@ -19,7 +19,7 @@ ones, interleaved: the per-descriptor cost NIXL (UCX over TCP loopback here) add
 **sim over Mooncake vs raw Mooncake.** The same workload and lists through two Mooncake
 transfer engines in this process (TCP loopback, P2P handshake), each key's list in
 ``batch_transfer_sync_write`` calls no longer than the engine's queue, as the sim posts
-them (:func:`sim.mooncake.batch_transfer`).
+them (:func:`sim.paths.mooncake.batch_transfer`).
 
 Each needs its library (``pip install 'kvspec[nixl]'``, ``'kvspec[mooncake]'``); without
 one its figures are left out, saying so.
@@ -41,12 +41,12 @@ from kvspec.memory.descriptors import Runs, plan_runs, share_positions
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import ONE_SIDED_LIBRARIES, SimConfig
-from sim.mooncake import batch_transfer
-from sim.onesided_checks import quiet_engines, unloadable
-from sim.regions import registered_cache
-from sim.workload import Workload
+from sim.harness.cluster import run_simulation
+from sim.paths.mooncake import batch_transfer
+from sim.paths.onesided_checks import quiet_engines, unloadable
+from sim.paths.regions import registered_cache
+from sim.run.config import ONE_SIDED_LIBRARIES, SimConfig
+from sim.run.workload import Workload
 
 KIB = 1024
 

@@ -45,8 +45,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kvspec.cli.args import quote
-from kvspec.cli.output import check_writable
+from kvspec.console.args import quote
+from kvspec.console.output import check_writable
 from kvspec.profile_names import PROFILES
 from kvspec.untrusted_input import InputRefused, loads
 

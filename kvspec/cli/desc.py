@@ -27,8 +27,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvspec.cli import plan as plan_cli
-from kvspec.cli.args import int_in
-from kvspec.cli.output import STDOUT, check_writable, write_json
+from kvspec.console.args import int_in
+from kvspec.console.output import STDOUT, check_writable, write_json
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import TransferPlan, plan_transfer
 from kvspec.untrusted_input import InputRefused, loads, read_regular_file

@@ -1,4 +1,4 @@
-"""``--faults`` only refuses (issue 45): for any text, :func:`sim.faults.parse_faults`
+"""``--faults`` only refuses (issue 45): for any text, :func:`sim.run.faults.parse_faults`
 returns a spec that describes itself back to the same spec, or raises ``ValueError`` with
 one line naming the bad part — never another exception, and never a value read from a
 non-ASCII digit. ``KVSPEC_FUZZ_EXAMPLES`` raises the count (``make fuzz`` runs
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.faults import PROBABILITIES, RANK_KINDS, parse_faults
+from sim.run.faults import PROBABILITIES, RANK_KINDS, parse_faults
 
 EXAMPLES = int(os.environ.get("KVSPEC_FUZZ_EXAMPLES", 0)) or 4 * settings.default.max_examples
 FUZZ = settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])

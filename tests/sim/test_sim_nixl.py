@@ -1,6 +1,6 @@
 """``--transport nixl`` (and ``mooncake``, the same one-sided layer): every request's KV
 moves one-sided through NIXL over UCX on DRAM, or the Mooncake transfer engine over
-TCP [sim.onesided, sim.nixl, sim.mooncake, DESC-1..3] — READs posted by receivers,
+TCP [sim.paths.onesided, sim.paths.nixl, sim.paths.mooncake, DESC-1..3] — READs posted by receivers,
 WRITEs by senders, each key's descriptor list one engine transfer, every element
 verified against the oracle; the faults that mean something for a one-sided transfer;
 the runs it refuses.
@@ -18,14 +18,14 @@ import pytest
 
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim import mooncake
-from sim.cluster import run_simulation
-from sim.config import ONE_SIDED_LIBRARIES, SimConfig
-from sim.faults import parse_faults
-from sim.onesided_checks import unloadable
-from sim.report import SimReport
-from sim.validation import exposure, validate
-from sim.workload import Workload
+from sim.books.report import SimReport
+from sim.harness.cluster import run_simulation
+from sim.harness.validation import exposure, validate
+from sim.paths import mooncake
+from sim.paths.onesided_checks import unloadable
+from sim.run.config import ONE_SIDED_LIBRARIES, SimConfig
+from sim.run.faults import parse_faults
+from sim.run.workload import Workload
 from tests.sim import runs
 
 
@@ -138,7 +138,7 @@ def test_a_transfer_the_library_fails_is_booked_as_its_error_not_a_drop(
 
 
 def test_a_list_goes_to_mooncake_in_batches_its_queue_holds(monkeypatch) -> None:
-    """:func:`sim.mooncake.batch_transfer`: the rows in order, in batches of the queue's
+    """:func:`sim.paths.mooncake.batch_transfer`: the rows in order, in batches of the queue's
     depth (``MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER`` where Mooncake takes the value, else
     1024); the first batch that fails ends it, named by its rows and status."""
     rows = np.array([[1000 + 10 * i, 10] for i in range(7)], dtype=np.int64)

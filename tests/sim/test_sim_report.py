@@ -15,14 +15,14 @@ import pytest
 
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout
-from sim.accounting import FaultBook, Ledger
-from sim.clock import process_age, process_start
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.faults import parse_faults
-from sim.progress import ProgressBar
-from sim.report import SimReport, human_rate
-from sim.workload import Workload
+from sim.books.accounting import FaultBook, Ledger
+from sim.books.report import SimReport, human_rate
+from sim.harness.clock import process_age, process_start
+from sim.harness.cluster import run_simulation
+from sim.harness.progress import ProgressBar
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
+from sim.run.workload import Workload
 from tests.paths import ROOT
 from tests.sim.runs import MHA
 
@@ -101,7 +101,7 @@ def test_a_failed_run_claims_only_the_requests_it_verified() -> None:
 def test_a_library_error_is_its_own_verdict_never_a_fault() -> None:
     """A transfer a library failed is booked by the rank that posted it under the
     library's name with its words, summed over ranks apart from the faults
-    [sim.accounting], and fails the run on a line of its own (issue 46)."""
+    [sim.books.accounting], and fails the run on a line of its own (issue 46)."""
     ledger = Ledger()
     for rank in ("sender-0", "sender-1"):
         book = FaultBook()
