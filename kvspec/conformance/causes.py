@@ -146,14 +146,23 @@ clause of the table to exactly one stratum.
 
 
 OBSERVATIONS: dict[str, str] = {
-    "MODEL-2.1": "an MLA latent moved through a whole transfer and compared with the spec's",
-    "PLAN-6.3": "a whole transfer after a request of another length, compared with the spec's",
-    "RESHARD-2.1": "a whole transfer's shards compared with the spec's (the round trip)",
     "RESHARD-2.2": "a whole assembly in another arrival order compared with the spec's",
+    "RESHARD-2.1": "a whole transfer's shards compared with the spec's (the round trip)",
+    "PLAN-6.3": "a whole transfer after a request of another length, compared with the spec's",
+    "MODEL-2.1": "an MLA latent moved through a whole transfer and compared with the spec's",
+    "PLAN-5.1": "the bytes of an edge: any wrong slice, layer range or head beneath changes them",
+    "PLAN-5.2": "likewise, receiver-side",
 }
-"""Obligations whose checks observe a composite result (obligation -> what they observe):
-every wrong fact beneath them fails them too, so a failure of one of these is read after
-any failure that names a fact (:func:`evidence`)."""
+"""Obligations whose checks observe a composite result (obligation -> what they observe),
+the most direct observer of a wrong assembly first: every wrong fact beneath them fails
+them too, so a failure of one of these is read after any failure that names a fact
+(:func:`evidence`), and among themselves in this order."""
+
+_WHOLE_TRANSFER_CLAUSES = ("DTYPE-2", "DTYPE-3")
+"""Clauses whose checks move data through a whole transfer (special values, fp8 with its
+scales): a data difference they report is that transfer observed, as wrong for a
+misplaced head or layer as for a value that lost its bits; their scales are a fact."""
+_ELEMENTS = re.compile(r"\d+ of \d+ elements differ; first at")
 
 FACT, REFUSAL_TROUBLE, OBSERVATION = 0, 1, 2
 """:func:`evidence`'s classes, the strongest first."""
@@ -367,7 +376,13 @@ def evidence(result: CheckResult) -> int:
     through (tier ``breaks``: refused unclearly, or crashed); else :data:`OBSERVATION`
     when its violated obligation is one of :data:`OBSERVATIONS`."""
     obligation = violated(result) or ""
+    if fact(result) is not None:
+        return FACT
     if obligation in OBSERVATIONS:
+        return OBSERVATION
+    if result.check.clause in _WHOLE_TRANSFER_CLAUSES and (
+        _ELEMENTS.search(result.reason or "") or _SHAPES.search(result.reason or "")
+    ):
         return OBSERVATION
     if result.check.clause.startswith("STAGE-2") and _ownership_mismatch(result) == (
         False,
@@ -385,7 +400,14 @@ def _headline_key(index: int, result: CheckResult) -> tuple[Any, ...]:
     level, place = basicness(obligation)
     own = 0 if clause_of(obligation) == result.check.clause else 1
     strength = evidence(result)
-    return strength == REFUSAL_TROUBLE, level, severity(tier(result)), own, strength, place, index
+    return strength == REFUSAL_TROUBLE, strength, level, severity(tier(result)), own, place, index
+
+
+def _observed_order(result: CheckResult) -> int:
+    """Where an observation stands among :data:`OBSERVATIONS` (others after them)."""
+    order = list(OBSERVATIONS)
+    obligation = violated(result) or ""
+    return order.index(obligation) if obligation in order else len(order)
 
 
 def _reachability(results: Iterable[CheckResult]) -> tuple[str | None, str]:
@@ -460,6 +482,7 @@ def group(results: Sequence[CheckResult]) -> list[Cause]:
             evidence(c.headline) == REFUSAL_TROUBLE,
             severity(c.tier),
             evidence(c.headline),
+            _observed_order(c.headline) if evidence(c.headline) == OBSERVATION else 0,
             basicness(violated(c.headline) or c.headline.check.clause),
             order[id(c.headline)],
         )
