@@ -22,7 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 from string import Template
 
-from kvspec.console.output import check_writable
+from kvspec.console.output import OutputFailed, check_writable, write_text
 
 NAME = "adapter"
 HELP = "write a starting adapter (new NAME) or print the adapter API reference (doc)"
@@ -111,8 +111,7 @@ def _new(name: str, directory: Path) -> int:
         return 2
     text = scaffold(name)
     try:
-        with path.open("x", encoding="utf-8") as out:  # "x": never over an existing file
-            out.write(text)
+        out = path.open("x", encoding="utf-8")  # "x": never over an existing file
     except FileExistsError:  # made since the check above
         print(
             f"kvspec adapter: refused: {path} exists; kvspec never overwrites it", file=sys.stderr
@@ -121,6 +120,12 @@ def _new(name: str, directory: Path) -> int:
     except OSError as error:
         print(f"kvspec adapter: refused: cannot write {path}: {error.strerror}", file=sys.stderr)
         return 2
+    try:
+        with out:
+            out.write(text)
+    except OSError as error:  # a full disk midway: the half-written file is ours to remove
+        path.unlink(missing_ok=True)
+        raise OutputFailed(str(path), error) from error
     where = "" if directory == Path(".") else f" (from {directory}, or with it on PYTHONPATH)"
     print(f"wrote {path}: every capability delegates to kvspec's reference")
     print(f"check it{where}: kvspec conform {name}:adapter")
@@ -140,6 +145,6 @@ def _doc(output: str | None) -> int:
     if output is None:
         sys.stdout.write(text)
     else:
-        Path(output).write_text(text, encoding="utf-8")
+        write_text(output, text)
         print(f"wrote {output}", file=sys.stderr)
     return 0

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvspec.console.args import quote
-from kvspec.console.output import check_writable
+from kvspec.console.output import check_writable, write_text
 from kvspec.profile_names import PROFILES
 from kvspec.untrusted_input import InputRefused, loads
 
@@ -261,11 +261,8 @@ def _emit(args: argparse.Namespace, report: Report) -> None:
 
 
 def _write(path: str | None, text: Callable[[], str]) -> None:
-    if path == "-":
-        print(text())
-    elif path:
-        with open(path, "w") as out:
-            out.write(text() + "\n")
+    if path:
+        write_text(path, text() + "\n")
 
 
 def _progress_for(args: argparse.Namespace) -> Callable[[int, int, CheckResult], None] | None:
