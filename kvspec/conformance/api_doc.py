@@ -108,9 +108,14 @@ How the suite reads an adapter:
   loads (exit 2).
 - A check that needs a capability the adapter does not provide is reported *not
   provided*: never failed, never counted as passed.
-- **Refusing**: a method refuses an input by raising an exception. Any exception counts
-  (the suite judges that something was refused, not how), except where a refusal below
-  names its exception type. `NotProvided` is for a capability the adapter does not have.
+- **Refusing**: a method refuses an input by raising one of the adapter's
+  `refusal_types` (default: `ValueError`, which kvspec's own errors are; declare your
+  engine's error types there), except where a refusal below names its exception type. Any
+  other exception (`IndexError`, an undeclared engine error) is a crash, tier `breaks`.
+  A refusal whose message names none of the offending values (a value counts as named
+  when it appears as a value, not inside a clause id such as `[PAGED-2]`) still passes;
+  the check carries an `unclear` note. `NotProvided` is for a capability the adapter does
+  not have.
 - Inputs are kvspec's own frozen dataclasses and tensors ([Types](#types)); an adapter
   translates them into its implementation's terms and back. Keyword arguments that have a
   default (a token pool's `page_size`, a target `block_size`) are passed only to a method
@@ -304,7 +309,7 @@ def _obligations(capability: str, mine: list[Check]) -> list[str]:
                 refusals.setdefault(o, []).append(check.id)
     lines = []
     if refusals:
-        lines += ["**Must refuse** (raise; any exception unless one is named):", ""]
+        lines += ["**Must refuse** (raise one of `refusal_types`, unless a type is named):", ""]
         for o in sorted(refusals, key=_obligation_order):
             kind = REFUSAL_TYPES.get(o)
             how = f" — raise `{kind.__name__}`" if kind else ""

@@ -12,7 +12,9 @@ its only cause block in the middle, and the last screen said nothing of the fail
    replay command and the paste-ready pytest test; its consequences on one line;
 3. one line per family for the checks that did not run (not provided, skipped) or were
    inconclusive, saying what they need;
-4. a last line saying what set the exit status and why (:func:`exit_line`).
+4. the checks whose refusals were unclear (refused, but naming none of the offending
+   values): a quality note, never a failure (:func:`note_lines`);
+5. a last line saying what set the exit status and why (:func:`exit_line`).
 
 ``kvspec conform --verbose`` prints today's full listing instead
 (:func:`kvspec.conformance.runner.render`). Pure text over a finished
@@ -150,6 +152,23 @@ def family_lines(report: Report) -> list[str]:
     return lines
 
 
+def note_lines(report: Report) -> list[str]:
+    """The checks with an ``unclear`` refusal: how many, then one line each with its
+    first note (refused, but the message names none of the offending values)."""
+    noted = [r for r in report.results if r.notes]
+    if not noted:
+        return []
+    lines = [
+        "",
+        f"unclear refusals (refused, naming none of the offending values; not failures): "
+        f"{len(noted)} check(s)",
+    ]
+    lines += ["  " + _short(f"{r.check.id}: {r.notes[0]}", WIDTH - 2) for r in noted[:5]]
+    if len(noted) > 5:
+        lines.append(f"  ... and {len(noted) - 5} more (--verbose or --json lists them)")
+    return lines
+
+
 def exit_line(report: Report) -> str:
     """What set the exit status and why: the failures in a ``--fail-on`` tier that serving
     may reach (status 1), else the inconclusive checks (3), else nothing (0), with what
@@ -201,5 +220,6 @@ def render_brief(report: Report) -> str:
 
         lines += cause_lines(report.impl, group(report.results), device=report.device)
     lines += family_lines(report)
+    lines += note_lines(report)
     lines += ["", exit_line(report)]
     return "\n".join(lines)

@@ -36,6 +36,9 @@ class CheckResult:
     accepted_input: Any = None
     """FAILED refusal probes only: the input that was wrongly accepted (or crashed on),
     made from the counterexample (which stays what ``--replay`` takes)."""
+    notes: tuple[str, ...] = ()
+    """Quality notes, whatever the verdict: a refusal that named none of the offending
+    values (``unclear``, :func:`~kvspec.conformance.checks.expectations.noting`)."""
 
     @property
     def effective(self) -> int:
@@ -62,4 +65,5 @@ class CheckResult:
             "reachable_in_serving": self.reachable_in_serving,
             "reachability_evidence": self.reachability_evidence,
             "accepted_input": self.accepted_input,
+            "notes": list(self.notes),
         }

@@ -35,7 +35,7 @@ from kvspec.conformance.checks import (
     Vacuous,
     all_checks,
 )
-from kvspec.conformance.checks.expectations import crash_report, judging
+from kvspec.conformance.checks.expectations import crash_report, judging, noting
 from kvspec.conformance.pins import pins_for
 from kvspec.conformance.result import (
     FAILED,
@@ -228,8 +228,9 @@ def run_check(
     base = profile_settings(profile)
     count = max_examples if max_examples is not None else base.max_examples
     result.requested = max(1, round(count * check.weight))
+    notes: dict[str, str] = {}
     try:
-        with judging(adapter):
+        with judging(adapter), noting() as notes:
             if replay is not None:
                 body(replay)
             else:
@@ -254,8 +255,18 @@ def run_check(
         )
     if result.verdict == PASSED and replay is None:
         _judge_sample(result)
+    found = list(notes.values())
+    result.notes = tuple(found[:MAX_NOTES]) + (
+        (f"... and {len(found) - MAX_NOTES} more message(s) as unclear",)
+        if len(found) > MAX_NOTES
+        else ()
+    )
     result.seconds = time.perf_counter() - started
     return result
+
+
+MAX_NOTES = 3
+"""The distinct notes a check's result keeps (the rest counted)."""
 
 
 def _judge_sample(result: CheckResult) -> None:
@@ -501,6 +512,10 @@ def render(report: Report) -> str:
     if unsure:
         lines += ["", "inconclusive:"]
         lines += [f"  {r.check.id}: {r.reason}" for r in unsure]
+    noted = [r for r in report.results if r.notes]
+    if noted:
+        lines += ["", "unclear refusals (refused, naming none of the offending values):"]
+        lines += [f"  {r.check.id}: {note}" for r in noted for note in r.notes]
     others = [r for r in report.results if r.verdict in (NOT_PROVIDED, SKIPPED) and r.reason]
     if others:
         lines += ["", "not run:"]

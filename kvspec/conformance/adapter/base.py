@@ -58,9 +58,10 @@ class Adapter:
     judged (what it costs, and whether serving can reach it):
 
     - ``refusal_types``: the exceptions the implementation refuses an input with. A
-      refusal probe passes only on one of these whose message names the offending value;
-      any other exception (``IndexError``, ``ZeroDivisionError``) is a crash, tier
-      ``breaks``, never a refusal.
+      refusal probe passes on any of these; any other exception (``IndexError``,
+      ``ZeroDivisionError``) is a crash, tier ``breaks``, never a refusal. A refusal
+      whose message names none of the offending values is an ``unclear`` note on the
+      check, not a failure.
     - ``replicas_write``: ``"one"`` (kvspec's choice: exactly one replica sends a
       replicated head [PLAN-2]) or ``"every"`` (every replica sends identical bytes and
       the receiver counts them, as SGLang does); under ``"every"`` a second sender of a

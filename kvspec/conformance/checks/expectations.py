@@ -1,8 +1,15 @@
 """How a check judges what an implementation did: a violation with its message and tier
-(:func:`expect`, :func:`fail`), and what counts as a refusal — the judged adapter's
-declared refusal types, naming the offending values — rather than a crash
+(:func:`expect`, :func:`fail`), and what counts as a refusal rather than a crash
 (:func:`refused`, :func:`expect_refused`, :func:`changed_values`). Every check module
-states its verdicts through these, so every failure reads the same way."""
+states its verdicts through these, so every failure reads the same way.
+
+The refusal contract, judged here and nowhere else: a refusal is an exception of one of
+the judged adapter's declared ``refusal_types`` (``ValueError`` by default; kvspec's own
+errors are ``ValueError`` too); any other exception is a crash, tier ``breaks``. Whether
+the refusal's message names the offending value is judged apart from that: a refusal
+that names none of them still counts as a refusal, and the check carries an ``unclear``
+note saying which (:func:`noting`), never a failure. A value counts as named when it
+appears as a value, not inside a clause id (``[PAGED-2]`` does not name 2)."""
 
 from __future__ import annotations
 
@@ -49,6 +56,34 @@ def judging(adapter: Adapter) -> Iterator[None]:
         _ADAPTER.reset(token)
 
 
+_NOTES: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "kvspec_conformance_notes", default=None
+)
+"""The quality notes of the running check (set by the runner), by what they are about:
+one note per unclear refusal message, however many inputs it refused."""
+
+UNCLEAR = "unclear"
+"""The note a refusal gets when its message names none of the offending values."""
+
+
+@contextmanager
+def noting() -> Iterator[dict[str, str]]:
+    """Collect the quality notes of the checks run inside: the first note about each
+    thing (an unclear message), in the order found."""
+    notes: dict[str, str] = {}
+    token = _NOTES.set(notes)
+    try:
+        yield notes
+    finally:
+        _NOTES.reset(token)
+
+
+def _note(about: str, text: str) -> None:
+    notes = _NOTES.get()
+    if notes is not None:
+        notes.setdefault(about, text)
+
+
 def refusal_types(obligation: str | None = None) -> tuple[type[BaseException], ...]:
     """What counts as a refusal of ``obligation``: the one type the suite holds it to
     (:data:`~kvspec.conformance.adapter.REFUSAL_TYPES`, e.g. ``ValueError`` for
@@ -67,10 +102,17 @@ def crash_report(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}{where}"
 
 
+CLAUSE_ID = re.compile(r"(?<![\w.-])[A-Z][A-Z0-9]*-[0-9]+(?:\.[0-9]+)*(?![\w-])")
+"""An obligation or clause id as a message cites it (``PAGED-2``, ``SLAYOUT-1.3``):
+its digits are the rule's number, not a value the message names."""
+
+
 def names_value(message: str, values: Iterable[object]) -> bool:
     """Whether ``message`` names one of ``values``: its ``repr`` or its ``str``, as a whole
     token where it begins or ends with a word character (``16`` is named by "stage 16",
-    not by "160" or "16.5"); the empty string only by its repr (``''``)."""
+    not by "160" or "16.5"); the empty string only by its repr (``''``). A clause id in
+    the message (``[PAGED-2]``) names nothing."""
+    message = CLAUSE_ID.sub(" ", message)
     for value in values:
         texts = {repr(value)} | ({str(value)} if str(value) else set())
         if isinstance(value, str) and not value:
@@ -89,7 +131,8 @@ def names_value(message: str, values: Iterable[object]) -> bool:
 def _refusal_problem(
     error: BaseException, obligation: str | None, naming: tuple[object, ...]
 ) -> str | None:
-    """Why ``error`` is not a refusal (of ``obligation``, naming one of ``naming``), or None."""
+    """Why ``error`` is not a refusal (of ``obligation``), or None. A refusal whose
+    message names none of ``naming`` is a refusal still, noted ``unclear``."""
     kinds = refusal_types(obligation)
     if not isinstance(error, kinds):
         declared = ", ".join(k.__name__ for k in kinds)
@@ -97,11 +140,33 @@ def _refusal_problem(
         return f"crashed instead of refusing: it raised {raised} (refusals: {declared})"
     if naming and not names_value(str(error), naming):
         listed = ", ".join(_brief(v, 60) for v in naming)
-        return (
-            f"was refused with {type(error).__name__} whose message names none of the offending "
-            f"values ({listed}): {str(error)!r}; a refusal says what it refuses"
+        cited = f" [{obligation}]" if obligation else ""
+        _note(
+            f"{type(error).__name__}: {error}",
+            f"{UNCLEAR}: refused with {type(error).__name__} {_brief(str(error), 80)}, which "
+            f"names none of the offending values ({listed}){cited}",
         )
     return None
+
+
+REFUSED = object()
+"""What :func:`unless_refused` gives for a call that refused."""
+
+
+def unless_refused(
+    call: Callable[[], object], *, obligation: str | None = None, what: str = "the input"
+) -> object:
+    """``call()``'s value, or :data:`REFUSED` when it refuses: for checks where refusing
+    is allowed but not required (a key or a port the adapter may decline to make). A
+    crash is judged as by :func:`refused`: :class:`Violation`, tier ``breaks``."""
+    try:
+        return call()
+    except Exception as error:
+        problem = _refusal_problem(error, obligation, ())
+        if problem:
+            cited = f" [{obligation}]" if obligation else ""
+            raise Violation(f"{what} {problem}{cited}", BREAKS) from error
+        return REFUSED
 
 
 def refused(
@@ -112,9 +177,9 @@ def refused(
     naming: Iterable[object] = (),
 ) -> bool:
     """Whether ``call()`` refuses: True when it raises one of the judged adapter's
-    ``refusal_types`` (whose message names one of ``naming``, when given), False when it
-    returns. Any other exception is not a refusal but a crash: :class:`Violation`, tier
-    ``breaks``, saying what was raised. With no ``naming`` the type alone decides."""
+    ``refusal_types``, False when it returns. Any other exception is not a refusal but a
+    crash: :class:`Violation`, tier ``breaks``, saying what was raised. A refusal whose
+    message names none of ``naming`` is noted ``unclear`` (:func:`noting`)."""
     values = tuple(naming)
     try:
         call()
@@ -174,8 +239,9 @@ def expect_refused(
     """Raise :class:`Violation` unless ``call()`` refuses ``what`` [``obligation``].
 
     A refusal is one of the judged adapter's ``refusal_types`` (the one type
-    :data:`~kvspec.conformance.adapter.REFUSAL_TYPES` holds ``obligation`` to, if any)
-    whose message names one of ``naming``, the offending values; call sites that know them
+    :data:`~kvspec.conformance.adapter.REFUSAL_TYPES` holds ``obligation`` to, if any);
+    one whose message names none of ``naming``, the offending values, is noted
+    ``unclear`` (:func:`noting`) and passes. Call sites that know the values
     pass them (key and port fields, layout names, page sizes, block ids, a marker's
     target rank, a short region, a policy name, and the values a configuration variant
     changed: :func:`changed_values`). Where a call site passes none the exception's type
@@ -183,7 +249,7 @@ def expect_refused(
     or payloads (what is "offending" is a relation between parts, not one value: RESHARD-3,
     DTYPE-3, PAYLOAD-1/3, CHUNK-1/2, WIRE-*, LAYOUT-1.3/3/4/6/7, ORACLE-4/5/6, SLAYOUT-1,
     WINDOW-2.3, a scatter's PAGED-3/4), a lifecycle event (LIFE), and an invalid
-    configuration drawn whole rather than made from a valid one.
+    configuration drawn whole rather than made from a valid one: no ``unclear`` note.
     Accepting ``what`` is a violation of ``obligation`` (its tier derived from it, a
     negative obligation: ``accepts-invalid``); raising anything else is tier ``breaks``
     ("crashed instead of refusing", with the exception's type, message and innermost

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import suppress
 
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check, within_domain
-from kvspec.conformance.checks.expectations import expect, expect_refused, fail, refusal_types
+from kvspec.conformance.checks.expectations import (
+    REFUSED,
+    expect,
+    expect_refused,
+    fail,
+    unless_refused,
+)
 from kvspec.conformance.checks.routing import (
     ROUTING_PINS,
     case_examples,
@@ -166,20 +171,27 @@ def _colliding_inputs(draw: st.DrawFn) -> Example:
     covers=("KEY-3.3", "KEY-3.4"),
 )
 def injective(ctx: Context, example: Example) -> None:
-    made: dict[str, list[str]] = defaultdict(list)
-    refusals = refusal_types()  # refusing is always allowed; crashing is not (tier breaks)
-    for label in ("first", "second"):
-        with suppress(*refusals):
-            key = ctx.adapter.rank_aware_key(**example[label])
-            made[key].append(f"rank-aware {example[label]}")
-    with suppress(*refusals):
-        made[ctx.adapter.legacy_key(**example["legacy"])].append(f"legacy {example['legacy']}")
+    made: dict[object, list[str]] = defaultdict(list)
+    for label in ("first", "second"):  # refusing is always allowed; crashing is not (breaks)
+        key = unless_refused(
+            lambda: ctx.adapter.rank_aware_key(**example[label]),  # noqa: B023 (called at once)
+            obligation="KEY-3.3",
+            what=f"the rank-aware key of {example[label]}",
+        )
+        made[key].append(f"rank-aware {example[label]}")
+    legacy = unless_refused(
+        lambda: ctx.adapter.legacy_key(**example["legacy"]),
+        obligation="KEY-3.4",
+        what=f"the legacy key of {example['legacy']}",
+    )
+    made[legacy].append(f"legacy {example['legacy']}")
+    made.pop(REFUSED, None)
     clashes = {k: v for k, v in made.items() if len(v) > 1}
     legacy_head = any("omni_" in str(example[lab]["request_id"]) for lab in ("first", "second"))
     expect(
         not clashes,
         "different inputs give the same key: "
-        + "; ".join(f"{k[:80]!r} <- {' and '.join(v)[:300]}" for k, v in clashes.items())
+        + "; ".join(f"{str(k)[:80]!r} <- {' and '.join(v)[:300]}" for k, v in clashes.items())
         + (
             " — a rank-aware request id beginning with a legacy key's head must be refused "
             "[KEY-3.3]"
@@ -478,13 +490,16 @@ def _deployment_examples(draw: st.DrawFn) -> Example:
     covers=("PORT-3.1",),
 )
 def deployment_distinct(ctx: Context, example: Example) -> None:
-    owners: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    owners: dict[object, list[tuple[int, int, int]]] = defaultdict(list)
     for stage, tp in enumerate(example["tp"]):
         for replica in range(example["replicas"]):
             for rank in range(tp):
-                try:
-                    number = ctx.adapter.kv_port(example["base"], stage, rank, replica)
-                except refusal_types():
+                number = unless_refused(
+                    lambda: ctx.adapter.kv_port(example["base"], stage, rank, replica),  # noqa: B023
+                    obligation="PORT-3.1",
+                    what=f"the port of stage {stage} replica {replica} rank {rank}",
+                )
+                if number is REFUSED:
                     continue  # a refusal is allowed (a crash is not); PORT-1 checks it is not wrong
                 owners[number].append((stage, replica, rank))
     clashes = {p: o for p, o in owners.items() if len(o) > 1}
