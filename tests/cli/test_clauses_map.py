@@ -44,7 +44,8 @@ def test_each_vector_family_is_named_by_the_module_holding_its_export_and_check(
         assert set(row.vector_modules) == set(row.vectors), row.family
         for name, path in row.vector_modules.items():
             assert path == modules[name].replace(".", "/") + ".py", (row.family, name)
-            assert path.startswith("kvspec/conformance/vectors/") and (ROOT / path).is_file()
+            assert path.startswith(("kvspec/conformance/families/", "kvspec/conformance/vectors/"))
+            assert (ROOT / path).is_file()
             assert importlib.import_module(modules[name]).FAMILY.name == name
     errors = {row.errors_file for row in MAP}
     assert errors == {"kvspec/error_cases/cases.py"} and (ROOT / errors.pop()).is_file()
@@ -80,7 +81,7 @@ def test_the_issue_example_cp_is_where_the_code_puts_it() -> None:
     """CP's rule lives in topology/tokens.py, its token checks in checks/ownership.py."""
     cp = next(row for row in MAP if row.family == "CP")
     assert "kvspec/topology/tokens.py" in cp.spec
-    assert "kvspec/conformance/checks/ownership.py" in cp.checks
+    assert "kvspec/conformance/families/ownership/checks.py" in cp.checks
     assert "tokens" in cp.vectors and "tests/spec/test_parallel_layouts.py" in (cp.tests or ())
 
 

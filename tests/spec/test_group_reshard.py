@@ -11,7 +11,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.conformance.checks.groups import KINDS, _hybrid
+from kvspec.conformance.families.groups.checks import KINDS, _hybrid
 from kvspec.tensors import group_reshard as gr
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.group_plan import GroupPlan, plan_groups

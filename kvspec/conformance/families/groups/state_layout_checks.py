@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.checks.groups import STATES, _hybrid, _tp_sizes
+from kvspec.conformance.families.groups.checks import STATES, _hybrid, _tp_sizes
 from kvspec.memory.presets import STATE_PRESETS
 from kvspec.memory.state_cache import StatePage, element_offset, state_page
 from kvspec.topology.groups import StateGroup, group_from_dict

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.checks.groups import LOCAL, STATES, _case, _cases, _tp_sizes
+from kvspec.conformance.families.groups.checks import LOCAL, STATES, _case, _cases, _tp_sizes
 from kvspec.strategies import TransferCase
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.group_plan import plan_groups

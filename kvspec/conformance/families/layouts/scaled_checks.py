@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.checks.layouts import _shape_dict
-from kvspec.conformance.checks.records import draw_region
+from kvspec.conformance.families.layouts.checks import _shape_dict
+from kvspec.conformance.families.layouts.record_checks import draw_region
 from kvspec.memory.cache_layout import CacheShape, LayerCache, empty_cache, field_views, get_layout
 from kvspec.memory.planes import smallest_block
 from kvspec.memory.records import ORACLE_FIELDS, record_fill

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check, vacuous
 from kvspec.conformance.checks.expectations import expect_refused, fail
-from kvspec.conformance.checks.payloads import BLOCK_SIZE, inbox
-from kvspec.conformance.checks.routing import case_examples
-from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup
+from kvspec.conformance.families.payloads.checks import BLOCK_SIZE, inbox
+from kvspec.conformance.families.routing.checks import case_examples
+from kvspec.conformance.families.transfer.checks import TENSOR_PINS, Setup
 from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.dtypes import FP8_DTYPES
 from kvspec.transport.chunks import reassemble, split_chunks

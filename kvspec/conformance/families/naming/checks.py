@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check, within_domain
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail, refusal_types
-from kvspec.conformance.checks.routing import (
+from kvspec.conformance.families.routing.checks import (
     ROUTING_PINS,
     case_examples,
     policy_in_domain,

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.checks.transfer import (
+from kvspec.conformance.families.transfer.checks import (
     TENSOR_PINS,
     TENSOR_WEIGHT,
     Setup,

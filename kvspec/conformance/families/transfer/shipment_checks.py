@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect_refused
-from kvspec.conformance.checks.transfer import (
+from kvspec.conformance.families.transfer.checks import (
     FP8_PINS,
     TENSOR_PINS,
     TENSOR_WEIGHT,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.checks.layouts import (
+from kvspec.conformance.families.layouts.checks import (
     _cache_examples,
     _describe,
     _facts,

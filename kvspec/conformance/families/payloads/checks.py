@@ -19,7 +19,7 @@ import torch
 
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect_refused, fail
-from kvspec.conformance.checks.transfer import TENSOR_PINS, Setup, tensor_examples
+from kvspec.conformance.families.transfer.checks import TENSOR_PINS, Setup, tensor_examples
 from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.paged import blocks_needed
 from kvspec.tensors.dtypes import DTYPES

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.checks import Context, Example, check, within_domain
 from kvspec.conformance.checks.expectations import expect, fail
-from kvspec.conformance.checks.routing import ROUTING_PINS, case_examples, policy_in_domain
-from kvspec.conformance.checks.routing import spec_plan as _spec_plan
+from kvspec.conformance.families.routing.checks import ROUTING_PINS, case_examples, policy_in_domain
+from kvspec.conformance.families.routing.checks import spec_plan as _spec_plan
 from kvspec.conformance.tiers import BREAKS
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import FP8_DTYPES, raw_bits
