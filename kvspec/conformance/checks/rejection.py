@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import VALIDATORS, Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, within_domain
 from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused
-from kvspec.conformance.families.routing.checks import case_examples
+from kvspec.conformance.draws import case_examples
 from kvspec.conformance.tiers import BREAKS
 from kvspec.conformance.transfer_config import TransferConfig, handed
 from kvspec.error_cases import ERROR_CASES, OPERATIONS

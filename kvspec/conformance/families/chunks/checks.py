@@ -19,9 +19,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check, vacuous
 from kvspec.conformance.checks.expectations import expect_refused, fail
-from kvspec.conformance.families.payloads.checks import BLOCK_SIZE, inbox
-from kvspec.conformance.families.routing.checks import case_examples
-from kvspec.conformance.families.transfer.checks import TENSOR_PINS, Setup
+from kvspec.conformance.draws import BLOCK_SIZE, TENSOR_PINS, Setup, case_examples, inbox
 from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.dtypes import FP8_DTYPES
 from kvspec.transport.chunks import reassemble, split_chunks

@@ -17,8 +17,8 @@ import random
 import torch
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.families.layouts.vectors import layer_tensors, load_layer
 from kvspec.conformance.vectors.family import Case, Family, Tensors
+from kvspec.conformance.vectors.sampling import layer_tensors, load_layer
 from kvspec.memory.cache_layout import CROSS_LAYER, CacheShape, empty_cache, kv_views
 from kvspec.tensors.dtypes import bits_view
 

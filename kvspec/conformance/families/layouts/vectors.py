@@ -8,57 +8,14 @@ tensor or a tuple); the paged family stores its layers the same way.
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import torch
 
 from kvspec.conformance.adapter import Adapter, provided_capabilities
 from kvspec.conformance.vectors.family import Case, Family, Tensors
+from kvspec.conformance.vectors.sampling import layer_tensors, load_layer, vector_layouts
 from kvspec.memory.cache_layout import LAYOUTS, CacheShape, detect_layout, empty_cache, kv_views
 from kvspec.tensors.dtypes import bits_view
-
-
-def layer_tensors(key: str, cache: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """A layer cache's tensors by key, and its manifest entry ``{"tensors", "tuple"}``."""
-    parts = cache if isinstance(cache, tuple) else (cache,)
-    names = [f"{key}/cache/{i}" for i in range(len(parts))]
-    return dict(zip(names, parts, strict=True)), {
-        "tensors": names,
-        "tuple": isinstance(cache, tuple),
-    }
-
-
-def load_layer(tensors: Tensors, entry: dict[str, Any]) -> Any:
-    parts = tuple(tensors[n].clone() for n in entry["tensors"])
-    return parts if entry["tuple"] else parts[0]
-
-
-FIRST_VECTOR_LAYOUTS: tuple[str, ...] = (
-    "flash_attn",
-    "flash_attn_hnd",
-    "flashinfer",
-    "flashinfer_hnd",
-    "kv_tuple",
-    "mla",
-    "token_major",
-    "vllm_packed_hnd",
-    "vllm_packed_nhd",
-    "vllm_mla",
-    "sglang_mha",
-    "sglang_mha_hnd",
-    "sglang_mla",
-)
-"""The per-layer presets the golden vectors were first drawn over, in their order. The
-``layouts`` and ``paged`` families make these presets' cases first, as they always did,
-and a preset added later gets cases after them, so adding a preset adds vectors and
-leaves the older ones in place (only a detection answer it makes ambiguous changes)
-[LAYOUT-1, LAYOUT-4]."""
-
-
-def vector_layouts() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The per-layer presets with vectors: the first ones, then those added since."""
-    first = tuple(n for n in FIRST_VECTOR_LAYOUTS if n in LAYOUTS)
-    return first, tuple(n for n in LAYOUTS if n not in FIRST_VECTOR_LAYOUTS)
 
 
 def export(rng: random.Random) -> tuple[list[Case], Tensors]:

@@ -15,12 +15,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check, within_domain
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail, refusal_types
-from kvspec.conformance.families.routing.checks import (
-    ROUTING_PINS,
-    case_examples,
-    policy_in_domain,
-    spec_plan,
-)
+from kvspec.conformance.draws import ROUTING_PINS, case_examples, policy_in_domain, spec_plan
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.naming.ports import PortScheme, port, port_coords, rank_port
 from kvspec.strategies import TransferCase, request_ids

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.families.transfer.checks import no_fp8
+from kvspec.conformance.draws import no_fp8
 from kvspec.strategies import cp_rules, models
 from kvspec.tensors.dtypes import FP8_DTYPES, bits_view
 from kvspec.tensors.kv import RequestKV

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.families.ownership.token_vectors import TOKEN_LAYOUTS
 from kvspec.conformance.vectors.family import Case, Family, Tensors
+from kvspec.conformance.vectors.sampling import TOKEN_LAYOUTS
 from kvspec.tensors.dtypes import bits_view
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv

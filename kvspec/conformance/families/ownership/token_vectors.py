@@ -9,29 +9,11 @@ import random
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
+from kvspec.conformance.vectors.sampling import TOKEN_LAYOUTS
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import stage_ownership
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.tokens import Tokens, as_tokens
-
-TOKEN_LAYOUTS: tuple[tuple[StageLayout, ModelShape], ...] = tuple(
-    (StageLayout(tp, dp=dp, cp=cp, dcp=dcp, cp_rule=rule), ModelShape(1, heads, 1))
-    for tp, dp, cp, dcp, heads, rule in (
-        (4, 1, 2, 1, 4, "contiguous"),
-        (4, 1, 4, 1, 2, "contiguous:4"),
-        (6, 1, 3, 1, 2, "interleave:1"),
-        (4, 1, 2, 1, 2, "interleave:16"),
-        (8, 1, 2, 1, 4, "round_robin_blocks:8"),
-        (4, 1, 2, 1, 2, "zigzag"),
-        (8, 1, 4, 1, 2, "zigzag"),
-        (8, 1, 1, 2, 4, "interleave:1"),
-        (8, 1, 1, 4, 1, "interleave:16"),
-        (8, 1, 2, 2, 1, "contiguous:16"),
-        (12, 1, 1, 4, 2, "interleave:2"),
-        (8, 2, 2, 1, 2, "round_robin_blocks:4"),
-    )
-)
-"""Token rules over the cp axis, DCP, both, and beside attention DP [CP-1, CP-3]."""
 
 
 def export(rng: random.Random) -> tuple[list[Case], Tensors]:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.families.transfer.checks import no_fp8
+from kvspec.conformance.draws import no_fp8
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.paged import PagedCache, blocks_needed, empty_model_cache, gather_request
 from kvspec.memory.paged import scatter_request as spec_scatter

@@ -9,8 +9,8 @@ import random
 import torch
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.families.layouts.vectors import layer_tensors, load_layer, vector_layouts
 from kvspec.conformance.vectors.family import Case, Family, Tensors
+from kvspec.conformance.vectors.sampling import layer_tensors, load_layer, vector_layouts
 from kvspec.memory.cache_layout import get_layout, layouts_for
 from kvspec.memory.paged import PagedCache, empty_model_cache, gather_request, scatter_request
 from kvspec.tensors.dtypes import FP8_DTYPES, bits_view

@@ -19,9 +19,8 @@ import torch
 
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect_refused, fail
-from kvspec.conformance.families.transfer.checks import TENSOR_PINS, Setup, tensor_examples
+from kvspec.conformance.draws import BLOCK_SIZE, TENSOR_PINS, Inbox, Setup, inbox, tensor_examples
 from kvspec.conformance.tiers import BREAKS
-from kvspec.memory.paged import blocks_needed
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.transport.payload import (
     Chunk,
@@ -29,34 +28,7 @@ from kvspec.transport.payload import (
     Payload,
     merge_payloads,
     payload_equal,
-    payload_from_shipment,
 )
-
-BLOCK_SIZE = 2
-"""Block size of the payloads built here: small, so that a request spans several blocks."""
-
-Inbox = list[tuple[int, Payload]]
-
-
-def inbox(setup: Setup, dst: int, slicing: str = "sender", request_id: str = "req-1") -> Inbox:
-    """``(source rank, payload)`` into ``dst`` along the routed plan, each source with block
-    ids of its own (source s holds blocks 100*s, 100*s+1, ..., enough for the tokens its
-    edge carries)."""
-    return [
-        (
-            s.edge.src,
-            payload_from_shipment(
-                setup.plan,
-                s,
-                request_id,
-                block_size=BLOCK_SIZE,
-                block_ids=[
-                    100 * s.edge.src + i for i in range(blocks_needed(s.kv.seq_len, BLOCK_SIZE))
-                ],
-            ),
-        )
-        for s in setup.shipments_to(dst, slicing)
-    ]
 
 
 def _describe_difference(got: object, want: Payload) -> str:

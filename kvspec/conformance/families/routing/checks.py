@@ -6,87 +6,24 @@ or rules of its own declared in ``Adapter.policy_rules`` [PLAN-4]).
 
 from __future__ import annotations
 
-from typing import Any
-
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Context, Example, OutsideDomain, check, within_domain
+from kvspec.conformance.checks import Context, Example, check, within_domain
 from kvspec.conformance.checks.expectations import expect, fail, refused
+from kvspec.conformance.draws import ROUTING_PINS, case_examples, pinned_case, policy_in_domain
 from kvspec.conformance.tiers import DIFFERS
 from kvspec.strategies import TransferCase
-from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import RankOwnership
-from kvspec.topology.plan import POLICIES, Edge, TransferPlan, edge_between
-from kvspec.topology.stage import StageLayout
+from kvspec.topology.plan import POLICIES, Edge, edge_between
 from kvspec.topology.tokens import Tokens
 
-
-def case_examples(adapter: Adapter, **kwargs: Any) -> st.SearchStrategy[Example]:
-    """Valid transfer cases inside the adapter's domain, under the policies it names, its
-    stages split as the engine splits layers by default (``Adapter.layer_partition``)."""
-    cases = adapter.domain.cases(
-        policies=adapter.drawn_policies, partition=adapter.layer_partition, **kwargs
-    )
-    return cases.map(TransferCase.to_dict)
-
-
-def spec_plan(adapter: Adapter, case: TransferCase) -> TransferPlan:
-    """The spec's plan of ``case``, under the adapter's own rule when its policy is one."""
-    return case.plan(adapter.policy_rules.get(case.policy))
-
-
-def _case(tp_s: int, tp_t: int, heads: int, layers: int = 2, **kw: Any) -> Example:
-    pp_s, pp_t = kw.get("pp_s", 1), kw.get("pp_t", 1)
-    return TransferCase(
-        StageLayout(tp_s, pp_s),
-        StageLayout(tp_t, pp_t),
-        ModelShape(layers, heads, 2),
-        kw.get("policy", "lowest"),
-    ).to_dict()
-
-
-ROUTING_PINS: tuple[Example, ...] = (
-    _case(4, 2, 2),  # GQA replicas on the sender: each head must be taken once, not merged twice
-    _case(8, 2, 4),  # TP8 -> TP2 with 4 heads
-    _case(2, 8, 4),  # fan-out into replicated heads
-    _case(2, 4, 8),  # fan-out, two heads per slice: a slice cut twice loses one
-    _case(1, 2, 2),  # a TP1 sender: legacy keys are for two single-rank stages only
-    _case(2, 2, 8, layers=5, pp_s=2, pp_t=3),  # uneven pipeline partitions on both sides
-    _case(4, 4, 2, layers=3, pp_s=2, pp_t=1),  # replicated heads from two pipeline stages
-    # an uneven prefill split into one decode stage, no replicas: each stage's K and V
-    # layers land in the decode's own buffers [LAYER-1] (SGLang's split [1, 2] misroutes V:
-    # sgl-project/sglang#27740)
-    _case(2, 2, 2, layers=3, pp_s=2, pp_t=1),
-    TransferCase(StageLayout(4), StageLayout(8), ModelShape.mla(2, 4)).to_dict(),
-    TransferCase(StageLayout(4, 2), StageLayout(2), ModelShape.mla(3, 2)).to_dict(),
-    _case(4, 6, 12),  # no TP divides the other: heads by range, some no equal slice
-    _case(6, 4, 12, layers=3, pp_t=2),
-    TransferCase(
-        StageLayout(4, cp=2, cp_rule="interleave:2"),
-        StageLayout(6),
-        ModelShape(2, 12, 2),
-        seq_len=9,
-    ).to_dict(),
-    TransferCase(  # PCP -> DCP: token sets on both sides
-        StageLayout(4, cp=2, cp_rule="zigzag"),
-        StageLayout(8, dcp=2, cp_rule="interleave:1"),
-        ModelShape(2, 2, 2),
-        seq_len=9,
-    ).to_dict(),
-    TransferCase(  # a request on DP group 1 of the source, group 0 of the target
-        StageLayout(8, dp=2), StageLayout(4, dp=2), ModelShape(2, 2, 2), source_dp=1
-    ).to_dict(),
-)
-"""Configurations where routing bugs of the field show: replicas, fan-out, PP, MLA, TP
-sizes that do not divide, token shards, attention-DP groups."""
-
 POLICY_PINS: tuple[Example, ...] = (
-    _case(8, 4, 2, policy="balanced"),  # four receivers share two heads of four replicas
-    _case(4, 8, 2, policy="balanced"),  # more receivers of a head than it has replicas
-    _case(4, 2, 1, layers=3, pp_s=1, pp_t=3, policy="balanced"),  # receivers in PP stages
-    _case(4, 4, 2, layers=4, pp_s=2, pp_t=2, policy="balanced"),
-    _case(4, 2, 1, layers=4, pp_s=2, pp_t=2, policy="balanced"),  # each source stage its own
+    pinned_case(8, 4, 2, policy="balanced"),  # four receivers share two heads of four replicas
+    pinned_case(4, 8, 2, policy="balanced"),  # more receivers of a head than it has replicas
+    pinned_case(4, 2, 1, layers=3, pp_s=1, pp_t=3, policy="balanced"),  # receivers in PP stages
+    pinned_case(4, 4, 2, layers=4, pp_s=2, pp_t=2, policy="balanced"),
+    pinned_case(4, 2, 1, layers=4, pp_s=2, pp_t=2, policy="balanced"),  # each source stage its own
 )
 
 
@@ -208,33 +145,6 @@ def exact_cover(ctx: Context, example: Example) -> None:
         )
     if differs is not None:  # after every receiver's cover: a missing cell is worse
         fail(differs, tier=DIFFERS)
-
-
-def _replicas_only(
-    ctx: Context,
-    case: TransferCase,
-    twice: list[tuple[int, int, int]],
-    senders: dict[tuple[int, int], list],
-) -> bool:
-    """Whether the adapter declares that every replica writes (``replicas_write``
-    ``"every"``) and every sender of every cell delivered more than once is a source rank
-    that holds that cell (head, layer and token), by kvspec's ownership of the source
-    layout: a replica's identical bytes, not a merge of different ones."""
-    if ctx.adapter.replicas_write != "every":
-        return False
-    for head, layer, token in twice:
-        for src in senders[(head, layer)]:
-            owner = case.owner("source", src)
-            holds_token = token < 0 or owner.tokens is None or token in owner.tokens.tokens()
-            if head not in owner.heads or layer not in owner.layers or not holds_token:
-                return False
-    return True
-
-
-def policy_in_domain(ctx: Context, case: TransferCase) -> None:
-    """A pinned case under a policy the adapter does not name lies outside its domain."""
-    if case.policy not in ctx.adapter.drawn_policies:
-        raise OutsideDomain
 
 
 @check(
@@ -454,3 +364,24 @@ def refuses_unknown_policy(ctx: Context, example: Example) -> None:
         f"(sources {answers}); a policy name the implementation does not have must be "
         "refused, not read as another [PLAN-4.4]"
     )
+
+
+def _replicas_only(
+    ctx: Context,
+    case: TransferCase,
+    twice: list[tuple[int, int, int]],
+    senders: dict[tuple[int, int], list],
+) -> bool:
+    """Whether the adapter declares that every replica writes (``replicas_write``
+    ``"every"``) and every sender of every cell delivered more than once is a source rank
+    that holds that cell (head, layer and token), by kvspec's ownership of the source
+    layout: a replica's identical bytes, not a merge of different ones."""
+    if ctx.adapter.replicas_write != "every":
+        return False
+    for head, layer, token in twice:
+        for src in senders[(head, layer)]:
+            owner = case.owner("source", src)
+            holds_token = token < 0 or owner.tokens is None or token in owner.tokens.tokens()
+            if head not in owner.heads or layer not in owner.layers or not holds_token:
+                return False
+    return True

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check, vacuous
 from kvspec.conformance.checks.expectations import fail
-from kvspec.conformance.families.payloads.checks import inbox
-from kvspec.conformance.families.transfer.checks import TENSOR_PINS, Setup, tensor_examples
+from kvspec.conformance.draws import TENSOR_PINS, Setup, inbox, tensor_examples
 from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.kv import RequestKV, kv_equal
 from kvspec.transport.payload import merge_to_request_kv

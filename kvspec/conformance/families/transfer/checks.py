@@ -14,50 +14,30 @@ receiver's slice step is the adapter's :meth:`apply_marker` when it has one, els
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any, cast
 
 import torch
 from hypothesis import strategies as st
 
-from kvspec.conformance.adapter import Adapter, provided_capabilities
-from kvspec.conformance.checks import Context, Example, check, within_domain
+from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect, fail
-from kvspec.conformance.families.routing.checks import ROUTING_PINS, case_examples, policy_in_domain
-from kvspec.conformance.families.routing.checks import spec_plan as _spec_plan
-from kvspec.conformance.tiers import BREAKS
+from kvspec.conformance.draws import (
+    ROUTING_PINS,
+    TENSOR_PINS,
+    TENSOR_WEIGHT,
+    Setup,
+    difference,
+    no_fp8,
+    tensor_examples,
+    tensor_pins,
+)
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import FP8_DTYPES, raw_bits
-from kvspec.tensors.kv import RequestKV, random_request_kv
-from kvspec.tensors.reshard import Shipment, send, shard
-from kvspec.tensors.reshard import edge_marker as spec_marker
-from kvspec.tensors.slicing import HeadSlice
+from kvspec.tensors.reshard import send
 from kvspec.topology.model import ModelShape
-from kvspec.topology.plan import Edge, TransferPlan, edge_between
 from kvspec.topology.stage import StageLayout
 
-TENSOR_WEIGHT = 0.5
-
-
-def tensor_examples(adapter: Adapter, **case_kwargs: Any) -> st.SearchStrategy[Example]:
-    """A small valid case of the domain, a sequence length and a seed for data and order
-    (a case with token shards brings its own length [PLAN-6])."""
-    return st.fixed_dictionaries(
-        {
-            "case": case_examples(adapter, max_layers=4, max_head_dim=3, **case_kwargs),
-            "seq_len": st.integers(1, 3),
-            "seed": st.integers(0, 2**16),
-        }
-    )
-
-
-def _pins(*cases: Example) -> tuple[Example, ...]:
-    return tuple({"case": c, "seq_len": 2, "seed": 0} for c in cases)
-
-
-TENSOR_PINS = _pins(*ROUTING_PINS)
-FP8_PINS = _pins(
+FP8_PINS = tensor_pins(
     TransferCase(
         StageLayout(4), StageLayout(2), ModelShape(2, 4, 2, dtype="float8_e4m3fn")
     ).to_dict(),
@@ -65,180 +45,6 @@ FP8_PINS = _pins(
         StageLayout(2, 2), StageLayout(2), ModelShape(3, 2, 2, dtype="float8_e5m2")
     ).to_dict(),
 )
-
-
-def no_fp8(adapter: Adapter) -> str | None:
-    return None if adapter.domain.fp8 else "the adapter's domain has no fp8 dtype"
-
-
-class Setup:
-    """The request's KV, the reference shards on both sides and the routed plan."""
-
-    def __init__(self, ctx: Context, example: Example) -> None:
-        self.ctx = ctx
-        self.case = TransferCase.from_dict(example["case"])
-        within_domain(ctx, self.case)
-        policy_in_domain(ctx, self.case)
-        # A sharded case has its seq_len [PLAN-6].
-        self.seq_len: int = (
-            cast(int, self.case.seq_len) if self.case.sharded else example["seq_len"]
-        )
-        self.seed = example["seed"]
-        self.full = random_request_kv(
-            self.case.model, self.seq_len, seed=self.seed, device=ctx.device
-        )
-        self.reshard_full()
-        self.plan = routed_plan(ctx, self.case)
-
-    def reshard_full(self) -> None:
-        """The reference shards of :attr:`full` on both sides [RESHARD-1]."""
-        case, model = self.case, self.case.model
-        self.source_shards = shard(self.full, case.source, model, dp_rank=case.source_dp)
-        self.target_shards = shard(self.full, case.target, model, dp_rank=case.target_dp)
-
-    def receivers(self) -> list[int]:
-        """The target ranks that hold some of the request (a token of it, on its DP group)."""
-        return [
-            dst
-            for dst in self.case.target.ranks()
-            if self.target_shards[dst].data.numel() and self.target_shards[dst].seq_len
-        ]
-
-    def shipments_to(self, dst: int, slicing: str) -> list[Shipment]:
-        """Reference shipments along the routed plan's edges into ``dst``."""
-        return [
-            s
-            for src in self.plan.sources_of(dst)
-            for s in send(self.plan, src, self.source_shards[src], slicing=slicing)
-            if s.edge.dst == dst
-        ]
-
-    def combine(self, dst: int, shipments: Sequence[Shipment]) -> RequestKV:
-        try:
-            return self.ctx.adapter.receiver_combine(self.case, dst, list(shipments))
-        except Exception as error:
-            fail(
-                f"{self.case.describe()}: target rank {dst} refused a valid set of "
-                f"{len(shipments)} shipment(s) from sources "
-                f"{[s.edge.src for s in shipments]}: {error!r} [RESHARD-2.1]",
-                tier=BREAKS,
-            )
-
-    def received(self, dst: int, shipments: list[Shipment]) -> list[Shipment]:
-        """The receiver's slice step on every shipment, when the adapter has one [SLICE-3]."""
-        if "marker" not in provided_capabilities(self.ctx.adapter):
-            return shipments
-        out = []
-        for s in shipments:
-            try:
-                out.append(self.ctx.adapter.apply_marker(self.case, dst, s))
-            except Exception as error:
-                fail(
-                    f"{self.case.describe()}: target rank {dst} refused the marker "
-                    f"{s.marker.to_dict()} of the shipment from source {s.edge.src}: "
-                    f"{error!r} [SLICE-3.1]",
-                    tier=BREAKS,
-                )
-        return out
-
-    def end_to_end(self, slicing: str) -> dict[int, RequestKV]:
-        """The implementation's sender transform then its receiver, every receiver that
-        holds some of the request."""
-        inbox: dict[int, list[Shipment]] = {t: [] for t in self.case.target.ranks()}
-        for src in self.case.source.ranks():
-            for dst, kv in self.sender_output(src, slicing).items():
-                edge = self.edge(src, dst)
-                inbox[dst].append(Shipment(edge, edge_marker(self.plan, edge, slicing), kv))
-        return {dst: self.combine(dst, self.received(dst, inbox[dst])) for dst in self.receivers()}
-
-    def expect_end_to_end(self, obligation: str, what: str) -> None:
-        """Every receiver's shard, in every slicing mode of the adapter, equals the spec's."""
-        for slicing in self.ctx.adapter.slicing_modes:
-            for dst, got in self.end_to_end(slicing).items():
-                problem = difference(got, self.target_shards[dst])
-                expect(
-                    problem is None,
-                    f"{self.case.describe()}, seq_len {self.seq_len}, {slicing}-side slicing: "
-                    f"target rank {dst}: {what} [{obligation}]: {problem}",
-                )
-
-    def sender_output(self, src: int, slicing: str) -> dict[int, RequestKV]:
-        try:
-            out = self.ctx.adapter.sender_transform(
-                self.case, src, self.source_shards[src], slicing
-            )
-        except Exception as error:
-            fail(
-                f"{self.case.describe()}: source rank {src} ({slicing}-side) raised {error!r} "
-                "[SLICE-1.1]",
-                tier=BREAKS,
-            )
-        bad = sorted(d for d in out if d not in self.case.target.ranks())
-        expect(
-            not bad, f"{self.case.describe()}: source rank {src} sends to ranks {bad} [PLAN-3.1]"
-        )
-        return out
-
-    def edge(self, src: int, dst: int) -> Edge:
-        sender = self.case.owner("source", src)
-        receiver = self.case.owner("target", dst)
-        try:
-            return edge_between(sender, receiver, self.case.model)
-        except ValueError as error:
-            fail(f"{self.case.describe()}: {error} [PLAN-2.3]")
-
-
-def routed_plan(ctx: Context, case: TransferCase) -> TransferPlan:
-    """The reference plan, with edges along the adapter's routing when it has one."""
-    plan = _spec_plan(ctx.adapter, case)
-    if "routing" not in provided_capabilities(ctx.adapter):
-        return plan
-    edges = []
-    for dst in case.target.ranks():
-        receiver = case.owner("target", dst)
-        for src in ctx.adapter.sources(case, dst):
-            sender = case.owner("source", src)
-            try:
-                edges.append(edge_between(sender, receiver, case.model))
-            except ValueError as error:
-                fail(
-                    f"{case.describe()}: routing lists source {src} for target {dst}: {error} "
-                    "[PLAN-2.3]"
-                )
-    edges.sort(key=lambda e: (e.src, e.dst))
-    return replace(plan, edges=tuple(edges))
-
-
-def edge_marker(plan: TransferPlan, edge: Edge, slicing: str) -> HeadSlice:
-    """The tp_head_slice marker of a shipment on ``edge`` [SLICE-1, SLICE-3, SLICE-4]."""
-    return spec_marker(plan, edge, applied=slicing == "sender")
-
-
-def difference(got: RequestKV, want: RequestKV) -> str | None:
-    """None when bit-equal; else where and how ``got`` differs from ``want``."""
-    if not isinstance(got, RequestKV):
-        return f"got a {type(got).__name__}, not a RequestKV"
-    if tuple(got.data.shape) != tuple(want.data.shape) or got.data.dtype != want.data.dtype:
-        return (
-            f"got {got.data.dtype} {list(got.data.shape)}, expected {want.data.dtype} "
-            f"{list(want.data.shape)} ([layers, kv, seq, heads, head_dim])"
-        )
-    if (got.scales is None) != (want.scales is None):
-        return f"scales {'missing' if got.scales is None else 'unexpected'}"
-    if got.scales is not None:
-        assert want.scales is not None
-        if tuple(got.scales.shape) != tuple(want.scales.shape) or not torch.equal(
-            raw_bits(got.scales), raw_bits(want.scales.to(got.scales.device))
-        ):
-            return f"scales {got.scales.tolist()} != expected {want.scales.tolist()}"
-    diff = raw_bits(got.data) != raw_bits(want.data.to(got.data.device))
-    if not bool(diff.any()):
-        return None
-    where = [int(i) for i in diff.nonzero()[0].tolist()]
-    return (
-        f"{int(diff.sum())} of {diff.numel()} elements differ; first at [layer, kv, token, head, "
-        f"dim] = {where} (relative to the shard)"
-    )
 
 
 @check(
@@ -504,7 +310,7 @@ def scales_travel(ctx: Context, example: Example) -> None:
     "an MLA latent (no V, no head axis) moves intact",
     needs=("sender", "receiver"),
     strategy=lambda adapter: tensor_examples(adapter, attention=("mla",)),
-    examples=_pins(*(c for c in ROUTING_PINS if c["model"]["attention"] == "mla")),
+    examples=tensor_pins(*(c for c in ROUTING_PINS if c["model"]["attention"] == "mla")),
     weight=TENSOR_WEIGHT,
     missing=lambda a: None if "mla" in a.domain.attention else "the adapter's domain has no MLA",
     covers=("MODEL-2.1",),

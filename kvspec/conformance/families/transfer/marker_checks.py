@@ -13,13 +13,7 @@ from dataclasses import replace
 
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.families.transfer.checks import (
-    TENSOR_PINS,
-    TENSOR_WEIGHT,
-    Setup,
-    difference,
-    tensor_examples,
-)
+from kvspec.conformance.draws import TENSOR_PINS, TENSOR_WEIGHT, Setup, difference, tensor_examples
 from kvspec.conformance.tiers import BREAKS, DIFFERS
 from kvspec.tensors.reshard import HEAD_AXIS, Shipment
 from kvspec.tensors.slicing import HeadSlice, apply_head_slice

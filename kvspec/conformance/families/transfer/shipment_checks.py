@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect_refused
-from kvspec.conformance.families.transfer.checks import (
-    FP8_PINS,
+from kvspec.conformance.draws import (
     TENSOR_PINS,
     TENSOR_WEIGHT,
     Setup,
@@ -29,6 +28,7 @@ from kvspec.conformance.families.transfer.checks import (
     no_fp8,
     tensor_examples,
 )
+from kvspec.conformance.families.transfer.checks import FP8_PINS
 from kvspec.conformance.tiers import DIFFERS
 from kvspec.tensors.dtypes import FP8_DTYPES
 from kvspec.tensors.kv import RequestKV

@@ -11,7 +11,7 @@ from typing import cast
 import torch
 
 from kvspec.conformance.adapter import Adapter, provided_capabilities
-from kvspec.conformance.families.transfer.checks import difference
+from kvspec.conformance.draws import difference
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import PARALLEL, PINNED, sample_cases, sample_parallel
 from kvspec.strategies import TransferCase

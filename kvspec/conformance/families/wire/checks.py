@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import REFUSAL_TYPES, Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import crash_report, expect, expect_refused, fail
-from kvspec.conformance.families.payloads.checks import inbox
-from kvspec.conformance.families.transfer.checks import TENSOR_PINS, Setup, tensor_examples
+from kvspec.conformance.draws import TENSOR_PINS, Setup, inbox, tensor_examples
 from kvspec.conformance.tiers import BREAKS
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.transport.payload import Payload, payload_equal
