@@ -28,9 +28,10 @@ from kvspec.conformance.adapter import VALIDATORS, Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, within_domain
 from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused
 from kvspec.conformance.draws import case_examples
+from kvspec.conformance.families import error_cases
 from kvspec.conformance.tiers import BREAKS
 from kvspec.conformance.transfer_config import TransferConfig, handed
-from kvspec.error_cases import ERROR_CASES, OPERATIONS
+from kvspec.error_cases import OPERATIONS
 from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.topology.model import ModelShape
@@ -38,7 +39,7 @@ from kvspec.topology.tokens import CPRule
 
 
 def _pins(clause: str) -> tuple[Example, ...]:
-    return tuple(c.args for c in ERROR_CASES if c.op == "transfer" and c.clause == clause)
+    return tuple(c.args for c in error_cases() if c.op == "transfer" and c.clause == clause)
 
 
 def _mha(num_layers: int = 4, heads: int = 4, head_dim: int = 8, **extra: Any) -> dict[str, Any]:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from kvspec.error_cases import ErrorCase
 
 FAMILIES: tuple[str, ...] = (
     "ownership",
@@ -57,3 +60,11 @@ def owner(clause_family: str) -> str:
         if clause_family in package.CLAUSE_FAMILIES:
             return family
     raise KeyError(f"no family folder holds the clause family {clause_family!r}")
+
+
+def error_cases() -> tuple[ErrorCase, ...]:
+    """Every family's error cases, family by family (the golden ``errors`` vectors export
+    them in :data:`~kvspec.conformance.vectors.errors.EXPORT_ORDER`, not this order)."""
+    return tuple(
+        case for name in modules("errors") for case in importlib.import_module(name).ERROR_CASES
+    )
