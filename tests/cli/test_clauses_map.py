@@ -86,7 +86,7 @@ def test_the_issue_example_cp_is_where_the_code_puts_it() -> None:
     cp = next(row for row in MAP if row.family == "CP")
     assert "kvspec/topology/tokens.py" in cp.spec
     assert cp.folder == "kvspec/conformance/families/ownership/"
-    for tally in (cp.checks, cp.errors):
+    for tally in (cp.checks, cp.mutants, cp.errors):
         assert next(iter(tally)) == cp.folder
     assert "tokens" in cp.vectors and "tests/spec/test_parallel_layouts.py" in (cp.tests or ())
 

@@ -127,7 +127,7 @@ def all_checks() -> list[Check]:
     from kvspec.clauses import all_clauses
     from kvspec.conformance.families import modules
 
-    for name in [*modules("checks"), "kvspec.conformance.checks.rejection"]:
+    for name in modules("checks"):
         importlib.import_module(name)
     from kvspec.clauses import all_obligations
 

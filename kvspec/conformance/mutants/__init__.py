@@ -67,8 +67,7 @@ def all_mutants() -> list[Mutant]:
     from kvspec.clauses import all_obligations
     from kvspec.conformance.families import modules
 
-    extra = ["kvspec.conformance.mutants.topology", "kvspec.conformance.mutants.parallel"]
-    for name in [*modules("mutants"), *extra]:
+    for name in modules("mutants"):
         importlib.import_module(name)
     order = {oid: i for i, oid in enumerate(all_obligations())}
     unknown = sorted(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.naming.keys import legacy_key, rank_aware_key
+from kvspec.naming.ports import PortScheme, port
+from kvspec.topology.stage import StageLayout
 
 
 @mutant("KEY-1.1")
@@ -241,3 +243,19 @@ class NoReplicaTerm(ReferenceAdapter):
     def kv_port(self, base, stage, rank, replica):
         super().kv_port(base, stage, rank, replica)
         return super().kv_port(base, stage, rank, 0)
+
+
+@mutant("PORT-1.2")
+class DpTermDropped(ReferenceAdapter):
+    """Binds every rank at its stage-local rank, even under a scheme with a dp_stride."""
+
+    def stage_port(
+        self,
+        base: int,
+        stage: int,
+        layout: StageLayout,
+        rank: int,
+        replica: int,
+        scheme: PortScheme,
+    ) -> int:
+        return port("kv", base, stage, rank, replica, scheme=scheme)

@@ -14,8 +14,9 @@ from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.tensors.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
 from kvspec.tensors.kv import RequestKV
-from kvspec.tensors.oracle import absorb, mix, oracle_scales, request_value, verify
+from kvspec.tensors.oracle import absorb, mix, oracle_kv, oracle_scales, request_value, verify
 from kvspec.topology.model import ModelShape
+from kvspec.topology.tokens import Tokens
 
 
 def _axis(r: range, dim: int, device) -> torch.Tensor:
@@ -202,3 +203,15 @@ class VerifiesTheOverlap(ReferenceAdapter):
         if kv.data.dim() == 5 and kv.data.shape[2] < len(tokens):
             tokens = range(tokens.start, tokens.start + kv.data.shape[2])
         return super().oracle_verify(kv, model, request_id, tokens=tokens, **region)
+
+
+@mutant("ORACLE-4.3")
+class TokenSetFilledByPosition(ReferenceAdapter):
+    """Fills a token set by its local positions 0..n-1, the classic context-parallel oracle
+    bug: every rank fills the request's first tokens."""
+
+    def oracle_fill(self, model: ModelShape, request_id: str, **region: Any) -> RequestKV:
+        tokens = region["tokens"]
+        if isinstance(tokens, Tokens):
+            region = {**region, "tokens": range(len(tokens))}
+        return oracle_kv(model, request_id, **region)

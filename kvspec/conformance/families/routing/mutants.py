@@ -6,12 +6,16 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import MappingProxyType
+from typing import Any
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
+from kvspec.naming.keys import recv_keys, send_keys
 from kvspec.strategies import TransferCase
+from kvspec.tensors.kv import RequestKV
 from kvspec.topology.ownership import head_replicas, layer_ranges, rank_ownership
-from kvspec.topology.plan import POLICIES, ReplicaChoice, edge_between
+from kvspec.topology.plan import POLICIES, ReplicaChoice, TransferPlan, edge_between
+from kvspec.topology.stage import StageLayout
 
 
 def _overlapping(case: TransferCase, dst: int) -> list[int]:
@@ -229,3 +233,104 @@ class DeclaredRuleNotFollowed(ReferenceAdapter):
 
     def targets(self, case, src):
         return [t for t in case.target.ranks() if src in self.sources(case, t)]
+
+
+@mutant("PLAN-6.3")
+class PlanCachedPerTopology(ReferenceAdapter):
+    """Caches the plan per (layouts, model, policy), so the second request of the same
+    layouts reuses the first one's token sets, whatever its length."""
+
+    def __init__(self) -> None:
+        self._plans: dict[Any, TransferPlan] = {}
+
+    def plan(self, case: TransferCase) -> TransferPlan:
+        key = (case.source, case.target, case.model, case.policy, case.source_dp, case.target_dp)
+        if key not in self._plans:
+            self._plans[key] = super().plan(case)
+        return self._plans[key]
+
+
+@mutant("DP-1.1")
+class RouterChoiceIgnored(ReferenceAdapter):
+    """Plans every request between DP group 0 of each stage, whatever DP ranks the router
+    chose."""
+
+    def plan(self, case: TransferCase) -> TransferPlan:
+        return super().plan(replace(case, source_dp=0, target_dp=0))
+
+
+def _group_local(layout: StageLayout, rank: int) -> int:
+    """A rank's index within its attention-DP group."""
+    if layout.dp == 1:
+        return rank
+    width = layout.tp // layout.dp
+    where = layout.locate(rank)
+    return where.pp_rank * width + where.tp_rank % width
+
+
+@mutant("DP-1.2")
+class GroupLocalKeyRanks(ReferenceAdapter):
+    """Names the ranks of a key by their index within the DP group, so the key of DP group
+    1's rank 0 is DP group 0's rank 0's."""
+
+    def _local(self, case: TransferCase, keys: Sequence[tuple[str, int]]) -> list:
+        if case.source.dp == 1 and case.target.dp == 1:
+            return list(keys)
+        out = []
+        for key, other in keys:
+            request, stage, chunk, src, dst = key.rsplit("_", 4)
+            src = str(_group_local(case.source, int(src)))
+            dst = str(_group_local(case.target, int(dst)))
+            out.append(("_".join((request, stage, chunk, src, dst)), other))
+        return out
+
+    def send_keys(self, case: TransferCase, request_id: str, src: int, **stages: Any):
+        return self._local(case, send_keys(self.plan(case), request_id, src, **stages))
+
+    def recv_keys(self, case: TransferCase, request_id: str, dst: int, **stages: Any):
+        return self._local(case, recv_keys(self.plan(case), request_id, dst, **stages))
+
+
+@mutant("PLAN-6.1", "SLICE-1.3")
+class EqualSliceArithmetic(ReferenceAdapter):
+    """Cuts every edge as an equal slice (offset = head_offset // heads), the first
+    release's arithmetic, which TP4 -> TP6 breaks: heads 1..2 of a 3-head shard become 0..1."""
+
+    def sender_transform(
+        self, case: TransferCase, src: int, shard: RequestKV, slicing: str
+    ) -> dict[int, RequestKV]:
+        out = super().sender_transform(case, src, shard, slicing)
+        if slicing != "sender":
+            return out
+        whole = super().sender_transform(case, src, shard, "receiver")
+        plan = self.plan(case)
+        for dst in out:
+            edge = plan.edge(src, dst)
+            if edge.offset_in_shard is None:
+                width = len(edge.heads)
+                offset = min(edge.head_offset // width, edge.shard_heads // width - 1)
+                out[dst] = whole[dst].head_slice(offset * width, (offset + 1) * width)
+        return out
+
+
+@mutant("PLAN-6.2")
+class WholeTokenShardOnEveryEdge(ReferenceAdapter):
+    """Sends its whole token shard on every edge, leaving the receiver to pick its tokens."""
+
+    def sender_transform(
+        self, case: TransferCase, src: int, shard: RequestKV, slicing: str
+    ) -> dict[int, RequestKV]:
+        out = super().sender_transform(case, src, shard, slicing)
+        owner = case.owner("source", src)
+        if owner.tokens is None and not case.sharded:
+            return out
+        plan = self.plan(case)
+        for dst in list(out):
+            edge = plan.edge(src, dst)
+            first = edge.layers.start - owner.layers.start
+            kv = shard.layer_slice(first, first + len(edge.layers))
+            if slicing == "sender":
+                start = edge.head_offset
+                kv = kv.head_slice(start, start + len(edge.heads))
+            out[dst] = kv
+        return out

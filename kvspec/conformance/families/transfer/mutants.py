@@ -13,8 +13,9 @@ from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import HEAD_AXIS, Shipment
-from kvspec.tensors.slicing import slice_heads
+from kvspec.tensors.slicing import HeadSlice, slice_heads
 from kvspec.topology.ownership import rank_ownership
+from kvspec.topology.tokens import Tokens
 
 
 def _assemble(
@@ -283,3 +284,57 @@ class MlaLatentDuplicatedAsV(ReferenceAdapter):
             scales = None if out.scales is None else torch.cat([out.scales, out.scales], dim=1)
             return RequestKV(torch.cat([out.data, out.data], dim=1), scales)
         return out
+
+
+@mutant("SLICE-1.3")
+class HeadRangeReadAsSlice(ReferenceAdapter):
+    """Reads a marker's heads [a, b) as slice a // (b - a) of equal slices of b - a heads."""
+
+    def apply_marker(self, case: TransferCase, dst: int, shipment: Shipment) -> Shipment:
+        marker = shipment.marker
+        if marker.heads is None or marker.applied:
+            return super().apply_marker(case, dst, shipment)
+        start, stop = marker.heads
+        width = stop - start
+        offset = min(start // width, shipment.kv.data.shape[3] // width - 1)
+        kv = shipment.kv.head_slice(offset * width, (offset + 1) * width)
+        return replace(shipment, kv=kv, marker=replace(marker, applied=True, side="receiver"))
+
+
+@mutant("SLICE-4.1")
+class TokensPackedBySource(ReferenceAdapter):
+    """Places each source's tokens one after another in source order (SGLang's DCP1 -> DCP-N
+    destination-contiguous packing taken as the layout), not at their positions."""
+
+    def receiver_combine(
+        self, case: TransferCase, dst: int, shipments: Sequence[Shipment]
+    ) -> RequestKV:
+        kv = super().receiver_combine(case, dst, shipments)
+        owner = case.owner("target", dst)
+        mine = owner.tokens if owner.tokens is not None else Tokens.span(0, kv.seq_len)
+        order: list[int] = []  # receiver positions, in the order the sources send them
+        for shipment in sorted(shipments, key=lambda s: s.edge.src):
+            if shipment.edge.tokens is not None:
+                for position in shipment.edge.tokens.positions_in(mine).tokens():
+                    if position not in order:
+                        order.append(position)
+        if len(order) != kv.seq_len:
+            return kv
+        return RequestKV(kv.data[:, :, order], kv.scales)
+
+
+@mutant("SLICE-4.2")
+class MarkerTokensIgnored(ReferenceAdapter):
+    """Places tokens by the plan alone and never reads the token ranges a payload's marker
+    names, so a payload marked with other tokens is placed as if it had its edge's."""
+
+    def receiver_combine(
+        self, case: TransferCase, dst: int, shipments: Sequence[Shipment]
+    ) -> RequestKV:
+        trusted = [
+            replace(s, marker=replace(s.marker, tokens=s.edge.tokens))
+            if isinstance(s.marker, HeadSlice)
+            else s
+            for s in shipments
+        ]
+        return super().receiver_combine(case, dst, trusted)

@@ -1,10 +1,8 @@
-"""Mutants of refusing invalid parallel sizes, attention groups, layer partitions, stage
-pairs and token rules [STAGE-1, STAGE-2, HEAD-1, HEAD-2, LAYER-1, LAYER-2, PLAN-1, CP-1..3,
-DP-1].
+"""Mutants of refusing invalid parallel sizes, attention groups, layer partitions and
+token rules [STAGE-1, STAGE-2, HEAD-1, HEAD-2, LAYER-1, LAYER-2, CP-1..3].
 
 Each validates like the reference but lets one kind of invalid configuration through,
-the way a validator written for the common case does, or (PLAN-1.2) refuses one kind
-of valid configuration, the way the field's engines do.
+the way a validator written for the common case does.
 """
 
 from __future__ import annotations
@@ -15,32 +13,20 @@ from typing import Literal
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.conformance.transfer_config import StageConfig, TransferConfig
+from kvspec.conformance.transfer_config import TransferConfig, attention_tp, sides
 from kvspec.topology.tokens import CPRule
 
 Config = TransferConfig
+
+
 Side = Literal["source", "target"]
+
+
 # Each side's keys of a TransferConfig, spelled out so they stay literal keys.
 _BLOCK_SIZE_KEYS: tuple[tuple[Side, Literal["source_block_size", "target_block_size"]], ...] = (
     ("source", "source_block_size"),
     ("target", "target_block_size"),
 )
-_DP_RANK_KEYS: tuple[tuple[Side, Literal["source_dp", "target_dp"]], ...] = (
-    ("source", "source_dp"),
-    ("target", "target_dp"),
-)
-
-
-def _sides(config: Config) -> list[StageConfig]:
-    return [config["source"], config["target"]]
-
-
-def _attn(side: StageConfig) -> int:
-    """The attention-TP size of a side given as plain data [STAGE-2]."""
-    groups = side.get("dp", 1) * side.get("cp", 1)
-    if not all(isinstance(v, int) and v > 0 for v in (side["tp"], groups)):
-        return side["tp"]
-    return side["tp"] // groups if side["tp"] % groups == 0 else side["tp"]
 
 
 @mutant("STAGE-1.2")
@@ -75,7 +61,7 @@ class EmptyStageReadAsOne(ReferenceAdapter):
 
     def validate_sizes(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for side in _sides(given):
+        for side in sides(given):
             side["tp"] = side.get("tp") or 1
             side["pp"] = side.get("pp") or 1
         super().validate_sizes(given)
@@ -88,7 +74,11 @@ class HeadsFloorDivided(ReferenceAdapter):
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         heads = given["model"]["num_kv_heads"]
-        tps = [_attn(s) for s in _sides(given) if isinstance(s["tp"], int) and 0 < _attn(s) < heads]
+        tps = [
+            attention_tp(s)
+            for s in sides(given)
+            if isinstance(s["tp"], int) and 0 < attention_tp(s) < heads
+        ]
         if tps and given["model"].get("attention", "mha") == "mha":
             for tp in tps:
                 heads -= heads % tp
@@ -103,9 +93,9 @@ class ReplicationNotChecked(ReferenceAdapter):
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
         heads = given["model"]["num_kv_heads"]
-        for side in _sides(given):
+        for side in sides(given):
             tp = side["tp"]
-            attn = _attn(side)
+            attn = attention_tp(side)
             if isinstance(tp, int) and heads < attn and attn % heads:
                 side["tp"] = (attn - attn % heads) * (tp // attn)
         super().validate_model(given)
@@ -118,7 +108,7 @@ class EmptyPipelineStagesAccepted(ReferenceAdapter):
     def validate_partition(self, config: Config) -> None:
         given = copy.deepcopy(config)
         layers = given["model"]["num_layers"]
-        for side in _sides(given):
+        for side in sides(given):
             pp = side.get("pp", 1)
             if isinstance(pp, int) and pp > layers and side.get("layer_partition") is None:
                 side["pp"] = layers
@@ -127,7 +117,7 @@ class EmptyPipelineStagesAccepted(ReferenceAdapter):
 
 def _with_partition(config: Config, fix) -> Config:
     given = copy.deepcopy(config)
-    for side in _sides(given):
+    for side in sides(given):
         partition = side.get("layer_partition")
         if partition is not None:
             side["layer_partition"] = fix(list(partition), side.get("pp", 1))
@@ -176,135 +166,13 @@ class PartitionLengthUnchecked(ReferenceAdapter):
         super().validate_partition(_with_partition(config, fix))
 
 
-@mutant("PLAN-1.1")
-class TrustsTheSendersLayout(ReferenceAdapter):
-    """Checks the heads against the receiving side only, trusting the sender's layout."""
-
-    def validate_model(self, config: Config) -> None:
-        given = copy.deepcopy(config)
-        source = given["source"]
-        if isinstance(source.get("pp", 1), int) and source.get("pp", 1) >= 1:
-            given["source"] = {
-                "tp": 1,
-                "pp": source.get("pp", 1),
-                "layer_partition": source.get("layer_partition"),
-            }
-            given.pop("source_dp", None)
-            if "rank" in given and given["rank"].get("side") == "source":
-                given.pop("rank")
-        super().validate_model(given)
-
-
-@mutant("PLAN-1.2")
-class RefusesFanOut(ReferenceAdapter):
-    """Supports only prefill TP >= decode TP: refuses a target TP larger than the source's."""
-
-    def validate_topology(self, config: Config) -> None:
-        if config["target"]["tp"] > config["source"]["tp"]:
-            raise ValueError("target TP must not exceed source TP")
-        super().validate_topology(config)
-
-
-@mutant("PLAN-1.2")
-class RefusesReplicatedHeads(ReferenceAdapter):
-    """Heads checked as ``num_kv_heads % tp == 0`` on every side, as an engine without GQA
-    replication does: a TP larger than the head count is refused though valid [HEAD-2]."""
-
-    def validate_model(self, config: Config) -> None:
-        heads = config["model"]["num_kv_heads"]
-        if config["model"].get("attention", "mha") == "mha":
-            for side in _sides(config):
-                if isinstance(side["tp"], int) and side["tp"] > heads:
-                    raise ValueError(f"{heads} KV heads cannot be split over TP {side['tp']}")
-        super().validate_model(config)
-
-
-@mutant("PLAN-1.2")
-class RankBoundedByTp(ReferenceAdapter):
-    """A rank checked against ``tp`` alone: the ranks of every pipeline stage past the
-    first (``rank >= tp`` when ``pp > 1``) are refused though valid [STAGE-1]."""
-
-    def validate_sizes(self, config: Config) -> None:
-        rank = config.get("rank")
-        if rank is not None and rank["rank"] >= config[rank["side"]]["tp"]:
-            raise ValueError(f"rank {rank['rank']} is not below tp {config[rank['side']]['tp']}")
-        super().validate_sizes(config)
-
-
-@mutant("PLAN-1.2")
-class RefusesUnevenPipeline(ReferenceAdapter):
-    """Partitions checked as ``num_layers % pp == 0``: the default partition's remainder
-    [LAYER-1] is refused though valid."""
-
-    def validate_partition(self, config: Config) -> None:
-        layers = config["model"]["num_layers"]
-        for side in _sides(config):
-            pp = side.get("pp", 1)
-            uneven = isinstance(pp, int) and pp > 0 and layers % pp
-            if uneven and side.get("layer_partition") is None:
-                raise ValueError(f"{layers} layers do not split evenly over PP {pp}")
-        super().validate_partition(config)
-
-
-@mutant("PLAN-1.2")
-class RefusesNonDividingTp(ReferenceAdapter):
-    """Plans only TP sizes that divide one another, as every engine (and kvspec's first
-    release) did: TP4 -> TP6 is refused even with 12 heads."""
-
-    def validate_topology(self, config: Config) -> None:
-        source, target = config["source"]["tp"], config["target"]["tp"]
-        if source > 0 and target > 0 and source % target and target % source:
-            raise ValueError(f"TP {source} and TP {target} do not divide one another")
-        super().validate_topology(config)
-
-
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-@mutant("PLAN-1.2")
-class PowerOfTwoOnly(ReferenceAdapter):
-    """Checks that the TP size of each DP group and the CP size are powers of two on both
-    sides (TensorRT-LLM's TLLM_CHECK(isPowerOfTwo) in cacheSplitConcat.cu)."""
-
-    def validate_topology(self, config: Config) -> None:
-        for side in _sides(config):
-            per_group = side["tp"] // max(1, side.get("dp", 1))
-            if not (_power_of_two(per_group) and _power_of_two(side.get("cp", 1))):
-                raise ValueError(f"TP per DP group {per_group} / CP must be powers of two")
-        super().validate_topology(config)
-
-
-@mutant("PLAN-1.2")
-class DcpOnlyNoneOrFull(ReferenceAdapter):
-    """Accepts decode context parallelism only of 1 or the whole TP size on either side
-    (vLLM's NIXL connector: dcp_size in {1, tp_size})."""
-
-    def validate_topology(self, config: Config) -> None:
-        for side in _sides(config):
-            if side.get("dcp", 1) not in (1, side["tp"]):
-                raise ValueError(f"dcp {side.get('dcp')} must be 1 or tp {side['tp']}")
-        super().validate_topology(config)
-
-
-@mutant("PLAN-1.2")
-class RefusesCpConsumer(ReferenceAdapter):
-    """Refuses a receiving stage with context-parallel ranks (vLLM #52779 takes PCP
-    producers and rejects PCP consumers)."""
-
-    def validate_topology(self, config: Config) -> None:
-        if config["target"].get("cp", 1) > 1:
-            raise ValueError("a context-parallel consumer is not supported")
-        super().validate_topology(config)
-
-
 @mutant("STAGE-2.3")
 class GroupsFloorDivided(ReferenceAdapter):
     """Sizes the attention groups as tp // (dp * cp), never checking the remainder."""
 
     def validate_sizes(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for side in _sides(given):
+        for side in sides(given):
             groups = side.get("dp", 1) * side.get("cp", 1)
             tp = side["tp"]
             if isinstance(tp, int) and isinstance(groups, int) and groups > 0 and tp % groups:
@@ -318,7 +186,7 @@ class UnknownRuleReadAsContiguous(ReferenceAdapter):
 
     def validate_topology(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for side in _sides(given):
+        for side in sides(given):
             try:
                 CPRule.parse(side.get("cp_rule", "contiguous"))
             except ValueError:
@@ -332,7 +200,7 @@ class ZigzagShortRequestAccepted(ReferenceAdapter):
 
     def validate_topology(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for side in _sides(given):
+        for side in sides(given):
             shards = side.get("cp", 1) * side.get("dcp", 1)
             if side.get("cp_rule") == "zigzag" and (given.get("seq_len") or 0) < 2 * shards:
                 side["cp_rule"] = "contiguous"
@@ -370,10 +238,10 @@ class DcpRoundedToDivisor(ReferenceAdapter):
 
     def validate_topology(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for side in _sides(given):
+        for side in sides(given):
             dcp = side.get("dcp", 1)
             if isinstance(dcp, int) and dcp > 1:
-                side["dcp"] = math.gcd(dcp, _attn(side))
+                side["dcp"] = math.gcd(dcp, attention_tp(side))
         super().validate_topology(given)
 
 
@@ -385,22 +253,9 @@ class DcpChecksTpOnly(ReferenceAdapter):
     def validate_topology(self, config: Config) -> None:
         given = copy.deepcopy(config)
         heads = given["model"].get("num_kv_heads", 1)
-        for side in _sides(given):
+        for side in sides(given):
             dcp = side.get("dcp", 1)
-            attn = _attn(side)
+            attn = attention_tp(side)
             if isinstance(dcp, int) and dcp > 1 and attn % dcp == 0 and heads * dcp > attn:
                 side["dcp"] = 1
-        super().validate_topology(given)
-
-
-@mutant("DP-1.3")
-class DpRankWrapped(ReferenceAdapter):
-    """Takes the router's DP rank modulo dp, so DP rank 2 of DP2 lands on group 0."""
-
-    def validate_topology(self, config: Config) -> None:
-        given = copy.deepcopy(config)
-        for name, dp_rank in _DP_RANK_KEYS:
-            dp = given[name].get("dp", 1)
-            if isinstance(given.get(dp_rank), int) and isinstance(dp, int) and dp > 0:
-                given[dp_rank] %= dp
         super().validate_topology(given)
