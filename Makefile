@@ -14,8 +14,8 @@
 # Also: make smoke (build the wheel, install it in a fresh venv, use it), make test-gpu
 # (tools/gpu_check.sh: the suite with CUDA required, a sim run, the benchmarks' CUDA
 # rows and the conformance suite on cuda; fails without a GPU), make stress (the sim
-# tests 20 times beside a CPU hog; RUNS=N), make fuzz (the layout-file parser fuzzed
-# 10**5 times), make bench (the benchmark table, --quick), make vectors
+# tests 20 times beside a CPU hog; RUNS=N), make fuzz (every parser of user input
+# fuzzed, 10**5 inputs each), make bench (the benchmark table, --quick), make vectors
 # (regenerate the golden vectors), make notebooks (execute and render the notebooks),
 # make field (real engines through the suite: builds .venv-field, rewrites
 # docs/field-report.md with the report builder field/report/; see field/run.sh).
@@ -70,11 +70,13 @@ test-gpu: setup
 stress: setup
 	PY=$(PY) tools/stress.sh
 
-# The parsers of untrusted files fuzzed at length (issue 45): 10**5 mutated layout files by
-# default, FUZZ_EXAMPLES=N for more; make test runs the same test at its profile's sample.
+# Every parser of a user's input fuzzed at length (issue 45): 10**5 inputs each (layout
+# files, the shared JSON reader, skips files, --replay, desc --check lists, --faults) by
+# default, FUZZ_EXAMPLES=N for another count; make test runs the same tests at a sample.
 FUZZ_EXAMPLES ?= 100000
+FUZZ_TESTS := tests/spec/test_layout_file_fuzz.py tests/suite/test_user_input_fuzz.py tests/sim/test_faults_fuzz.py
 fuzz: setup
-	KVSPEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/spec/test_layout_file_fuzz.py
+	KVSPEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTEST) -q -p no:cacheprovider $(FUZZ_TESTS)
 
 bench: setup
 	$(PY) -m benchmarks --quick

@@ -22,7 +22,7 @@ import time
 import torch
 
 from benchmarks.figure import Figure, set_repeat
-from kvspec.cli.args import int_in
+from kvspec.console.args import int_in
 
 BENCHMARKS: tuple[str, ...] = (
     "benchmarks.access",

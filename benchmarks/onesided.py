@@ -17,8 +17,9 @@ must not fork, so the two sides cannot interleave as the other benchmarks do.
 ones, interleaved: the per-descriptor cost NIXL (UCX over TCP loopback here) adds.
 
 **sim over Mooncake vs raw Mooncake.** The same workload and lists through two Mooncake
-transfer engines in this process (TCP loopback, P2P handshake), one
-``batch_transfer_sync_write`` per key, as the sim posts them.
+transfer engines in this process (TCP loopback, P2P handshake), each key's list in
+``batch_transfer_sync_write`` calls no longer than the engine's queue, as the sim posts
+them (:func:`sim.paths.mooncake.batch_transfer`).
 
 Each needs its library (``pip install 'kvspec[nixl]'``, ``'kvspec[mooncake]'``); without
 one its figures are left out, saying so.
@@ -40,11 +41,12 @@ from kvspec.memory.descriptors import Runs, plan_runs, share_positions
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import ONE_SIDED_LIBRARIES, SimConfig
-from sim.onesided_checks import quiet_engines, unloadable
-from sim.regions import registered_cache
-from sim.workload import Workload
+from sim.harness.cluster import run_simulation
+from sim.paths.mooncake import batch_transfer
+from sim.paths.onesided_checks import quiet_engines, unloadable
+from sim.paths.regions import registered_cache
+from sim.run.config import ONE_SIDED_LIBRARIES, SimConfig
+from sim.run.workload import Workload
 
 KIB = 1024
 
@@ -212,12 +214,11 @@ class _MooncakePair:
         self.peer = f"127.0.0.1:{self.receiver.get_rpc_port()}"
 
     def write(self, local: np.ndarray, remote: np.ndarray) -> None:
-        """One batch write of the list, waited for (Mooncake's Python API blocks)."""
-        status = self.sender.batch_transfer_sync_write(
-            self.peer, local[:, 0].tolist(), remote[:, 0].tolist(), local[:, 1].tolist()
-        )
-        if status != 0:
-            raise RuntimeError(f"a raw Mooncake batch write returned {status}")
+        """The list in batch writes, each waited for (Mooncake's Python API blocks), no
+        longer than the engine's queue, as the sim posts them (:func:`batch_transfer`)."""
+        failed = batch_transfer(self.sender.batch_transfer_sync_write, self.peer, local, remote)
+        if failed is not None:
+            raise RuntimeError(f"a raw Mooncake write failed: {failed}")
 
 
 def _sim_runs(config: SimConfig) -> tuple[int, list[float]]:

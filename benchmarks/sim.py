@@ -30,8 +30,8 @@ from benchmarks.figure import Figure
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.transport.checksums import fastest
-from sim.cluster import run_simulation
-from sim.config import SimConfig
+from sim.harness.cluster import run_simulation
+from sim.run.config import SimConfig
 
 
 def _raw_zmq_seconds(edges: list[tuple[int, int, int, int, int]]) -> float:
@@ -95,7 +95,7 @@ def _raw_zmq_seconds(edges: list[tuple[int, int, int, int, int]]) -> float:
 
 
 THROUGHPUT_TRANSFERS: tuple[str, ...] = ("push", "write")
-"""Payloads pushed [WIRE-1], and byte runs written from cache to cache (sim.write)."""
+"""Payloads pushed [WIRE-1], and byte runs written from cache to cache (sim.paths.write)."""
 
 _CHECKSUM_NAMES = {"crc32": "CRC-32", "crc32c": "CRC-32C"}
 
@@ -107,7 +107,7 @@ def _throughput(quick: bool) -> list[Figure]:
     """Each run of the sim interleaved with a run of raw pyzmq moving the same messages
     between as many processes; ``REPEAT`` of each (three at most: a full run moves
     128 MiB per run). Push (payloads, WIRE-1) and write (byte runs straight from and
-    into the caches, sim.write), without and with checksums."""
+    into the caches, sim.paths.write), without and with checksums."""
     seq_len, requests = (256, 4) if quick else (1024, 4)
     model = ModelShape(num_layers=8, num_kv_heads=8, head_dim=128)
     request_bytes = seq_len * model.num_layers * model.num_kv_heads * model.head_dim * 2 * 2

@@ -2,7 +2,7 @@
 (``--transport gloo``) against the same runs over ZMQ (``--transport tcp``).
 
 Each pair of runs moves the same requests with the same plan; only the path of the
-tensor frames differs (headers stay on ZMQ either way, :mod:`sim.p2p`). The runs
+tensor frames differs (headers stay on ZMQ either way, :mod:`sim.net.p2p`). The runs
 alternate, who goes first alternating too, ``REPEAT`` of each (three at most: a full
 run moves 256 MiB, a quick one 16 MiB); the figure is the gloo runs' useful throughput
 (first shard sent to last received, verification after transfer, no checksums), the
@@ -17,8 +17,8 @@ from benchmarks import figure
 from benchmarks.figure import Figure
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import SimConfig
+from sim.harness.cluster import run_simulation
+from sim.run.config import SimConfig
 
 PAIRS: tuple[tuple[int, int], ...] = ((1, 1), (4, 2))
 

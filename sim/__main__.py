@@ -9,7 +9,7 @@ import sys  # noqa: E402
 
 try:  # torch loads here, for seconds: Ctrl-C in that time ends the run as any other does
     from sim.cli import main
-    from sim.clock import process_start
+    from sim.harness.clock import process_start
 except KeyboardInterrupt:
     print("\npython -m sim: interrupted (Ctrl-C) while starting", file=sys.stderr)
     os._exit(130)  # nothing started yet; the interpreter's teardown would cost a second

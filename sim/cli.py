@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kvspec import __version__
-from kvspec.cli.args import (
+from kvspec.console.args import (
     MAX_HEAD_DIM,
     MAX_HEADS,
     MAX_LAYERS,
@@ -60,10 +60,10 @@ from kvspec.cli.args import (
     number_in,
     seconds_in,
 )
-from kvspec.cli.exits import run_to_exit
-from kvspec.cli.nearby import Knob, flag_hint, nearby, print_hints
-from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.cli.plan import (
+from kvspec.console.exits import run_to_exit
+from kvspec.console.nearby import Knob, flag_hint, nearby, print_hints
+from kvspec.console.output import STDOUT, add_json_option, check_writable, write_json
+from kvspec.console.stage_options import (
     SIDES,
     add_parallel_arguments,
     groups_from_args,
@@ -76,8 +76,13 @@ from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
 from kvspec.topology.model_presets import model_preset
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import (
+from sim.books.report import SimReport
+from sim.harness.cluster import run_simulation
+from sim.harness.hybrid import HybridRun, run_hybrid
+from sim.harness.progress import ProgressBar
+from sim.harness.validation import exposure, validate
+from sim.net.endpoints import find_free_base
+from sim.run.config import (
     LIMITS,
     PORT_MODES,
     TRANSFERS,
@@ -86,12 +91,7 @@ from sim.config import (
     parse_seq_len,
     parse_stage,
 )
-from sim.endpoints import find_free_base
-from sim.faults import parse_faults
-from sim.hybrid import HybridRun, run_hybrid
-from sim.progress import ProgressBar
-from sim.report import SimReport
-from sim.validation import exposure, validate
+from sim.run.faults import parse_faults
 
 RANKS = int_in(1, LIMITS.ranks)
 PROG = "python -m sim run"
@@ -141,7 +141,7 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="a named hybrid preset, every layer group moved and verified "
-        f"({', '.join(MODEL_PRESETS)}; OS-assigned ports; the sim.hybrid module says what "
+        f"({', '.join(MODEL_PRESETS)}; OS-assigned ports; the sim.harness.hybrid module says what "
         "such a run covers)",
     )
     model.add_argument(
@@ -419,7 +419,7 @@ HYBRID_DEFAULTS: dict[str, object] = {
     "verify_after": False,
 }
 """Options a hybrid run (``--model``) takes only at their defaults: the rest of the
-uniform sim is not wired to layer groups yet (:mod:`sim.hybrid`)."""
+uniform sim is not wired to layer groups yet (:mod:`sim.harness.hybrid`)."""
 
 
 def hybrid_from_args(args: argparse.Namespace) -> HybridRun:
@@ -432,8 +432,8 @@ def hybrid_from_args(args: argparse.Namespace) -> HybridRun:
     if taken:
         raise ValueError(
             f"--model {args.model} with {', '.join(taken)}: a hybrid run moves every layer "
-            "group of TP/PP stages on loopback, push, whole requests, on CPU (the sim.hybrid "
-            "module)"
+            "group of TP/PP stages on loopback, push, whole requests, on CPU (the "
+            "sim.harness.hybrid module)"
         )
     if args.kv_heads is not None:
         raise ValueError(f"--kv-heads with --model {args.model}: the preset fixes the model")

@@ -2,20 +2,21 @@
 
 Every torchrun worker runs this with the same flags (``--host`` aside: each worker's own
 address, the one its senders bind and publish). The workers meet in torch.distributed's
-store (:mod:`sim.rendezvous`): each publishes its address and a hash of its
+store (:mod:`sim.net.rendezvous`): each publishes its address and a hash of its
 configuration (a mismatch is refused, naming both workers), claims its fixed share of
-the sim's ranks by its global rank (:func:`sim.multihost.shares`) and proves the
+the sim's ranks by its global rank (:func:`sim.harness.multihost.shares`) and proves the
 ports of the ranks its host runs [PORT-3]. Every worker is given the run's key out of
 band (--key-file, a file only its owner can read, or KVSPEC_SIM_KEY in the launcher's
 environment; never on a command line) and derives from it the secret its ranks prove in
 their handshakes and the key that signs every value it puts on the store, which has no
 authentication of its own: nothing secret rests there, and a value a stranger writes is
-refused (sim.auth, sim.rendezvous). Worker 0 then coordinates the run and prints the report ``sim
-run`` prints, with a line per host; the other workers relay (:mod:`sim.multihost`).
+refused (sim.net.auth, sim.net.rendezvous). Worker 0 then coordinates the run and prints
+the report ``sim run`` prints, with a line per host; the other workers relay
+(:mod:`sim.harness.multihost`).
 
 With ``--transport gloo`` (CPU) or ``--transport nccl`` (GPU, one worker per node) the
 tensor frames go over torch.distributed send/recv between the rank processes of every
-host, which meet in the same store (:mod:`sim.p2p`); control and headers stay on ZMQ.
+host, which meet in the same store (:mod:`sim.net.p2p`); control and headers stay on ZMQ.
 
 Workers wait for each other on the board for at most ``--timeout`` seconds. Launched
 without torchrun it refuses to start (``python -m sim run`` is the one-host entry).
@@ -39,18 +40,18 @@ from datetime import timedelta
 from typing import Any
 
 from kvspec import __version__
-from kvspec.cli.args import Parser
-from kvspec.cli.output import STDOUT, check_writable, write_json
+from kvspec.console.args import Parser
+from kvspec.console.output import STDOUT, check_writable, write_json
 from kvspec.naming.ports import port
-from sim.auth import KEY_ENV, RunSecret, board_key, run_key
+from sim.books.report import SimReport
 from sim.cli import add_run_arguments, config_from_args
-from sim.config import SimConfig
-from sim.endpoints import RankId, all_ranks, port_is_free
-from sim.multihost import Agent, Coordinator, shares
-from sim.progress import ProgressBar
-from sim.rendezvous import Board, BoardError
-from sim.report import SimReport
-from sim.validation import exposure, validate
+from sim.harness.multihost import Agent, Coordinator, shares
+from sim.harness.progress import ProgressBar
+from sim.harness.validation import exposure, validate
+from sim.net.auth import KEY_ENV, RunSecret, board_key, run_key
+from sim.net.endpoints import RankId, all_ranks, port_is_free
+from sim.net.rendezvous import Board, BoardError
+from sim.run.config import SimConfig
 
 PROG = "python -m sim.node"
 

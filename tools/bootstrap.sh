@@ -14,7 +14,7 @@ stamp="$VENV/.deps-stamp"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing kvspec and its test dependencies" >&2
   "$VENV/bin/python" -m pip --disable-pip-version-check -q install -e '.[dev]'
-  # The optional one-sided transports (sim/nixl.py, sim/mooncake.py: the kvspec[nixl] and
+  # The optional one-sided transports (sim/paths/nixl.py, sim/paths/mooncake.py: the kvspec[nixl] and
   # kvspec[mooncake] extras), without their dependencies: NIXL's would replace torch with
   # a multi-GB CUDA build, and the engines need none of theirs. Where one cannot be
   # installed, its tests skip and say why.

@@ -1,7 +1,7 @@
 """MkDocs hooks of the docs site (``mkdocs.yml``: ``hooks``); ``make docs`` builds it.
 
 The pages are written to be read in the repository too, where a link such as
-``../sim/pull.py`` or ``../README.md`` works as it is. On the site:
+``../sim/paths/pull.py`` or ``../README.md`` works as it is. On the site:
 
 - the home page is the README itself: ``docs/index.md`` only names it, and
   :func:`on_page_markdown` puts the README's text there with its links made relative

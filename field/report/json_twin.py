@@ -34,6 +34,8 @@ def as_json(
             "tier": d.tier,
             "reachable_in_serving": d.reachable,
             "reachability_evidence": d.evidence,
+            "serving_verdict": d.serving is not None,
+            "run_tiers": d.run_tiers,
             "impact": (
                 {"sweep": e["impact"], "summary": impact_summary(d.impact) or None}
                 if e.get("impact") and d.impact is not None

@@ -473,6 +473,7 @@ def _defect_section(d: Defect) -> list[str]:
     out += [
         f"- engine: {e['engine']}; source: {e.get('source', '?')}",
         f"- tier: {d.tier}; reachable in serving: {d.reachable} — {_first_line(d.evidence, 800)}",
+        *_run_tiers_line(d),
     ]
     impact = impact_summary(d.impact)
     if e.get("impact"):
@@ -502,6 +503,17 @@ def _defect_section(d: Defect) -> list[str]:
     return out
 
 
+def _run_tiers_line(d: Defect) -> list[str]:
+    """Where the ledger's serving verdict decides, the run's own tiers beside it."""
+    if d.serving is None:
+        return []
+    tiers = ", ".join(d.run_tiers) or "none"
+    return [
+        f"- the engine's functions in this run: {tiers} (the serving verdict above decides: "
+        "serving turns what they compute into another outcome)"
+    ]
+
+
 def _short_sections(items: Sequence[Defect]) -> list[str]:
     out: list[str] = []
     for d in sorted(items, key=lambda d: d.id):
@@ -511,6 +523,7 @@ def _short_sections(items: Sequence[Defect]) -> list[str]:
             f"- engine: {e['engine']}; previously: {e.get('was', '—')}",
             f"- tier: {d.tier or '—'}; reachable in serving: {d.reachable}"
             + (f" — {_first_line(d.evidence, 600)}" if d.evidence else ""),
+            *_run_tiers_line(d),
             f"- what the engine does: {_first_line(e.get('detail', ''), 600)}",
             f"- repro: {_repro_line(d)}",
         ]

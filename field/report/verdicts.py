@@ -129,8 +129,32 @@ class Defect:
     def status(self) -> str:
         return self.entry.get("status", OPEN)
 
+    @property
+    def serving(self) -> Observation | None:
+        """The ledger's ``serving`` verdict: where the triage shows that serving turns what
+        the engine's functions compute into another outcome (a transfer serving never
+        starts, an input its shipped models refuse), it decides over the run's tiers."""
+        verdict = self.entry.get("serving")
+        if not isinstance(verdict, Mapping):
+            return None
+        return Observation(
+            "ledger (serving)",
+            verdict.get("tier"),
+            verdict.get("reachable_in_serving"),
+            verdict.get("evidence", ""),
+        )
+
+    @property
+    def run_tiers(self) -> list[str]:
+        """The tiers the run's own failures and replays show, most severe first."""
+        seen = {o.tier for o in self.observations if o.source != "ledger" and o.tier in TIERS}
+        return [t for t in TIERS if t in seen]
+
     def _best(self) -> Observation | None:
-        """The observation that decides: the most reachable, then the most severe."""
+        """The observation that decides: the ledger's serving verdict where it has one,
+        else the most reachable, then the most severe."""
+        if self.serving is not None and self.serving.tier in TIERS:
+            return self.serving
         seen = [o for o in self.observations if o.tier in TIERS]
         if not seen:
             return None
@@ -153,9 +177,11 @@ class Defect:
 
     @property
     def headline(self) -> bool:
-        """Counted in the headline: open, and some reachable failure corrupts or breaks."""
+        """Counted in the headline: open, and some reachable failure corrupts or breaks
+        (where the ledger has a serving verdict, that verdict)."""
+        shown = [self.serving] if self.serving is not None else self.observations
         return self.status == OPEN and any(
-            o.tier in HEADLINE_TIERS and reach_of(o.reachable) == "yes" for o in self.observations
+            o.tier in HEADLINE_TIERS and reach_of(o.reachable) == "yes" for o in shown
         )
 
 
@@ -380,8 +406,8 @@ def _add_ledger_evidence(defects: dict[str, Defect]) -> None:
 
 def _contradictions(defects: Mapping[str, Defect]) -> list[str]:
     """Where the run and the ledger disagree: a claim awaiting re-triage or of an unknown
-    status, an open defect no reachable corrupts/breaks evidence supports, a closed one
-    the run shows reachable."""
+    status, an open defect no reachable corrupts/breaks evidence (or serving verdict)
+    supports, a closed one the run shows reachable that no serving verdict explains."""
     contradictions = []
     for d in defects.values():
         run_obs = [o for o in d.observations if o.source != "ledger"]
@@ -393,8 +419,10 @@ def _contradictions(defects: Mapping[str, Defect]) -> list[str]:
             contradictions.append(
                 f"{d.id} is open, but no reachable corrupts/breaks evidence supports it"
             )
-        elif d.status != OPEN and any(
-            o.tier in HEADLINE_TIERS and reach_of(o.reachable) == "yes" for o in run_obs
+        elif (
+            d.status != OPEN
+            and d.serving is None
+            and any(o.tier in HEADLINE_TIERS and reach_of(o.reachable) == "yes" for o in run_obs)
         ):
             shown = next(o for o in run_obs if o.tier in HEADLINE_TIERS and o.reachable == "yes")
             contradictions.append(

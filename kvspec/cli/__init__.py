@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from kvspec import __version__
 from kvspec.cli import adapter, clauses, conform, desc, layouts, plan, ports, vectors
-from kvspec.cli.args import Parser, quote
-from kvspec.cli.exits import run_to_exit
+from kvspec.console.args import Parser, quote
+from kvspec.console.exits import run_to_exit
 
 SUBCOMMANDS = (plan, ports, layouts, desc, conform, adapter, vectors, clauses)
 """Each module provides ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""

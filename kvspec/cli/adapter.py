@@ -22,7 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 from string import Template
 
-from kvspec.cli.output import check_writable
+from kvspec.console.output import check_writable
 
 NAME = "adapter"
 HELP = "write a starting adapter (new NAME) or print the adapter API reference (doc)"

@@ -43,21 +43,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from kvspec.cli.args import quote
-from kvspec.cli.output import check_writable
+from kvspec.console.args import quote
+from kvspec.console.output import check_writable
 from kvspec.profile_names import PROFILES
+from kvspec.untrusted_input import InputRefused, loads
 
 # The suite (and so torch and Hypothesis) is imported by run(), so that `kvspec --help`
 # and every other command start without it.
 if TYPE_CHECKING:
     from kvspec.conformance.adapter import Adapter
     from kvspec.conformance.mutation import MutantResult
-    from kvspec.conformance.runner import CheckResult
+    from kvspec.conformance.runner import CheckResult, Report
 
 NAME = "conform"
 HELP = "check an implementation (through its adapter) against every clause"
+
+MAX_REPLAY_DEPTH = 16
+"""How deep a ``--replay`` example may nest: a drawn example nests a few levels (a list of
+block tables, a map of layers); deeper is refused before the JSON parser recurses."""
 
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 
@@ -104,7 +110,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "accepts-invalid, differs, or all (default: all for reference, corrupts,breaks "
         "for any other adapter)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--markdown",
+        metavar="PATH",
+        help="also write the report in markdown here (a CI job summary: "
+        "$GITHUB_STEP_SUMMARY); '-' writes it to stdout",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="one line per check, every failure and every check not run, and a progress "
+        "line per check (the default is one screen: the summary, each cause, one line per "
+        "family not run, why the exit status is what it is)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress at all")
 
 
 def device_problem(device: str) -> str | None:
@@ -153,8 +172,13 @@ def _refused(args: argparse.Namespace) -> str | None:
         args.json = args.report
     try:
         check_writable(args.json)  # before a run of minutes, not after it
+        check_writable(args.markdown, "--markdown")
     except ValueError as error:
         return f"refused: {error}"
+    if args.json == "-" and args.markdown == "-":
+        return "--json - and --markdown - cannot both write to stdout; give one a file"
+    if args.quiet and args.verbose:
+        return "--quiet and --verbose contradict each other; give one"
     if args.jobs < 1:
         return f"--jobs must be at least 1; got {args.jobs}"
     args.fail_on_tiers = None
@@ -179,7 +203,7 @@ def _conform(args: argparse.Namespace) -> int:
     # Only now, after every refusal that needs none of it: the suite, torch and Hypothesis.
     from kvspec.conformance.adapter import AdapterError, load_adapter
     from kvspec.conformance.checks import all_checks
-    from kvspec.conformance.runner import NOT_PROVIDED, render, run_suite
+    from kvspec.conformance.runner import NOT_PROVIDED, run_suite
     from kvspec.conformance.skips import read_skips, resolve_skips
 
     try:
@@ -206,14 +230,14 @@ def _conform(args: argparse.Namespace) -> int:
             patterns=args.patterns,
             device=args.device,
             skips=skips,
-            progress=None if args.quiet else _progress,
+            progress=_progress_for(args),
             jobs=args.jobs,
         )
     except ValueError as error:
         print(f"kvspec conform: {error}", file=sys.stderr)
         return 2
     report.fail_on = args.fail_on_tiers
-    _emit(args.json, render(report), report.to_dict())
+    _emit(args, report)
     if report.results and all(r.verdict == NOT_PROVIDED for r in report.results):
         print(
             f"kvspec conform: warning: nothing was checked: {args.impl} provides none of "
@@ -223,15 +247,35 @@ def _conform(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _emit(json_path: str | None, text: str, data: dict[str, Any]) -> None:
-    """The table on stdout (stderr when the JSON goes to stdout) and the JSON report."""
-    print(text, file=sys.stderr if json_path == "-" else sys.stdout)
-    if json_path == "-":
-        json.dump(data, sys.stdout, indent=2)
-        print()
-    elif json_path:
-        with open(json_path, "w") as out:
-            json.dump(data, out, indent=2)
+def _emit(args: argparse.Namespace, report: Report) -> None:
+    """The report on stdout (stderr when the JSON or the markdown goes to stdout): one
+    screen, or with ``--verbose`` the full listing; then the JSON and markdown reports."""
+    from kvspec.conformance.brief import render_brief
+    from kvspec.conformance.markdown import render_markdown
+    from kvspec.conformance.runner import render
+
+    text = render(report) if args.verbose else render_brief(report)
+    print(text, file=sys.stderr if "-" in (args.json, args.markdown) else sys.stdout)
+    _write(args.json, lambda: json.dumps(report.to_dict(), indent=2))
+    _write(args.markdown, lambda: render_markdown(report))
+
+
+def _write(path: str | None, text: Callable[[], str]) -> None:
+    if path == "-":
+        print(text())
+    elif path:
+        with open(path, "w") as out:
+            out.write(text() + "\n")
+
+
+def _progress_for(args: argparse.Namespace) -> Callable[[int, int, CheckResult], None] | None:
+    """A line per check with ``--verbose``; none with ``--quiet``; by default one line
+    rewritten in place, and only on a terminal (a log or a CI job gets the report alone)."""
+    if args.quiet:
+        return None
+    if args.verbose:
+        return _progress
+    return _progress_in_place if sys.stderr.isatty() else None
 
 
 def _progress(i: int, total: int, result: CheckResult) -> None:
@@ -242,8 +286,13 @@ def _progress(i: int, total: int, result: CheckResult) -> None:
     )
 
 
+def _progress_in_place(i: int, total: int, result: CheckResult) -> None:
+    end = "\r" if i < total else "\r\033[K"  # the last one clears the line
+    print(f"\r\033[K[{i:>3}/{total}] {result.check.id}", end=end, file=sys.stderr, flush=True)
+
+
 def _replay(args: argparse.Namespace, adapter: Adapter) -> int:
-    from kvspec.conformance.runner import Report, render, run_check, select_checks
+    from kvspec.conformance.runner import Report, run_check, select_checks
 
     if not args.patterns:
         raise ValueError("--replay needs --check naming the one check to replay it through")
@@ -254,9 +303,9 @@ def _replay(args: argparse.Namespace, adapter: Adapter) -> int:
             "check id (see `kvspec conform --list`)"
         )
     try:
-        example = json.loads(args.replay)
-    except ValueError as error:
-        raise ValueError(f"--replay must be JSON: {error}") from None
+        example = loads(args.replay, max_depth=MAX_REPLAY_DEPTH)
+    except InputRefused as refusal:
+        raise ValueError(f"--replay {quote(args.replay)} {refusal}") from None
     if not isinstance(example, dict):
         raise ValueError(
             f"--replay must be a JSON object (the example a failure prints), got "
@@ -283,7 +332,7 @@ def _replay(args: argparse.Namespace, adapter: Adapter) -> int:
         [result],
         fail_on=args.fail_on_tiers,
     )
-    _emit(args.json, render(report), report.to_dict())
+    _emit(args, report)
     return report.exit_code
 
 
@@ -304,5 +353,6 @@ def _mutants(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         progress=None if args.quiet else progress,
     )
-    _emit(args.json, render_mutation(report), report.to_dict())
+    print(render_mutation(report), file=sys.stderr if args.json == "-" else sys.stdout)
+    _write(args.json, lambda: json.dumps(report.to_dict(), indent=2))
     return 0 if not report.survivors else 1

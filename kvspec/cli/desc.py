@@ -22,17 +22,16 @@ values and the rule.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvspec.cli import plan as plan_cli
-from kvspec.cli.args import int_in
-from kvspec.cli.output import STDOUT, check_writable, write_json
+from kvspec.console.args import int_in
+from kvspec.console.output import STDOUT, check_writable, write_json
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import TransferPlan, plan_transfer
+from kvspec.untrusted_input import InputRefused, loads, read_regular_file
 
 # The layouts and descriptors (and so torch) are imported where they are used, so that
 # `kvspec --help` and every other command start without them.
@@ -262,13 +261,12 @@ def _check(path: str, made: DescriptorPlan) -> dict[str, Any]:
     """Judge the JSON list in ``path`` against the edge's plan; refuse a wrong one [DESC-1]."""
     from kvspec.memory.descriptors import judge_descriptors
 
-    file = Path(path)
     try:
-        if file.stat().st_size > MAX_CHECK_BYTES:
-            raise ValueError(f"--check {path}: larger than {MAX_CHECK_BYTES} bytes")
-        listed = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(f"--check {path}: not a readable JSON list ({str(error)[:80]})") from None
+        listed = loads(read_regular_file(path, MAX_CHECK_BYTES), max_depth=2)
+    except InputRefused as refusal:
+        raise ValueError(
+            f"--check {path}: {refusal}; expected a JSON list of 5-element lists"
+        ) from None
     if not isinstance(listed, list):
         raise ValueError(f"--check {path}: expected a JSON list of 5-element lists")
     verdict = judge_descriptors(listed, made)

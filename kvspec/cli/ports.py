@@ -23,8 +23,8 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from kvspec.cli.args import MAX_PARALLEL, MAX_PORT, int_in, quote
-from kvspec.cli.output import STDOUT, add_json_option, check_writable, write_json
+from kvspec.console.args import MAX_PARALLEL, MAX_PORT, int_in, quote
+from kvspec.console.output import STDOUT, add_json_option, check_writable, write_json
 from kvspec.naming.ports import (
     PURPOSES,
     DeployedStage,

@@ -15,8 +15,8 @@ import argparse
 import sys
 from collections import Counter
 
-from kvspec.cli.args import int_in
-from kvspec.cli.output import add_json_option, write_json
+from kvspec.console.args import int_in
+from kvspec.console.output import add_json_option, write_json
 
 NAME = "vectors"
 HELP = "export or check the language-neutral golden vectors"

@@ -37,13 +37,39 @@ The violated obligation of a failure is ``CheckResult.obligation`` (set by the r
 from the message, :func:`kvspec.conformance.tiers.violated_obligation`); "cites" means
 the message names it.
 
-**Which failure is the headline**: the most basic obligation that fails, by
-:data:`STRATA` (ownership, then routing, shipments, memory, payload content, naming
-and wire), then the most severe tier (:data:`~kvspec.conformance.tiers.TIERS`:
-corrupts, breaks, accepts-invalid, differs), then a check of the violated clause itself
-before one that only reports it, then clause-table order. **Causes are ordered** most
-severe tier first (a cause's tier is its most severe failure's), then by how basic
-their headline is.
+**The first wrong fact** (issue 43). What a failure found wrong is read from what it
+observed where the check's message says it exactly (:func:`fact`): an ownership check
+that finds a rank's heads right and its layers wrong found a layer on the wrong stage
+(``LAYER-1.1``, or ``LAYER-2.1`` for an explicit partition), whatever clause the check
+is for; heads wrong and layers right, a head rule (``HEAD-1.1``, ``HEAD-2.1``,
+``HEAD-3.1``); both wrong, the rank numbering (``STAGE-1.1``). A transfer whose data
+arrived right but its fp8 scales missing or wrong found ``DTYPE-3.1`` broken. Such a
+fact counts as the obligation the failure violated, and as one it *cites* (link 3): the
+failure joins the failures of that fact's clause.
+
+**Facts before consequences.** A failure either names a wrong *fact* (a layer on the
+wrong stage, an edge from the wrong sender, a -0.0 that lost its sign) or is an
+*observation*: a check of a composite result, which any wrong fact beneath it also fails
+(:data:`OBSERVATIONS`: a whole transfer compared with the spec's, in another arrival
+order, after a request of another length, an MLA latent moved whole; and an attention
+group whose heads alone are wrong, which its mapping or any head rule beneath explains).
+A refusal probe whose input the implementation did *not* let through but refused
+unclearly or crashed on (:func:`evidence`: a refusal obligation broken with tier
+``breaks``) is the weakest evidence: an implementation that refuses too much, or crashes
+on configurations of another rule, fails every probe built on them.
+
+**Which failure is the headline** of a cause: never refusal-probe trouble while the cause
+has another failure; then the most basic obligation that fails, by :data:`STRATA`
+(ownership, then routing, shipments, memory, payload content, naming and wire), then the
+most severe tier (:data:`~kvspec.conformance.tiers.TIERS`: corrupts, breaks,
+accepts-invalid, differs), then a check of the violated clause itself before one that
+only reports it, then by :func:`evidence`, then clause-table order. **Causes are
+ordered** with those headlined by refusal-probe trouble last; otherwise most severe tier
+first (a cause's tier is its most severe failure's), then facts before observations,
+then by how basic their headline is.
+
+How well this names the root cause is measured over the project's own mutant corpus
+(:mod:`kvspec.conformance.headlines`; docs/conformance.md states the share).
 
 Known limit: two independent bugs that both fail on the very same transfer case are
 shown as one cause (the more basic as headline, the other among its consequences);
@@ -117,6 +143,29 @@ The clause table itself is ordered for reading the spec (``DTYPE`` right after
 ``MODEL``), not by what depends on what; hence an explicit list. A test holds every
 clause of the table to exactly one stratum.
 """
+
+
+OBSERVATIONS: dict[str, str] = {
+    "RESHARD-2.2": "a whole assembly in another arrival order compared with the spec's",
+    "RESHARD-2.1": "a whole transfer's shards compared with the spec's (the round trip)",
+    "PLAN-6.3": "a whole transfer after a request of another length, compared with the spec's",
+    "MODEL-2.1": "an MLA latent moved through a whole transfer and compared with the spec's",
+    "PLAN-5.1": "the bytes of an edge: any wrong slice, layer range or head beneath changes them",
+    "PLAN-5.2": "likewise, receiver-side",
+}
+"""Obligations whose checks observe a composite result (obligation -> what they observe),
+the most direct observer of a wrong assembly first: every wrong fact beneath them fails
+them too, so a failure of one of these is read after any failure that names a fact
+(:func:`evidence`), and among themselves in this order."""
+
+_WHOLE_TRANSFER_CLAUSES = ("DTYPE-2", "DTYPE-3")
+"""Clauses whose checks move data through a whole transfer (special values, fp8 with its
+scales): a data difference they report is that transfer observed, as wrong for a
+misplaced head or layer as for a value that lost its bits; their scales are a fact."""
+_ELEMENTS = re.compile(r"\d+ of \d+ elements differ; first at")
+
+FACT, REFUSAL_TROUBLE, OBSERVATION = 0, 1, 2
+""":func:`evidence`'s classes, the strongest first."""
 
 
 @dataclass(frozen=True)
@@ -195,10 +244,72 @@ _REACH_ORDER = ("yes", "unknown", "no")
 _CITED = re.compile(r"\[([A-Z]+-[0-9]+\.[0-9]+)")
 
 
+_OWNERSHIP = re.compile(
+    r"owns heads (?P<heads>.+?) and layers (?P<layers>.+?) \[[^\]]*\]; the implementation "
+    r"says heads (?P<got_heads>.+?), layers (?P<got_layers>.+)$"
+)
+"""What an ownership check (checks/ownership.py) says a rank owns, and what it was told."""
+_SCALES = re.compile(r": scales (missing|unexpected|\[.*\] != expected \[.*\])$")
+"""A tensor comparison (checks/transfer.py ``difference``) whose data shape matched and
+whose scales did not."""
+_SHAPES = re.compile(
+    r"got \S+ \[(?P<got>[0-9, ]+)\], expected \S+ \[(?P<want>[0-9, ]+)\] \(\[layers, kv"
+)
+"""The same comparison, when the shapes differ."""
+
+
+def _ownership_mismatch(result: CheckResult) -> tuple[bool, bool] | None:
+    """(heads right, layers right) when ``result`` is an ownership check's report of one
+    rank; None for any other message."""
+    owned = _OWNERSHIP.search(result.reason or "")
+    if owned is None:
+        return None
+    return owned["heads"] == owned["got_heads"], owned["layers"] == owned["got_layers"]
+
+
+def fact(result: CheckResult) -> str | None:
+    """The obligation of the first wrong fact ``result``'s message reports exactly, when
+    it reports one more basic than its check's clause (see the module's docstring); else
+    None."""
+    reason = result.reason or ""
+    mismatch = _ownership_mismatch(result)
+    if mismatch is not None:
+        heads_right, layers_right = mismatch
+        example = result.counterexample if isinstance(result.counterexample, dict) else {}
+        layout, model = example.get("layout") or {}, example.get("model") or {}
+        if heads_right and not layers_right:
+            return "LAYER-2.1" if layout.get("layer_partition") else "LAYER-1.1"
+        if layers_right and not heads_right and result.check.clause.startswith("STAGE-2"):
+            return None  # the heads of a rank's attention group: STAGE-2's own rule
+        if layers_right and not heads_right:
+            if model.get("attention") == "mla":
+                return "HEAD-3.1"
+            groups = (layout.get("dp") or 1) * (layout.get("cp") or 1)
+            attn_tp = max(1, int(layout.get("tp") or 1) // groups)
+            return "HEAD-2.1" if int(model.get("num_kv_heads") or 0) < attn_tp else "HEAD-1.1"
+        if not heads_right and not layers_right and not result.check.clause.startswith("STAGE"):
+            return "STAGE-1.1"  # every rank's heads and layers: the rank numbering
+        return None
+    if _SCALES.search(reason):
+        return "DTYPE-3.1"
+    shapes = _SHAPES.search(reason)
+    case = transfer_case(result.counterexample)
+    if shapes and case is not None and (case.get("model") or {}).get("attention") == "mla":
+        got, want = (shapes[k].split(", ") for k in ("got", "want"))
+        if (
+            len(got) == len(want) == 5
+            and got[1] != want[1]
+            and got[:1] + got[2:] == (want[:1] + want[2:])
+        ):
+            return "MODEL-2.1"  # an MLA shard with a V (or without its latent)
+    return None
+
+
 def violated(result: CheckResult) -> str | None:
-    """The obligation ``result`` violated: its ``obligation`` attribute, else the first
-    ``[FAM-N.M]`` its message cites that exists, else the check's first covered one."""
-    found = getattr(result, "obligation", None)
+    """The obligation ``result`` violated: its :func:`fact`, else its ``obligation``
+    attribute, else the first ``[FAM-N.M]`` its message cites that exists, else the
+    check's first covered one."""
+    found = fact(result) or getattr(result, "obligation", None)
     if found:
         return found
     known = all_obligations()
@@ -253,17 +364,50 @@ def _cites_other_clause(result: CheckResult) -> str | None:
     """The clause whose obligation ``result``'s message cites as broken, when it is not
     the check's own clause (a downstream report of an upstream rule); else None."""
     obligation = violated(result)
-    if not obligation or obligation not in (result.reason or ""):
+    if not obligation or (obligation not in (result.reason or "") and not fact(result)):
         return None
     clause = clause_of(obligation)
     return None if clause == result.check.clause else clause
+
+
+def evidence(result: CheckResult) -> int:
+    """How directly a FAILED ``result`` names a wrong fact: :data:`FACT`; else
+    :data:`REFUSAL_TROUBLE` when it broke a refusal obligation without letting the input
+    through (tier ``breaks``: refused unclearly, or crashed); else :data:`OBSERVATION`
+    when its violated obligation is one of :data:`OBSERVATIONS`."""
+    obligation = violated(result) or ""
+    if fact(result) is not None:
+        return FACT
+    if obligation in OBSERVATIONS:
+        return OBSERVATION
+    if result.check.clause in _WHOLE_TRANSFER_CLAUSES and (
+        _ELEMENTS.search(result.reason or "") or _SHAPES.search(result.reason or "")
+    ):
+        return OBSERVATION
+    if result.check.clause.startswith("STAGE-2") and _ownership_mismatch(result) == (
+        False,
+        True,
+    ):
+        return OBSERVATION  # a group's heads: its mapping, or any head rule beneath it
+    known = all_obligations().get(obligation)
+    if known is not None and known.kind == "negative" and tier(result) == "breaks":
+        return REFUSAL_TROUBLE
+    return FACT
 
 
 def _headline_key(index: int, result: CheckResult) -> tuple[Any, ...]:
     obligation = violated(result) or result.check.clause
     level, place = basicness(obligation)
     own = 0 if clause_of(obligation) == result.check.clause else 1
-    return level, severity(tier(result)), own, place, index
+    strength = evidence(result)
+    return strength == REFUSAL_TROUBLE, strength, level, severity(tier(result)), own, place, index
+
+
+def _observed_order(result: CheckResult) -> int:
+    """Where an observation stands among :data:`OBSERVATIONS` (others after them)."""
+    order = list(OBSERVATIONS)
+    obligation = violated(result) or ""
+    return order.index(obligation) if obligation in order else len(order)
 
 
 def _reachability(results: Iterable[CheckResult]) -> tuple[str | None, str]:
@@ -321,7 +465,7 @@ def group(results: Sequence[CheckResult]) -> list[Cause]:
         worst = min((tier(r) for r in group_results), key=severity)
         case = transfer_case(head.counterexample)
         where = _canonical(case if case is not None else head.counterexample)
-        reach, evidence = _reachability(group_results)
+        reach, why_reach = _reachability(group_results)
         causes.append(
             Cause(
                 headline=head,
@@ -329,13 +473,16 @@ def group(results: Sequence[CheckResult]) -> list[Cause]:
                 tier=worst,
                 reachable_in_serving=reach,
                 key=f"{violated(head) or head.check.clause} on {where}",
-                reachability_evidence=evidence,
+                reachability_evidence=why_reach,
             )
         )
     order = {id(r): i for i, r in enumerate(failures)}
     causes.sort(
         key=lambda c: (
+            evidence(c.headline) == REFUSAL_TROUBLE,
             severity(c.tier),
+            evidence(c.headline),
+            _observed_order(c.headline) if evidence(c.headline) == OBSERVATION else 0,
             basicness(violated(c.headline) or c.headline.check.clause),
             order[id(c.headline)],
         )

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvspec.conformance.checks import Check
+from kvspec.untrusted_input import InputRefused, read_regular_file
+
+MAX_SKIPS_BYTES = 1 << 20
+"""A skips file is a few lines; one past a mebibyte is refused unread."""
 
 
 @dataclass(frozen=True)
@@ -29,13 +33,15 @@ class SkipEntry:
 
 
 def read_skips(path: str | Path) -> list[SkipEntry]:
-    """Parse a skips file. A file that cannot be read, or a line without a reason, is a
-    ValueError naming the file (and the line)."""
+    """Parse a skips file. A file that cannot be read (not a regular file, over
+    :data:`MAX_SKIPS_BYTES`, not UTF-8), or a line without a reason, is a ValueError naming
+    the file (and the line)."""
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        why = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise ValueError(f"cannot read the skips file {str(path)!r}: {why}") from None
+        text = read_regular_file(path, MAX_SKIPS_BYTES).decode("utf-8")
+    except InputRefused as refusal:
+        raise ValueError(f"the skips file {str(path)!r} {refusal}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"the skips file {str(path)!r} is not UTF-8 text") from None
     entries = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()

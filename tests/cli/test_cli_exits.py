@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from kvspec.cli.exits import INTERRUPTED, READER_GONE, run_to_exit
+from kvspec.console.exits import INTERRUPTED, READER_GONE, run_to_exit
 from tests.paths import ROOT
 
 # argparse prints --help itself and, from Python 3.11, drops an OSError while doing so,

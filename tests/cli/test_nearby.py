@@ -8,7 +8,7 @@ import argparse
 import multiprocess
 import pytest
 
-from kvspec.cli.nearby import Knob, closest_valid, flag_hint, nearby
+from kvspec.console.nearby import Knob, closest_valid, flag_hint, nearby
 from sim.cli import build_parser, checked_config
 from sim.cli import main as sim_main
 

@@ -246,11 +246,11 @@ def test_the_readme_links_every_page() -> None:
 def test_the_site_home_is_the_readme_with_its_links_made_relative_to_docs() -> None:
     hooks = _tool("mkdocs_hooks")  # imports mkdocs only when MkDocs calls a hook
     text = hooks.readme_for_docs(
-        "[a](docs/sim.md#x) [b](sim/pull.py) [c](#here) [d](https://x.org)\n"
+        "[a](docs/sim.md#x) [b](sim/paths/pull.py) [c](#here) [d](https://x.org)\n"
         "```python\nx[0](y)\n```\n[E-1]: docs/clauses.md#e\n"
     )
     assert text == (
-        "[a](sim.md#x) [b](../sim/pull.py) [c](#here) [d](https://x.org)\n"
+        "[a](sim.md#x) [b](../sim/paths/pull.py) [c](#here) [d](https://x.org)\n"
         "```python\nx[0](y)\n```\n[E-1]: clauses.md#e\n"
     )
 

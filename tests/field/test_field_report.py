@@ -574,3 +574,63 @@ def test_the_builder_is_out_of_the_wheel_and_the_kvspec_command():
             )
             importers += [str(path) for n in names if n == "field" or n.startswith("field.")]
     assert importers == []
+
+
+def test_a_serving_verdict_decides_over_the_functions_tiers_and_shows_them() -> None:
+    """Where serving turns what the functions compute into another outcome (issue 43: a
+    transfer that never starts fails at the bootstrap timeout), the ledger's ``serving``
+    verdict sets the tier and the headline; the run's own tiers stay listed beside it."""
+    timeout = {
+        "tier": "breaks",
+        "reachable_in_serving": "yes",
+        "evidence": "the unread prefill rank stays bootstrapping; every request times out",
+    }
+    defects = dict(LEDGER["defects"])
+    defects["alpha-pairing"] = {**defects["alpha-pairing"], "serving": timeout}
+    run = fr.judge(REPORTS, {**LEDGER, "defects": defects})
+    pairing = run.defects["alpha-pairing"]
+    assert (pairing.tier, pairing.reachable) == ("breaks", "yes")
+    assert pairing.run_tiers == ["corrupts"] and pairing.headline
+    assert run.contradictions == []
+    text = markdown.render(REPORTS, {**LEDGER, "defects": defects}, run, today=TODAY)
+    assert "(alpha, breaks, material)" in section(text, "Headline")
+    assert "- the engine's functions in this run: corrupts (the serving verdict" in text
+    assert as_json(REPORTS, run)["defects"]["alpha-pairing"]["run_tiers"] == ["corrupts"]
+    # a hardening note the run shows corrupting is no contradiction once serving says why
+    unreachable = {**timeout, "reachable_in_serving": "no"}
+    defects["alpha-pairing"] = {
+        **defects["alpha-pairing"],
+        "status": "hardening",
+        "serving": unreachable,
+    }
+    run = fr.judge(REPORTS, {**LEDGER, "defects": defects})
+    assert run.contradictions == [] and not run.defects["alpha-pairing"].headline
+    # an open defect whose serving verdict is unreachable is a contradiction
+    defects["alpha-pairing"] = {**defects["alpha-pairing"], "status": "open"}
+    run = fr.judge(REPORTS, {**LEDGER, "defects": defects})
+    assert run.contradictions == [
+        "alpha-pairing is open, but no reachable corrupts/breaks evidence supports it"
+    ]
+
+
+def test_a_drafted_upstream_comment_is_named_by_its_entry_and_needs_no_kvspec() -> None:
+    """field/upstream/comments/: comments on open upstream threads (issue 43: the PP
+    pairing on sgl-project/sglang#33457), each named by a ledger entry, with a script that
+    imports the engine and torch only and exits by itself."""
+    import ast
+    import re
+
+    ledger = json.loads((ROOT / fr.LEDGER).read_text())
+    named = {d["upstream_comment"] for d in ledger["defects"].values() if d.get("upstream_comment")}
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "field/upstream/comments").glob("*.md")}
+    assert named == on_disk and named
+    for comment in sorted(named):
+        code = re.search(r"```python\n(.*?)```", (ROOT / comment).read_text(), re.S).group(1)
+        imported = {
+            (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+            for node in ast.walk(ast.parse(code))
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        assert imported <= {"sys", "types", "torch", "sglang", "vllm", "vllm_omni"}, comment
+        assert "sys.exit(" in code, comment

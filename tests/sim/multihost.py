@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.auth import KEY_ENV
+from sim.net.auth import KEY_ENV
 from tests.paths import ROOT as REPO
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -203,7 +203,7 @@ class Hosts:
             self.launched.append(Launched(host, process, token))
 
     def watch(self) -> None:
-        """Start a watcher of the run's phases (sim.rendezvous) on the first host (a
+        """Start a watcher of the run's phases (sim.net.rendezvous) on the first host (a
         namespace: inside it) now, so that its torch import overlaps torchrun's start-up
         and it polls the board long before traffic starts; :meth:`await_phase` reads it."""
         command = [*self.wrap[0], sys.executable, "-u", "-c", _WATCHER]

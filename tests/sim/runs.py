@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.accounting import BY_REQUEST
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.faults import parse_faults
-from sim.report import SimReport
+from sim.books.accounting import BY_REQUEST
+from sim.books.report import SimReport
+from sim.harness.cluster import run_simulation
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
 from tests.strategies import cache_side, shortest_request
 
 MHA = ModelShape(2, 4, 8)
@@ -49,7 +49,7 @@ def small_run(stages: tuple[StageLayout, ...], model: ModelShape, **overrides: A
 
 def assert_booked_alike(report: SimReport, kind: str, seed: int) -> None:
     """Every fault counted where injected and where observed, and fault ``kind`` key by key
-    (request by request for a fault booked by request) [sim.accounting]."""
+    (request by request for a fault booked by request) [sim.books.accounting]."""
     assert not report.unbalanced_faults(), (seed, report.fault_counts())
     injected = report.fault_keys["injected"].get(kind, [])
     observed = report.fault_keys["observed"].get(kind, [])
@@ -62,7 +62,7 @@ def assert_booked_alike(report: SimReport, kind: str, seed: int) -> None:
 def faulted_run(kind: str, seed: int, **overrides: Any) -> SimReport:
     """Four TP2 -> TP2 requests of 3..8 tokens in one process under fault ``kind`` alone
     (its :data:`FAULT_SPECS` rate) and ``seed``, its books checked key by key
-    [sim.accounting]."""
+    [sim.books.accounting]."""
     config = small_run(
         (StageLayout(2), StageLayout(2)),
         MHA,

@@ -1,4 +1,4 @@
-"""Ranks on GPUs [sim.rank, sim.staging]: placed by global rank over the visible devices;
+"""Ranks on GPUs [sim.rank.loop, sim.cache.staging]: placed by global rank over the visible devices;
 on a GPU, payloads go out and come in through the pinned staging ring (CUDA runs skip
 without a device)."""
 
@@ -9,10 +9,10 @@ import torch
 
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.endpoints import RankId, all_ranks
-from sim.rank import device_for, global_rank
+from sim.harness.cluster import run_simulation
+from sim.net.endpoints import RankId, all_ranks
+from sim.rank.loop import device_for, global_rank
+from sim.run.config import SimConfig
 
 
 def _config(**overrides) -> SimConfig:

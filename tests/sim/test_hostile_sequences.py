@@ -1,4 +1,4 @@
-"""Hostile frame sequences against every socket a sim run binds (issue 30, [sim.auth]).
+"""Hostile frame sequences against every socket a sim run binds (issue 30, [sim.net.auth]).
 
 A stranger on the host sees the run's listening ports (``ss -ltn``) and nothing else. It
 replays, against the coordinator's control socket and every sender's KV socket, the
@@ -27,11 +27,11 @@ import pytest
 import zmq
 
 from kvspec.topology.stage import StageLayout
-from sim import messages
-from sim.cluster import Cluster
-from sim.config import SimConfig
-from sim.faults import parse_faults
-from sim.report import SimReport
+from sim.books.report import SimReport
+from sim.harness.cluster import Cluster
+from sim.net import messages
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
 from tests.sim.runs import MHA, assert_all_verified, small_run
 
 OVER_LIMIT = messages.MAX_CONTROL + 1

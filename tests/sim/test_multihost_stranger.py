@@ -1,4 +1,4 @@
-"""A stranger process beside a two-host run in network namespaces (issue 30, [sim.auth]).
+"""A stranger process beside a two-host run in network namespaces (issue 30, [sim.net.auth]).
 
 The stranger knows what another user of the first host can learn: every process's
 command line (``/proc/*/cmdline`` is world-readable), the workers' store address (it
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.auth import RunSecret, board_key
+from sim.net.auth import RunSecret, board_key
 from tests.sim.test_sim_multihost import RUN_TIMEOUT_S, TWO_NODES, _check_verified, namespaces
 
 __all__ = ["namespaces"]  # the fixture, imported for pytest

@@ -29,12 +29,12 @@ from kvspec.naming.keys import parse_key
 from kvspec.naming.ports import port
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from sim.books.report import SimReport
 from sim.cli import main as sim_main
-from sim.cluster import Cluster, run_simulation
-from sim.config import SimConfig
-from sim.endpoints import all_ranks, find_free_base
-from sim.faults import parse_faults
-from sim.report import SimReport
+from sim.harness.cluster import Cluster, run_simulation
+from sim.net.endpoints import all_ranks, find_free_base
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
 from tests.paths import ROOT
 from tests.sim.runs import (
     FAULT_SPECS,
@@ -256,7 +256,7 @@ def test_a_hung_rank_ends_at_the_deadline_with_its_stack() -> None:
 
 @pytest.mark.parametrize("kind", list(FAULT_SPECS))
 def test_the_books_balance_for_fifty_seeds(kind: str) -> None:
-    """Each fault, alone, over 50 seeds: injected == observed, key by key [sim.accounting]."""
+    """Each fault, alone, over 50 seeds: injected == observed, key by key [sim.books.accounting]."""
     hang = kind == "hang"
     for seed in range(50):
         report = faulted_run(kind, seed, timeout=0.3 if hang else 30.0)
@@ -271,7 +271,7 @@ def test_strangers_neither_read_the_kv_nor_stop_the_run() -> None:
     """A local stranger grabs receiver identities before the run, sprays the control
     port with garbage and forged events, sends a forged hello and an oversized message to
     a sender: every request still verifies, nothing reaches the stranger, and the report
-    counts the strangers [sim.auth]."""
+    counts the strangers [sim.net.auth]."""
     config = small_run(
         (StageLayout(2), StageLayout(2)), MHA, requests=30, faults=parse_faults("delay=5ms")
     )

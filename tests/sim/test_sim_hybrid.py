@@ -26,9 +26,9 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.windows import chunk_tokens, window_tokens
 from sim.cli import main
-from sim.group_messages import piece_frames, read_header, read_piece
-from sim.hybrid import HybridRun, run_hybrid
-from sim.messages import MessageError
+from sim.harness.hybrid import HybridRun, run_hybrid
+from sim.net.group_messages import piece_frames, read_header, read_piece
+from sim.net.messages import MessageError
 from tests.spec.test_block_size import WINDOWED  # vLLM block size 144 at TP1, 80 at TP4
 
 EVERY_KIND = ModelShape(

@@ -19,11 +19,11 @@ import pytest
 
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from sim.books.report import SimReport
 from sim.cli import main as sim_main
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.faults import parse_faults
-from sim.report import SimReport
+from sim.harness.cluster import run_simulation
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
 
 HAZARDS = "abort=0.1,late=0.1,restart=sender:1@0.5"
 

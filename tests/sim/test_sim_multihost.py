@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from sim import messages, rendezvous
-from sim.auth import KEY_ENV, RunSecret, run_key
-from sim.rendezvous import Board, BoardError, config_digest
+from sim.net import messages, rendezvous
+from sim.net.auth import KEY_ENV, RunSecret, run_key
+from sim.net.rendezvous import Board, BoardError, config_digest
 from tests.sim.multihost import (
     REPO,
     Hosts,
@@ -98,7 +98,7 @@ def test_three_loopback_hosts_tp4_over_two_to_tp2(loopback, tmp_path: Path) -> N
 
 def test_three_loopback_hosts_with_tensor_frames_over_gloo(loopback, tmp_path: Path) -> None:
     """The same run with ``--transport gloo``: headers on ZMQ, every tensor frame over
-    torch.distributed send/recv between the hosts' rank processes [sim.p2p]."""
+    torch.distributed send/recv between the hosts' rank processes [sim.net.p2p]."""
     hosts = loopback(3)
     report = tmp_path / "gloo.json"
     results = _run(hosts, [*THREE_HOSTS, "--transport", "gloo"], report)
@@ -190,7 +190,7 @@ def test_the_documented_two_node_command_is_the_one_the_namespace_test_runs() ->
 @pytest.mark.parametrize("transport", ["tcp", "gloo"])
 def test_two_namespace_hosts(namespaces, tmp_path: Path, transport: str) -> None:
     """docs/multihost.md's two-node command, each node a network namespace with its own address;
-    with gloo, the tensor frames cross the bridge over torch.distributed [sim.p2p]."""
+    with gloo, the tensor frames cross the bridge over torch.distributed [sim.net.p2p]."""
     hosts = namespaces(2)
     results = _run(hosts, [*TWO_NODES, "--transport", transport], tmp_path / "report.json")
     _check_verified(results, tmp_path / "report.json", hosts, 2)
@@ -413,15 +413,15 @@ def test_sim_node_outside_torchrun_is_refused() -> None:
 def _config(**changes):
     from kvspec.topology.model import ModelShape
     from kvspec.topology.stage import StageLayout
-    from sim.config import SimConfig
+    from sim.run.config import SimConfig
 
     model = ModelShape(num_layers=2, num_kv_heads=4, head_dim=16)
     return SimConfig(stages=(StageLayout(4), StageLayout(2)), model=model, **changes)
 
 
 def test_shares_are_contiguous_and_cover_every_rank_once() -> None:
-    from sim.endpoints import all_ranks
-    from sim.multihost import shares
+    from sim.harness.multihost import shares
+    from sim.net.endpoints import all_ranks
 
     ranks = all_ranks(_config())
     three = shares(ranks, 3)
@@ -439,8 +439,8 @@ def test_the_port_proof_is_per_host_and_names_a_taken_port() -> None:
     import socket
 
     from kvspec.naming.ports import port
-    from sim.endpoints import all_ranks
-    from sim.multihost import shares
+    from sim.harness.multihost import shares
+    from sim.net.endpoints import all_ranks
     from sim.node import check_host_ports
 
     with socket.socket() as probe:  # a base whose first sender port we hold ourselves

@@ -1,6 +1,6 @@
 """``--transport nixl`` (and ``mooncake``, the same one-sided layer): every request's KV
 moves one-sided through NIXL over UCX on DRAM, or the Mooncake transfer engine over
-TCP [sim.onesided, sim.nixl, sim.mooncake, DESC-1..3] — READs posted by receivers,
+TCP [sim.paths.onesided, sim.paths.nixl, sim.paths.mooncake, DESC-1..3] — READs posted by receivers,
 WRITEs by senders, each key's descriptor list one engine transfer, every element
 verified against the oracle; the faults that mean something for a one-sided transfer;
 the runs it refuses.
@@ -11,18 +11,21 @@ skipped, with that reason, where it is absent; the refusals are checked everywhe
 from __future__ import annotations
 
 import importlib.util
+import itertools
 
+import numpy as np
 import pytest
 
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation
-from sim.config import ONE_SIDED_LIBRARIES, SimConfig
-from sim.faults import parse_faults
-from sim.onesided_checks import unloadable
-from sim.report import SimReport
-from sim.validation import exposure, validate
-from sim.workload import Workload
+from sim.books.report import SimReport
+from sim.harness.cluster import run_simulation
+from sim.harness.validation import exposure, validate
+from sim.paths import mooncake
+from sim.paths.onesided_checks import unloadable
+from sim.run.config import ONE_SIDED_LIBRARIES, SimConfig
+from sim.run.faults import parse_faults
+from sim.run.workload import Workload
 from tests.sim import runs
 
 
@@ -88,6 +91,84 @@ def assert_moved_one_sided(report: SimReport) -> None:
 @pytest.mark.parametrize("source_tp", [4, 8])
 def test_tp_to_tp2_moves_every_key_one_sided(source_tp: int, transfer: str, transport: str) -> None:
     assert_moved_one_sided(run_simulation(make(source_tp, transfer, transport)))
+
+
+LONG = 1024
+"""Tokens in a request whose key lists outgrow Mooncake's queue for one peer: 4,096 rows
+a key over :data:`GQA` (each token's head one run per layer and K/V at TP2), past the
+1,024 it queues and the 1,024 more it lets wait (issue 46: every key failed, ``-1``)."""
+
+
+def rows_per_key(report: SimReport) -> float:
+    stats = report.receiver_stats
+    return stats["onesided_descriptors"] / max(stats["onesided_transfers"], 1)
+
+
+@pytest.mark.parametrize("transport", ENGINES)
+@pytest.mark.parametrize("transfer", ["pull", "write"])
+def test_key_lists_longer_than_the_engines_queue_move_whole(transfer: str, transport: str) -> None:
+    """A key's list of 4,096 rows, four times what Mooncake's TCP transport queues for a
+    peer: it goes in batches the queue holds and every element verifies; NIXL posts it
+    as one transfer."""
+    report = run_simulation(make(4, transfer, transport, requests=2, seq_len=(LONG, LONG)))
+    assert_moved_one_sided(report)
+    assert rows_per_key(report) > 2 * mooncake.QUEUE_DEFAULT, report.receiver_stats
+
+
+@pytest.mark.parametrize("transfer", ["pull", "write"])
+@pytest.mark.parametrize("transport", [t for t in ENGINES if t.id == "mooncake"])
+def test_a_transfer_the_library_fails_is_booked_as_its_error_not_a_drop(
+    monkeypatch, transfer: str, transport: str
+) -> None:
+    """Issue 46's failure, kept on purpose: each key's 4,096 rows in one Mooncake batch
+    (no split to its queue), which its TCP transport refuses (-1). Each failed transfer is
+    booked as Mooncake's error with its words and fails its request with them; nothing
+    is booked as a fault (no drop observed that nobody injected), and the run fails."""
+    monkeypatch.setattr(mooncake, "queue_depth", lambda: 1 << 30)  # the forked ranks too
+    report = run_simulation(make(4, transfer, transport, requests=2, seq_len=(LONG, LONG)))
+    failed = report.library_errors.get("Mooncake", [])
+    assert failed and set(report.library_errors) == {"Mooncake"}, report.render()
+    assert all("returned -1" in what for what in failed), failed
+    assert report.fault_counts() == {} and not report.unbalanced_faults(), report.fault_counts()
+    assert not report.ok and report.verified == 0, report.render()
+    for outcome in report.outcomes:
+        assert any("returned -1" in r for r in outcome.reasons), outcome
+    assert f"library:    Mooncake failed {len(failed)} transfer(s)" in report.render()
+    assert report.to_dict()["library_errors"] == {"Mooncake": failed}
+
+
+def test_a_list_goes_to_mooncake_in_batches_its_queue_holds(monkeypatch) -> None:
+    """:func:`sim.paths.mooncake.batch_transfer`: the rows in order, in batches of the queue's
+    depth (``MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER`` where Mooncake takes the value, else
+    1024); the first batch that fails ends it, named by its rows and status."""
+    rows = np.array([[1000 + 10 * i, 10] for i in range(7)], dtype=np.int64)
+    far = rows + np.array([5000, 0])
+    posted: list[tuple[str, list[int], list[int], list[int]]] = []
+
+    def move(peer: str, here: list[int], there: list[int], lengths: list[int]) -> int:
+        posted.append((peer, here, there, lengths))
+        return -1 if len(posted) == fail_at else 0
+
+    def column(i: int) -> list[int]:
+        return list(itertools.chain.from_iterable(p[i] for p in posted))
+
+    monkeypatch.setenv(mooncake.QUEUE_VARIABLE, "3")
+    fail_at = 0
+    assert mooncake.batch_transfer(move, "127.0.0.1:9", rows, far) is None
+    assert [len(p[1]) for p in posted] == [3, 3, 1]
+    assert {p[0] for p in posted} == {"127.0.0.1:9"}
+    assert (column(1), column(2)) == (rows[:, 0].tolist(), far[:, 0].tolist())
+    assert column(3) == [10] * 7
+    posted.clear()
+    fail_at = 2
+    failed = mooncake.batch_transfer(move, "127.0.0.1:9", rows, far, "READ")
+    assert failed == "the Mooncake batch READ of rows 3..5 of 7 to 127.0.0.1:9 returned -1"
+    assert len(posted) == 2  # the rest not posted
+    for value, depth in [("", 1024), ("0", 1024), ("65536", 1024), ("x", 1024), (" +5", 5)]:
+        monkeypatch.setenv(mooncake.QUEUE_VARIABLE, value)
+        assert mooncake.queue_depth() == depth, value
+    monkeypatch.delenv(mooncake.QUEUE_VARIABLE)
+    assert mooncake.queue_depth() == mooncake.QUEUE_DEFAULT == 1024
 
 
 @needs_nixl

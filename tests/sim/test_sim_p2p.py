@@ -1,4 +1,4 @@
-"""``--transport gloo|nccl``: the tensor frames over torch.distributed send/recv [sim.p2p].
+"""``--transport gloo|nccl``: the tensor frames over torch.distributed send/recv [sim.net.p2p].
 
 The same runs go over ZMQ and over gloo and must verify alike: every request, every
 element, every edge's bytes equal to the plan and to each other. Every port (the
@@ -21,13 +21,13 @@ import torch.distributed as dist
 
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.auth import KEY_ENV
-from sim.cluster import run_simulation, validate
-from sim.config import SimConfig
-from sim.endpoints import RankId, all_ranks
-from sim.faults import parse_faults
-from sim.p2p import Carrier, Link, Received, plan_groups
-from sim.report import SimReport
+from sim.books.report import SimReport
+from sim.harness.cluster import run_simulation, validate
+from sim.net.auth import KEY_ENV
+from sim.net.endpoints import RankId, all_ranks
+from sim.net.p2p import Carrier, Link, Received, plan_groups
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
 from tests.paths import ROOT
 
 MODEL = ModelShape(num_layers=2, num_kv_heads=4, head_dim=16)

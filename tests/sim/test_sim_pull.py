@@ -19,9 +19,9 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
 from sim.cli import main as sim_main
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.pull import PullAgent
+from sim.harness.cluster import run_simulation
+from sim.paths.pull import PullAgent
+from sim.run.config import SimConfig
 from tests.sim import runs
 from tests.sim.runs import MHA, assert_all_verified, domain_runs, small_run
 
@@ -151,7 +151,7 @@ FAULTS = runs.faults_of("drop", "dup", "reorder", "corrupt", "garbage", "kill")
 @pytest.mark.parametrize("kind", list(FAULTS))
 def test_pull_books_balance(kind: str) -> None:
     """Each fault strikes answers as it strikes payloads; over ten seeds the books balance
-    key by key, and only the struck requests fail [sim.accounting]."""
+    key by key, and only the struck requests fail [sim.books.accounting]."""
     for seed in range(10):
         report = runs.faulted_run(
             kind,
@@ -172,19 +172,22 @@ def test_pull_books_balance(kind: str) -> None:
 
 def test_a_read_is_served_only_to_a_verified_receiver_for_its_own_share() -> None:
     """A read from an unknown connection is a stranger's; one naming another receiver's key,
-    or asking for other bytes than the spec's list, is refused [sim.auth, DESC-1]."""
+    or asking for other bytes than the spec's list, is refused [sim.net.auth, DESC-1]."""
     plan = plan_transfer(StageLayout(2), StageLayout(2), MHA)
     cache = RegisteredCache("flash_attn", 2, 3, 4, 2, 8, "bfloat16")
     made = plan_descriptors(plan, plan.edge(0, 0), cache, [1, 2], cache, [0, 1], range(6))
-    rank = SimpleNamespace(
-        peers={0: b"verified"},
+    rank = SimpleNamespace(  # the path's read-only view of its rank
         strangers=Counter(),
         stats=Counter(),
         config=SimpleNamespace(checksum=False),
-        skipped={0: {}},
         who=SimpleNamespace(rank=0),
     )
-    agent = PullAgent(rank)  # type: ignore[arg-type]
+    outbound = SimpleNamespace(  # the sender's port: one verified receiver, nothing skipped
+        receiver_of=lambda peer: 0 if peer == b"verified" else None,
+        is_skipped=lambda dst, key: False,
+    )
+    ports = SimpleNamespace(view=rank, out=outbound, inbound=None)
+    agent = PullAgent(ports)  # type: ignore[arg-type]
     agent.names = list(cache.regions())
     agent.keys_of = {"req_0_0_0_0": ("req", 0, 0), "req_0_0_0_1": ("req", 0, 1)}
     agent._plan = lambda *a, **k: made  # type: ignore[method-assign]

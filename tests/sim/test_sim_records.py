@@ -17,12 +17,12 @@ from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout
+from sim.books.report import SimReport
 from sim.cli import main as sim_main
-from sim.cluster import run_simulation, validate
-from sim.config import SimConfig
-from sim.faults import parse_faults
-from sim.report import SimReport
-from sim.workload import Workload
+from sim.harness.cluster import run_simulation, validate
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
+from sim.run.workload import Workload
 from tests.strategies import shortest_request
 
 PTH = ModelShape(2, 4, 8, dtype="float8_e4m3fn")

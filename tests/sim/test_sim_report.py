@@ -3,6 +3,7 @@ labelled as the simulator's, in units that read; a wall time that is the command
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -14,13 +15,14 @@ import pytest
 
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout
-from sim.clock import process_age, process_start
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.faults import parse_faults
-from sim.progress import ProgressBar
-from sim.report import SimReport, human_rate
-from sim.workload import Workload
+from sim.books.accounting import FaultBook, Ledger
+from sim.books.report import SimReport, human_rate
+from sim.harness.clock import process_age, process_start
+from sim.harness.cluster import run_simulation
+from sim.harness.progress import ProgressBar
+from sim.run.config import SimConfig
+from sim.run.faults import parse_faults
+from sim.run.workload import Workload
 from tests.paths import ROOT
 from tests.sim.runs import MHA
 
@@ -94,6 +96,33 @@ def test_a_failed_run_claims_only_the_requests_it_verified() -> None:
     off = sum(report.edge_bytes.get(k, 0) != n for k, n in report.planned_bytes.items())
     assert off and report.edges_off_plan() == off
     assert f"; {off} differ (marked below)" in report.render()
+
+
+def test_a_library_error_is_its_own_verdict_never_a_fault() -> None:
+    """A transfer a library failed is booked by the rank that posted it under the
+    library's name with its words, summed over ranks apart from the faults
+    [sim.books.accounting], and fails the run on a line of its own (issue 46)."""
+    ledger = Ledger()
+    for rank in ("sender-0", "sender-1"):
+        book = FaultBook()
+        book.error("Mooncake", f"{rank} k: the Mooncake batch WRITE returned -1")
+        ledger.add(rank, book.to_dict())
+    assert ledger.errors == {
+        "Mooncake": [
+            f"{r} k: the Mooncake batch WRITE returned -1" for r in ("sender-0", "sender-1")
+        ]
+    }
+    assert ledger.counts() == {} and ledger.unbalanced(("drop",)) == {}
+    clean = _run(4, 2)
+    assert clean.ok and clean.library_errors == {}, clean.render()
+    report = dataclasses.replace(clean, library_errors=dict(ledger.errors))
+    assert not report.ok
+    text = report.render()
+    assert "library:    Mooncake failed 2 transfer(s)" in text, text
+    assert "sender-1 k: the Mooncake batch WRITE returned -1" in text
+    assert "— FAILED" in _line(text, "requests:")
+    assert not any(line.startswith("faults:") for line in text.splitlines()), text
+    assert report.to_dict()["library_errors"] == dict(ledger.errors)
 
 
 def test_rates_read_in_the_unit_that_fits() -> None:

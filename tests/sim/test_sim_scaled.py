@@ -8,8 +8,8 @@ import pytest
 
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from sim.cluster import run_simulation, validate
-from sim.config import SimConfig
+from sim.harness.cluster import run_simulation, validate
+from sim.run.config import SimConfig
 
 NVFP4 = ModelShape(2, 4, 64, dtype="bfloat16")
 MXFP8 = ModelShape(2, 2, 128, dtype="float8_e4m3fn")

@@ -1,5 +1,5 @@
 """``--transfer write``: senders write each edge's byte runs straight from their cache into
-the receivers' caches [sim.write, sim.byteruns, DESC-1..3] — every element verified over
+the receivers' caches [sim.paths.write, sim.paths.byteruns, DESC-1..3] — every element verified over
 the domain, long runs sent as views of cache memory, short runs packed once, faults
 booked, and the framing's own rules."""
 
@@ -21,10 +21,10 @@ from kvspec.memory.descriptors import (
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout
-from sim import byteruns
-from sim.cluster import run_simulation
-from sim.config import SimConfig
-from sim.report import SimReport
+from sim.books.report import SimReport
+from sim.harness.cluster import run_simulation
+from sim.paths import byteruns
+from sim.run.config import SimConfig
 from tests.sim import runs
 from tests.sim.runs import MHA, domain_runs, small_run
 
@@ -115,7 +115,7 @@ def test_write_refuses_what_it_cannot_do(overrides, message) -> None:
         make((StageLayout(2), StageLayout(2)), MHA, **overrides)
 
 
-# -- the framing [sim.byteruns] -------------------------------------------------------------
+# -- the framing [sim.paths.byteruns] -------------------------------------------------------------
 
 
 def _caches(

@@ -1,4 +1,4 @@
-"""The staging ring [sim.staging]: slots reused in order, wrapping around, never while in
+"""The staging ring [sim.cache.staging]: slots reused in order, wrapping around, never while in
 flight; back-pressure when every slot is; growth; pinning only where CUDA is."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sim.staging import RingBusy, StagingRing, pinning_available
+from sim.cache.staging import RingBusy, StagingRing, pinning_available
 
 
 class Fence:

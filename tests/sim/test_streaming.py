@@ -26,8 +26,8 @@ from kvspec.transport.streaming import (
     stream_position,
 )
 from sim.cli import main as sim_main
-from sim.cluster import run_simulation
-from sim.config import SimConfig
+from sim.harness.cluster import run_simulation
+from sim.run.config import SimConfig
 
 
 @given(st.integers(1, 200).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n))))

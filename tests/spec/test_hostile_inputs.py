@@ -35,7 +35,7 @@ from kvspec.topology.stage import StageLayout
 from kvspec.transport.chunks import reassemble
 from kvspec.transport.payload import Chunk, Payload, payload_from_shipment
 from kvspec.transport.wire import WireError, decode, encode
-from sim import messages
+from sim.net import messages
 
 SEED = int(os.environ.get("KVSPEC_FUZZ_SEED", "0"))
 SECONDS = 1.0

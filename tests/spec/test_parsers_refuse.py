@@ -1,7 +1,7 @@
 """Every parser refuses with its documented error, for any JSON value (issue 30).
 
 Each ``from_dict`` of the spec raises :class:`~kvspec.errors.FormError` and each message
-reader of the sim raises :class:`~sim.messages.MessageError` (both
+reader of the sim raises :class:`~sim.net.messages.MessageError` (both
 :class:`~kvspec.errors.InputError`) on anything it does not accept: never a ``KeyError``,
 ``TypeError`` or ``AttributeError`` from inside. The values that once escaped are pinned
 below; Hypothesis draws the rest from JSON shaped like the forms (their keys, their kinds
@@ -30,9 +30,9 @@ from kvspec.topology.stage import StageLayout
 from kvspec.transport.payload import CACHE_FIELDS, Chunk, Payload
 from kvspec.transport.payload.form import _META_KEYS, _META_OPTIONAL, _TOP_KEYS
 from kvspec.transport.wire import WireError
-from sim import group_messages, messages
-from sim.config import SimConfig
-from sim.messages import MessageError
+from sim.net import group_messages, messages
+from sim.net.messages import MessageError
+from sim.run.config import SimConfig
 
 FORMS: dict[str, Callable[[Any], object]] = {
     "StageLayout": StageLayout.from_dict,
@@ -70,7 +70,7 @@ MESSAGE_KEYS = [
     "t",
     "crc",
 ]
-"""The sim's message fields (JSON written by sim.messages and sim.group_messages)."""
+"""The sim's message fields (JSON written by sim.net.messages and sim.net.group_messages)."""
 KEYS = sorted(
     {f.name for cls in (*FORM_CLASSES, *KINDS.values()) for f in dataclasses.fields(cls)}
     | _TOP_KEYS

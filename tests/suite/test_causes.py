@@ -124,12 +124,16 @@ def test_same_counterexample_is_one_cause_under_the_most_basic_obligation():
     content = failed(
         "DTYPE-2/special-values", case, "NaN lost [DTYPE-2.1]", "corrupts", "DTYPE-2.1"
     )
-    routing = failed("RESHARD-2/round-trip", case, "wrong [RESHARD-2.1]", "corrupts", "RESHARD-2.1")
+    # a fact of the shipments stratum (RESHARD-1.1: a shard's layers and heads), not the
+    # round trip RESHARD-2.1, an observation read after every fact (issue 43)
+    routing = failed(
+        "RESHARD-1/shard-shape", case, "wrong [RESHARD-1.1]", "corrupts", "RESHARD-1.1"
+    )
     [cause] = causes.group([content, routing])
     assert cause.headline is routing  # shipments before payload content
     assert cause.consequences == (content,)
     assert cause.tier == "corrupts"
-    assert cause.key.startswith("RESHARD-2.1 on ")
+    assert cause.key.startswith("RESHARD-1.1 on ")
 
 
 def test_same_transfer_case_with_other_request_data_is_one_cause():
@@ -225,11 +229,11 @@ def test_causes_come_most_severe_first_then_most_basic():
 def test_a_cause_takes_its_most_severe_tier_and_its_most_reachable_failure():
     case = {"case": TP4_TP2, "seed": 0}
     head = failed(
-        "PLAN-5/edge-bytes",
+        "PLAN-2/exact-cover",  # a routing fact (PLAN-5's edge bytes are an observation)
         case,
-        "bytes [PLAN-5.1]",
+        "every replica sends [PLAN-2.2]",
         "differs",
-        "PLAN-5.1",
+        "PLAN-2.2",
         reachable_in_serving="no",
     )
     worse = failed(

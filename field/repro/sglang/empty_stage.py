@@ -1,12 +1,14 @@
 """SGLang 0.5.23: a PP stage with no layers is accepted, and its KV transfer divides by zero.
 
 `get_pp_indices` (sglang/srt/distributed/utils.py) accepts SGLANG_PP_LAYER_PARTITION=0,1,3
-for 4 layers on PP3 (it checks the length and the sum only; with the default rule the
-same happens whenever PP exceeds the layer count), so prefill stage 0 holds no layers.
+for 4 layers on PP3 (it checks the length and the sum only), so prefill stage 0 holds no
+layers. Only a hand-set partition gets here: with the default rule a stage is empty only
+when PP exceeds the layer count, and `make_layers` (sglang/srt/utils/common.py) refuses
+that at start-up (`num_hidden_layers >= pp_size`).
 Its KV transfer then calls `get_mha_kv_ptrs_with_pp` (common/conn.py) with no buffers,
 which evaluates `dst_num_total_layers % num_kv_layers` with `num_kv_layers == 0`: a
-ZeroDivisionError at transfer time instead of a refusal at startup. kvspec: LAYER-1,
-LAYER-2.
+ZeroDivisionError at transfer time instead of a refusal at startup: loud, no wrong KV
+(field/defects.json: a hardening note, not a defect of serving). kvspec: LAYER-2.
 
 Run with sglang==0.5.23 importable; exits 1 while the defect is there.
 """

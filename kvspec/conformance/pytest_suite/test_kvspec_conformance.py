@@ -11,4 +11,4 @@ from kvspec.conformance.plugin import run_item
 
 
 def test_check(kvspec_check: Check, request: pytest.FixtureRequest) -> None:
-    run_item(request.config, kvspec_check)
+    run_item(request.config, kvspec_check, request.node)

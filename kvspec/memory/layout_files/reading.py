@@ -12,9 +12,6 @@ names the file, the field and why.
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +50,7 @@ from kvspec.memory.layout_model import (
     StateCacheLayout,
 )
 from kvspec.tensors.dtype_names import DTYPE_NAMES
+from kvspec.untrusted_input import InputRefused, loads, read_regular_file
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _NAME_MAX = 64
@@ -73,50 +71,6 @@ class _Duplicate(Exception):
         self.key = key
 
 
-def _reject_constant(value: str) -> Any:
-    raise ValueError(f"{value} is not a JSON number")
-
-
-_MAX_DIGITS = 32
-"""A JSON integer of more digits is refused before it is converted (thousands of digits
-cost time to convert and name no layout); a shorter one out of range is refused by its
-field, naming it (:data:`MAX_NUMBER`)."""
-
-
-def _bounded_int(text: str) -> int:
-    digits = text.lstrip("-")
-    if len(digits) > _MAX_DIGITS:
-        raise ValueError(
-            f"the number {text[:12]}... has {len(digits)} digits; a layout file's numbers are "
-            f"at most {MAX_NUMBER}"
-        )
-    return int(text)
-
-
-def _too_deep(text: str) -> bool:
-    """Whether ``text`` nests arrays and objects past :data:`MAX_DEPTH` (outside strings):
-    found by one scan before the parser, which recurses, ever sees it."""
-    depth = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
 def read_layout_file(
     path: str | Path, *, known: Mapping[str, CacheLayout] | None = None
 ) -> CacheLayout | StateCacheLayout:
@@ -125,33 +79,10 @@ def read_layout_file(
     may name, and whose names a file may not reuse for another layout."""
     where = Where(str(path))
     try:
-        # O_NONBLOCK: a FIFO (or a device) named as a layout file must not block the
-        # open; it is then refused as not a regular file, unread.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise where.error(None, f"is {_file_kind(mode)}, not a regular file")
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                raw = handle.read(MAX_FILE_BYTES + 1)
-        finally:
-            os.close(fd)
-    except OSError as error:
-        raise where.error(None, f"cannot be read: {error.strerror or error}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise where.error(None, f"is over {MAX_FILE_BYTES} bytes; a layout file is a few hundred")
+        raw = read_regular_file(path, MAX_FILE_BYTES)
+    except InputRefused as refusal:
+        raise where.error(None, str(refusal)) from None
     return layout_from_json(raw, str(path), known=known)
-
-
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 def layout_from_json(
@@ -160,24 +91,11 @@ def layout_from_json(
     """The layout a layout file's text holds (``where`` names it in refusals)."""
     at = Where(where)
     try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    except UnicodeDecodeError:
-        raise at.error(None, "is not UTF-8 text") from None
-    if _too_deep(text):
-        raise at.error(
-            None, f"nests arrays or objects more than {MAX_DEPTH} deep; a layout file nests 4"
-        )
-    try:
-        data = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_reject_constant,
-            parse_int=_bounded_int,
-        )
+        data = loads(raw, max_depth=MAX_DEPTH, object_pairs_hook=_no_duplicates)
     except _Duplicate as dup:
         raise at.error(dup.key, "is given twice: which one is meant is ambiguous") from None
-    except ValueError as error:
-        raise at.error(None, f"is not JSON: {error}") from None
+    except InputRefused as refusal:
+        raise at.error(None, str(refusal)) from None
     return layout_from_data(data, where, known=known)
 
 
@@ -336,7 +254,7 @@ def _width(value: object, field: str, at: Where) -> int | str:
         n = value.removeprefix(WIDTH_PREFIX)
         # ASCII digits only: str.isdigit() takes Unicode digits ('٣') the schema refuses
         ascii_digits = n.isascii() and n.isdigit()
-        whole = ascii_digits and not n.startswith("0") and len(n) <= _MAX_DIGITS
+        whole = ascii_digits and not n.startswith("0") and len(n) <= len(str(MAX_NUMBER))
         if value.startswith(WIDTH_PREFIX) and whole and int(n) <= MAX_NUMBER:
             return value
         raise at.error(
