@@ -200,6 +200,12 @@ def sides(config: TransferConfig) -> list[StageConfig]:
     return [config["source"], config["target"]]
 
 
+def models(config: TransferConfig) -> list[ModelFacts]:
+    """The model facts ``config`` names: the sender's, then the receiver's where it names
+    its own (``target_model``)."""
+    return [m for m in (config.get("model"), config.get("target_model")) if m is not None]
+
+
 def attention_tp(side: StageConfig) -> int:
     """The attention-TP size of a stage given as plain data, ``tp // (dp * cp)``; its
     ``tp`` where the groups do not divide it or a size is not a positive integer (a probe

@@ -1,25 +1,24 @@
-"""Mutants of validating model facts and their agreement [MODEL-1..3, DTYPE-1].
+"""Mutants of validating model facts and their agreement [MODEL-1..3], and of moving an MLA
+latent [MODEL-2].
 
 Each validates like the reference but normalises or skips one fact, the way a config
-loader written for the model in front of it does.
+loader written for the model in front of it does; the last assembles a latent as K and V.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any
+
+import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.conformance.transfer_config import TransferConfig
+from kvspec.conformance.transfer_config import TransferConfig, models
 from kvspec.tensors.dtypes import DTYPES
+from kvspec.tensors.kv import RequestKV
 
 Config = TransferConfig
-
-
-def _models(config: Config) -> list[dict[str, Any]]:
-    return [m for m in (config.get("model"), config.get("target_model")) if m is not None]
 
 
 def _without_fact(config: Config, fact: str) -> Config:
@@ -36,7 +35,7 @@ class SizesCoercedWithInt(ReferenceAdapter):
 
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for model in _models(given):
+        for model in models(given):
             for fact in ("num_layers", "num_kv_heads", "head_dim"):
                 with contextlib.suppress(TypeError, ValueError):
                     model[fact] = int(model[fact])
@@ -49,7 +48,7 @@ class ZeroHeadDimAccepted(ReferenceAdapter):
 
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for model in _models(given):
+        for model in models(given):
             if isinstance(model["head_dim"], int) and model["head_dim"] < 1:
                 model["head_dim"] = 1
         super().validate_model(given)
@@ -61,7 +60,7 @@ class UnknownAttentionReadAsMha(ReferenceAdapter):
 
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for model in _models(given):
+        for model in models(given):
             if model.get("attention", "mha") != "mla":
                 model["attention"] = "mha"
         super().validate_model(given)
@@ -73,7 +72,7 @@ class ScaleFormatIgnored(ReferenceAdapter):
 
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for model in _models(given):
+        for model in models(given):
             model["scale_format"] = None
         super().validate_model(given)
 
@@ -84,7 +83,7 @@ class MlaHeadCountIgnored(ReferenceAdapter):
 
     def validate_model(self, config: Config) -> None:
         given = copy.deepcopy(config)
-        for model in _models(given):
+        for model in models(given):
             if model.get("attention") == "mla":
                 model["num_kv_heads"] = 1
         super().validate_model(given)
@@ -140,51 +139,13 @@ class DtypeComparedByItemsize(ReferenceAdapter):
         super().validate_agreement(given)
 
 
-@mutant("DTYPE-1.1")
-class Fp8VariantsAccepted(ReferenceAdapter):
-    """Accepts any name starting with 'float8' (float8_e4m3fnuz included) as e4m3fn."""
+@mutant("MODEL-2.1")
+class MlaLatentDuplicatedAsV(ReferenceAdapter):
+    """Assembles every cache as K and V: an MLA latent comes out twice, as K and as V."""
 
-    def validate_model(self, config: Config) -> None:
-        given = copy.deepcopy(config)
-        for model in _models(given):
-            if str(model["dtype"]).startswith("float8") and model["dtype"] not in DTYPES:
-                model["dtype"] = "float8_e4m3fn"
-                model["scale_format"] = "per_layer"
-        super().validate_model(given)
-
-
-_ALIASES = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "fp8": "float8_e4m3fn"}
-
-
-@mutant("DTYPE-1.1")
-class DtypeAliasesAccepted(ReferenceAdapter):
-    """Accepts framework aliases of dtype names ('bf16', 'half', 'fp8')."""
-
-    def validate_model(self, config: Config) -> None:
-        given = copy.deepcopy(config)
-        for model in _models(given):
-            if model["dtype"] in _ALIASES:
-                model["dtype"] = _ALIASES[model["dtype"]]
-                model["scale_format"] = None
-        super().validate_model(given)
-
-
-@mutant("DTYPE-1.2")
-class OnlyE4m3Fp8(ReferenceAdapter):
-    """Knows one fp8 format: refuses float8_e5m2 caches."""
-
-    def validate_model(self, config: Config) -> None:
-        if any(m.get("dtype") == "float8_e5m2" for m in _models(config)):
-            raise ValueError("unsupported dtype float8_e5m2")
-        super().validate_model(config)
-
-
-@mutant("PLAN-1.2")
-class ComparesModelsByIdentity(ReferenceAdapter):
-    """The handshake compares the two model records as objects (``is``), not by their
-    facts: a receiver's identical but separately built record is refused [MODEL-3]."""
-
-    def validate_agreement(self, config: Config) -> None:
-        if "target_model" in config and config["target_model"] is not config["model"]:
-            raise ValueError("the receiver's model is not the sender's")
-        super().validate_agreement(config)
+    def receiver_combine(self, case, dst, shipments):
+        out = super().receiver_combine(case, dst, shipments)
+        if out.data.shape[1] == 1:
+            scales = None if out.scales is None else torch.cat([out.scales, out.scales], dim=1)
+            return RequestKV(torch.cat([out.data, out.data], dim=1), scales)
+        return out

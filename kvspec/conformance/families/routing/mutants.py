@@ -1,4 +1,5 @@
-"""Mutants of routing: who sends to whom, and which replica [PLAN-2..4, HEAD-3]."""
+"""Mutants of routing: who sends to whom, and which replica [PLAN-2..4, HEAD-3], and what
+an edge moves [PLAN-5, PLAN-6]."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
+
+import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
@@ -334,3 +337,35 @@ class WholeTokenShardOnEveryEdge(ReferenceAdapter):
                 kv = kv.head_slice(start, start + len(edge.heads))
             out[dst] = kv
         return out
+
+
+@mutant("PLAN-5.1")
+class PadsToWholeBlocks(ReferenceAdapter):
+    """Sends whole blocks of 4 tokens: the last block's unused slots travel too (zeros)."""
+
+    def sender_transform(self, case, src, shard, slicing):
+        out = super().sender_transform(case, src, shard, slicing)
+        padded = {}
+        for dst, kv in out.items():
+            extra = -kv.seq_len % 4
+            pad = kv.data.new_zeros((*kv.data.shape[:2], extra, *kv.data.shape[3:]))
+            padded[dst] = RequestKV(torch.cat([kv.data, pad], dim=2), kv.scales)
+        return padded
+
+    def receiver_combine(self, case, dst, shipments):
+        seq = min(s.kv.seq_len for s in shipments)
+        longest = max(s.kv.seq_len for s in shipments)
+        if seq != longest:
+            trimmed = [
+                replace(s, kv=RequestKV(s.kv.data[:, :, :seq], s.kv.scales)) for s in shipments
+            ]
+            return super().receiver_combine(case, dst, trimmed)
+        return super().receiver_combine(case, dst, shipments)
+
+
+@mutant("PLAN-5.2")
+class ReceiverModeSendsTheSlice(ReferenceAdapter):
+    """Under receiver-side slicing, still sends only the edge's slice (marked unapplied)."""
+
+    def sender_transform(self, case, src, shard, slicing):
+        return super().sender_transform(case, src, shard, "sender")

@@ -159,3 +159,14 @@ class DpRankWrapped(ReferenceAdapter):
             if isinstance(given.get(dp_rank), int) and isinstance(dp, int) and dp > 0:
                 given[dp_rank] %= dp
         super().validate_topology(given)
+
+
+@mutant("PLAN-1.2")
+class ComparesModelsByIdentity(ReferenceAdapter):
+    """The handshake compares the two model records as objects (``is``), not by their
+    facts: a receiver's identical but separately built record is refused [MODEL-3]."""
+
+    def validate_agreement(self, config: Config) -> None:
+        if "target_model" in config and config["target_model"] is not config["model"]:
+            raise ValueError("the receiver's model is not the sender's")
+        super().validate_agreement(config)

@@ -16,13 +16,10 @@ from __future__ import annotations
 import random
 
 import torch
-from hypothesis import strategies as st
 
-from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect, fail
 from kvspec.conformance.draws import (
-    ROUTING_PINS,
     TENSOR_PINS,
     TENSOR_WEIGHT,
     Setup,
@@ -101,32 +98,6 @@ def sender_content(ctx: Context, example: Example) -> None:
                     f"{setup.case.describe()}, {slicing}-side slicing: edge {src}->{dst} should "
                     f"carry layers {edge.layers.start}..{edge.layers.stop - 1} and {heads}"
                     f"{tokens} [{obligation}]: {problem}"
-                )
-
-
-@check(
-    "PLAN-5",
-    "edge-bytes",
-    "an edge moves heads x layers x seq x head_dim x itemsize x (2 or 1) bytes",
-    needs=("sender",),
-    strategy=tensor_examples,
-    examples=TENSOR_PINS,
-    weight=TENSOR_WEIGHT,
-    covers=("PLAN-5.1", "PLAN-5.2"),
-)
-def edge_bytes(ctx: Context, example: Example) -> None:
-    setup = Setup(ctx, example)
-    for slicing in ctx.adapter.slicing_modes:
-        for src in setup.case.source.ranks():
-            for dst, kv in setup.sender_output(src, slicing).items():
-                edge = setup.edge(src, dst)
-                want = edge.nbytes(setup.seq_len, slicing=slicing)
-                got = kv.data.numel() * kv.data.element_size()
-                expect(
-                    got == want,
-                    f"{setup.case.describe()}, seq_len {setup.seq_len}, {slicing}-side slicing: "
-                    f"edge {src}->{dst} moves {got} bytes of KV; the spec says {want} "
-                    f"[PLAN-5.{1 if slicing == 'sender' else 2}]",
                 )
 
 
@@ -302,59 +273,3 @@ def scales_travel(ctx: Context, example: Example) -> None:
                 f"its data and the scales of its {want.data.shape[0]} layer(s) bit for bit "
                 f"[{obligation}]: {problem}"
             )
-
-
-@check(
-    "MODEL-2",
-    "mla-latent",
-    "an MLA latent (no V, no head axis) moves intact",
-    needs=("sender", "receiver"),
-    strategy=lambda adapter: tensor_examples(adapter, attention=("mla",)),
-    examples=tensor_pins(*(c for c in ROUTING_PINS if c["model"]["attention"] == "mla")),
-    weight=TENSOR_WEIGHT,
-    missing=lambda a: None if "mla" in a.domain.attention else "the adapter's domain has no MLA",
-    covers=("MODEL-2.1",),
-)
-def mla_latent(ctx: Context, example: Example) -> None:
-    Setup(ctx, example).expect_end_to_end("MODEL-2.1", "the latent must arrive intact")
-
-
-@st.composite
-def _two_lengths(draw: st.DrawFn, adapter: Adapter) -> Example:
-    """A case with token shards and a second request length for the same layouts [PLAN-6]."""
-    example = draw(
-        tensor_examples(adapter).filter(lambda e: TransferCase.from_dict(e["case"]).sharded)
-    )
-    return {**example, "other": draw(st.integers(1, 9)) + example["case"]["seq_len"]}
-
-
-@check(
-    "PLAN-6",
-    "request-length",
-    "the same layouts move requests of two lengths, each by the plan of its length",
-    needs=("sender", "receiver"),
-    strategy=_two_lengths,
-    examples=(
-        {
-            "case": TransferCase(
-                StageLayout(4, cp=2, cp_rule="interleave:2"),
-                StageLayout(2),
-                ModelShape(2, 2, 2),
-                seq_len=5,
-            ).to_dict(),
-            "seq_len": 5,
-            "seed": 0,
-            "other": 11,
-        },
-    ),
-    weight=TENSOR_WEIGHT,
-    missing=lambda a: None if a.domain.token_shards else "the adapter's domain has no CP",
-    covers=("PLAN-6.3",),
-)
-def request_length(ctx: Context, example: Example) -> None:
-    first = example["case"]["seq_len"]
-    for n in (first, example["other"], first):
-        setup = Setup(ctx, {**example, "case": {**example["case"], "seq_len": n}})
-        setup.expect_end_to_end(
-            "PLAN-6.3", f"a request of {n} tokens after one of another length (same layouts)"
-        )

@@ -1,5 +1,5 @@
-"""Mutants of what travels on an edge and how a receiver assembles it [PLAN-5, SLICE-1,
-SLICE-2, RESHARD-1, RESHARD-2, DTYPE-2, DTYPE-3, MODEL-2]."""
+"""Mutants of what travels on an edge and how a receiver assembles it [SLICE-1, SLICE-2,
+SLICE-4, RESHARD-1, RESHARD-2, DTYPE-2, DTYPE-3]."""
 
 from __future__ import annotations
 
@@ -43,38 +43,6 @@ def _assemble(
         if scales is not None and s.kv.scales is not None:
             scales[lay : lay + kv.shape[0]] = s.kv.scales
     return RequestKV(data, scales)
-
-
-@mutant("PLAN-5.1")
-class PadsToWholeBlocks(ReferenceAdapter):
-    """Sends whole blocks of 4 tokens: the last block's unused slots travel too (zeros)."""
-
-    def sender_transform(self, case, src, shard, slicing):
-        out = super().sender_transform(case, src, shard, slicing)
-        padded = {}
-        for dst, kv in out.items():
-            extra = -kv.seq_len % 4
-            pad = kv.data.new_zeros((*kv.data.shape[:2], extra, *kv.data.shape[3:]))
-            padded[dst] = RequestKV(torch.cat([kv.data, pad], dim=2), kv.scales)
-        return padded
-
-    def receiver_combine(self, case, dst, shipments):
-        seq = min(s.kv.seq_len for s in shipments)
-        longest = max(s.kv.seq_len for s in shipments)
-        if seq != longest:
-            trimmed = [
-                replace(s, kv=RequestKV(s.kv.data[:, :, :seq], s.kv.scales)) for s in shipments
-            ]
-            return super().receiver_combine(case, dst, trimmed)
-        return super().receiver_combine(case, dst, shipments)
-
-
-@mutant("PLAN-5.2")
-class ReceiverModeSendsTheSlice(ReferenceAdapter):
-    """Under receiver-side slicing, still sends only the edge's slice (marked unapplied)."""
-
-    def sender_transform(self, case, src, shard, slicing):
-        return super().sender_transform(case, src, shard, "sender")
 
 
 @mutant("SLICE-1.1")
@@ -272,18 +240,6 @@ class DropsFp8Scales(ReferenceAdapter):
                 )
             fixed.append(replace(s, kv=RequestKV(s.kv.data, scales)))
         return super().receiver_combine(case, dst, fixed)
-
-
-@mutant("MODEL-2.1")
-class MlaLatentDuplicatedAsV(ReferenceAdapter):
-    """Assembles every cache as K and V: an MLA latent comes out twice, as K and as V."""
-
-    def receiver_combine(self, case, dst, shipments):
-        out = super().receiver_combine(case, dst, shipments)
-        if out.data.shape[1] == 1:
-            scales = None if out.scales is None else torch.cat([out.scales, out.scales], dim=1)
-            return RequestKV(torch.cat([out.data, out.data], dim=1), scales)
-        return out
 
 
 @mutant("SLICE-1.3")
