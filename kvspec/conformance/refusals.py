@@ -2,7 +2,9 @@
 adapter's domain (:func:`valid_configs`), changed one fact at a time to step just
 outside the spec's domain (a :data:`Variant`: off by one, negative, of another type or
 kind), handed to one of the adapter's ``validate_*`` methods (:func:`refusal_check`),
-pinned with the family's own ``transfer`` error cases (:func:`pinned`).
+pinned with the family's own ``transfer`` error cases (:func:`pinned`); and a valid
+message changed one thing at a time (a :data:`Probe`), each handed to the adapter's
+``decode`` (:func:`refuse_all`) [WIRE, PAYLOAD-1].
 
 What counts as a refusal is judged by
 :func:`~kvspec.conformance.checks.expectations.expect_refused`: an exception of the
@@ -21,10 +23,11 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import VALIDATORS, Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import changed_values, expect_refused
-from kvspec.conformance.draws import case_examples
+from kvspec.conformance.draws import Setup, case_examples
 from kvspec.conformance.transfer_config import handed
 from kvspec.error_cases import ErrorCase
 from kvspec.topology.model import ModelShape
+from kvspec.transport.payload import Payload
 
 
 def mha_model(
@@ -122,3 +125,17 @@ def pinned(cases: Iterable[ErrorCase], clause: str) -> tuple[Example, ...]:
     """The configurations of the ``transfer`` error cases of ``clause``: a refusal
     check's pinned examples."""
     return tuple(c.args for c in cases if c.op == "transfer" and c.clause == clause)
+
+
+Probe = tuple[str, str, list[bytes]]
+"""A message one change away from a valid one: (obligation, what was changed, the frames)."""
+
+
+def refuse_all(ctx: Context, setup: Setup, probes: list[Probe]) -> None:
+    """Expect the adapter's ``decode`` to refuse every probe's frames [WIRE, PAYLOAD-1]."""
+    for obligation, what, frames in probes:
+
+        def decode(frames: list[bytes] = frames) -> Payload:
+            return ctx.adapter.decode(frames)
+
+        expect_refused(obligation, f"{setup.case.describe()}: a message with {what}", decode)

@@ -1,5 +1,4 @@
-"""Checks of the wire format: interoperation, refusals, zero copy and checksums [WIRE-1..7,
-PAYLOAD-1].
+"""Checks of the wire format: interoperation, refusals, zero copy and checksums [WIRE-1..7].
 
 Interoperation: what the implementation encodes, the spec decodes to the same payload,
 and the other way round. Refusals: a valid message of the spec with one thing changed —
@@ -15,47 +14,31 @@ import copy
 import ctypes
 import json
 import random
-from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import REFUSAL_TYPES, Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import crash_report, expect, expect_refused, fail
-from kvspec.conformance.draws import TENSOR_PINS, Setup, inbox, tensor_examples
+from kvspec.conformance.draws import TENSOR_PINS, Setup, tensor_examples
+from kvspec.conformance.draws.messages import (
+    edge_payloads,
+    header_of,
+    one_payload,
+    wire_frames,
+    with_header,
+)
+from kvspec.conformance.refusals import Probe, refuse_all
 from kvspec.conformance.tiers import BREAKS
-from kvspec.tensors.dtypes import DTYPES
 from kvspec.transport.payload import Payload, payload_equal
-from kvspec.transport.wire import DEFAULT_LIMITS, WireError, decode, encode
+from kvspec.transport.wire import DEFAULT_LIMITS, WireError, decode
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 WEIGHT = 0.5
-
-
-def _payloads(setup: Setup) -> list[tuple[int, int, Payload]]:
-    """``(source, target, payload)`` of every edge of the example's plan."""
-    return [(src, dst, payload) for dst in setup.receivers() for src, payload in inbox(setup, dst)]
-
-
-def _one_payload(setup: Setup) -> Payload:
-    rng = random.Random(setup.seed)
-    return rng.choice(_payloads(setup))[2]
-
-
-def _frames(payload: Payload, *, checksum: bool | str = False) -> list[bytes]:
-    return [bytes(f) for f in encode(payload, checksum=checksum)]
-
-
-def _header(frames: Sequence[bytes]) -> dict[str, Any]:
-    return json.loads(frames[0])
-
-
-def _with_header(frames: Sequence[bytes], header: object) -> list[bytes]:
-    return [json.dumps(header).encode(), *frames[1:]]
 
 
 def _decoded(ctx: Context, frames: list[bytes], what: str, obligation: str) -> Payload:
@@ -80,7 +63,7 @@ def _decoded(ctx: Context, frames: list[bytes], what: str, obligation: str) -> P
 )
 def interoperate(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    for src, dst, payload in _payloads(setup):
+    for src, dst, payload in edge_payloads(setup):
         where = f"{setup.case.describe()}: edge {src}->{dst}"
         try:
             ours = decode([bytes(f) for f in ctx.adapter.encode(payload)])
@@ -90,7 +73,7 @@ def interoperate(ctx: Context, example: Example) -> None:
             payload_equal(ours, payload),
             f"{where}: the implementation's frames decode to another payload [WIRE-1.1]",
         )
-        theirs = _decoded(ctx, _frames(payload), where, "WIRE-1.1")
+        theirs = _decoded(ctx, wire_frames(payload), where, "WIRE-1.1")
         expect(
             isinstance(theirs, Payload) and payload_equal(theirs, payload),
             f"{where}: the spec's frames decode to another payload in the implementation "
@@ -100,44 +83,32 @@ def interoperate(ctx: Context, example: Example) -> None:
 
 # -- one change to a valid message -----------------------------------------------------
 
-Probe = tuple[str, str, list[bytes]]
-"""(obligation, what was changed, the frames)."""
-
 
 def _other_headers(frames: list[bytes]) -> list[Probe]:
     """The message with another format, another version, a key missing or an unknown key,
     each alone [WIRE-1]."""
-    header = _header(frames)
+    header = header_of(frames)
     found: list[Probe] = []
     for value in ("kvspec.transport.payload.v2", "kvspec", "", None):
         found.append(
-            ("WIRE-1.2", f"format {value!r}", _with_header(frames, {**header, "format": value}))
+            ("WIRE-1.2", f"format {value!r}", with_header(frames, {**header, "format": value}))
         )
     for version in (2, 0, 1.0, "1", True, -1):
         found.append(
             (
                 "WIRE-1.2",
                 f"version {version!r}",
-                _with_header(frames, {**header, "version": version}),
+                with_header(frames, {**header, "version": version}),
             )
         )
     for key in sorted(header):
         missing = {k: v for k, v in header.items() if k != key}
-        found.append(("WIRE-1.3", f"no {key!r} key", _with_header(frames, missing)))
+        found.append(("WIRE-1.3", f"no {key!r} key", with_header(frames, missing)))
     for key in ("compression", "Format", "crc", "extra"):
         found.append(
-            ("WIRE-1.3", f"an unknown key {key!r}", _with_header(frames, {**header, key: 0}))
+            ("WIRE-1.3", f"an unknown key {key!r}", with_header(frames, {**header, key: 0}))
         )
     return found
-
-
-def _refuse_all(ctx: Context, setup: Setup, probes: list[Probe]) -> None:
-    for obligation, what, frames in probes:
-
-        def decode(frames: list[bytes] = frames) -> Payload:
-            return ctx.adapter.decode(frames)
-
-        expect_refused(obligation, f"{setup.case.describe()}: a message with {what}", decode)
 
 
 @check(
@@ -152,7 +123,7 @@ def _refuse_all(ctx: Context, setup: Setup, probes: list[Probe]) -> None:
 )
 def refuses_other_header(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    _refuse_all(ctx, setup, _other_headers(_frames(_one_payload(setup))))
+    refuse_all(ctx, setup, _other_headers(wire_frames(one_payload(setup))))
 
 
 @check(
@@ -167,25 +138,25 @@ def refuses_other_header(ctx: Context, example: Example) -> None:
 )
 def refuses_over_limits(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    frames = _frames(_one_payload(setup))
-    header = _header(frames)
+    frames = wire_frames(one_payload(setup))
+    header = header_of(frames)
     layers = DEFAULT_LIMITS.max_layers + 1 + setup.seed % 64
     many = copy.deepcopy(header)
     many["metadata"]["num_layers"] = layers
     long = {**header, "request_id": "r" * (DEFAULT_LIMITS.max_header_bytes + 1)}
-    _refuse_all(
+    refuse_all(
         ctx,
         setup,
         [
             (
                 "WIRE-2.1",
                 f"num_layers {layers} (max_layers {DEFAULT_LIMITS.max_layers})",
-                _with_header(frames, many),
+                with_header(frames, many),
             ),
             (
                 "WIRE-2.2",
                 f"a header of more than max_header_bytes {DEFAULT_LIMITS.max_header_bytes}",
-                _with_header(frames, long),
+                with_header(frames, long),
             ),
         ],
     )
@@ -198,7 +169,7 @@ def _mismatched_frames(frames: list[bytes], rng: random.Random) -> list[Probe]:
     """The message with one tensor entry or frame at odds with the other: a byte short or
     long, a dtype alias, a layer past num_layers, an entry twice, a frame missing or extra
     [WIRE-3]."""
-    header = _header(frames)
+    header = header_of(frames)
     i = rng.randrange(len(header["tensors"]))
     entry = header["tensors"][i]
     found: list[Probe] = [
@@ -216,13 +187,13 @@ def _mismatched_frames(frames: list[bytes], rng: random.Random) -> list[Probe]:
     for name in _DTYPE_ALIASES:
         aliased = copy.deepcopy(header)
         aliased["tensors"][i]["dtype"] = name
-        found.append(("WIRE-3.2", f"tensors[{i}].dtype {name!r}", _with_header(frames, aliased)))
+        found.append(("WIRE-3.2", f"tensors[{i}].dtype {name!r}", with_header(frames, aliased)))
     layers = header["metadata"]["num_layers"]
     for layer in (layers, layers + 1):
         past = copy.deepcopy(header)
         past["tensors"][i]["layer"] = layer
         found.append(
-            ("WIRE-3.3", f"tensors[{i}].layer {layer} of {layers}", _with_header(frames, past))
+            ("WIRE-3.3", f"tensors[{i}].layer {layer} of {layers}", with_header(frames, past))
         )
     twice = copy.deepcopy(header)
     twice["tensors"].append(dict(entry))
@@ -230,7 +201,7 @@ def _mismatched_frames(frames: list[bytes], rng: random.Random) -> list[Probe]:
         (
             "WIRE-3.3",
             f"tensors[{i}] listed twice (with its frame)",
-            [*_with_header(frames, twice), frames[i + 1]],
+            [*with_header(frames, twice), frames[i + 1]],
         )
     )
     found.append(("WIRE-3.4", "the last frame missing", frames[:-1]))
@@ -250,8 +221,8 @@ def _mismatched_frames(frames: list[bytes], rng: random.Random) -> list[Probe]:
 )
 def refuses_mismatched_frames(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    frames = _frames(_one_payload(setup))
-    _refuse_all(ctx, setup, _mismatched_frames(frames, random.Random(setup.seed)))
+    frames = wire_frames(one_payload(setup))
+    refuse_all(ctx, setup, _mismatched_frames(frames, random.Random(setup.seed)))
 
 
 @st.composite
@@ -271,7 +242,7 @@ def _fuzzed(draw: st.DrawFn, adapter: Adapter) -> Example:
 )
 def refuses_malformed(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example["base"])
-    messages = [_frames(p) for _, _, p in _payloads(setup)[:2]]
+    messages = [wire_frames(p) for _, _, p in edge_payloads(setup)[:2]]
     rng = random.Random(example["fuzz"])
     for _ in range(4):
         frames = _mutate(messages, rng)
@@ -360,7 +331,7 @@ def _damage(node: object, rng: random.Random) -> None:
 def _not_strict_json(frames: list[bytes]) -> list[Probe]:
     """The message with a header that is no JSON (pickle's opening bytes, a Python literal)
     or not strict JSON (a repeated key, NaN, Infinity, a float) [WIRE-4]."""
-    header = _header(frames)
+    header = header_of(frames)
     text = frames[0].decode()
     rest = frames[1:]
     found: list[Probe] = [
@@ -403,8 +374,8 @@ def _not_strict_json(frames: list[bytes]) -> list[Probe]:
 )
 def refuses_non_json(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    payload = replace(_one_payload(setup), request_id="req-1")
-    _refuse_all(ctx, setup, _not_strict_json(_frames(payload)))
+    payload = replace(one_payload(setup), request_id="req-1")
+    refuse_all(ctx, setup, _not_strict_json(wire_frames(payload)))
 
 
 def _address(buffer: Buffer) -> tuple[int, int]:
@@ -440,7 +411,7 @@ def _inside(address: int, length: int, regions: list[tuple[int, int]]) -> bool:
 )
 def zero_copy(ctx: Context, example: Example) -> None:
     setup = Setup(ctx, example)
-    payload = _contiguous(_one_payload(setup)).to("cpu")
+    payload = _contiguous(one_payload(setup)).to("cpu")
     tensors = [(t.data_ptr(), t.nbytes) for _, _, t in payload.tensors() if t.nbytes]
     frames = ctx.adapter.encode(payload)
     for i, frame in enumerate(list(frames)[1:], 1):
@@ -452,7 +423,7 @@ def zero_copy(ctx: Context, example: Example) -> None:
             f"{setup.case.describe()}: frame {i} of a payload of contiguous CPU tensors is a "
             "copy, not a view of the tensor's memory [WIRE-5.1]",
         )
-    received = [bytearray(f) for f in _frames(payload)]
+    received = [bytearray(f) for f in wire_frames(payload)]
     regions = [_address(f) for f in received[1:]]
     decoded = _decoded(ctx, list(received), setup.case.describe(), "WIRE-5.2")  # type: ignore[arg-type]  # bytearrays on purpose: the frames a view must point into
     for name, layer, tensor in decoded.tensors():
@@ -478,8 +449,8 @@ def zero_copy(ctx: Context, example: Example) -> None:
 def checksums(ctx: Context, example: tuple[Example, int]) -> None:
     base, where = example
     setup = Setup(ctx, base)
-    payload = _one_payload(setup)
-    frames = _frames(payload, checksum=True)
+    payload = one_payload(setup)
+    frames = wire_frames(payload, checksum=True)
     got = _decoded(ctx, frames, f"{setup.case.describe()}: a message with CRC-32s", "WIRE-6.1")
     expect(
         isinstance(got, Payload) and payload_equal(got, payload),
@@ -502,7 +473,7 @@ def _damaged(frames: list[bytes], rng: random.Random) -> tuple[list[bytes], str]
     frame drawn is empty."""
     damaged = list(frames)
     if rng.random() < 0.3 or len(frames) == 1:  # the header: an edit that stays valid JSON
-        header = _header(frames)
+        header = header_of(frames)
         header["block_ids"] = [*header["block_ids"], 7]
         damaged[0] = json.dumps(header).encode()
         return damaged, "a block id added to the header"
@@ -530,20 +501,20 @@ def _damaged(frames: list[bytes], rng: random.Random) -> tuple[list[bytes], str]
 def crc32c_checksums(ctx: Context, example: tuple[Example, int]) -> None:
     base, where = example
     setup = Setup(ctx, base)
-    payload = _one_payload(setup)
-    frames = _frames(payload, checksum="crc32c")
+    payload = one_payload(setup)
+    frames = wire_frames(payload, checksum="crc32c")
     what = f"{setup.case.describe()}: a message with CRC-32Cs"
     got = _decoded(ctx, frames, what, "WIRE-7.1")
     expect(
         isinstance(got, Payload) and payload_equal(got, payload),
         f"{what} decodes to another payload [WIRE-7.1]",
     )
-    both = _header(frames)
-    both["crc32"] = _header(_frames(payload, checksum="crc32"))["crc32"]  # right values too
+    both = header_of(frames)
+    both["crc32"] = header_of(wire_frames(payload, checksum="crc32"))["crc32"]  # right values too
     expect_refused(
         "WIRE-7.3",
         f"{setup.case.describe()}: a header with both crc32 and crc32c, each right",
-        lambda: ctx.adapter.decode(_with_header(frames, both)),
+        lambda: ctx.adapter.decode(with_header(frames, both)),
     )
     damage = _damaged(frames, random.Random(where))
     if damage is None:
@@ -554,86 +525,3 @@ def crc32c_checksums(ctx: Context, example: tuple[Example, int]) -> None:
         f"{setup.case.describe()}: a message with crc32c and {change}",
         lambda: ctx.adapter.decode(damaged),
     )
-
-
-def _invalid_payloads(frames: list[bytes], rng: random.Random) -> list[Probe]:
-    """The message describing a payload that breaks PAYLOAD-1 in one way each: an unknown
-    or missing key, a tensor at odds with the metadata, a missing fp8 scale, a value out
-    of range."""
-    header = _header(frames)
-    found: list[Probe] = []
-
-    def changed(
-        obligation: str, what: str, edit: Callable[[dict], None], kept: list[bytes] = frames
-    ) -> None:
-        copied = copy.deepcopy(header)
-        edit(copied)
-        found.append((obligation, what, _with_header(kept, copied)))
-
-    changed("PAYLOAD-1.1", "an unknown metadata key", lambda h: h["metadata"].update(compression=0))
-    for key in ("block_size", "seq_len", "tp_head_slice", "dtype"):
-
-        def drop(h: dict, key: str = key) -> None:
-            h["metadata"].pop(key)
-
-        changed("PAYLOAD-1.1", f"no metadata key {key!r}", drop)
-    changed(
-        "PAYLOAD-1.1",
-        "an unknown tp_head_slice key",
-        lambda h: h["metadata"]["tp_head_slice"].update(stride=1),
-    )
-    changed("PAYLOAD-1.1", "no chunk key 'final'", lambda h: h["metadata"]["chunk"].pop("final"))
-    dtype = header["metadata"]["dtype"]
-    same = [n for n, d in DTYPES.items() if n != dtype and d.itemsize == DTYPES[dtype].itemsize]
-    caches = [i for i, e in enumerate(header["tensors"]) if e["field"].endswith("_cache")]
-    if same:
-        i = rng.choice(caches)
-        entry = header["tensors"][i]
-
-        def retype(h: dict, i: int = i) -> None:
-            h["tensors"][i]["dtype"] = same[0]
-
-        changed(
-            "PAYLOAD-1.2",
-            f"{entry['field']}[{entry['layer']}] of dtype {same[0]} in a {dtype} payload",
-            retype,
-        )
-    changed(
-        "PAYLOAD-1.2",
-        "a seq_len one more than its tensors hold",
-        lambda h: h["metadata"].update(seq_len=h["metadata"]["seq_len"] + 1),
-    )
-    scales = [i for i, e in enumerate(header["tensors"]) if e["field"].endswith("_scale")]
-    if scales:
-        i = rng.choice(scales)
-        kept = [f for j, f in enumerate(frames) if j != i + 1]
-
-        def unlisted(h: dict, i: int = i) -> None:
-            h["tensors"].pop(i)
-
-        changed(
-            "PAYLOAD-1.3",
-            f"{header['tensors'][i]['field']} of layer {header['tensors'][i]['layer']} missing",
-            unlisted,
-            kept,
-        )
-    changed("PAYLOAD-1.4", "block_size 0", lambda h: h["metadata"].update(block_size=0))
-    changed("PAYLOAD-1.4", "a block id -1", lambda h: h["block_ids"].append(-1))
-    changed("PAYLOAD-1.4", "an empty request id", lambda h: h.update(request_id=""))
-    return found
-
-
-@check(
-    "PAYLOAD-1",
-    "refuses-invalid-payload",
-    "a message describing an invalid payload (keys, shapes, dtypes, scales, values) is refused",
-    needs=("wire",),
-    strategy=tensor_examples,
-    examples=TENSOR_PINS[:2],
-    weight=WEIGHT,
-    covers=("PAYLOAD-1.1", "PAYLOAD-1.2", "PAYLOAD-1.3", "PAYLOAD-1.4"),
-)
-def refuses_invalid_payload(ctx: Context, example: Example) -> None:
-    setup = Setup(ctx, example)
-    frames = _frames(_one_payload(setup))
-    _refuse_all(ctx, setup, _invalid_payloads(frames, random.Random(setup.seed)))

@@ -1,4 +1,4 @@
-"""Mutants of the wire codec [WIRE-1..7, PAYLOAD-1].
+"""Mutants of the wire codec [WIRE-1..7].
 
 Most are lenient decoders: they "repair" one kind of malformed message (normalise a
 version, drop an unknown key, fill a default, trust a length) and hand it to the
@@ -11,41 +11,16 @@ from __future__ import annotations
 import ast
 import json
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from kvspec.conformance.draws.messages import Header, parsed_header, rewritten
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.transport.payload import Payload
 from kvspec.transport.wire import WireLimits, decode, encode
-
-Header = dict[str, Any]
-
-
-def _header(frames: list) -> Header | None:
-    """The header frame parsed as plain JSON, or None where it is no JSON object."""
-    try:
-        header = json.loads(bytes(frames[0]))
-    except (ValueError, IndexError, TypeError):
-        return None
-    return header if isinstance(header, dict) else None
-
-
-def _rewritten(frames, edit: Callable[[Header, list], Header | None]) -> list:
-    """``frames`` with the header (parsed as plain JSON) passed through ``edit``; the frames
-    unchanged when the header is no JSON object or ``edit`` returns None."""
-    frames = list(frames)
-    header = _header(frames)
-    if header is None:
-        return frames
-    edited = edit(header, frames)
-    if edited is None:
-        return frames
-    frames[0] = json.dumps(edited).encode()
-    return frames
 
 
 def _crc_dropped(header: Header, frames: list) -> Header:
@@ -76,7 +51,7 @@ class AnyVersionAccepted(ReferenceAdapter):
         def edit(header: Header, frames: list) -> Header:
             return {**header, "version": 1} if "version" in header else header
 
-        return super().decode(_rewritten(frames, edit))
+        return super().decode(rewritten(frames, edit))
 
 
 @mutant("WIRE-1.2")
@@ -87,7 +62,7 @@ class FormatNotChecked(ReferenceAdapter):
         def edit(header: Header, frames: list) -> Header:
             return {**header, "format": "kvspec.payload"} if "format" in header else header
 
-        return super().decode(_rewritten(frames, edit))
+        return super().decode(rewritten(frames, edit))
 
 
 _HEADER_KEYS = (
@@ -110,7 +85,7 @@ class UnknownHeaderKeysIgnored(ReferenceAdapter):
         def edit(header: Header, frames: list) -> Header:
             return {k: v for k, v in header.items() if k in _HEADER_KEYS}
 
-        return super().decode(_rewritten(frames, edit))
+        return super().decode(rewritten(frames, edit))
 
 
 @mutant("WIRE-2.1")
@@ -170,7 +145,7 @@ class DtypeAliasesDecoded(ReferenceAdapter):
                     entry["dtype"] = _ALIASES[entry["dtype"]]
             return header
 
-        return super().decode(_rewritten(frames, edit))
+        return super().decode(rewritten(frames, edit))
 
 
 @mutant("WIRE-3.3")
@@ -260,7 +235,7 @@ class PlainJsonLoads(ReferenceAdapter):
                 return [integral(v) for v in value]
             return value
 
-        return super().decode(_rewritten(frames, lambda h, f: integral(h)))
+        return super().decode(rewritten(frames, lambda h, f: integral(h)))
 
 
 @mutant("WIRE-5.1")
@@ -290,7 +265,7 @@ class HeaderCrcOverSentBytes(ReferenceAdapter):
 
     def decode(self, frames):
         frames = list(frames)
-        header = _header(frames)
+        header = parsed_header(frames)
         if header is not None and isinstance(header.get("crc32"), dict):
             plain = {k: v for k, v in header.items() if k != "crc32"}
             if zlib.crc32(json.dumps(plain).encode()) != header["crc32"].get("header"):
@@ -303,7 +278,7 @@ class CrcIgnored(ReferenceAdapter):
     """Ignores the crc32 key: damaged messages decode."""
 
     def decode(self, frames):
-        return super().decode(_rewritten(frames, _crc_dropped))
+        return super().decode(rewritten(frames, _crc_dropped))
 
 
 @mutant("WIRE-6.2")
@@ -312,7 +287,7 @@ class HeaderCrcOnly(ReferenceAdapter):
 
     def decode(self, frames):
         frames = list(frames)
-        header = _header(frames)
+        header = parsed_header(frames)
         if header is None:
             return super().decode(frames)
         sums = header.get("crc32")
@@ -332,7 +307,7 @@ class Crc32cCheckedWithZlib(ReferenceAdapter):
 
     def decode(self, frames):
         frames = list(frames)
-        header = _header(frames)
+        header = parsed_header(frames)
         if header is None:
             return super().decode(frames)
         sums = header.get("crc32c")
@@ -351,7 +326,7 @@ class Crc32cIgnored(ReferenceAdapter):
 
     def decode(self, frames):
         return super().decode(
-            _rewritten(frames, lambda h, _: {k: v for k, v in h.items() if k != "crc32c"})
+            rewritten(frames, lambda h, _: {k: v for k, v in h.items() if k != "crc32c"})
         )
 
 
@@ -366,128 +341,4 @@ class FirstChecksumWins(ReferenceAdapter):
                 return {k: v for k, v in header.items() if k != "crc32c"}
             return None
 
-        return super().decode(_rewritten(frames, first))
-
-
-_META_KEYS = ("block_size", "num_layers", "dtype", "seq_len", "tp_head_slice", "chunk")
-_MARKER_KEYS = (
-    "target_rank",
-    "from_tp",
-    "to_tp",
-    "offset_in_shard",
-    "num_slices",
-    "applied",
-    "side",
-)
-
-
-@mutant("PAYLOAD-1.1")
-class LenientMetadata(ReferenceAdapter):
-    """Reads the metadata keys it knows with defaults (block_size 16, final True) and
-    ignores the others."""
-
-    def decode(self, frames):
-        def edit(header: Header, frames: list) -> Header:
-            meta = header.get("metadata")
-            if not isinstance(meta, dict):
-                return header
-            meta = {k: v for k, v in meta.items() if k in _META_KEYS}
-            meta.setdefault("block_size", 16)
-            if isinstance(meta.get("tp_head_slice"), dict):
-                meta["tp_head_slice"] = {
-                    k: v for k, v in meta["tp_head_slice"].items() if k in _MARKER_KEYS
-                }
-            if isinstance(meta.get("chunk"), dict):
-                meta["chunk"] = {"final": True, **meta["chunk"]}
-            return {**header, "metadata": meta}
-
-        return super().decode(_rewritten(frames, edit))
-
-
-@mutant("PAYLOAD-1.2")
-class TensorsReadAsMetadataDtype(ReferenceAdapter):
-    """Reads every tensor as the metadata's dtype when the element sizes match, whatever
-    its entry says."""
-
-    def decode(self, frames):
-        def edit(header: Header, frames: list) -> Header:
-            meta = header.get("metadata", {})
-            dtype = meta.get("dtype") if isinstance(meta, dict) else None
-            for entry in header.get("tensors", []):
-                if (
-                    isinstance(entry, dict)
-                    and entry.get("field", "").endswith("_cache")
-                    and entry.get("dtype") in DTYPES
-                    and dtype in DTYPES
-                    and DTYPES[entry["dtype"]].itemsize == DTYPES[dtype].itemsize
-                ):
-                    entry["dtype"] = dtype
-            return header
-
-        return super().decode(_rewritten(frames, edit))
-
-
-@mutant("PAYLOAD-1.2")
-class SeqLenFromTensors(ReferenceAdapter):
-    """Takes seq_len from the tensors' first dimension, never comparing the metadata's."""
-
-    def decode(self, frames):
-        def edit(header: Header, frames: list) -> Header:
-            caches = [
-                e for e in header.get("tensors", []) if isinstance(e, dict) and e.get("shape")
-            ]
-            meta = header.get("metadata")
-            if caches and isinstance(meta, dict) and "seq_len" in meta:
-                meta["seq_len"] = caches[0]["shape"][0]
-            return header
-
-        return super().decode(_rewritten(frames, edit))
-
-
-@mutant("PAYLOAD-1.3")
-class MissingScalesDefaulted(ReferenceAdapter):
-    """Supplies a scale of 1.0 for an fp8 cache that arrived without its scale."""
-
-    def decode(self, frames):
-        frames = list(frames)
-        try:
-            header = json.loads(bytes(frames[0]))
-            entries = header["tensors"]
-            fp8 = header["metadata"]["dtype"].startswith("float8")
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return super().decode(frames)
-        if not fp8:
-            return super().decode(frames)
-        have = {(e["field"], e["layer"]) for e in entries}
-        one = torch.ones((), dtype=torch.float32).numpy().tobytes()
-        for e in list(entries):
-            if e["field"].endswith("_cache"):
-                scale = e["field"].replace("_cache", "_scale")
-                if (scale, e["layer"]) not in have:
-                    entries.append(
-                        {"field": scale, "layer": e["layer"], "dtype": "float32", "shape": []}
-                    )
-                    frames.append(one)
-        frames[0] = json.dumps(header).encode()
-        return super().decode(frames)
-
-
-@mutant("PAYLOAD-1.4")
-class OutOfRangeValuesClamped(ReferenceAdapter):
-    """Clamps what is out of range: block_size to at least 1, negative block ids dropped,
-    an empty request id named 'unknown'."""
-
-    def decode(self, frames):
-        def edit(header: Header, frames: list) -> Header:
-            meta = header.get("metadata")
-            if isinstance(meta, dict) and isinstance(meta.get("block_size"), int):
-                meta["block_size"] = max(1, meta["block_size"])
-            if isinstance(header.get("block_ids"), list):
-                header["block_ids"] = [
-                    b for b in header["block_ids"] if not isinstance(b, int) or b >= 0
-                ]
-            if header.get("request_id") == "":
-                header["request_id"] = "unknown"
-            return header
-
-        return super().decode(_rewritten(frames, edit))
+        return super().decode(rewritten(frames, first))
