@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.families.groups.checks import LOCAL, STATES, _case, _cases, _tp_sizes
+from kvspec.conformance.draws.hybrids import STATES, hybrid_tp_sizes
+from kvspec.conformance.families.groups.checks import LOCAL, _case, _cases
 from kvspec.strategies import TransferCase
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.group_plan import plan_groups
@@ -133,7 +134,7 @@ def _block_sizes_differ(ctx: Context, example: Example) -> None:
 def _state_models(draw: st.DrawFn, adapter: Adapter) -> Example:
     # Mostly state hybrids; sometimes windows and chunks only, which keep the user's size.
     example = draw(_cases(adapter, draw(st.sampled_from([STATES, STATES, LOCAL]))))
-    example["attn_tp"] = draw(st.sampled_from(_tp_sizes(adapter)))
+    example["attn_tp"] = draw(st.sampled_from(hybrid_tp_sizes(adapter)))
     example["user_block_size"] = draw(st.sampled_from([None, 1, 16, 64, 256, 1024]))
     return example
 

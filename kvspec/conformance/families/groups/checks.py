@@ -8,114 +8,38 @@ the adapter's domain; the expected values are the spec's own functions.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, cast
 
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
-from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused, fail
+from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused
+from kvspec.conformance.draws.hybrids import (
+    KINDS,
+    STATES,
+    group_data,
+    hybrid_model,
+    hybrid_tp_sizes,
+)
 from kvspec.conformance.transfer_config import TransferConfig, handed
-from kvspec.strategies import TP_SIZES, TransferCase
-from kvspec.tensors.dtypes import bits_view
-from kvspec.tensors.state_oracle import oracle_state
+from kvspec.strategies import TransferCase
 from kvspec.topology.group_plan import plan_groups
-from kvspec.topology.groups import ChunkedLocal, StateGroup, group_from_dict
+from kvspec.topology.groups import ChunkedLocal, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import part_offsets, part_units, plan_state_reads, state_elements
 
-_TP = (1, 2, 4)
-"""TP sizes every drawn state fits (units are powers of two)."""
-
-
-def _tp_sizes(adapter: Adapter) -> list[int]:
-    pairs = {t for pair in adapter.domain.pairs() for t in pair} & set(TP_SIZES) & set(_TP)
-    return sorted(pairs) or [1]
-
-
-@st.composite
-def _group(draw: st.DrawFn, kind: str) -> dict[str, Any]:
-    """One group's plain data; units are powers of two so every TP of 1, 2, 4 holds them."""
-    pow2 = st.sampled_from([1, 2, 4, 8])
-    if kind in ("full", "draft", "sliding", "chunked"):
-        mla = kind == "draft" and draw(st.booleans())
-        data: dict[str, Any] = {
-            "kind": kind,
-            "num_kv_heads": 1 if mla else draw(pow2),
-            "head_dim": draw(st.integers(1, 8)),
-            "attention": "mla" if mla else "mha",
-        }
-        if kind == "sliding":
-            data["window"] = draw(st.integers(1, 40))
-        if kind == "chunked":
-            data["chunk"] = draw(st.integers(1, 40))
-        return data
-    if kind == "mamba1":
-        return {
-            "kind": kind,
-            "intermediate_size": draw(st.sampled_from([4, 8, 16])),
-            "d_state": draw(st.integers(1, 3)),
-            "conv_kernel": draw(st.integers(2, 4)),
-        }
-    if kind == "mamba2":
-        groups = draw(pow2)
-        return {
-            "kind": kind,
-            "num_heads": groups * draw(st.sampled_from([1, 2, 4])),
-            "head_dim": draw(st.integers(1, 3)),
-            "n_groups": groups,
-            "d_state": draw(st.integers(1, 3)),
-            "conv_kernel": draw(st.integers(2, 4)),
-            "num_spec": draw(st.integers(0, 1)),
-            "ssm_dtype": draw(st.sampled_from([None, "float32"])),
-        }
-    k_heads = draw(pow2)
-    return {
-        "kind": "gdn",
-        "num_k_heads": k_heads,
-        "num_v_heads": k_heads * draw(st.sampled_from([1, 2])),
-        "head_k_dim": draw(st.integers(1, 3)),
-        "head_v_dim": draw(st.integers(1, 3)),
-        "conv_kernel": draw(st.integers(2, 4)),
-    }
-
-
-KINDS = ("sliding", "draft", "full", "mamba1", "mamba2", "gdn")
-STATES = ("mamba1", "mamba2", "gdn")
 LOCAL = ("chunked", "full", "sliding")
 """Kinds drawn beside chunked local attention [LOCAL-1] (KINDS leaves it out, so the
 examples the older checks draw stay as they were)."""
 
 
 @st.composite
-def _hybrid(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
-    """A hybrid model's plain data: its own attention and 1-3 other groups, every group
-    used by at least one layer."""
-    others = draw(st.lists(st.sampled_from(kinds), min_size=1, max_size=3))
-    groups = [draw(_group(k)) for k in others]
-    num_layers = draw(st.integers(len(groups) + 1, 12))
-    layers = list(range(len(groups) + 1)) + [
-        draw(st.integers(0, len(groups))) for _ in range(num_layers - len(groups) - 1)
-    ]
-    layers = draw(st.permutations(layers))
-    return {
-        "num_layers": num_layers,
-        "num_kv_heads": draw(st.sampled_from([1, 2, 4, 8])),
-        "head_dim": draw(st.integers(1, 8)),
-        "attention": "mha",
-        "dtype": draw(st.sampled_from(["bfloat16", "float32"])),
-        "scale_format": None,
-        "groups": groups,
-        "layers": list(layers),
-    }
-
-
-@st.composite
 def _cases(draw: st.DrawFn, adapter: Adapter, kinds: tuple[str, ...] = KINDS) -> Example:
-    tps = _tp_sizes(adapter)
-    model = draw(_hybrid(kinds))
+    tps = hybrid_tp_sizes(adapter)
+    model = draw(hybrid_model(kinds))
     pp = [p for p in adapter.domain.pp_sizes if p <= model["num_layers"]] or [1]
     source = StageLayout(draw(st.sampled_from(tps)), draw(st.sampled_from(pp)))
     target = StageLayout(draw(st.sampled_from(tps)), draw(st.sampled_from(pp)))
@@ -137,7 +61,7 @@ def _case(ctx: Context, example: Example) -> TransferCase:
 # GROUP-1.1: the default is today's uniform model ------------------------------------------
 @st.composite
 def _uniform(draw: st.DrawFn, adapter: Adapter) -> Example:
-    tps = _tp_sizes(adapter)
+    tps = hybrid_tp_sizes(adapter)
     model = ModelShape(draw(st.integers(1, 8)), draw(st.sampled_from([1, 2, 4, 8])), 4)
     case = TransferCase(
         StageLayout(draw(st.sampled_from(tps))), StageLayout(draw(st.sampled_from(tps))), model
@@ -191,7 +115,7 @@ def _bad_models(draw: st.DrawFn, model: dict[str, Any], obligation: str) -> list
         bad["layers"][draw(st.integers(0, len(bad["layers"]) - 1))] = len(bad["groups"]) + 1
         return [bad]
     if obligation == "GROUP-1.4":
-        bad["groups"].append(draw(_group(draw(st.sampled_from(KINDS)))))
+        bad["groups"].append(draw(group_data(draw(st.sampled_from(KINDS)))))
         return [bad]
     if obligation == "GROUP-2.1":
         group = draw(st.sampled_from(bad["groups"]))
@@ -201,16 +125,16 @@ def _bad_models(draw: st.DrawFn, model: dict[str, Any], obligation: str) -> list
         return [bad]
     if obligation == "GROUP-2.2":
         heads = draw(st.sampled_from([2, 4, 8]))  # units that TP 2 holds: only the ratio is bad
-        extra = {**draw(_group("mamba2")), "num_heads": heads, "n_groups": heads * 2}
+        extra = {**draw(group_data("mamba2")), "num_heads": heads, "n_groups": heads * 2}
     elif obligation == "GROUP-2.3":
         kind = draw(st.sampled_from(["chunked_attention", "swa", "Mamba2", "kda", "linear"]))
-        extra = {**draw(_group("full")), "kind": kind}
+        extra = {**draw(group_data("full")), "kind": kind}
     elif obligation == "GROUP-3.3":
-        extra = {**draw(_group("draft")), "num_kv_heads": 3, "attention": "mha"}
+        extra = {**draw(group_data("draft")), "num_kv_heads": 3, "attention": "mha"}
     elif obligation == "LOCAL-1.3":
-        extra = {**draw(_group("chunked")), "chunk": draw(st.sampled_from([0, -1, -8192]))}
+        extra = {**draw(group_data("chunked")), "chunk": draw(st.sampled_from([0, -1, -8192]))}
     else:  # STATE-1.3
-        extra = {**draw(_group("gdn")), "num_k_heads": 3, "num_v_heads": 3}
+        extra = {**draw(group_data("gdn")), "num_k_heads": 3, "num_v_heads": 3}
     bad["groups"].append(extra)  # a layer of a group of its own, the break in it
     bad["layers"].append(len(bad["groups"]))
     bad["num_layers"] += 1
@@ -221,7 +145,7 @@ def _bad_models(draw: st.DrawFn, model: dict[str, Any], obligation: str) -> list
 def _broken(draw: st.DrawFn, adapter: Adapter, obligations: tuple[str, ...]) -> Example:
     """A valid hybrid model and, for every obligation, the same model broken against it:
     the check tries every break on every example, so none waits on the draw."""
-    model = draw(_hybrid())
+    model = draw(hybrid_model())
     source, target = StageLayout(1).to_dict(), StageLayout(2).to_dict()
     config = {"source": source, "target": target, "seq_len": 8}
     return {
@@ -244,7 +168,7 @@ def _refusal_check(clause: str, obligations: tuple[str, ...]) -> None:
         covers=obligations,
     )
     def run(ctx: Context, example: Example) -> None:
-        if 2 not in _tp_sizes(ctx.adapter):
+        if 2 not in hybrid_tp_sizes(ctx.adapter):
             raise OutsideDomain
         for config in (example["good"], *(b["bad"] for b in example["breaks"])):
             handed(config)
@@ -611,98 +535,3 @@ def _chunk_boundary(ctx: Context, example: Example) -> None:
             f"says {n} bytes",
         )
     _bytes_per_group(ctx, {**example, "seq_len": seq_len})
-
-
-# ORACLE-7: the state oracle ------------------------------------------------------------------
-@st.composite
-def _state_fills(draw: st.DrawFn, adapter: Adapter) -> Example:
-    model = ModelShape.from_dict(draw(_hybrid(STATES)))
-    groups = [i for i, g in enumerate(model.layer_groups) if not g.per_token and g.parts()]
-    group = draw(st.sampled_from(groups))
-    tp = draw(st.sampled_from(_tp_sizes(adapter)))
-    mine = list(model.group_layers(group))
-    layers = draw(st.lists(st.sampled_from(mine), min_size=1, max_size=3, unique=True))
-    return {
-        "model": model.to_dict(),
-        "group": group,
-        "layers": sorted(layers),
-        "attn_tp": tp,
-        "attn_tp_rank": draw(st.integers(0, tp - 1)),
-        "request_id": draw(st.text("abc-_0123456789", min_size=1, max_size=8)),
-        "seed": draw(st.one_of(st.integers(0, 2**31), st.integers(2**31, 2**40))),
-    }
-
-
-@check(
-    "ORACLE-7",
-    "state-fill",
-    "every element of a rank's state is the coordinate hash of its global unit, bit for bit",
-    needs=("state-oracle",),
-    strategy=_state_fills,
-    examples=(
-        {
-            "model": ModelShape(
-                2,
-                2,
-                2,
-                groups=(
-                    group_from_dict(
-                        {
-                            "kind": "mamba2",
-                            "num_heads": 4,
-                            "head_dim": 2,
-                            "n_groups": 2,
-                            "d_state": 2,
-                            "conv_kernel": 3,
-                            "ssm_dtype": "float32",
-                        }
-                    ),
-                ),
-                layers=(1, 0),
-            ).to_dict(),
-            "group": 1,
-            "layers": [0],
-            "attn_tp": 2,
-            "attn_tp_rank": 1,
-            "request_id": "req-1",
-            "seed": 3,
-        },
-    ),
-    covers=("ORACLE-7.1",),
-)
-def _state_fill(ctx: Context, example: Example) -> None:
-    model = ModelShape.from_dict(example["model"])
-    if example["attn_tp"] not in _tp_sizes(ctx.adapter):
-        raise OutsideDomain
-    args = {k: example[k] for k in ("attn_tp", "attn_tp_rank", "seed")}
-    layers = tuple(example["layers"])
-    want = oracle_state(model, example["group"], example["request_id"], layers=layers, **args)
-    got = ctx.adapter.state_oracle(
-        model, example["group"], example["request_id"], layers=layers, **args
-    )
-    state = cast(StateGroup, model.layer_groups[example["group"]])  # the example's is a state
-    units = part_units(state, example["attn_tp"], example["attn_tp_rank"])
-    for name, expected in want.items():
-        have = got.get(name) if isinstance(got, Mapping) else None
-        where = (
-            f"{state.describe()}, part {name}, layers {list(layers)}, attention-TP rank "
-            f"{example['attn_tp_rank']} of {example['attn_tp']}"
-        )
-        if (
-            have is None
-            or tuple(have.shape) != tuple(expected.shape)
-            or have.dtype != expected.dtype
-        ):
-            shape = None if have is None else (list(have.shape), str(have.dtype))
-            fail(
-                f"{where}: the fill is {shape}, not {list(expected.shape)} {expected.dtype} "
-                "[ORACLE-7.1]"
-            )
-        differs = bits_view(have.contiguous().cpu()) != bits_view(expected)
-        if bool(differs.any()):
-            layer, unit, element = (int(i) for i in differs.nonzero()[0].tolist())
-            fail(
-                f"{where}: {int(differs.sum())} element(s) differ from the state oracle; the "
-                f"first at layer {layers[layer]}, global unit {units[name][unit]}, element "
-                f"{element} [ORACLE-7.1: every unit under its global index]"
-            )

@@ -1,6 +1,5 @@
 """Mutants of hybrid models: layer maps, group facts, state parts, windows, chunked local
-attention and bytes per group, and the state oracle [GROUP-1..3, STATE-1..2, WINDOW-1,
-LOCAL-1, ORACLE-7].
+attention and bytes per group [GROUP-1..3, STATE-1..2, WINDOW-1, LOCAL-1].
 
 Each is the reference with one bug a field engineer writes from the rule text; several
 are bugs engines shipped (vllm#55208, vllm-ascend#11885; field/research/hybrids.md).
@@ -16,7 +15,6 @@ from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter, case_group_plan
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.strategies import TransferCase
-from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.groups import (
     KINDS,
     ChunkedLocal,
@@ -30,7 +28,7 @@ from kvspec.topology.groups import (
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import layer_ranges, owned_heads
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.state import part_offsets, part_units, plan_state_reads
+from kvspec.topology.state import part_offsets, plan_state_reads
 from kvspec.topology.tokens import Tokens
 from kvspec.topology.windows import chunk_tokens, window_tokens
 
@@ -480,24 +478,3 @@ class ChunkZeroReadAsFull(ReferenceAdapter):
                         **{k: group[k] for k in keep if k in group},
                     }
         super().validate_model(given)
-
-
-# ORACLE-7 -----------------------------------------------------------------------------------
-@mutant("ORACLE-7.1")
-class StateOracleHashesLocalUnits(ReferenceAdapter):
-    """Hashes each unit under its index on the rank (0, 1, ...) instead of its global unit:
-    right at TP1 and on rank 0, wrong on every other rank of a split part."""
-
-    def state_oracle(self, model: ModelShape, group: int, request_id: str, **kw: Any) -> dict:
-        state = cast(StateGroup, model.layer_groups[group])  # state_oracle: of a state
-        held = part_units(state, kw["attn_tp"], kw["attn_tp_rank"])
-        whole = oracle_state(
-            model,
-            group,
-            request_id,
-            layers=kw["layers"],
-            attn_tp=1,
-            attn_tp_rank=0,
-            seed=kw["seed"],
-        )
-        return {name: values[:, : len(held[name])] for name, values in whole.items()}

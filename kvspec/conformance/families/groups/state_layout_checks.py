@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
-from kvspec.conformance.families.groups.checks import STATES, _hybrid, _tp_sizes
+from kvspec.conformance.draws.hybrids import STATES, hybrid_model, hybrid_tp_sizes
 from kvspec.memory.presets import STATE_PRESETS
 from kvspec.memory.state_cache import StatePage, element_offset, state_page
 from kvspec.topology.groups import StateGroup, group_from_dict
@@ -33,9 +33,9 @@ def _state_groups(model: ModelShape) -> list[int]:
 
 @st.composite
 def _pages(draw: st.DrawFn, adapter: Adapter) -> Example:
-    model = ModelShape.from_dict(draw(_hybrid(STATES)))
+    model = ModelShape.from_dict(draw(hybrid_model(STATES)))
     group = draw(st.sampled_from(_state_groups(model)))
-    tp = draw(st.sampled_from(_tp_sizes(adapter)))
+    tp = draw(st.sampled_from(hybrid_tp_sizes(adapter)))
     rank = draw(st.integers(0, tp - 1))
     layout = draw(st.sampled_from(sorted(STATE_PRESETS)))
     try:
@@ -58,7 +58,7 @@ def _where(example: Example) -> dict[str, Any]:
 
 
 def _setup(ctx: Context, example: Example) -> tuple[ModelShape, StatePage]:
-    if example["attn_tp"] not in _tp_sizes(ctx.adapter):
+    if example["attn_tp"] not in hybrid_tp_sizes(ctx.adapter):
         raise OutsideDomain
     model = ModelShape.from_dict(example["model"])
     page = state_page(example["layout"], model, example["group"], **_where(example))
@@ -190,7 +190,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 )
 def _refusals(ctx: Context, example: Example) -> None:
     good = example["good"]
-    if good["attn_tp"] not in _tp_sizes(ctx.adapter):
+    if good["attn_tp"] not in hybrid_tp_sizes(ctx.adapter):
         raise OutsideDomain
     model, group, layout = ModelShape.from_dict(good["model"]), good["group"], good["layout"]
     page = state_page(layout, model, group, **_where(good))
