@@ -5,7 +5,9 @@ spec and routed plans, and a case on real tensors (:func:`tensor_examples`,
 implementation's sender and receiver along the routed plan) with the received payloads
 (:func:`inbox`) [PLAN, RESHARD, SLICE].
 
-A family imports these, never another family's modules.
+A family imports these, never another family's modules; what some families share beside
+them is in the modules beside this one: hybrid models (:mod:`.hybrids`), record and
+block-scaled regions (:mod:`.records`), wire messages (:mod:`.messages`).
 """
 
 from __future__ import annotations
