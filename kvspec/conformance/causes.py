@@ -1,7 +1,7 @@
 """One bug, one headline: failures that share a cause, grouped under the most basic one.
 
 One wrong rule rarely fails one check. An adapter that takes a replicated head from
-every replica (:class:`~kvspec.conformance.mutants.routing.ReplicasMergedTwice`) fails
+every replica (:class:`~kvspec.conformance.families.routing.mutants.ReplicasMergedTwice`) fails
 the routing check, and then every tensor check that plans a transfer on the way to its
 own rule: bit-exact special values, fp8 scales, shard shapes, merges, chunks, the wire.
 Listed in clause order the first of those is about NaN and -0.0 (``DTYPE-2`` comes

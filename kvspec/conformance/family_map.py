@@ -1,7 +1,10 @@
-"""Where each clause family lives: its spec module, error cases, checks, mutants, golden
-vectors and tests — read from the registries themselves, so the map cannot rot.
+"""Where each clause family lives: its folder (``kvspec/conformance/families/<family>/``:
+its checks, mutants, vector builders and error cases), its spec modules and its tests —
+read from the registries themselves, so the map cannot rot.
 
-``kvspec clauses --map`` prints it; a newcomer changing one rule reads it first.
+``kvspec clauses --map`` prints it; a newcomer changing one rule reads it first. What
+cites the family from another folder (a check of another family that also covers one of
+its obligations) is counted under that folder.
 """
 
 from __future__ import annotations
@@ -23,17 +26,38 @@ class FamilyMap:
     family: str
     clauses: tuple[str, ...]
     spec: tuple[str, ...]
-    errors: int
-    errors_file: str
-    """The module holding the error-case table the ``errors`` count is taken from."""
+    folder: str
+    """The family folder holding its pieces: ``kvspec/conformance/families/<family>/``."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """Folder -> error cases of the family's clauses there (its own folder only)."""
     checks: dict[str, int] = field(default_factory=dict)
+    """Folder -> checks covering one of the family's obligations, its own folder first."""
     mutants: dict[str, int] = field(default_factory=dict)
+    """Folder -> mutants breaking one of the family's obligations, its own folder first."""
     vectors: dict[str, int] = field(default_factory=dict)
     """Vector family -> its cases citing one of the family's clauses."""
     vector_modules: dict[str, str] = field(default_factory=dict)
     """Vector family (each of ``vectors``) -> the module holding its export and check."""
     tests: tuple[str, ...] | None = None
     """Test files citing the family's clauses; None where no tests are at hand (a wheel)."""
+
+
+def _folder_of(path: str) -> str:
+    """The family folder of a file path, else the path itself."""
+    parts = path.split("/")
+    if parts[:3] == ["kvspec", "conformance", "families"] and len(parts) > 4:
+        return "/".join(parts[:4]) + "/"
+    return path
+
+
+def _folder(module: str) -> str:
+    """The family folder of a family module, else the module's file."""
+    return _folder_of(_path(module))
+
+
+def _first(home: str, tally: dict[str, int]) -> dict[str, int]:
+    """``tally`` with the family's own folder first."""
+    return dict(sorted(tally.items(), key=lambda item: item[0] != home))
 
 
 def _path(module: str) -> str:
@@ -81,9 +105,9 @@ def _test_files(tests: Path, families: list[str]) -> dict[str, tuple[str, ...]]:
 def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
     """Every family in clause-table order; ``tests`` is a checkout's ``tests/`` to search."""
     from kvspec.conformance.checks import all_checks
+    from kvspec.conformance.families import error_cases, owner
     from kvspec.conformance.mutants import all_mutants
     from kvspec.conformance.vectors import FAMILIES, GOLDEN_DIR
-    from kvspec.error_cases import ERROR_CASES, ErrorCase
 
     clauses = all_clauses()
     families = list(dict.fromkeys(c.family for c in clauses.values()))
@@ -93,19 +117,20 @@ def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
             spec[fam].append(_path(module))
     checks = _tally(
         [
-            (fam, _path(c.run.__module__))
+            (fam, _folder(c.run.__module__))
             for c in all_checks()
             for fam in dict.fromkeys(_family(o) for o in c.covers)
         ]
     )
     mutants = _tally(
         [
-            (fam, _path(m.cls.__module__))
+            (fam, _folder(m.cls.__module__))
             for m in all_mutants()
             for fam in dict.fromkeys(_family(o) for o in m.obligations)
         ]
     )
-    errors = Counter(_family(e.clause) for e in ERROR_CASES)
+    folders = {f: f"kvspec/conformance/families/{owner(f)}/" for f in families}
+    errors = _tally([(_family(e.clause), folders[_family(e.clause)]) for e in error_cases()])
     vectors = _vector_families(GOLDEN_DIR / "manifest.json")
     vector_modules = {v.name: _path(v.export.__module__) for v in FAMILIES}
     cited = _test_files(tests, families) if tests is not None else None
@@ -114,10 +139,10 @@ def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
             family=f,
             clauses=tuple(c.id for c in clauses.values() if c.family == f),
             spec=tuple(spec[f]),
-            errors=errors.get(f, 0),
-            errors_file=_path(ErrorCase.__module__),
-            checks=checks.get(f, {}),
-            mutants=mutants.get(f, {}),
+            folder=folders[f],
+            errors=errors.get(f, {}),
+            checks=_first(folders[f], checks.get(f, {})),
+            mutants=_first(folders[f], mutants.get(f, {})),
             vectors=vectors.get(f, {}),
             vector_modules={v: vector_modules[v] for v in vectors.get(f, {})},
             tests=None if cited is None else cited[f],
@@ -126,8 +151,12 @@ def family_map(*, tests: Path | None = None) -> list[FamilyMap]:
     ]
 
 
-def _counted(tally: dict[str, int]) -> str:
-    return ", ".join(f"{where} ({n})" for where, n in tally.items()) or "none"
+def _counted(tally: dict[str, int], home: str) -> str:
+    """``N`` for the family's own folder, ``elsewhere (N)`` for the rest."""
+    return (
+        ", ".join(f"{n}" if where == home else f"{where} ({n})" for where, n in tally.items())
+        or "none"
+    )
 
 
 def render_family_map(rows: list[FamilyMap]) -> str:
@@ -135,12 +164,19 @@ def render_family_map(rows: list[FamilyMap]) -> str:
     lines = []
     for row in rows:
         lines.append(f"{row.family}  ({', '.join(row.clauses)})")
+        lines.append(f"  folder    {row.folder}")
         lines.append(f"  spec      {', '.join(row.spec)}")
-        lines.append(f"  errors    {row.errors} case(s) in {row.errors_file}")
-        lines.append(f"  checks    {_counted(row.checks)}")
-        lines.append(f"  mutants   {_counted(row.mutants)}")
-        modules = {row.vector_modules.get(v, v): n for v, n in row.vectors.items()}
-        lines.append(f"  vectors   {_counted(modules)}")
+        lines.append(f"  errors    {_counted(row.errors, row.folder)}")
+        lines.append(f"  checks    {_counted(row.checks, row.folder)}")
+        lines.append(f"  mutants   {_counted(row.mutants, row.folder)}")
+        vectors = {
+            # the errors vectors are the family's own error cases
+            name
+            if name == "errors" or _folder_of(row.vector_modules[name]) == row.folder
+            else f"{name} in {_folder_of(row.vector_modules[name])}": n
+            for name, n in row.vectors.items()
+        }
+        lines.append(f"  vectors   {', '.join(f'{v} ({n})' for v, n in vectors.items()) or 'none'}")
         if row.tests is None:
             lines.append("  tests     (in the source checkout's tests/)")
         else:

@@ -193,3 +193,24 @@ def handed(config: _Config) -> _Config:
             f"(and regenerate docs/adapter-api.md): {dict(config)!r:.300}"
         )
     return config
+
+
+def sides(config: TransferConfig) -> list[StageConfig]:
+    """The two stages of ``config``: source, then target."""
+    return [config["source"], config["target"]]
+
+
+def models(config: TransferConfig) -> list[ModelFacts]:
+    """The model facts ``config`` names: the sender's, then the receiver's where it names
+    its own (``target_model``)."""
+    return [m for m in (config.get("model"), config.get("target_model")) if m is not None]
+
+
+def attention_tp(side: StageConfig) -> int:
+    """The attention-TP size of a stage given as plain data, ``tp // (dp * cp)``; its
+    ``tp`` where the groups do not divide it or a size is not a positive integer (a probe
+    may hand any value) [STAGE-2]."""
+    groups = side.get("dp", 1) * side.get("cp", 1)
+    if not all(isinstance(v, int) and v > 0 for v in (side["tp"], groups)):
+        return side["tp"]
+    return side["tp"] // groups if side["tp"] % groups == 0 else side["tp"]

@@ -1,7 +1,7 @@
 """The operations an error case can name, as the reference runs them.
 
 :data:`OPERATIONS` maps an operation's name to a function of plain-data arguments (the
-``args`` of a :class:`~kvspec.error_cases.cases.ErrorCase`); the builders beside it turn
+``args`` of a :class:`~kvspec.error_cases.case.ErrorCase`); the builders beside it turn
 those arguments into the spec's values (stages, models, caches, payloads, wire frames).
 An adapter's ``validate`` receives the ``transfer`` operation's arguments unchanged.
 """

@@ -11,11 +11,13 @@ import pytest
 from kvspec.clauses import all_clauses
 from kvspec.cli import main
 from kvspec.conformance.checks import all_checks
+from kvspec.conformance.families import error_cases
 from kvspec.conformance.family_map import family_map, render_family_map
 from kvspec.conformance.mutants import all_mutants
 from kvspec.conformance.vectors import FAMILIES
-from kvspec.error_cases import ERROR_CASES
 from tests.paths import ROOT
+
+ERROR_CASES = error_cases()
 
 MAP = family_map(tests=ROOT / "tests")
 
@@ -30,8 +32,9 @@ def test_every_file_named_exists_and_declares_or_cites_the_family() -> None:
     for row in MAP:
         for path in row.spec:  # the spec module declares one of the family's clauses
             assert re.search(rf'"{row.family}-\d+"', (ROOT / path).read_text()), (row.family, path)
-        for path in (*row.checks, *row.mutants, *(row.tests or ())):
-            assert (ROOT / path).is_file(), (row.family, path)
+        assert (ROOT / row.folder / "__init__.py").is_file(), row.family
+        for path in (*row.errors, *row.checks, *row.mutants, *(row.tests or ())):
+            assert (ROOT / path).exists(), (row.family, path)
         for path in row.tests or ():
             assert re.search(rf"\b{row.family}-\d", (ROOT / path).read_text()), path
 
@@ -44,10 +47,11 @@ def test_each_vector_family_is_named_by_the_module_holding_its_export_and_check(
         assert set(row.vector_modules) == set(row.vectors), row.family
         for name, path in row.vector_modules.items():
             assert path == modules[name].replace(".", "/") + ".py", (row.family, name)
-            assert path.startswith("kvspec/conformance/vectors/") and (ROOT / path).is_file()
+            assert path.startswith(("kvspec/conformance/families/", "kvspec/conformance/vectors/"))
+            assert (ROOT / path).is_file()
             assert importlib.import_module(modules[name]).FAMILY.name == name
-    errors = {row.errors_file for row in MAP}
-    assert errors == {"kvspec/error_cases/cases.py"} and (ROOT / errors.pop()).is_file()
+    for row in MAP:  # a family's error cases are in its own folder
+        assert set(row.errors) <= {row.folder}, row.family
 
 
 def test_the_tallies_count_every_check_mutant_and_error_case() -> None:
@@ -56,7 +60,7 @@ def test_the_tallies_count_every_check_mutant_and_error_case() -> None:
     assert sum(n for row in MAP for n in row.checks.values()) == len(pairs)
     pairs = {(o.split("-")[0], m.name) for m in all_mutants() for o in m.obligations}
     assert sum(n for row in MAP for n in row.mutants.values()) == len(pairs)
-    assert sum(row.errors for row in MAP) == len(ERROR_CASES)
+    assert sum(n for row in MAP for n in row.errors.values()) == len(ERROR_CASES)
 
 
 def test_every_golden_vector_is_counted_under_the_families_it_cites() -> None:
@@ -77,10 +81,13 @@ def test_every_golden_vector_is_counted_under_the_families_it_cites() -> None:
 
 
 def test_the_issue_example_cp_is_where_the_code_puts_it() -> None:
-    """CP's rule lives in topology/tokens.py, its token checks in checks/ownership.py."""
+    """CP's rule lives in topology/tokens.py, its checks, mutants and error cases in the
+    ownership folder, listed first."""
     cp = next(row for row in MAP if row.family == "CP")
     assert "kvspec/topology/tokens.py" in cp.spec
-    assert "kvspec/conformance/checks/ownership.py" in cp.checks
+    assert cp.folder == "kvspec/conformance/families/ownership/"
+    for tally in (cp.checks, cp.mutants, cp.errors):
+        assert next(iter(tally)) == cp.folder
     assert "tokens" in cp.vectors and "tests/spec/test_parallel_layouts.py" in (cp.tests or ())
 
 

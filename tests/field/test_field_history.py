@@ -295,7 +295,7 @@ def test_the_runner_runs_both_releases_and_the_judgement_catches_the_mutant(
     the fixed one kvspec's reference; each "release" directory is empty (no engine)."""
     replay = {"check": "PLAN-2/exact-cover", "why": "a fan-in", "example": TP4_TO_TP2}
     b = bug("mutant", adapter="reference", replays=[replay])
-    b["buggy"]["adapter"] = "kvspec.conformance.mutants.routing:ReplicasMergedTwice"
+    b["buggy"]["adapter"] = "kvspec.conformance.families.routing.mutants:ReplicasMergedTwice"
     corpus, engines, out = tmp_path / "bugs", tmp_path / "engines", tmp_path / "out"
     corpus.mkdir()
     (corpus / "mutant.json").write_text(json.dumps(b))

@@ -1,12 +1,17 @@
-"""Every invalid input of kvspec.error_cases is refused with ValueError naming the values."""
+"""Every family's error case is refused by the reference with ValueError naming the values."""
 
+import importlib
 import re
 
 import pytest
 
 from kvspec.clauses import all_clauses
-from kvspec.error_cases import ERROR_CASES, OPERATIONS, ErrorCase
+from kvspec.conformance.families import error_cases, modules, owner
+from kvspec.conformance.vectors.errors import EXPORT_ORDER, ordered_cases
+from kvspec.error_cases import OPERATIONS, ErrorCase
 from kvspec.transport.wire import WireError
+
+ERROR_CASES = error_cases()
 
 
 @pytest.mark.parametrize("case", ERROR_CASES, ids=lambda c: c.id)
@@ -49,3 +54,19 @@ def test_every_refusing_family_has_error_cases() -> None:
         "PAYLOAD",
         "CHUNK",
     } <= families
+
+
+def test_each_case_is_in_the_folder_of_its_clause_family() -> None:
+    """A family's error cases are its own folder's ``errors.py``, none another's."""
+    for name in modules("errors"):
+        folder = name.split(".")[-2]
+        for case in importlib.import_module(name).ERROR_CASES:
+            assert owner(case.clause.split("-")[0]) == folder, (case.id, name)
+
+
+def test_the_export_order_lists_every_case_once() -> None:
+    """The golden vectors' order is declared, not the order the modules are read in."""
+    assert sorted(EXPORT_ORDER) == sorted(c.id for c in ERROR_CASES)
+    assert len(set(EXPORT_ORDER)) == len(EXPORT_ORDER)
+    assert [c.id for c in ordered_cases()] == list(EXPORT_ORDER)
+    assert [c.id for c in ERROR_CASES] != list(EXPORT_ORDER)  # the order is not the folders'

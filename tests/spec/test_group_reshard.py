@@ -11,7 +11,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.conformance.checks.groups import KINDS, _hybrid
+from kvspec.conformance.draws.hybrids import KINDS, hybrid_model
 from kvspec.tensors import group_reshard as gr
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.group_plan import GroupPlan, plan_groups
@@ -88,7 +88,7 @@ INDEXED = ModelShape(
 
 @st.composite
 def hybrid_plans(draw: st.DrawFn) -> GroupPlan:
-    model = ModelShape.from_dict(draw(_hybrid((*KINDS, "chunked"))))
+    model = ModelShape.from_dict(draw(hybrid_model((*KINDS, "chunked"))))
     pp = st.sampled_from([p for p in (1, 2) if p <= model.num_layers])
     source = StageLayout(draw(st.sampled_from([1, 2, 4])), draw(pp))
     target = StageLayout(draw(st.sampled_from([1, 2, 4])), draw(pp))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvspec.conformance.checks.lifecycle import HAZARDS, history
+from kvspec.conformance.families.lifecycle.checks import HAZARDS, history
 from kvspec.lifecycle.machine import (
     BLOCK_STATES,
     CLAUSES,

@@ -11,6 +11,7 @@ from kvspec.conformance import transfer_config
 from kvspec.conformance.adapter import CAPABILITIES, VALIDATORS
 from kvspec.conformance.api_doc import COMMAND, render
 from kvspec.conformance.checks import all_checks
+from kvspec.conformance.families import error_cases
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import FAILED, PASSED, get_check, run_check
 from kvspec.conformance.transfer_config import (
@@ -23,11 +24,12 @@ from kvspec.conformance.transfer_config import (
     TransferConfig,
     undocumented,
 )
-from kvspec.error_cases import ERROR_CASES
 from kvspec.tensors.reshard import Shipment
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from tests.paths import ROOT
+
+ERROR_CASES = error_cases()
 
 PAGE = ROOT / "docs" / "adapter-api.md"
 

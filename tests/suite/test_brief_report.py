@@ -143,7 +143,7 @@ def test_the_last_line_says_why_nothing_failed_the_status(
     code = main(
         [
             "conform",
-            "kvspec.conformance.mutants.naming:EmptyRequestIdAccepted",
+            "kvspec.conformance.families.naming.mutants:EmptyRequestIdAccepted",
             "--check",
             "KEY-3/refuses-outside-domain",
             *FLAGS,
@@ -162,7 +162,7 @@ def test_markdown_summary_and_stdout_conflicts(tmp_path: Path, capsys) -> None:
     code = main(
         [
             "conform",
-            "kvspec.conformance.mutants.routing:ReplicasMergedTwice",
+            "kvspec.conformance.families.routing.mutants:ReplicasMergedTwice",
             "--check",
             "PLAN-2/exact-cover",
             *FLAGS,
@@ -172,7 +172,7 @@ def test_markdown_summary_and_stdout_conflicts(tmp_path: Path, capsys) -> None:
     )
     text = summary.read_text()
     assert code == 1
-    assert text.startswith("## kvspec conform `kvspec.conformance.mutants.routing:")
+    assert text.startswith("## kvspec conform `kvspec.conformance.families.routing.mutants:")
     assert "| corrupts | 1 | yes |" in text and "| accepts-invalid | 0 | no |" in text
     assert "**1. corrupts: `PLAN-2/exact-cover`** [PLAN-2.2]" in text
     assert "def test_plan_2_exact_cover():" in text

@@ -16,8 +16,8 @@ from hypothesis import example as hypothesis_pin
 from kvspec.clauses import all_clauses
 from kvspec.conformance import causes, get_check, run_check, run_suite
 from kvspec.conformance.checks import Context
+from kvspec.conformance.families.routing.mutants import ReplicasMergedTwice
 from kvspec.conformance.mutants import get_mutant
-from kvspec.conformance.mutants.routing import ReplicasMergedTwice
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import FAILED, PASSED, CheckResult
 from kvspec.conformance.tiers import TIERS

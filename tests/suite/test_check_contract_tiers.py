@@ -3,7 +3,7 @@ engine's is tier ``differs``; a real misroute or wrong bytes stay ``corrupts``."
 
 from dataclasses import replace
 
-from kvspec.conformance.mutants.markers import MarkerLeftUnapplied
+from kvspec.conformance.families.transfer.marker_mutants import MarkerLeftUnapplied
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import FAILED, PASSED, get_check, run_check
 from kvspec.strategies import TransferCase

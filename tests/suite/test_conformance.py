@@ -145,7 +145,7 @@ def test_cli_exit_codes_and_report(tmp_path: Path, capsys: pytest.CaptureFixture
     assert json.loads(old.read_text())["summary"]["passed"] == 1
     assert "--report is deprecated" in capsys.readouterr().err
     assert "--report" not in build_parser_help()
-    mutant = "kvspec.conformance.mutants.routing:TargetsOmitLast"
+    mutant = "kvspec.conformance.families.routing.mutants:TargetsOmitLast"
     assert main(["conform", mutant, "--clause", "PLAN-3", "--quiet"]) == 1
     text = capsys.readouterr().out
     assert "cause 1 of 1: corrupts  PLAN-3/inverse" in text and "reproduce: kvspec conform" in text
@@ -158,7 +158,7 @@ def test_cli_exit_codes_and_report(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_parallel_runs_give_the_serial_verdicts_in_the_checks_order(capsys) -> None:
     """--jobs N: every worker loads IMPL itself; the verdicts, counterexamples and the
     order of the results are those of one process."""
-    mutant = "kvspec.conformance.mutants.routing:TargetsOmitLast"
+    mutant = "kvspec.conformance.families.routing.mutants:TargetsOmitLast"
     clauses = ["PLAN-3", "KEY-3", "STAGE-1"]
     serial = run_suite(load_adapter(mutant), impl=mutant, patterns=clauses, profile="ci")
     parallel = run_suite(load_adapter(mutant), impl=mutant, patterns=clauses, profile="ci", jobs=2)
@@ -200,7 +200,7 @@ def test_cli_replays_a_counterexample(capsys: pytest.CaptureFixture[str]) -> Non
     code = main(
         [
             "conform",
-            "kvspec.conformance.mutants.routing:ReplicasMergedTwice",
+            "kvspec.conformance.families.routing.mutants:ReplicasMergedTwice",
             "--check",
             "PLAN-2/exact-cover",
             "--replay",
@@ -461,7 +461,7 @@ def test_pytest_plugin(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest(
         "--kvspec-impl",
-        "kvspec.conformance.mutants.routing:TargetsOmitLast",
+        "kvspec.conformance.families.routing.mutants:TargetsOmitLast",
         "--kvspec-clause",
         "PLAN",
         "--kvspec-skips",
@@ -474,9 +474,9 @@ def test_pytest_plugin(pytester: pytest.Pytester) -> None:
     )
     result.stdout.fnmatch_lines(
         [
-            "kvspec conformance: kvspec.conformance.mutants.routing:TargetsOmitLast*",
+            "kvspec conformance: kvspec.conformance.families.routing.mutants:TargetsOmitLast*",
             "*PLAN-3/inverse failed*",
-            "reproduce: kvspec conform kvspec.conformance.mutants.routing:TargetsOmitLast "
+            "reproduce: kvspec conform kvspec.conformance.families.routing.mutants:TargetsOmitLast "
             "--check PLAN-3/inverse*",
             "*skip entry 'ZZZ-1/*' matches no check*",
             "*skips file: chosen elsewhere*",

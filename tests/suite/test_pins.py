@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvspec.conformance import get_check, run_check
-from kvspec.conformance.checks.routing import POLICY_PINS, ROUTING_PINS
-from kvspec.conformance.checks.transfer import TENSOR_PINS
+from kvspec.conformance.draws import ROUTING_PINS, TENSOR_PINS
+from kvspec.conformance.families.routing.checks import POLICY_PINS
 from kvspec.conformance.pins import pins_for
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import PASSED

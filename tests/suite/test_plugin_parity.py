@@ -18,8 +18,8 @@ from tests.paths import ROOT
 # and the checks' registry would be filled twice.
 all_checks(), all_mutants()
 
-MERGED = "kvspec.conformance.mutants.routing:ReplicasMergedTwice"
-EMPTY_ID = "kvspec.conformance.mutants.naming:EmptyRequestIdAccepted"
+MERGED = "kvspec.conformance.families.routing.mutants:ReplicasMergedTwice"
+EMPTY_ID = "kvspec.conformance.families.naming.mutants:EmptyRequestIdAccepted"
 pytest_plugins = ["pytester"]
 
 CAUSE = re.compile(r"^cause \d+ of \d+: (\S+)  (\S+)  \[")

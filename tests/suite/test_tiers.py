@@ -7,7 +7,7 @@ import pytest
 
 from kvspec.clauses import all_obligations
 from kvspec.conformance.adapter import Acceptance
-from kvspec.conformance.mutants.routing import ReplicasMergedTwice
+from kvspec.conformance.families.routing.mutants import ReplicasMergedTwice
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import (
     FAILED,

@@ -11,19 +11,19 @@ import torch
 from kvspec.cli import main
 from kvspec.conformance import Adapter, load_adapter
 from kvspec.conformance.domain import Domain
-from kvspec.conformance.mutants.block_sizes import (
+from kvspec.conformance.families.groups.block_size_mutants import (
     OneBlockSizeForBoth,
     StatePageAtTp1,
     WindowAlignedToSenderBlocks,
 )
-from kvspec.conformance.mutants.groups import (
+from kvspec.conformance.families.groups.mutants import (
     EmptyChunkNotSpecialCased,
     ReplicatedPartOffsetScaledByTpRatio,
     WindowStartNotBlockAligned,
 )
-from kvspec.conformance.mutants.routing import ReplicasMergedTwice
-from kvspec.conformance.mutants.state_layouts import ConvAlwaysStateLenFirst
-from kvspec.conformance.mutants.transfer import OffByOneHeadOffset
+from kvspec.conformance.families.groups.state_layout_mutants import ConvAlwaysStateLenFirst
+from kvspec.conformance.families.routing.mutants import ReplicasMergedTwice
+from kvspec.conformance.families.transfer.mutants import OffByOneHeadOffset
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.vectors import (
     GOLDEN_DIR,
@@ -196,7 +196,7 @@ def test_a_family_filter_replays_those_families_alone_and_refuses_unknown_names(
     )
     with pytest.raises(ValueError, match=r"no vector family 'key'; the families are .*keys"):
         check_vectors(GOLDEN_DIR, load_adapter("reference"), ["key"])
-    mutant = "kvspec.conformance.mutants.transfer:OffByOneHeadOffset"
+    mutant = "kvspec.conformance.families.transfer.mutants:OffByOneHeadOffset"
     assert main(["vectors", "check", "--impl", mutant, "--family", "keys"]) == 0
     assert "\nkeys " in capsys.readouterr().out
     assert main(["vectors", "check", "--impl", mutant, "--family", "reshard"]) == 1
@@ -212,7 +212,12 @@ def test_cli_checks_the_installed_vectors_by_default(tmp_path: Path, capsys) -> 
     assert main(["vectors", "check", "--impl", "reference"]) == 0
     assert (
         main(
-            ["vectors", "check", "--impl", "kvspec.conformance.mutants.transfer:OffByOneHeadOffset"]
+            [
+                "vectors",
+                "check",
+                "--impl",
+                "kvspec.conformance.families.transfer.mutants:OffByOneHeadOffset",
+            ]
         )
         == 1
     )

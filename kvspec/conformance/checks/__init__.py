@@ -8,8 +8,9 @@ domain, pinned examples for known bug classes, and a ``run`` that raises
 implementation breaks it. Examples are plain data so a shrunk counterexample can be
 printed and replayed as is.
 
-Check modules register themselves with :func:`check`; :func:`all_checks` imports
-them all.
+Check modules (each family folder's ``checks.py`` and ``*_checks.py``,
+:mod:`kvspec.conformance.families`) register themselves with :func:`check`;
+:func:`all_checks` imports them all.
 """
 
 from __future__ import annotations
@@ -29,32 +30,6 @@ Example = dict[str, Any]
 E = TypeVar("E")
 """A check's own example type: what its strategy draws and its run takes (most are an
 :data:`Example`; :func:`check` holds each check's two to one type)."""
-
-CHECK_MODULES: tuple[str, ...] = (
-    "kvspec.conformance.checks.ownership",
-    "kvspec.conformance.checks.routing",
-    "kvspec.conformance.checks.rejection",
-    "kvspec.conformance.checks.transfer",
-    "kvspec.conformance.checks.shipments",
-    "kvspec.conformance.checks.markers",
-    "kvspec.conformance.checks.layouts",
-    "kvspec.conformance.checks.presets",
-    "kvspec.conformance.checks.paged",
-    "kvspec.conformance.checks.descriptors",
-    "kvspec.conformance.checks.oracle",
-    "kvspec.conformance.checks.records",
-    "kvspec.conformance.checks.scaled",
-    "kvspec.conformance.checks.naming",
-    "kvspec.conformance.checks.payloads",
-    "kvspec.conformance.checks.chunks",
-    "kvspec.conformance.checks.streaming",
-    "kvspec.conformance.checks.wire",
-    "kvspec.conformance.checks.lifecycle",
-    "kvspec.conformance.checks.groups",
-    "kvspec.conformance.checks.block_sizes",
-    "kvspec.conformance.checks.indexer",
-    "kvspec.conformance.checks.state_layouts",
-)
 
 
 class OutsideDomain(Exception):
@@ -150,8 +125,9 @@ def check(
 def all_checks() -> list[Check]:
     """Every registered check, in clause-table order."""
     from kvspec.clauses import all_clauses
+    from kvspec.conformance.families import modules
 
-    for name in CHECK_MODULES:
+    for name in modules("checks"):
         importlib.import_module(name)
     from kvspec.clauses import all_obligations
 

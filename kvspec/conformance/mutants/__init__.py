@@ -19,34 +19,6 @@ from dataclasses import dataclass
 
 from kvspec.conformance.adapter import Adapter
 
-MUTANT_MODULES: tuple[str, ...] = (
-    "kvspec.conformance.mutants.ownership",
-    "kvspec.conformance.mutants.topology",
-    "kvspec.conformance.mutants.models",
-    "kvspec.conformance.mutants.routing",
-    "kvspec.conformance.mutants.transfer",
-    "kvspec.conformance.mutants.shipments",
-    "kvspec.conformance.mutants.markers",
-    "kvspec.conformance.mutants.layouts",
-    "kvspec.conformance.mutants.presets",
-    "kvspec.conformance.mutants.paged",
-    "kvspec.conformance.mutants.descriptors",
-    "kvspec.conformance.mutants.oracle",
-    "kvspec.conformance.mutants.records",
-    "kvspec.conformance.mutants.scaled",
-    "kvspec.conformance.mutants.naming",
-    "kvspec.conformance.mutants.payloads",
-    "kvspec.conformance.mutants.chunks",
-    "kvspec.conformance.mutants.streaming",
-    "kvspec.conformance.mutants.wire",
-    "kvspec.conformance.mutants.lifecycle",
-    "kvspec.conformance.mutants.parallel",
-    "kvspec.conformance.mutants.groups",
-    "kvspec.conformance.mutants.block_sizes",
-    "kvspec.conformance.mutants.indexer",
-    "kvspec.conformance.mutants.state_layouts",
-)
-
 
 @dataclass(frozen=True)
 class Mutant:
@@ -93,8 +65,9 @@ def mutant(*obligations: str) -> Callable[[type[Adapter]], type[Adapter]]:
 def all_mutants() -> list[Mutant]:
     """Every registered mutant, in the order of the first obligation each breaks."""
     from kvspec.clauses import all_obligations
+    from kvspec.conformance.families import modules
 
-    for name in MUTANT_MODULES:
+    for name in modules("mutants"):
         importlib.import_module(name)
     order = {oid: i for i, oid in enumerate(all_obligations())}
     unknown = sorted(

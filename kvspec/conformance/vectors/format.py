@@ -21,26 +21,24 @@ from safetensors.torch import load_file, save_file
 
 from kvspec import __version__
 from kvspec.conformance.adapter import Adapter, provided_capabilities
-from kvspec.conformance.vectors import (
-    cross_layer,
-    descriptors,
-    errors,
-    groups,
-    keys,
-    layouts,
-    oracle,
-    ownership,
-    paged,
-    plan,
-    ports,
-    records,
-    reshard,
-    scaled,
-    state_layouts,
-    states,
-    tokens,
-    wire,
-)
+from kvspec.conformance.families.descriptors import vectors as descriptors
+from kvspec.conformance.families.groups import state_layout_vectors as state_layouts
+from kvspec.conformance.families.groups import state_vectors as states
+from kvspec.conformance.families.groups import vectors as groups
+from kvspec.conformance.families.layouts import cross_layer_vectors as cross_layer
+from kvspec.conformance.families.layouts import record_vectors as records
+from kvspec.conformance.families.layouts import scaled_vectors as scaled
+from kvspec.conformance.families.layouts import vectors as layouts
+from kvspec.conformance.families.naming import key_vectors as keys
+from kvspec.conformance.families.naming import port_vectors as ports
+from kvspec.conformance.families.oracle import vectors as oracle
+from kvspec.conformance.families.ownership import token_vectors as tokens
+from kvspec.conformance.families.ownership import vectors as ownership
+from kvspec.conformance.families.paged import vectors as paged
+from kvspec.conformance.families.routing import vectors as plan
+from kvspec.conformance.families.transfer import vectors as reshard
+from kvspec.conformance.families.wire import vectors as wire
+from kvspec.conformance.vectors import errors
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.errors import InputError
 

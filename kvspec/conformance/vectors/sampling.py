@@ -14,6 +14,10 @@ import itertools
 import random
 from typing import Any
 
+import torch
+
+from kvspec.conformance.vectors.family import Tensors
+from kvspec.memory.cache_layout import LAYOUTS
 from kvspec.memory.state_cache import state_page
 from kvspec.strategies import RULE_SIZES, TP_SIZES, TransferCase, divides
 from kvspec.topology.groups import group_from_dict
@@ -225,3 +229,66 @@ def hybrid_cases(rng: random.Random) -> list[tuple[TransferCase, int, int]]:
         case = TransferCase(sender, receiver, model, policy)
         found.append((case, rng.randint(0, 80), rng.choice([1, 4, 16])))
     return found
+
+
+TOKEN_LAYOUTS: tuple[tuple[StageLayout, ModelShape], ...] = tuple(
+    (StageLayout(tp, dp=dp, cp=cp, dcp=dcp, cp_rule=rule), ModelShape(1, heads, 1))
+    for tp, dp, cp, dcp, heads, rule in (
+        (4, 1, 2, 1, 4, "contiguous"),
+        (4, 1, 4, 1, 2, "contiguous:4"),
+        (6, 1, 3, 1, 2, "interleave:1"),
+        (4, 1, 2, 1, 2, "interleave:16"),
+        (8, 1, 2, 1, 4, "round_robin_blocks:8"),
+        (4, 1, 2, 1, 2, "zigzag"),
+        (8, 1, 4, 1, 2, "zigzag"),
+        (8, 1, 1, 2, 4, "interleave:1"),
+        (8, 1, 1, 4, 1, "interleave:16"),
+        (8, 1, 2, 2, 1, "contiguous:16"),
+        (12, 1, 1, 4, 2, "interleave:2"),
+        (8, 2, 2, 1, 2, "round_robin_blocks:4"),
+    )
+)
+"""Token rules over the cp axis, DCP, both, and beside attention DP [CP-1, CP-3]."""
+
+
+def layer_tensors(key: str, cache: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A layer cache's tensors by key, and its manifest entry ``{"tensors", "tuple"}``."""
+    parts = cache if isinstance(cache, tuple) else (cache,)
+    names = [f"{key}/cache/{i}" for i in range(len(parts))]
+    return dict(zip(names, parts, strict=True)), {
+        "tensors": names,
+        "tuple": isinstance(cache, tuple),
+    }
+
+
+def load_layer(tensors: Tensors, entry: dict[str, Any]) -> Any:
+    parts = tuple(tensors[n].clone() for n in entry["tensors"])
+    return parts if entry["tuple"] else parts[0]
+
+
+FIRST_VECTOR_LAYOUTS: tuple[str, ...] = (
+    "flash_attn",
+    "flash_attn_hnd",
+    "flashinfer",
+    "flashinfer_hnd",
+    "kv_tuple",
+    "mla",
+    "token_major",
+    "vllm_packed_hnd",
+    "vllm_packed_nhd",
+    "vllm_mla",
+    "sglang_mha",
+    "sglang_mha_hnd",
+    "sglang_mla",
+)
+"""The per-layer presets the golden vectors were first drawn over, in their order. The
+``layouts`` and ``paged`` families make these presets' cases first, as they always did,
+and a preset added later gets cases after them, so adding a preset adds vectors and
+leaves the older ones in place (only a detection answer it makes ambiguous changes)
+[LAYOUT-1, LAYOUT-4]."""
+
+
+def vector_layouts() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The per-layer presets with vectors: the first ones, then those added since."""
+    first = tuple(n for n in FIRST_VECTOR_LAYOUTS if n in LAYOUTS)
+    return first, tuple(n for n in LAYOUTS if n not in FIRST_VECTOR_LAYOUTS)

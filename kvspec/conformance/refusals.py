@@ -1,0 +1,141 @@
+"""Probing refusals, shared by the families' refusal checks: a valid configuration of the
+adapter's domain (:func:`valid_configs`), changed one fact at a time to step just
+outside the spec's domain (a :data:`Variant`: off by one, negative, of another type or
+kind), handed to one of the adapter's ``validate_*`` methods (:func:`refusal_check`),
+pinned with the family's own ``transfer`` error cases (:func:`pinned`); and a valid
+message changed one thing at a time (a :data:`Probe`), each handed to the adapter's
+``decode`` (:func:`refuse_all`) [WIRE, PAYLOAD-1].
+
+What counts as a refusal is judged by
+:func:`~kvspec.conformance.checks.expectations.expect_refused`: an exception of the
+adapter's declared refusal types, naming the values a variant changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hypothesis import strategies as st
+
+from kvspec.conformance.adapter import VALIDATORS, Adapter
+from kvspec.conformance.checks import Context, Example, check
+from kvspec.conformance.checks.expectations import changed_values, expect_refused
+from kvspec.conformance.draws import Setup, case_examples
+from kvspec.conformance.transfer_config import handed
+from kvspec.error_cases import ErrorCase
+from kvspec.topology.model import ModelShape
+from kvspec.transport.payload import Payload
+
+
+def mha_model(
+    num_layers: int = 4, heads: int = 4, head_dim: int = 8, **extra: Any
+) -> dict[str, Any]:
+    """An MHA model's facts as data (``extra`` overrides or adds facts)."""
+    return {**ModelShape(num_layers, heads, head_dim).to_dict(), **extra}
+
+
+def config_between(source_tp: int, target_tp: int, model: dict[str, Any], **extra: Any) -> Example:
+    """A TP-only configuration from ``source_tp`` to ``target_tp`` of ``model``."""
+    return {
+        "source": {"tp": source_tp, "pp": 1, "layer_partition": None},
+        "target": {"tp": target_tp, "pp": 1, "layer_partition": None},
+        "model": model,
+        **extra,
+    }
+
+
+def valid_configs(adapter: Adapter) -> st.SearchStrategy[Example]:
+    """Valid configurations of the adapter's domain (``policy`` dropped: routing's concern)."""
+    return case_examples(adapter).map(lambda e: {k: v for k, v in e.items() if k != "policy"})
+
+
+def tp_pp_only(config: Example) -> Example:
+    """The configuration without attention groups, token shards or a request: both sides
+    TP and PP only, so head rules apply to tp itself."""
+    plain = {k: v for k, v in config.items() if k not in ("seq_len", "source_dp", "target_dp")}
+    for side in ("source", "target"):
+        plain[side] = {k: config[side][k] for k in ("tp", "pp", "layer_partition")}
+    return plain
+
+
+Variant = tuple[str, str, Example]
+"""(obligation, what was changed, the configuration)."""
+
+
+def refusal_check(
+    clause: str,
+    slug: str,
+    title: str,
+    covers: tuple[str, ...],
+    strategy: Callable[[Adapter], st.SearchStrategy[Example]],
+    *,
+    method: str,
+    missing: Callable[[Adapter], str | None] | None = None,
+    pins: tuple[Example, ...] = (),
+    variants: Callable[[Adapter, Example], list[Variant]] | None = None,
+) -> None:
+    """A check that ``method`` refuses each configuration, or (with ``variants``) every
+    variant of each valid configuration, each one step outside the spec's domain. The
+    check counts as declared where this is called (its family's module), not here."""
+    declared_in = sys._getframe(1).f_globals["__name__"]
+
+    @check(
+        clause,
+        slug,
+        title,
+        needs=(VALIDATORS[method],),
+        strategy=strategy,
+        examples=pins,
+        missing=missing,
+        covers=covers,
+    )
+    def run(ctx: Context, config: Example) -> None:
+        probes = variants(ctx.adapter, config) if variants else [(covers[0], title, config)]
+        for obligation, what, probe in probes:
+            handed(probe)
+
+            def validate(probe: Example = probe) -> object:
+                return getattr(ctx.adapter, method)(copy.deepcopy(probe))
+
+            expect_refused(
+                obligation,
+                f"configuration {probe} ({what})",
+                validate,
+                # a variant names what it changed; a drawn invalid config: its type decides
+                naming=changed_values(config, probe) if variants else (),
+                accepted=probe,
+            )
+
+    run.__module__ = declared_in
+
+
+def needs_axis(attribute: str, what: str) -> Callable[[Adapter], str | None]:
+    """A check's ``missing``: ``what`` unless the domain's ``attribute`` sizes go above 1."""
+
+    def why(adapter: Adapter) -> str | None:
+        return None if max(getattr(adapter.domain, attribute)) > 1 else what
+
+    return why
+
+
+def pinned(cases: Iterable[ErrorCase], clause: str) -> tuple[Example, ...]:
+    """The configurations of the ``transfer`` error cases of ``clause``: a refusal
+    check's pinned examples."""
+    return tuple(c.args for c in cases if c.op == "transfer" and c.clause == clause)
+
+
+Probe = tuple[str, str, list[bytes]]
+"""A message one change away from a valid one: (obligation, what was changed, the frames)."""
+
+
+def refuse_all(ctx: Context, setup: Setup, probes: list[Probe]) -> None:
+    """Expect the adapter's ``decode`` to refuse every probe's frames [WIRE, PAYLOAD-1]."""
+    for obligation, what, frames in probes:
+
+        def decode(frames: list[bytes] = frames) -> Payload:
+            return ctx.adapter.decode(frames)
+
+        expect_refused(obligation, f"{setup.case.describe()}: a message with {what}", decode)
