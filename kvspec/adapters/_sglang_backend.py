@@ -50,6 +50,13 @@ page boundary in serving, while DESC-1 judges slot by slot; at one token a page 
 agree, and the offsets scale with the page size and do not otherwise depend on it."""
 
 
+def sends_slices(case: TransferCase) -> bool:
+    """Each backend's ``transfer_worker`` choice of sender: whole pages
+    (``send_kvcache``) for an MLA backend or equal attention-TP sizes, head slices
+    (``send_kvcache_slice``) otherwise (mooncake/conn.py, nixl/conn.py)."""
+    return case.model.attention != "mla" and case.source.tp != case.target.tp
+
+
 def pointer_regions(cache: RegisteredCache) -> list[str]:
     """The cache's regions in SGLang's ``kv_data_ptrs`` order: ``[K of each layer...,
     V of each layer...]`` for an MHA token pool, one latent per layer for MLA

@@ -19,7 +19,8 @@ standing in for Mooncake's ``TransferEngine``: it records every ``(src address, 
 address, length)`` that ``batch_transfer_sync`` is handed and reports success; the
 adapter turns them into kvspec descriptors, which DESC-1 judges by the bytes they write.
 
-Which sender runs is ``transfer_worker``'s choice, stated in :func:`sends_slices` (MLA or
+Which sender runs is ``transfer_worker``'s choice, stated in
+:func:`~kvspec.adapters._sglang_backend.sends_slices` (MLA or
 equal attention TP: ``send_kvcache``; otherwise ``send_kvcache_slice``); the staging
 path (``SGLANG_DISAGG_STAGING_BUFFER``), DCP relayout, HiSparse device indices, the
 state caches (``maybe_send_extra``) and the custom memory pool's per-layer threads are
@@ -39,18 +40,13 @@ from kvspec.adapters._sglang_backend import (
     InlineExecutor,
     SglangBackendAdapter,
     plain_memory,
+    sends_slices,
 )
 from kvspec.adapters.sglang import INSTALL
 from kvspec.strategies import TransferCase
 
 NAME = "sglang-mooncake"
 MODULE = "sglang.srt.disaggregation.mooncake.conn"
-
-
-def sends_slices(case: TransferCase) -> bool:
-    """``transfer_worker``'s choice of sender: ``send_kvcache`` for an MLA backend or equal
-    attention-TP sizes, ``send_kvcache_slice`` otherwise (mooncake/conn.py)."""
-    return case.model.attention != "mla" and case.source.tp != case.target.tp
 
 
 class RecordingEngine:
