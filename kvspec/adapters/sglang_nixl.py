@@ -38,6 +38,7 @@ import numpy as np
 
 from kvspec.adapters._engine import import_engine
 from kvspec.adapters._sglang_backend import AddressPlan, SglangBackendAdapter, sends_slices
+from kvspec.adapters._vllm import parameters
 from kvspec.adapters.sglang import INSTALL
 from kvspec.strategies import TransferCase
 
@@ -81,7 +82,7 @@ class RecordingAgent:
         return len(self.lists) - 1
 
     def make_prepped_xfer(
-        self, op: str, src: int, src_indices: Any, dst: int, dst_indices: Any
+        self, op: str, src: int, src_indices: Any, dst: int, dst_indices: Any, *notif: Any
     ) -> tuple[str, int]:
         src_list, dst_list = self.lists[src], self.lists[dst]
         src_idx, dst_idx = list(map(int, src_indices)), list(map(int, dst_indices))
@@ -124,6 +125,15 @@ class SglangNixlAdapter(SglangBackendAdapter):
     def _manager_class(self) -> Any:
         return self.nixl.NixlKVManager
 
+    def _source_slots(self, args: Any) -> int:
+        """The prefill's slot count, as ``NixlKVManager.__init__`` sets it: the module's
+        ``num_kv_slots`` (the shortest buffer), or, in releases without it (0.5.16 and
+        older), ``kv_data_lens[0] // kv_item_lens[0]`` as their ``__init__`` computes it."""
+        slots = getattr(self.nixl, "num_kv_slots", None)
+        if slots is None:
+            return int(args.kv_data_lens[0] // args.kv_item_lens[0])
+        return int(slots(args.kv_data_lens, args.kv_item_lens))
+
     def _peer(self, case: TransferCase, dst: int, target: AddressPlan) -> Any:
         """The decode rank's registration as the prefill reads it (``KVArgsRegisterInfo``'s
         fields the prepared lists use)."""
@@ -158,9 +168,7 @@ class SglangNixlAdapter(SglangBackendAdapter):
         manager.agent = agent
         manager.src_mem_kind = MEM_KIND
         manager.kv_args.kv_data_mem_kinds = [MEM_KIND] * len(source.ptrs)
-        manager._num_slots_src = self.nixl.num_kv_slots(
-            manager.kv_args.kv_data_lens, manager.kv_args.kv_item_lens
-        )
+        manager._num_slots_src = self._source_slots(manager.kv_args)
         manager._use_strided_descs = True
         manager.prep_handles = {}
         manager.prep_handle_slice_src = None
@@ -169,15 +177,21 @@ class SglangNixlAdapter(SglangBackendAdapter):
         peer = self._peer(case, dst, target)
         manager.decode_kv_args_table = {peer.agent_name: peer}
         manager._prepare_payload_xfer(peer)
+        # Releases 0.5.16 and older pass the room's notification to each send.
         if sends_slices(case):
-            manager.send_kvcache_slice(peer.agent_name, source_pages, target_pages)
+            send = manager.send_kvcache_slice
+            notif = {"notif": "room"} if "notif" in parameters(send) else {}
+            send(peer.agent_name, source_pages, target_pages, **notif)
         else:
-            manager.send_kvcache(
+            send = manager.send_kvcache
+            notif = {"notif": "room"} if "notif" in parameters(send) else {}
+            send(
                 peer.agent_name,
                 source_pages,
                 peer.dst_kv_ptrs,
                 target_pages,
                 peer.gpu_id,
-                dst_mem_kind=peer.dst_homogeneous_mem_kind,
+                dst_mem_kind=peer.dst_homogeneous_mem_kind or MEM_KIND,
+                **notif,
             )
         return agent.copies
