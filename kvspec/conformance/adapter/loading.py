@@ -31,6 +31,8 @@ BUILTIN: dict[str, str] = {
     "vllm-canonical": "kvspec.adapters.vllm_canonical:VllmCanonicalAdapter",
     "vllm-layouts": "kvspec.adapters.vllm_layouts:VllmLayoutsAdapter",
     "sglang": "kvspec.adapters.sglang:SglangAdapter",
+    "sglang-mooncake": "kvspec.adapters.sglang_mooncake:SglangMooncakeAdapter",
+    "sglang-nixl": "kvspec.adapters.sglang_nixl:SglangNixlAdapter",
 }
 """Adapters reachable by a built-in name."""
 
