@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from kvspec.forms import build, form_list, read_form
@@ -12,6 +13,7 @@ from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.records import carrier_model, cell_bytes
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
+from sim.run.content import ContentKind, content_kind
 from sim.run.faults import FaultSpec, check_rank_faults, parse_faults
 
 _LAYOUT = re.compile(r"^(?:PP(\d{1,5})X)?TP(\d{1,5})$")
@@ -132,6 +134,12 @@ class SimConfig:
     def __post_init__(self) -> None:
         if len(self.stages) < 2:
             raise ValueError("a run needs at least two stages (a sender and a receiver)")
+        if self.content == "groups":
+            raise ValueError(
+                f"{self.model.describe()}: a hybrid model moves as layer-group parts "
+                "[GROUP-3], which the rank loop does not carry yet; run it as "
+                "python -m sim run --model NAME (sim.harness.hybrid)"
+            )
         for name, value, low, high in (
             ("--requests", self.requests, 1, LIMITS.requests),
             ("--chunks", self.chunks, 1, LIMITS.chunks),
@@ -290,11 +298,16 @@ class SimConfig:
     def last_stage(self) -> int:
         return len(self.stages) - 1
 
+    @cached_property
+    def content(self) -> ContentKind:
+        """What the run's caches hold, chosen once per run (:mod:`sim.run.content`)."""
+        return content_kind(self.model, self.src_layout, self.dst_layout)
+
     @property
     def records(self) -> bool:
         """Whether the caches' cells are records with inline scales or a fixed format, whose
         every field the oracle fills and the receiver checks [LAYOUT-6, ORACLE-6]."""
-        return not all(get_layout(n).plain for n in (self.src_layout, self.dst_layout))
+        return self.content == "records"
 
     @property
     def transfer_model(self) -> ModelShape:
