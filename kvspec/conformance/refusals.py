@@ -25,7 +25,7 @@ from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import changed_values, expect_refused
 from kvspec.conformance.draws import Setup, case_examples
 from kvspec.conformance.transfer_config import handed
-from kvspec.error_cases import ErrorCase
+from kvspec.error_cases import OPERATIONS, ErrorCase
 from kvspec.topology.model import ModelShape
 from kvspec.transport.payload import Payload
 
@@ -93,7 +93,9 @@ def refusal_check(
         covers=covers,
     )
     def run(ctx: Context, config: Example) -> None:
-        probes = variants(ctx.adapter, config) if variants else [(covers[0], title, config)]
+        # a pinned error case is outside the domain already: probed as it is, not varied
+        varied = variants is not None and spec_accepts(config)
+        probes = variants(ctx.adapter, config) if varied else [(covers[0], title, config)]
         for obligation, what, probe in probes:
             handed(probe)
 
@@ -105,11 +107,21 @@ def refusal_check(
                 f"configuration {probe} ({what})",
                 validate,
                 # a variant names what it changed; a drawn invalid config: its type decides
-                naming=changed_values(config, probe) if variants else (),
+                naming=changed_values(config, probe) if varied else (),
                 accepted=probe,
             )
 
     run.__module__ = declared_in
+
+
+def spec_accepts(config: Example) -> bool:
+    """Whether the spec accepts ``config`` as a transfer (a valid base to make variants
+    of), rather than refusing it (a pinned error case)."""
+    try:
+        OPERATIONS["transfer"](config)
+    except ValueError:
+        return False
+    return True
 
 
 def needs_axis(attribute: str, what: str) -> Callable[[Adapter], str | None]:
