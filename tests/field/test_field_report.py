@@ -471,11 +471,18 @@ def test_each_draft_upstream_issue_has_a_standalone_repro_without_kvspec() -> No
     import re
 
     ledger = json.loads((ROOT / fr.LEDGER).read_text())
-    drafts = {d["upstream_draft"] for d in ledger["defects"].values() if d.get("upstream_draft")}
-    assert drafts == {str(p.relative_to(ROOT)) for p in (ROOT / "field/upstream").glob("*.md")}
-    for draft in sorted(drafts):
+    drafts = {
+        d["upstream_draft"]: d["status"]
+        for d in ledger["defects"].values()
+        if d.get("upstream_draft")
+    }
+    assert set(drafts) == {str(p.relative_to(ROOT)) for p in (ROOT / "field/upstream").glob("*.md")}
+    for draft, status in sorted(drafts.items()):
         text = (ROOT / draft).read_text()
-        for heading in ("## What breaks", "## Which deployments", "## Fix direction"):
+        # a hardening note is a suggestion, never a report of harm (issue 43)
+        opening = "## What happens today" if status == "hardening" else "## What breaks"
+        assert (status == "hardening") == ("Suggestion:" in text.split("\n## ", 1)[0]), draft
+        for heading in (opening, "## Which deployments", "## Fix direction"):
             assert heading in text, (draft, heading)
         block = text.split("\n## Standalone repro", 1)[1]
         code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
