@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from kvspec.console.output import OutputFailed
+from kvspec.console.output import OutputFailed, on_stdout
 
 INTERRUPTED = 130
 """The exit status after Ctrl-C: 128 + SIGINT, as a shell reports it."""
@@ -65,32 +65,17 @@ class _Guarded:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise OutputFailed("standard output", error) from error
+        return on_stdout(lambda: self.stream.write(text))
 
     def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise OutputFailed("standard output", error) from error
+        on_stdout(self.stream.flush)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
 
 def _flush_stdout() -> None:
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as error:
-        raise OutputFailed("standard output", error) from error
+    on_stdout(sys.stdout.flush)
 
 
 def _silence_stdout() -> None:

@@ -18,9 +18,12 @@ import os
 import secrets
 import stat
 import sys
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 STDOUT = "-"
 
@@ -62,6 +65,18 @@ class OutputFailed(Exception):
         super().__init__(f"could not write {where}: {reason}{left}")
 
 
+def on_stdout(call: Callable[[], T]) -> T:
+    """``call()`` (a write or flush of standard output), a failure of the stream itself
+    raised as :class:`OutputFailed`; a closed pipe stays a ``BrokenPipeError`` (the
+    reader left: :data:`~kvspec.console.exits.READER_GONE`, not a failed write)."""
+    try:
+        return call()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise OutputFailed("standard output", error) from error
+
+
 def write_json(path: str, data: Any) -> None:
     """Write ``data`` as indented JSON to ``path``, or to standard output for ``-``."""
     write_text(path, json.dumps(data, indent=2) + "\n")
@@ -76,13 +91,8 @@ def write_text(path: str, text: str) -> None:
     written in place, since it cannot be replaced. Any failure raises
     :class:`OutputFailed` and removes the temporary file."""
     if path == STDOUT:
-        try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        except BrokenPipeError:
-            raise  # the reader left: exits.run_to_exit's READER_GONE, not a failed write
-        except OSError as error:
-            raise OutputFailed("standard output", error) from error
+        on_stdout(lambda: sys.stdout.write(text))
+        on_stdout(sys.stdout.flush)
         return
     target = Path(os.path.realpath(path))
     try:
