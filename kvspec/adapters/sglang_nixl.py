@@ -17,8 +17,10 @@ each run on a ``NixlKVManager`` built bare (``object.__new__``: no NIXL agent, n
 threads, no GPU) holding only the attributes they read, with kvspec's registered caches
 as stand-in buffer addresses and the decode's registration as a plain
 ``KVArgsRegisterInfo``-shaped record. Its ``agent`` is a :class:`RecordingAgent`
-standing in for ``nixl_agent``: ``prep_xfer_dlist`` keeps each list's descriptors
-(strided ``(addr, len, dev, stride, count)`` runs expanded), ``make_prepped_xfer``
+standing in for ``nixl_agent``: ``prep_xfer_dlist`` refuses, as NIXL does, a list with a
+descriptor outside the memory registered for the side it names (each side's
+``kv_data_ptrs`` with their ``kv_data_lens``), and keeps each list's descriptors
+(strided ``(addr, len, dev, stride, count)`` runs expanded); ``make_prepped_xfer``
 resolves the index lists into ``(src address, dst address, length)`` copies, refusing
 index lists of unequal length or pairs of unequal length as NIXL does; DESC-1 judges them
 by the bytes they write.
@@ -66,19 +68,64 @@ def expand_descs(descs: Any) -> list[tuple[int, int]]:
     return out
 
 
-class RecordingAgent:
-    """Stands in for ``nixl_agent``: keeps the prepared lists, turns each prepped WRITE
-    into ``(src address, dst address, length)`` copies, reports every transfer done."""
+class NixlNotFound(ValueError):
+    """What NIXL's ``prep_xfer_dlist`` raises (``NIXL_ERR_NOT_FOUND``) for a descriptor
+    that lies in no memory region registered for the side it names; a refusal: nothing is
+    written, the request fails in the prefill's bootstrap thread (sgl-project/sglang#31968)."""
 
-    def __init__(self) -> None:
+
+Regions = list[tuple[int, int]]
+"""``(address, length)`` of each registered memory region of one agent."""
+
+
+class RecordingAgent:
+    """Stands in for ``nixl_agent``: checks and keeps the prepared lists, turns each
+    prepped WRITE into ``(src address, dst address, length)`` copies, reports every
+    transfer done.
+
+    ``prep_xfer_dlist`` behaves as NIXL's does where a sender can get it wrong: every
+    descriptor of the list must lie inside one memory region registered for the agent
+    it names (``""`` or ``"NIXL_INIT_AGENT"``: this agent's own ``register_memory``;
+    another name: the regions in that peer's metadata, loaded by ``add_remote_agent``),
+    else NIXL finds no backend that can handle all elements and refuses the list
+    (NIXL Python API, ``prep_xfer_dlist``: "Preparation succeeds if at least one backend
+    can handle all elements in the descriptor list", ai-dynamo/nixl docs; the
+    ``NIXL_ERR_NOT_FOUND`` of sgl-project/sglang#31968) [DESC-2]. ``local`` and
+    ``remote`` are what each side registered: SGLang's ``register_buffer_to_engine``
+    registers each ``kv_data_ptrs[i]`` with ``kv_data_lens[i]`` bytes, on both sides."""
+
+    LOCAL = ("", "NIXL_INIT_AGENT")
+
+    def __init__(self, local: Regions, remote: dict[str, Regions]) -> None:
+        self.local = list(local)
+        self.remote = dict(remote)
         self.lists: list[list[tuple[int, int]]] = []
         self.copies: list[tuple[int, int, int]] = []
 
     def get_xfer_descs(self, descs: Any, mem_kind: str) -> Any:
         return descs
 
-    def prep_xfer_dlist(self, peer_name: str, descs: Any, mem_kind: str) -> int:
-        self.lists.append(expand_descs(descs))
+    def registered(self, agent_name: str) -> Regions:
+        """The regions registered for ``agent_name``; a peer whose metadata was never
+        loaded is refused, as NIXL refuses it."""
+        if agent_name in self.LOCAL:
+            return self.local
+        if agent_name not in self.remote:
+            raise NixlNotFound(f"prep_xfer_dlist: no metadata loaded for agent {agent_name!r}")
+        return self.remote[agent_name]
+
+    def prep_xfer_dlist(self, agent_name: str, descs: Any, mem_kind: str) -> int:
+        regions = self.registered(agent_name)
+        expanded = expand_descs(descs)
+        for index, (addr, length) in enumerate(expanded):
+            if not any(base <= addr and addr + length <= base + size for base, size in regions):
+                side = "local" if agent_name in self.LOCAL else f"agent {agent_name!r}'s"
+                raise NixlNotFound(
+                    f"prep_xfer_dlist: descriptor {index} ({length} bytes at {addr:#x}) lies "
+                    f"in no {side} registered memory region "
+                    f"({', '.join(f'{b:#x}+{n}' for b, n in regions)}) [DESC-2]"
+                )
+        self.lists.append(expanded)
         return len(self.lists) - 1
 
     def make_prepped_xfer(
@@ -164,7 +211,11 @@ class SglangNixlAdapter(SglangBackendAdapter):
         target_pages: np.ndarray,
     ) -> list[tuple[int, int, int]]:
         manager = self._bare_manager(case, src, source)
-        agent = RecordingAgent()
+        peer = self._peer(case, dst, target)
+        agent = RecordingAgent(
+            list(zip(source.ptrs, source.data_lens, strict=True)),
+            {peer.agent_name: list(zip(target.ptrs, target.data_lens, strict=True))},
+        )
         manager.agent = agent
         manager.src_mem_kind = MEM_KIND
         manager.kv_args.kv_data_mem_kinds = [MEM_KIND] * len(source.ptrs)
@@ -174,7 +225,6 @@ class SglangNixlAdapter(SglangBackendAdapter):
         manager.prep_handle_slice_src = None
         manager.prep_handles_slice_dst = {}
         manager.prep_handles_segment_src = {}
-        peer = self._peer(case, dst, target)
         manager.decode_kv_args_table = {peer.agent_name: peer}
         manager._prepare_payload_xfer(peer)
         # Releases 0.5.16 and older pass the room's notification to each send.

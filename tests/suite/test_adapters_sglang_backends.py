@@ -5,6 +5,7 @@ bug of each sender put back and caught."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import numpy as np
@@ -66,7 +67,7 @@ def test_strided_runs_expand_to_one_descriptor_each() -> None:
 
 
 def test_the_recording_agent_resolves_prepped_writes_and_refuses_unequal_lengths() -> None:
-    agent = sglang_nixl.RecordingAgent()
+    agent = sglang_nixl.RecordingAgent([(100, 8)], {"d": [(0, 3), (900, 16)]})
     src = agent.prep_xfer_dlist("", np.array([[100, 4, 0, 4, 2]], dtype=np.uint64), "VRAM")
     dst = agent.prep_xfer_dlist("d", np.array([[900, 4, 0, 8, 2]], dtype=np.uint64), "VRAM")
     agent.make_prepped_xfer("WRITE", src, [1, 0], dst, [0, 1])
@@ -76,6 +77,22 @@ def test_the_recording_agent_resolves_prepped_writes_and_refuses_unequal_lengths
         agent.make_prepped_xfer("WRITE", src, [0], odd, [0])
     with pytest.raises(ValueError, match="2 source and 1 destination"):
         agent.make_prepped_xfer("WRITE", src, [0, 1], dst, [0])
+
+
+def test_the_recording_agent_refuses_a_list_outside_the_memory_registered_for_its_side() -> None:
+    # NIXL's prep_xfer_dlist: every descriptor inside a region registered by the agent the
+    # list names (local: its own; a peer: that peer's metadata), else NIXL_ERR_NOT_FOUND.
+    agent = sglang_nixl.RecordingAgent([(100, 8)], {"d": [(900, 16)]})
+    assert agent.prep_xfer_dlist("NIXL_INIT_AGENT", np.array([[104, 4, 0]], np.uint64), "") == 0
+    with pytest.raises(sglang_nixl.NixlNotFound, match=r"descriptor 1 \(4 bytes at 0x6c\)"):
+        agent.prep_xfer_dlist("", np.array([[100, 4, 0, 8, 2]], np.uint64), "VRAM")  # 108+4 > 108
+    with pytest.raises(sglang_nixl.NixlNotFound, match="no local registered"):
+        agent.prep_xfer_dlist("", np.array([[900, 4, 0]], np.uint64), "VRAM")  # the peer's
+    with pytest.raises(sglang_nixl.NixlNotFound, match="agent 'd''s registered"):
+        agent.prep_xfer_dlist("d", np.array([[912, 8, 0]], np.uint64), "VRAM")  # past its end
+    with pytest.raises(sglang_nixl.NixlNotFound, match="'e'"):
+        agent.prep_xfer_dlist("e", np.array([[900, 4, 0]], np.uint64), "VRAM")
+    assert len(agent.lists) == 1  # a refused list is not kept
 
 
 # -- the engines' own senders (field venv only) ---------------------------------------------
@@ -144,3 +161,40 @@ def test_the_total_heads_bug_of_mooncakes_slice_sender_is_caught() -> None:  # p
     verdict = judged(Before19086(), 4, 1, 2, (2, 0), "sglang_mha")
     assert not verdict.ok
     assert judged(Before19086(), 2, 1, 4, (1, 0), "sglang_mha").ok  # no replication: right
+
+
+def sglang_release() -> tuple[int, ...] | None:
+    """The importable sglang's release as numbers, None without one."""
+    try:
+        return tuple(int(p) for p in importlib.metadata.version("sglang").split(".")[:3])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(sglang_release() != (0, 5, 16), reason="needs sglang 0.5.16 (PYTHONPATH)")
+def test_the_replicated_decode_groups_bug_of_nixls_prep_is_caught() -> None:  # pragma: no cover
+    # sgl-project/sglang#31968 (field/history/bugs/sglang-nixl-replicated-decode-groups.json):
+    # 0.5.16's _init_hetero_tp_prep_handle interleaves decode_tp // prefill_tp = 4 head groups
+    # over 2 KV heads (prefill TP1 -> decode TP4), so the shared source list runs past the
+    # registered region and NIXL refuses it, for every decode rank: breaks.
+    from kvspec.adapters.sglang_nixl import SglangNixlAdapter
+
+    nixl = SglangNixlAdapter()
+    for decode in range(4):
+        with pytest.raises(sglang_nixl.NixlNotFound, match="no local registered memory"):
+            judged(nixl, 1, 4, 2, (0, decode), "sglang_mha")
+    assert judged(nixl, 1, 4, 4, (0, 3), "sglang_mha").ok  # 4 heads: no replication, right
+
+
+@pytest.mark.skipif(
+    (sglang_release() or (0,)) < (0, 5, 17), reason="needs sglang 0.5.17 or newer (PYTHONPATH)"
+)
+def test_the_replicated_decode_groups_fix_passes_every_decode_rank() -> None:  # pragma: no cover
+    # sgl-project/sglang#31968's fix (0.5.17): num_groups = decode_tp // prefill_tp //
+    # dst_replication, 2 groups for 2 heads, inside the registered region.
+    from kvspec.adapters.sglang_nixl import SglangNixlAdapter
+
+    nixl = SglangNixlAdapter()
+    for decode in range(4):
+        verdict = judged(nixl, 1, 4, 2, (0, decode), "sglang_mha")
+        assert verdict.ok, verdict.problems
