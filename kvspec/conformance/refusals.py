@@ -95,7 +95,11 @@ def refusal_check(
     def run(ctx: Context, config: Example) -> None:
         # a pinned error case is outside the domain already: probed as it is, not varied
         varied = variants is not None and spec_accepts(config)
-        probes = variants(ctx.adapter, config) if varied else [(covers[0], title, config)]
+        probes = (
+            variants(ctx.adapter, config)
+            if variants is not None and varied
+            else [(covers[0], title, config)]
+        )
         for obligation, what, probe in probes:
             handed(probe)
 
