@@ -34,7 +34,7 @@ from kvspec.topology.ownership import (
 )
 from kvspec.topology.plan import POLICIES, ReplicaRule, TransferPlan, plan_transfer
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.tokens import RULE_KINDS, CPRule
+from kvspec.topology.tokens import RULE_KINDS, CPRule, rule_kind
 
 TP_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 """TP sizes drawn by default: powers of two and the non-powers 3, 6, 12, 24."""
@@ -222,21 +222,11 @@ def engine_default(
     return None if split == default_layer_partition(num_layers, pp) else split
 
 
-RULE_SIZES: dict[str, tuple[int, ...]] = {
-    "contiguous": (1, 2, 4),
-    "interleave": (1, 2, 3, 4),
-    "round_robin_blocks": (1, 2, 4),
-    "zigzag": (1,),
-}
-"""Rule sizes drawn: small, so that a few tokens span several runs and blocks [CP-1]."""
-
-
 @st.composite
 def cp_rules(draw: st.DrawFn, *, kinds: tuple[str, ...] = RULE_KINDS) -> str:
-    """A token rule of one of ``kinds``, with a small size [CP-1]."""
+    """A token rule of one of ``kinds``, with one of its kind's small sample sizes [CP-1]."""
     kind = draw(st.sampled_from(kinds))
-    size = draw(st.sampled_from(RULE_SIZES[kind]))
-    return kind if kind == "zigzag" or (kind == "contiguous" and size == 1) else f"{kind}:{size}"
+    return str(CPRule(kind, draw(st.sampled_from(rule_kind(kind).sample_sizes))))
 
 
 def _groups(tp: int, dp_sizes: tuple[int, ...], cp_sizes: tuple[int, ...]) -> list[tuple[int, int]]:

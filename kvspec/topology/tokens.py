@@ -252,13 +252,28 @@ def put_tokens(target: torch.Tensor, positions: Tokens, values: torch.Tensor, *,
 
 class RuleKind:
     """One named token-distribution rule: everything the spec knows about it lives in its
-    class — its size, the tokens of a shard [CP-1] and what it needs to fit [CP-2]. To
-    change a rule, change its class; ``kvspec clauses --map CP`` lists the rest."""
+    class — its name and size, the tokens of a shard [CP-1], what it needs to fit [CP-2],
+    and the facts the suite asks of it: the obligation its tokens are checked under, the
+    sizes drawn, the near-miss names a parser must refuse and the cache blocks it must
+    refuse. To change a rule, change its class; ``kvspec clauses --map CP`` lists the rest.
+    """
 
     name: ClassVar[str]
     size_letter: ClassVar[str | None] = None
     """The letter of its size in messages (``B``, ``I``); None: the rule takes no size."""
     size_required: ClassVar[bool] = False
+    obligation: ClassVar[str]
+    """The CP-1 obligation that states its tokens (``CP-1.2``)."""
+    sample_sizes: ClassVar[tuple[int, ...]] = (1,)
+    """The sizes drawn: small, so that a few tokens span several runs and blocks."""
+    near_misses: ClassVar[tuple[str, ...]] = ()
+    """Spellings one typo or one missing or wrong size away from the rule, each refused
+    [CP-1.5]."""
+    unfit_blocks: ClassVar[tuple[tuple[int, int], ...]] = ()
+    """(size, cache block size) pairs the rule cannot live in, each refused under
+    :attr:`fit_obligation` [CP-2]."""
+    fit_obligation: ClassVar[str | None] = None
+    """The CP-2 obligation its cache-block refusal answers to; None: any block fits."""
 
     def describe(self, size: int) -> str:
         """The rule's name with its size: ``interleave:16``."""
@@ -308,6 +323,11 @@ class Contiguous(RuleKind):
 
     name = "contiguous"
     size_letter = "B"
+    obligation = "CP-1.1"
+    sample_sizes = (1, 2, 4)
+    near_misses = ("contiguous:0",)
+    unfit_blocks = ((2, 4), (4, 2), (16, 32))
+    fit_obligation = "CP-2.3"
 
     def describe(self, size: int) -> str:
         return self.name if size == 1 else super().describe(size)
@@ -333,6 +353,11 @@ class Interleave(RuleKind):
     name = "interleave"
     size_letter = "I"
     size_required = True
+    obligation = "CP-1.2"
+    sample_sizes = (1, 2, 3, 4)
+    near_misses = ("Interleave:4", "interleave", "interleave:0", "interleave:-2", "interleave:1.5")
+    unfit_blocks = ((2, 3), (4, 6), (16, 24), (3, 1))
+    fit_obligation = "CP-2.2"
 
     def tokens(self, size: int, shard: int, shards: int, seq_len: int) -> Tokens:
         return _blocks_in_turn(size, shard, shards, seq_len)
@@ -356,6 +381,11 @@ class RoundRobinBlocks(RuleKind):
     name = "round_robin_blocks"
     size_letter = "B"
     size_required = True
+    obligation = "CP-1.3"
+    sample_sizes = (1, 2, 4)
+    near_misses = ("round_robin_blocks", "round_robin_blocks:0")
+    unfit_blocks = ((2, 4), (4, 2), (16, 32))
+    fit_obligation = "CP-2.3"
 
     def tokens(self, size: int, shard: int, shards: int, seq_len: int) -> Tokens:
         return _blocks_in_turn(size, shard, shards, seq_len)
@@ -372,6 +402,8 @@ class Zigzag(RuleKind):
     request needs ``2n`` tokens [SGLang 0.5.23 layers/cp/zigzag.py]."""
 
     name = "zigzag"
+    obligation = "CP-1.4"
+    near_misses = ("zigzag:2",)
 
     def describe(self, size: int) -> str:
         return self.name
@@ -403,6 +435,15 @@ _KINDS: dict[str, RuleKind] = {
 }
 RULE_KINDS: tuple[str, ...] = tuple(_KINDS)
 """The named token-distribution rules [CP-1]."""
+
+
+def rule_kind(name: str) -> RuleKind:
+    """The rule kind called ``name`` (one of :data:`RULE_KINDS`) [CP-1]."""
+    if name not in _KINDS:
+        raise ValueError(
+            f"unknown context-parallel rule {show(name)}; the rules are {_EXAMPLES} [CP-1]"
+        )
+    return _KINDS[name]
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,14 @@ import torch
 from kvspec.conformance.vectors.family import Tensors
 from kvspec.memory.cache_layout import LAYOUTS
 from kvspec.memory.state_cache import state_page
-from kvspec.strategies import RULE_SIZES, TP_SIZES, TransferCase, divides
+from kvspec.strategies import TP_SIZES, TransferCase, divides
 from kvspec.topology.groups import group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
 from kvspec.topology.model_presets import model_preset
 from kvspec.topology.plan import check_plannable
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.tokens import RULE_KINDS, CPRule, rule_kind
 
 
 def sample_cases(rng: random.Random, count: int, *, max_layers: int = 8) -> list[TransferCase]:
@@ -123,10 +124,9 @@ def _sample_layout(rng: random.Random, tp: int) -> dict[str, Any]:
     groups = [(dp, cp) for dp in (1, 2) for cp in (1, 2, 3) if tp % (dp * cp) == 0]
     dp, cp = rng.choice(groups)
     dcp = rng.choice([d for d in (1, 2) if (tp // (dp * cp)) % d == 0])
-    kind = rng.choice(["contiguous", "interleave", "round_robin_blocks", "zigzag"])
-    size = rng.choice(RULE_SIZES[kind])
-    rule = kind if kind == "zigzag" or (kind == "contiguous" and size == 1) else f"{kind}:{size}"
-    return {"dp": dp, "cp": cp, "dcp": dcp, "cp_rule": rule}
+    kind = rng.choice(RULE_KINDS)
+    rule = CPRule(kind, rng.choice(rule_kind(kind).sample_sizes))
+    return {"dp": dp, "cp": cp, "dcp": dcp, "cp_rule": str(rule)}
 
 
 def sample_parallel(rng: random.Random, count: int) -> list[TransferCase]:

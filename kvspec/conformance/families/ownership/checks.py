@@ -269,13 +269,6 @@ def attention_groups(ctx: Context, example: Example) -> None:
 
 _M = ModelShape(2, 4, 2).to_dict()
 
-RULE_OBLIGATION = {
-    "contiguous": "CP-1.1",
-    "interleave": "CP-1.2",
-    "round_robin_blocks": "CP-1.3",
-    "zigzag": "CP-1.4",
-}
-
 
 @st.composite
 def _token_examples(draw: st.DrawFn, adapter: Adapter, *, decode: bool) -> Example:
@@ -362,7 +355,7 @@ def _no_token_shards(decode: bool) -> Callable[[Adapter], str | None]:
 )
 def token_rules(ctx: Context, example: Example) -> None:
     rule = StageLayout.from_dict(example["layout"]).rule
-    _compare_tokens(ctx, example, RULE_OBLIGATION[rule.kind])
+    _compare_tokens(ctx, example, rule.rule_kind.obligation)
 
 
 @check(

@@ -23,7 +23,7 @@ from kvspec.conformance.refusals import (
     tp_pp_only,
     valid_configs,
 )
-from kvspec.topology.tokens import CPRule
+from kvspec.topology.tokens import RULE_KINDS, CPRule, rule_kind
 
 
 @st.composite
@@ -202,19 +202,12 @@ refusal_check(
 
 UNKNOWN_RULES: tuple[str, ...] = (
     "ring",
-    "Interleave:4",
-    "interleave",
-    "interleave:0",
-    "interleave:-2",
-    "interleave:1.5",
-    "round_robin_blocks",
-    "round_robin_blocks:0",
-    "zigzag:2",
-    "contiguous:0",
+    *(miss for kind in RULE_KINDS for miss in rule_kind(kind).near_misses),
     "strided:2",
     "",
 )
-"""Rule names one typo or one missing size away from a real rule [CP-1]."""
+"""Names of no rule, and each rule's near misses (one typo or one missing or wrong size
+away from it, :attr:`~kvspec.topology.tokens.RuleKind.near_misses`) [CP-1]."""
 
 
 def _bad_rules(adapter: Adapter, config: Example) -> list[Variant]:
@@ -257,17 +250,13 @@ def _unfit_rules(adapter: Adapter, config: Example) -> list[Variant]:
         changed[side] = {**layout, "cp_rule": "zigzag"}
         changed["seq_len"] = n
         found.append(("CP-2.1", f"zigzag over {shards} shards, {n} tokens", changed))
-    for size, block in ((2, 3), (4, 6), (16, 24), (3, 1)):
-        changed = copy.deepcopy(config)
-        changed[side] = {**layout, "cp_rule": f"interleave:{size}"}
-        changed[f"{side}_block_size"] = block
-        found.append(("CP-2.2", f"interleave:{size} with cache blocks of {block}", changed))
-    for kind in ("round_robin_blocks", "contiguous"):
-        for size, block in ((2, 4), (4, 2), (16, 32)):
+    for kind in map(rule_kind, RULE_KINDS):
+        for size, block in kind.unfit_blocks:
             changed = copy.deepcopy(config)
-            changed[side] = {**layout, "cp_rule": f"{kind}:{size}"}
+            changed[side] = {**layout, "cp_rule": kind.describe(size)}
             changed[f"{side}_block_size"] = block
-            found.append(("CP-2.3", f"{kind}:{size} with cache blocks of {block}", changed))
+            what = f"{kind.describe(size)} with cache blocks of {block}"
+            found.append((kind.fit_obligation or "CP-2", what, changed))
     return found
 
 
