@@ -364,10 +364,13 @@ class Interleave(RuleKind):
 
     def check_block_size(self, size: int, block_size: int) -> None:
         if block_size % size:
+            bigger = -(-block_size // size) * size
+            smaller = max(i for i in range(1, size) if block_size % i == 0)
             raise ValueError(
                 f"interleave:{size} needs a cache block size that is a multiple of "
                 f"{size}; the block size is {block_size} ({block_size} % {size} = "
-                f"{block_size % size}) [CP-2]"
+                f"{block_size % size}): use a block size of {bigger}, or "
+                f"interleave:{smaller} [CP-2]"
             )
 
     def block_sizes(self, size: int, count: int) -> tuple[int, ...] | None:

@@ -8,6 +8,7 @@ TP pairs that divide) keep the first release's plans, markers, keys, ports and p
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -205,6 +206,25 @@ def _fits(rule: CPRule, block_size: int) -> bool:
     except ValueError:
         return False
     return True
+
+
+@given(size=st.integers(2, 64), block_size=st.integers(1, 256))
+def test_an_unfit_interleave_is_refused_with_two_fixes_that_fit(size: int, block_size: int) -> None:
+    """The refusal of interleave:I on a block size it does not divide names the nearest
+    block size above that fits and the largest interleave size that fits the block [CP-2]."""
+    rule = CPRule("interleave", size)
+    if block_size % size == 0:
+        return
+    with pytest.raises(ValueError) as refused:
+        rule.check_block_size(block_size)
+    fixes = re.search(
+        r"use a block size of (\d+), or interleave:(\d+) \[CP-2\]$", str(refused.value)
+    )
+    assert fixes, str(refused.value)
+    bigger, smaller = int(fixes[1]), int(fixes[2])
+    assert _fits(rule, bigger) and bigger - size < block_size < bigger
+    assert _fits(CPRule("interleave", smaller), block_size) and smaller < size
+    assert not any(_fits(CPRule("interleave", i), block_size) for i in range(smaller + 1, size))
 
 
 @given(text=cp_rules(), count=st.integers(1, 4))

@@ -130,7 +130,8 @@ ERROR_CASES: tuple[ErrorCase, ...] = (
             "seq_len": 64,
             "target_block_size": 24,
         },
-        r"interleave:16 needs a cache block size that is a multiple of 16; the block size is 24",
+        r"interleave:16 needs a cache block size that is a multiple of 16; the block size is 24 "
+        r"\(24 % 16 = 8\): use a block size of 32, or interleave:12",
     ),
     ErrorCase(
         "round-robin-blocks-other-block-size",
