@@ -26,6 +26,7 @@ from kvspec.tensors.dtypes import raw_bits, torch_dtype
 from kvspec.tensors.index_oracle import oracle_index
 from kvspec.tensors.oracle import oracle_kv
 from kvspec.tensors.state_oracle import oracle_state, part_dtype, state_group
+from kvspec.tensors.token_rows import put_tokens, take_tokens
 from kvspec.topology.group_plan import GroupEdge, GroupPlan, group_view
 from kvspec.topology.groups import FullAttention
 from kvspec.topology.indexer import INDEX_PARTS, index_widths
@@ -33,7 +34,7 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import layer_ranges, rank_ownership
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import part_offsets, part_units
-from kvspec.topology.tokens import Tokens, put_tokens, take_tokens
+from kvspec.topology.tokens import Tokens
 from kvspec.topology.windows import needed_tokens
 
 

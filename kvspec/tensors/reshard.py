@@ -24,11 +24,12 @@ from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import bit_equal, torch_dtype
 from kvspec.tensors.kv import RequestKV, check_request_kv
 from kvspec.tensors.slicing import HeadSlice, apply_head_slice, cut_heads
+from kvspec.tensors.token_rows import put_tokens, take_tokens
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import RankOwnership, stage_ownership
 from kvspec.topology.plan import Edge, TransferPlan
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.tokens import Tokens, put_tokens, take_tokens
+from kvspec.topology.tokens import Tokens
 
 CLAUSES = (
     Clause(

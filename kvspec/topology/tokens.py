@@ -31,13 +31,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from kvspec._checks import require_int, show
 from kvspec.clause import Clause, must, refuses
-
-if TYPE_CHECKING:
-    import torch
 
 CLAUSES = (
     Clause(
@@ -214,40 +211,6 @@ class Tokens:
 
 def _compact(r: range) -> str:
     return str(r.start) if len(r) == 1 else f"{r.start}-{r.stop - 1}"
-
-
-def take_tokens(tensor: torch.Tensor, positions: Tokens, *, axis: int) -> torch.Tensor:
-    """The entries of ``tensor`` at ``positions`` along ``axis``: a view when they are one
-    range, a gathered copy otherwise."""
-    if len(positions.ranges) == 1:
-        r = positions.ranges[0]
-        return tensor.narrow(axis, r.start, len(r))
-    if not positions.ranges:
-        return tensor.narrow(axis, 0, 0)
-    # torch is imported here and in put_tokens only: token sets are arithmetic, and
-    # planning a transfer (or starting `kvspec`) must not load it.
-    import torch
-
-    from kvspec.tensors.dtypes import bits_view
-
-    index = torch.tensor(positions.tokens(), dtype=torch.long, device=tensor.device)
-    # Gathered as raw bits: every dtype (fp8 included) on every device, bit for bit.
-    return bits_view(tensor).index_select(axis, index).view(tensor.dtype)
-
-
-def put_tokens(target: torch.Tensor, positions: Tokens, values: torch.Tensor, *, axis: int) -> None:
-    """Write ``values`` into ``target`` at ``positions`` along ``axis``, in order."""
-    if len(positions.ranges) == 1:
-        r = positions.ranges[0]
-        target.narrow(axis, r.start, len(r)).copy_(values)
-        return
-    if positions.ranges:
-        import torch
-
-        from kvspec.tensors.dtypes import bits_view
-
-        index = torch.tensor(positions.tokens(), dtype=torch.long, device=target.device)
-        bits_view(target).index_copy_(axis, index, bits_view(values.to(target.device)))
 
 
 class RuleKind:
