@@ -16,6 +16,13 @@ examples:
   kvspec conform my_adapter:adapter --check PLAN-2/exact-cover --replay '{...}'
   kvspec conform --list
   kvspec conform --mutants --profile ci
+  kvspec conform reference --coverage --profile ci
+
+`--coverage` draws every check's examples as a run would, without running the checks,
+and prints how many hit each declared feature of the domain (every preset, TP relation
+and replica policy, layer-group kind, state with and without speculative rows, lifecycle
+event and event sequence, token rule, dtype): a feature never drawn is a corner no
+implementation is held to (exit 1).
 
 Every failure has a consequence tier, derived from the obligation it broke and what
 was observed: corrupts (the receiver ends with KV, scales or state that differ from the
@@ -97,6 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the project's mutant corpus through the suite and print the kill rate",
     )
     parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="draw every check's examples under the profile without running the checks, "
+        "and print how many hit each declared feature of the domain (exit 1 if one is "
+        "never drawn); --json writes the table",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=1,
@@ -157,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.mutants:
         return _mutants(args)
+    if args.coverage:
+        return _coverage(args)
     return _conform(args)
 
 
@@ -193,6 +209,8 @@ def _refused(args: argparse.Namespace) -> str | None:
             return "--fail-on does not apply to --mutants"
     if args.mutants and args.impl:
         return "--mutants takes no IMPL"
+    if args.coverage and (args.mutants or args.replay is not None):
+        return "--coverage draws inputs only: it takes neither --mutants nor --replay"
     if not args.mutants and not args.impl:
         return "give IMPL (`reference` or MODULE:ATTR); see --help"
     return None
@@ -245,6 +263,25 @@ def _conform(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return report.exit_code
+
+
+def _coverage(args: argparse.Namespace) -> int:
+    """Draw every selected check's inputs (no check runs) and print the coverage table."""
+    from kvspec.conformance.adapter import AdapterError, load_adapter
+    from kvspec.conformance.input_coverage import draw_coverage, render_coverage
+    from kvspec.conformance.runner import select_checks
+    from kvspec.profile_names import default_profile
+
+    try:
+        adapter = load_adapter(args.impl)
+        checks = select_checks(args.patterns)
+    except (AdapterError, ValueError) as error:
+        print(f"kvspec conform: cannot use {args.impl}: {error}", file=sys.stderr)
+        return 2
+    coverage = draw_coverage(adapter, profile=args.profile or default_profile(), checks=checks)
+    print(render_coverage(coverage), file=sys.stderr if args.json == "-" else sys.stdout)
+    _write(args.json, lambda: json.dumps(coverage.to_dict(), indent=2))
+    return 1 if coverage.gaps() else 0
 
 
 def _emit(args: argparse.Namespace, report: Report) -> None:

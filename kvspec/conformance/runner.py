@@ -225,16 +225,14 @@ def run_check(
             failures.append((example, error))
             raise
 
-    base = profile_settings(profile)
-    count = max_examples if max_examples is not None else base.max_examples
-    result.requested = max(1, round(count * check.weight))
+    result.requested = requested_examples(check, profile, max_examples)
     notes: dict[str, str] = {}
     try:
         with judging(adapter), noting() as notes:
             if replay is not None:
                 body(replay)
             else:
-                _hypothesis_test(check, adapter, body, result.requested, shrink, profile)()
+                hypothesis_test(check, adapter, body, result.requested, shrink, profile)()
     except _Unprovided as error:
         result.verdict, result.reason = NOT_PROVIDED, str(error)
     except BaseException:
@@ -292,7 +290,14 @@ class _Unprovided(Exception):
     pass
 
 
-def _hypothesis_test(
+def requested_examples(check: Check, profile: str | None, max_examples: int | None = None) -> int:
+    """How many generated examples ``check`` asks for under ``profile`` (or of
+    ``max_examples``): the profile's count scaled by the check's weight, at least one."""
+    count = max_examples if max_examples is not None else profile_settings(profile).max_examples
+    return max(1, round(count * check.weight))
+
+
+def hypothesis_test(
     check: Check,
     adapter: Adapter,
     body: Callable[[Example], None],
@@ -300,6 +305,8 @@ def _hypothesis_test(
     shrink: bool,
     profile: str | None,
 ) -> Callable[[], None]:
+    """The Hypothesis test that hands ``body`` the check's pinned examples (as the
+    adapter's engine would run them) and then its drawn ones, under ``profile``."""
     base = profile_settings(profile)  # applied here only; the global profile is untouched
     test = given(check.strategy(adapter))(body)
     for ex in reversed(pins_for(adapter, check.examples)):  # as the engine would run them

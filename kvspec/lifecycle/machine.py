@@ -60,7 +60,10 @@ CLAUSES = (
         "block back.",
         obligations=(
             must("the pool follows every event: the state of each block and handle agrees"),
-            refuses("allocating a block that is not free (allocated, released or poisoned)"),
+            refuses(
+                "allocating a block that is not free (allocated, released or poisoned), "
+                "or for a request that is not open"
+            ),
             refuses("posting into blocks not allocated to the handle's request"),
             refuses("a write into blocks outside its handle"),
             refuses("freeing a block that is not released (poisoned blocks included)"),
@@ -124,7 +127,7 @@ CLAUSES = (
         "has at least one handle and every handle completed.",
         obligations=(
             refuses("delivering a request with a handle in flight, failed or aborted"),
-            refuses("delivering an aborted or failed request"),
+            refuses("delivering a request that is not open: aborted, failed or already delivered"),
         ),
     ),
 )

@@ -224,7 +224,7 @@ def test_an_interrupt_inside_a_check_is_not_reported_as_the_implementations_fail
 
         return run
 
-    monkeypatch.setattr(runner, "_hypothesis_test", interrupted)
+    monkeypatch.setattr(runner, "hypothesis_test", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runner.run_check(all_checks()[0], load_adapter("reference"))
 

@@ -59,6 +59,8 @@ def group_data(draw: st.DrawFn, kind: str) -> dict[str, Any]:
             "num_spec": draw(st.integers(0, 1)),
             "ssm_dtype": draw(st.sampled_from([None, "float32"])),
         }
+    if kind == "none":
+        return {"kind": kind}  # an MLP-only layer: nothing moves [GROUP-2]
     k_heads = draw(pow2)
     return {
         "kind": "gdn",
@@ -67,21 +69,23 @@ def group_data(draw: st.DrawFn, kind: str) -> dict[str, Any]:
         "head_k_dim": draw(st.integers(1, 3)),
         "head_v_dim": draw(st.integers(1, 3)),
         "conv_kernel": draw(st.integers(2, 4)),
+        "num_spec": draw(st.integers(0, 1)),  # speculative conv rows [STATE-1]
     }
 
 
-KINDS = ("sliding", "draft", "full", "mamba1", "mamba2", "gdn")
-"""The layer-group kinds a hybrid is drawn of (chunked local attention left out, so the
-examples the older checks draw stay as they were) [GROUP, STATE, WINDOW]."""
+KINDS = ("sliding", "draft", "full", "mamba1", "mamba2", "gdn", "none")
+"""The layer-group kinds a hybrid is drawn of, MLP-only layers (``none``) among them
+(chunked local attention left out, so the examples the older checks draw stay as they
+were; the LOCAL checks draw it) [GROUP, STATE, WINDOW]."""
 STATES = ("mamba1", "mamba2", "gdn")
 """The state kinds [STATE]."""
 
 
 @st.composite
-def hybrid_model(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
-    """A hybrid model's plain data: its own attention and 1-3 other groups, every group
-    used by at least one layer."""
-    others = draw(st.lists(st.sampled_from(kinds), min_size=1, max_size=3))
+def hybrid_model(draw: st.DrawFn, kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A hybrid model's plain data: its own attention and 1-3 other groups of ``kinds``
+    (:data:`KINDS`), every group used by at least one layer."""
+    others = draw(st.lists(st.sampled_from(kinds or KINDS), min_size=1, max_size=3))
     groups = [draw(group_data(k)) for k in others]
     num_layers = draw(st.integers(len(groups) + 1, 12))
     layers = list(range(len(groups) + 1)) + [

@@ -37,7 +37,7 @@ examples the older checks draw stay as they were)."""
 
 
 @st.composite
-def _cases(draw: st.DrawFn, adapter: Adapter, kinds: tuple[str, ...] = KINDS) -> Example:
+def _cases(draw: st.DrawFn, adapter: Adapter, kinds: tuple[str, ...] | None = None) -> Example:
     tps = hybrid_tp_sizes(adapter)
     model = draw(hybrid_model(kinds))
     pp = [p for p in adapter.domain.pp_sizes if p <= model["num_layers"]] or [1]
@@ -118,7 +118,13 @@ def _bad_models(draw: st.DrawFn, model: dict[str, Any], obligation: str) -> list
         bad["groups"].append(draw(group_data(draw(st.sampled_from(KINDS)))))
         return [bad]
     if obligation == "GROUP-2.1":
-        group = draw(st.sampled_from(bad["groups"]))
+        sized = [g for g in bad["groups"] if any(isinstance(v, int) for v in g.values())]
+        if not sized:  # only MLP-only layers (kind none, no sizes): break a group of its own
+            sized = [draw(group_data("mamba1"))]
+            bad["groups"].append(sized[0])
+            bad["layers"].append(len(bad["groups"]))
+            bad["num_layers"] += 1
+        group = draw(st.sampled_from(sized))
         fact = draw(st.sampled_from(sorted(k for k, v in group.items() if isinstance(v, int))))
         minimum = {"conv_kernel": 2, "num_spec": 0}.get(fact, 1)
         group[fact] = draw(st.sampled_from([minimum - 1, float(group[fact]), str(group[fact])]))

@@ -8,6 +8,7 @@ are bugs engines shipped (vllm#55208, vllm-ascend#11885; field/research/hybrids.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -236,6 +237,38 @@ class OnlyOwnAttentionHeadsChecked(ReferenceAdapter):
                 ):
                     group["num_kv_heads"] = model["num_kv_heads"]
         super().validate_model(given)
+
+
+@mutant("GROUP-3.1")
+class MlpLayersMovedAsAttention(ReferenceAdapter):
+    """Maps a layer with no cache (kind ``none``, an MLP-only layer) to the model's own
+    attention group, as a loader that defaults a layer without a cache spec to group 0:
+    group 0's edges move those layers' KV too."""
+
+    def group_bytes(self, case: TransferCase, seq_len: int, block_size: int) -> dict:
+        model = case.model
+        empty = {i + 1 for i, g in enumerate(model.groups) if g.kind == "none"}
+        if not empty:
+            return super().group_bytes(case, seq_len, block_size)
+        layers = tuple(0 if g in empty else g for g in model.layers)
+        moved = dataclasses.replace(case, model=_with_groups(model, model.groups, layers))
+        return super().group_bytes(moved, seq_len, block_size)
+
+
+@mutant("GROUP-3.2")
+class GdnSpeculativeRowsLeftOut(ReferenceAdapter):
+    """Sizes a GDN conv state by ``conv_kernel - 1`` rows, leaving out its ``num_spec``
+    speculative rows (speculative decoding added to Mamba-2 only): a GDN edge under
+    speculative decoding moves too few bytes."""
+
+    def group_bytes(self, case: TransferCase, seq_len: int, block_size: int) -> dict:
+        model = case.model
+        groups = tuple(
+            dataclasses.replace(g, num_spec=0) if isinstance(g, GdnState) else g
+            for g in model.groups
+        )
+        moved = dataclasses.replace(case, model=_with_groups(model, groups))
+        return super().group_bytes(moved, seq_len, block_size)
 
 
 # STATE --------------------------------------------------------------------------------------

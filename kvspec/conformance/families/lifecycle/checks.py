@@ -173,8 +173,13 @@ def _unknown_handle(s: Script, pick: Pick) -> None:
 
 
 def _alloc_taken(s: Script, pick: Pick) -> None:
-    request, blocks, _handle = _posted(s, pick)
-    how = pick(3)
+    request, blocks, handle = _posted(s, pick)
+    how = pick(4)
+    if how == 3:  # free blocks, but for a request already delivered
+        s.do(ev="complete", handle=handle)
+        s.do(ev="deliver", request=request)
+        s.do(ev="alloc", request=request, blocks=s.machine.free_blocks()[:1])
+        return
     if how >= 1:
         s.do(ev="abort", request=request)
         s.do(ev="release", request=request)
@@ -260,10 +265,13 @@ def _deadline(s: Script, pick: Pick) -> None:
 
 
 def _stale_post(s: Script, pick: Pick) -> None:
+    """A post in an epoch of its peer that is not the current one: an older one, or one
+    the peer has not announced yet."""
     request, blocks = s.request(pick)
     old = s.epoch("p1")
     s.do(ev="peer_up", peer="p1", epoch=old + 1)
-    s.do(ev="post", handle=s.fresh("h"), request=request, peer="p1", epoch=old, blocks=blocks)
+    epoch = old if not pick(2) else old + 2 + pick(2)
+    s.do(ev="post", handle=s.fresh("h"), request=request, peer="p1", epoch=epoch, blocks=blocks)
 
 
 def _old_epoch_write(s: Script, pick: Pick) -> None:
@@ -300,9 +308,10 @@ def _deliver_unfinished(s: Script, pick: Pick) -> None:
 
 
 def _deliver_aborted(s: Script, pick: Pick) -> None:
+    """A delivery of a request that is no longer open: aborted, or delivered already."""
     request, _, handle = _posted(s, pick)
     s.do(ev="complete", handle=handle)
-    s.do(ev="abort", request=request)
+    s.do(ev="deliver" if pick(2) else "abort", request=request)
     s.do(ev="deliver", request=request)
 
 

@@ -120,6 +120,23 @@ class AllocatesReleasedBlocks(_MachineAdapter):
     machine = _AllocReleased
 
 
+class _AllocReopens(Lifecycle):
+    def _on_alloc(self, event: Mapping[str, Any]) -> None:
+        request = self.requests.get(event.get("request"))  # type: ignore[arg-type]  # None: no such key
+        if request is not None and request.state != "open":
+            request.state = "open"  # a retried request id: allocate for it again
+        super()._on_alloc(event)
+
+
+@mutant("LIFE-2.2")
+class AllocReopensAClosedRequest(_MachineAdapter):
+    """Allocating for a request that was delivered or aborted reopens it, as a retry that
+    reuses the request id would, instead of refusing (the clause: alloc is for an open
+    request)."""
+
+    machine = _AllocReopens
+
+
 class _PostForeign(Lifecycle):
     def _on_post(self, event: Mapping[str, Any]) -> None:
         name = event.get("request")
@@ -301,6 +318,23 @@ class PostsInAStaleEpoch(_MachineAdapter):
     machine = _StalePost
 
 
+class _LaterEpochPost(Lifecycle):
+    def _on_post(self, event: Mapping[str, Any]) -> None:
+        peer, epoch = event.get("peer"), event.get("epoch")
+        current = self.epochs.get(peer, 0)  # type: ignore[arg-type]  # None: no such key
+        if isinstance(epoch, int) and epoch > current:
+            self.epochs[peer] = epoch  # type: ignore[index]  # a newer epoch: the peer restarted
+        super()._on_post(event)
+
+
+@mutant("LIFE-6.1")
+class AcceptsPostsFromALaterEpoch(_MachineAdapter):
+    """Refuses a post in an older epoch but takes a later one as news that the peer
+    restarted, before its peer_up was seen: the clause asks for the current epoch."""
+
+    machine = _LaterEpochPost
+
+
 class _OldEpochWrite(Lifecycle):
     def _on_write(self, event: Mapping[str, Any]) -> None:
         _name, handle = self._handle(event)
@@ -393,3 +427,19 @@ class DeliversAnAbortedRequest(_MachineAdapter):
     decode generating from an aborted prefill's KV)."""
 
     machine = _DeliverAborted
+
+
+class _DeliverAgain(Lifecycle):
+    def _on_deliver(self, event: Mapping[str, Any]) -> None:
+        request = self.requests.get(event.get("request"))  # type: ignore[arg-type]  # None: no such key
+        if request is not None and request.state == "delivered":
+            return  # delivered already: a repeated notification is harmless
+        super()._on_deliver(event)
+
+
+@mutant("LIFE-7.2")
+class DeliversAgain(_MachineAdapter):
+    """A second delivery of a delivered request is taken as a repeated notification and
+    accepted, so its KV is handed on twice (the clause: delivered only while open)."""
+
+    machine = _DeliverAgain
