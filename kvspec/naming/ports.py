@@ -64,6 +64,10 @@ CLAUSES = (
             refuses("a port outside 1..65535"),
             refuses("a negative base, stage, rank or replica"),
             refuses("a base, stage, rank or replica that is not an integer"),
+            refuses(
+                "with a dp_stride, replica*replica_stride + rank*rank_stride + stage >= "
+                "dp_stride (a replica's ports running into the next DP rank's)"
+            ),
         ),
     ),
     Clause(

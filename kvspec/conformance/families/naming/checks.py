@@ -415,6 +415,57 @@ def dp_term(ctx: Context, example: Example) -> None:
     )
 
 
+def _past_dp_span(example: Example) -> list[tuple[str, Example, PortScheme, tuple[object, ...]]]:
+    """The example's rank with a replica whose ports run into the next DP rank's: under a
+    dp_stride of 2048 and of 4096, replica dp_stride // 1024, whose span is at least the
+    stride [PORT-2.6]."""
+    layout = StageLayout.from_dict(example["layout"])
+    found = []
+    for stride in (2048, 4096):
+        replica = stride // 1024
+        args = {**example, "replica": replica, "dp_stride": stride}
+        what = f"replica {replica}: replica*1024 + rank*16 + stage >= dp_stride {stride}"
+        found.append((what, args, PortScheme(dp_stride=stride), (replica, stride)))
+    return [f for f in found if layout.dp > 1]
+
+
+@check(
+    "PORT-2",
+    "refuses-dp-span",
+    "a replica whose ports run into the next DP rank's: refused",
+    needs=("dp-ports",),
+    strategy=_dp_port_examples,
+    examples=(
+        {
+            "base": 20000,
+            "stage": 0,
+            "layout": StageLayout(4, dp=2).to_dict(),
+            "rank": 0,
+            "replica": 0,
+            "dp_stride": 4096,
+        },
+    ),
+    missing=lambda a: None if max(a.domain.dp_sizes) > 1 else "the domain has no attention DP",
+    covers=("PORT-2.6",),
+)
+def refuses_dp_span(ctx: Context, example: Example) -> None:
+    layout = StageLayout.from_dict(example["layout"])
+    for what, args, scheme, offending in _past_dp_span(example):
+        call = {k: args[k] for k in ("base", "stage", "rank", "replica")}
+
+        def stage_port(call: Example = call, scheme: PortScheme = scheme) -> int:
+            return ctx.adapter.stage_port(layout=layout, scheme=scheme, **call)
+
+        expect_refused(
+            "PORT-2.6",
+            f"the KV port of rank {call['rank']} of {layout.describe()} under "
+            f"{scheme.describe()} ({what})",
+            stage_port,
+            naming=offending,
+            accepted=call,
+        )
+
+
 def _outside_port_domain(args: Example) -> list[tuple[str, str, Example, tuple[object, ...]]]:
     """Valid port arguments with one step outside the domain of [PORT-2], of every kind:
     (obligation, what, arguments, the offending values a refusal names)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.naming.keys import legacy_key, rank_aware_key
-from kvspec.naming.ports import PortScheme, port
+from kvspec.naming.ports import PortScheme, port, port_coords, raw_port
 from kvspec.topology.stage import StageLayout
 
 
@@ -234,6 +234,19 @@ class PortFieldsCoercedWithInt(ReferenceAdapter):
 
     def kv_port(self, base, stage, rank, replica):
         return super().kv_port(*(_int(f) for f in (base, stage, rank, replica)))
+
+
+@mutant("PORT-2.6")
+class DpSpanUnchecked(ReferenceAdapter):
+    """Checks a rank against the replica stride but never a replica's span against the
+    dp_stride: replica 4 under dp_stride 4096 binds DP rank 1's replica 0 ports."""
+
+    def stage_port(self, base, stage, layout, rank, replica, scheme):
+        if scheme.dp_stride is not None and isinstance(replica, int) and replica >= 0:
+            dp_rank, local = port_coords(layout, rank, scheme)
+            super().stage_port(base, stage, layout, rank, 0, scheme)  # the rest still checked
+            return raw_port(scheme, "kv", base, stage, local, replica, dp_rank)
+        return super().stage_port(base, stage, layout, rank, replica, scheme)
 
 
 @mutant("PORT-3.1")
