@@ -13,7 +13,7 @@ import pytest
 
 from kvspec.cli import main
 from kvspec.cli.adapter import class_name, scaffold
-from kvspec.conformance.adapter import CAPABILITIES, check_adapter, method_capabilities
+from kvspec.conformance.adapter import CAPABILITIES, check_adapter, protocol_capabilities
 from kvspec.conformance.checks import all_checks
 from tests.paths import ROOT
 
@@ -71,7 +71,7 @@ def test_the_scaffold_provides_every_capability_and_says_what_goes_in_each(
     path = tmp_path / "engine_adapter.py"
     module = _load(path)
     check_adapter(module.adapter, where="engine_adapter:adapter")
-    assert method_capabilities(module.adapter) == set(CAPABILITIES)
+    assert protocol_capabilities(module.adapter) == set(CAPABILITIES)
     assert type(module.adapter).__name__ == "EngineAdapter"
     assert "kvspec conform engine_adapter:adapter" in (module.__doc__ or "")
 
@@ -154,4 +154,4 @@ def test_a_scaffold_named_adapter_still_loads(tmp_path: Path) -> None:
     """``adapter.py`` holding ``adapter = MyAdapter()``: no clash with ``Adapter``."""
     path = tmp_path / "adapter.py"
     path.write_text(scaffold("adapter"))
-    assert method_capabilities(_load(path).adapter) == set(CAPABILITIES)
+    assert protocol_capabilities(_load(path).adapter) == set(CAPABILITIES)
