@@ -6,6 +6,12 @@ import torch
 
 from examples import field_kv_utils as kv
 from kvspec.conformance import Adapter, Domain
+from kvspec.conformance.adapter.protocols import (
+    MarkerProtocol,
+    ReceiverProtocol,
+    RoutingProtocol,
+    SenderProtocol,
+)
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.slicing import HeadSlice
 
@@ -26,7 +32,7 @@ def from_payload(payload: dict) -> RequestKV:
     return RequestKV(torch.stack(tensors, dim=1))
 
 
-class FieldAdapter(Adapter):
+class FieldAdapter(Adapter, RoutingProtocol, SenderProtocol, MarkerProtocol, ReceiverProtocol):
     name = "field_kv_utils"
     slicing_modes = ("sender", "receiver")
     # The API has no pipeline parallelism and carries no fp8 scales.

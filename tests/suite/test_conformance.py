@@ -343,8 +343,9 @@ def test_a_run_that_checks_nothing_says_so(
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "ports_only.py").write_text(
-        "from kvspec.conformance import Adapter\n\n"
-        "class PortsOnly(Adapter):\n"
+        "from kvspec.conformance import Adapter\n"
+        "from kvspec.conformance.adapter.protocols import PortsProtocol\n\n"
+        "class PortsOnly(Adapter, PortsProtocol):\n"
         "    def kv_port(self, base, stage, rank, replica):\n"
         "        return base\n"
     )
@@ -375,8 +376,9 @@ def test_the_plugin_header_names_an_unversioned_adapter_cleanly(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
-        unversioned_mykv="from kvspec.conformance import Adapter\n\n"
-        "class PortsOnly(Adapter):\n"
+        unversioned_mykv="from kvspec.conformance import Adapter\n"
+        "from kvspec.conformance.adapter.protocols import PortsProtocol\n\n"
+        "class PortsOnly(Adapter, PortsProtocol):\n"
         "    name = 'mykv'\n"
         "    def kv_port(self, base, stage, rank, replica):\n"
         "        return base\n"
