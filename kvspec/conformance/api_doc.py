@@ -98,19 +98,9 @@ def _introduction() -> str:
 
 An adapter plugs an implementation into the conformance suite: subclass
 `kvspec.conformance.Adapter` and the capability protocols your implementation answers,
-override every method of each, and run `kvspec conform MODULE:ATTR`:
-
-```python
-from kvspec.conformance import Adapter
-from kvspec.conformance.adapter.protocols import LayoutsProtocol, RoutingProtocol
-
-
-class MyConnector(Adapter, RoutingProtocol, LayoutsProtocol):
-    def sources(self, case, dst): ...
-    def targets(self, case, src): ...
-    def read_layer(self, cache, layout, *, page_size=None): ...
-```
-
+override every method of each, and run `kvspec conform MODULE:ATTR`: `class
+MyConnector(Adapter, RoutingProtocol, LayoutsProtocol)` (from
+`kvspec.conformance.adapter.protocols`) implements `sources`, `targets` and `read_layer`.
 `kvspec adapter new NAME` writes `NAME.py`, an adapter implementing every protocol (or
 those of `--with routing,layouts`) by calling kvspec's reference: it passes as it is, and
 each method says which function of an engine goes in its place.
