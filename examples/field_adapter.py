@@ -6,6 +6,18 @@ import torch
 
 from examples import field_kv_utils as kv
 from kvspec.conformance import Adapter, Domain
+from kvspec.conformance.adapter.protocols import (
+    EdgeKeysProtocol,
+    KeysProtocol,
+    LayoutsProtocol,
+    MarkerProtocol,
+    PortsProtocol,
+    ReceiverProtocol,
+    RoutingProtocol,
+    SenderProtocol,
+    SizesProtocol,
+    TopologyProtocol,
+)
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.slicing import HeadSlice
 
@@ -26,7 +38,19 @@ def from_payload(payload: dict) -> RequestKV:
     return RequestKV(torch.stack(tensors, dim=1))
 
 
-class FieldAdapter(Adapter):
+class FieldAdapter(
+    Adapter,
+    RoutingProtocol,
+    SenderProtocol,
+    MarkerProtocol,
+    ReceiverProtocol,
+    LayoutsProtocol,
+    KeysProtocol,
+    EdgeKeysProtocol,
+    PortsProtocol,
+    SizesProtocol,
+    TopologyProtocol,
+):
     name = "field_kv_utils"
     slicing_modes = ("sender", "receiver")
     # The API has no pipeline parallelism and carries no fp8 scales.

@@ -29,6 +29,7 @@ import numpy as np
 
 from kvspec.adapters.sglang import DOMAIN, SglangAdapter
 from kvspec.conformance.adapter import NotProvided
+from kvspec.conformance.adapter.protocols import DescriptorsProtocol
 from kvspec.conformance.domain import Domain
 from kvspec.memory.descriptors import Descriptor, RegisteredCache
 from kvspec.strategies import TransferCase
@@ -195,7 +196,7 @@ def head_bytes(case: TransferCase) -> int:
     return case.model.head_dim * DTYPES[case.model.dtype].itemsize
 
 
-class SglangBackendAdapter(SglangAdapter):
+class SglangBackendAdapter(SglangAdapter, DescriptorsProtocol):
     """The ``sglang`` adapter's routing, combine and refusals, with a backend's own
     sender behind :meth:`descriptors`; subclasses give :meth:`_sender_copies`."""
 

@@ -64,6 +64,13 @@ from kvspec.adapters._engine import (
     stand_in_if_unusable,
 )
 from kvspec.conformance.adapter import Acceptance, Adapter
+from kvspec.conformance.adapter.protocols import (
+    PartitionsProtocol,
+    ReceiverProtocol,
+    RoutingProtocol,
+    SenderProtocol,
+    TopologyProtocol,
+)
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.strategies import TP_SIZES, TransferCase
@@ -252,7 +259,9 @@ def paired_writes(
 # -- the adapter ---------------------------------------------------------------------------
 
 
-class SglangAdapter(Adapter):
+class SglangAdapter(
+    Adapter, PartitionsProtocol, RoutingProtocol, TopologyProtocol, SenderProtocol, ReceiverProtocol
+):
     """SGLang's disaggregation mapping (``sglang``) through kvspec; see the module docstring."""
 
     name = NAME

@@ -46,6 +46,7 @@ import torch
 from kvspec.adapters._engine import import_engine
 from kvspec.adapters._vllm import vllm_version
 from kvspec.conformance.adapter import Adapter, AdapterError
+from kvspec.conformance.adapter.protocols import OwnershipProtocol, TokensProtocol
 from kvspec.conformance.domain import Domain
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.topology.model import ModelShape
@@ -91,7 +92,7 @@ def canonical_cells(
     return cells
 
 
-class VllmCanonicalAdapter(Adapter):
+class VllmCanonicalAdapter(Adapter, OwnershipProtocol, TokensProtocol):
     """vLLM's canonical offloading map (``vllm``) through kvspec; see the module docstring."""
 
     name = NAME

@@ -38,6 +38,7 @@ import torch
 from kvspec.adapters._engine import import_engine
 from kvspec.adapters._vllm import vllm_version
 from kvspec.conformance.adapter import Adapter, AdapterError
+from kvspec.conformance.adapter.protocols import LayoutsProtocol
 from kvspec.conformance.domain import Domain
 from kvspec.memory.cache_layout import get_layout
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
@@ -91,7 +92,7 @@ def sizes_of(cache: torch.Tensor, layout: str) -> dict[str, int]:
     return sizes
 
 
-class VllmLayoutsAdapter(Adapter):
+class VllmLayoutsAdapter(Adapter, LayoutsProtocol):
     """vLLM's layout registry (``vllm``) against kvspec's presets; see the module docstring."""
 
     name = NAME

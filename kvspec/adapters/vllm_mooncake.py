@@ -74,6 +74,13 @@ from kvspec.adapters._vllm import (
     vllm_version,
 )
 from kvspec.conformance.adapter import Acceptance, Adapter, AdapterError, NotProvided
+from kvspec.conformance.adapter.protocols import (
+    DescriptorsProtocol,
+    ReceiverProtocol,
+    RoutingProtocol,
+    SenderProtocol,
+    TopologyProtocol,
+)
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.memory.descriptors import Descriptor, RegisteredCache
@@ -222,7 +229,14 @@ def descriptors_of(
 # -- the adapter ---------------------------------------------------------------------------
 
 
-class VllmMooncakeAdapter(Adapter):
+class VllmMooncakeAdapter(
+    Adapter,
+    RoutingProtocol,
+    TopologyProtocol,
+    SenderProtocol,
+    ReceiverProtocol,
+    DescriptorsProtocol,
+):
     """vLLM's Mooncake write plan (``vllm``) through kvspec; see the module docstring."""
 
     name = NAME

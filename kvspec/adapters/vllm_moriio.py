@@ -71,6 +71,13 @@ from kvspec.adapters._vllm import (
     vllm_version,
 )
 from kvspec.conformance.adapter import Acceptance, Adapter, AdapterError
+from kvspec.conformance.adapter.protocols import (
+    DescriptorsProtocol,
+    ReceiverProtocol,
+    RoutingProtocol,
+    SenderProtocol,
+    TopologyProtocol,
+)
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.memory.descriptors import Descriptor, RegisteredCache
@@ -158,7 +165,14 @@ def view_of(cache: RegisteredCache) -> torch.Tensor:
     )
 
 
-class VllmMoriioAdapter(Adapter):
+class VllmMoriioAdapter(
+    Adapter,
+    RoutingProtocol,
+    TopologyProtocol,
+    SenderProtocol,
+    ReceiverProtocol,
+    DescriptorsProtocol,
+):
     """vLLM's MoRIIO WRITE mapping (``vllm``) through kvspec; see the module docstring."""
 
     name = NAME

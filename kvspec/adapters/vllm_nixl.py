@@ -52,6 +52,13 @@ import torch
 from kvspec.adapters._engine import engine_message, import_engine, invert_sources
 from kvspec.adapters._vllm import both_sides_head_checks, kv_heads_of
 from kvspec.conformance.adapter import Acceptance, Adapter
+from kvspec.conformance.adapter.protocols import (
+    AgreementProtocol,
+    ReceiverProtocol,
+    RoutingProtocol,
+    SenderProtocol,
+    TopologyProtocol,
+)
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.strategies import TransferCase
@@ -196,7 +203,9 @@ def backend_name(model: Mapping[str, Any]) -> str:
 # -- the adapter ---------------------------------------------------------------------------
 
 
-class VllmNixlAdapter(Adapter):
+class VllmNixlAdapter(
+    Adapter, AgreementProtocol, RoutingProtocol, TopologyProtocol, SenderProtocol, ReceiverProtocol
+):
     """vLLM's NIXL pull mapping (``vllm``) through kvspec; see the module docstring."""
 
     name = NAME

@@ -29,6 +29,19 @@ import torch
 
 from kvspec.adapters._engine import import_engine
 from kvspec.conformance.adapter import Acceptance, Adapter
+from kvspec.conformance.adapter.protocols import (
+    EdgeKeysProtocol,
+    KeysProtocol,
+    LayoutsProtocol,
+    MarkerProtocol,
+    PayloadProtocol,
+    PortsProtocol,
+    ReceiverProtocol,
+    RoutingProtocol,
+    SenderProtocol,
+    SizesProtocol,
+    TopologyProtocol,
+)
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.memory.cache_layout import describe_cache
@@ -359,7 +372,20 @@ def logged_errors(logger_name: str = "vllm_omni") -> Iterator[list[str]]:
         logger.removeHandler(handler)
 
 
-class VllmOmniAdapter(Adapter):
+class VllmOmniAdapter(
+    Adapter,
+    SizesProtocol,
+    RoutingProtocol,
+    TopologyProtocol,
+    SenderProtocol,
+    ReceiverProtocol,
+    MarkerProtocol,
+    LayoutsProtocol,
+    KeysProtocol,
+    EdgeKeysProtocol,
+    PortsProtocol,
+    PayloadProtocol,
+):
     """vLLM-Omni (``vllm_omni``) through kvspec, as its serving path runs it.
 
     Sender: the AR stage's ``OmniKVTransferManager`` (``worker/gpu_ar_model_runner.py``

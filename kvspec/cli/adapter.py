@@ -1,15 +1,18 @@
 """Start an adapter, or read the contract it fulfils.
 
-  kvspec adapter new NAME [--dir DIR]   write DIR/NAME.py: an adapter providing every
-                                        capability through kvspec's reference, which
-                                        passes `kvspec conform NAME:adapter` as it is;
-                                        each method says what of an engine goes there
+  kvspec adapter new NAME [--dir DIR] [--with CAP,CAP]
+                                        write DIR/NAME.py: an adapter implementing every
+                                        capability protocol (or those --with names)
+                                        through kvspec's reference, which passes
+                                        `kvspec conform NAME:adapter` as it is; each
+                                        method says what of an engine goes there
   kvspec adapter doc [--output PATH]    the adapter API reference (docs/adapter-api.md),
                                         rendered from the code
 
 `new` refuses a NAME that is not a Python identifier, one that would shadow an
-installed module (a file `vllm.py` would hide vLLM from the adapter), and a file that
-exists already (exit 2); it never overwrites.
+installed module (a file `vllm.py` would hide vLLM from the adapter), a file that
+exists already, and a --with name that is no capability (naming the known ones) (exit
+2); it never overwrites.
 """
 
 from __future__ import annotations
@@ -18,17 +21,14 @@ import argparse
 import importlib.util
 import keyword
 import sys
-from importlib.resources import files
 from pathlib import Path
-from string import Template
 
+from kvspec.cli.scaffold import scaffold as render_scaffold
+from kvspec.cli.scaffold import with_problem
 from kvspec.console.output import OutputFailed, check_writable, write_text
 
 NAME = "adapter"
 HELP = "write a starting adapter (new NAME) or print the adapter API reference (doc)"
-
-TEMPLATE = ("conformance", "templates", "adapter.py.tmpl")
-"""Where the scaffold's template lies inside the kvspec package."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,15 +37,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "new",
         help="write NAME.py, an adapter that passes as it is, to fill with your engine",
         description=(
-            "Write DIR/NAME.py: a complete adapter whose every capability calls kvspec's "
-            "reference, with a comment on each method naming the engine function that goes "
-            "there. It passes as written:\n\n"
-            "  kvspec adapter new myconn_adapter\n  kvspec conform myconn_adapter:adapter"
+            "Write DIR/NAME.py: an adapter implementing every capability protocol (or those "
+            "--with names) by calling kvspec's reference, with a comment on each method "
+            "naming the engine function that goes there. It passes as written:\n\n"
+            "  kvspec adapter new myconn_adapter --with routing,layouts\n"
+            "  kvspec conform myconn_adapter:adapter"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     new.add_argument("name", metavar="NAME", help="the module's name (a Python identifier)")
     new.add_argument("--dir", default=".", metavar="DIR", help="where to write NAME.py (.)")
+    new.add_argument(
+        "--with",
+        dest="capabilities",
+        metavar="CAP,CAP",
+        help="the capabilities to implement, comma-separated (routing,layouts; default: all)",
+    )
     doc = actions.add_parser(
         "doc",
         help="print the adapter API reference (docs/adapter-api.md), rendered from the code",
@@ -56,13 +63,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "doc":
         return _doc(args.output)
-    return _new(args.name, Path(args.dir))
+    asked = None if args.capabilities is None else _split(args.capabilities)
+    return _new(args.name, Path(args.dir), asked)
 
 
-def scaffold(name: str) -> str:
-    """The text of the adapter module ``name``.py."""
-    template = files("kvspec").joinpath(*TEMPLATE).read_text(encoding="utf-8")
-    return Template(template).substitute(name=name, class_name=class_name(name))
+def scaffold(name: str, capabilities: list[str] | None = None) -> str:
+    """The text of the adapter module ``name``.py implementing the protocols of
+    ``capabilities`` (default: every one)."""
+    return render_scaffold(name, class_name(name), capabilities)
+
+
+def _split(text: str) -> list[str]:
+    """``"routing, layouts"`` -> ``["routing", "layouts"]``, each once."""
+    return list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
 
 
 def class_name(name: str) -> str:
@@ -98,9 +111,11 @@ def shadow_problem(name: str) -> str | None:
     return None
 
 
-def _new(name: str, directory: Path) -> int:
+def _new(name: str, directory: Path, capabilities: list[str] | None = None) -> int:
     path = directory / f"{name}.py"
     problem = identifier_problem(name)
+    if not problem and capabilities is not None:
+        problem = with_problem(capabilities)
     if not problem and not directory.is_dir():
         problem = f"--dir {directory}: not a directory"
     if not problem and path.exists():
@@ -109,7 +124,7 @@ def _new(name: str, directory: Path) -> int:
     if problem:
         print(f"kvspec adapter: refused: {problem}", file=sys.stderr)
         return 2
-    text = scaffold(name)
+    text = scaffold(name, capabilities)
     try:
         out = path.open("x", encoding="utf-8")  # "x": never over an existing file
     except FileExistsError:  # made since the check above
@@ -127,7 +142,8 @@ def _new(name: str, directory: Path) -> int:
         path.unlink(missing_ok=True)
         raise OutputFailed(str(path), error) from error
     where = "" if directory == Path(".") else f" (from {directory}, or with it on PYTHONPATH)"
-    print(f"wrote {path}: every capability delegates to kvspec's reference")
+    which = "every capability" if capabilities is None else ", ".join(capabilities)
+    print(f"wrote {path}: {which} delegating to kvspec's reference")
     print(f"check it{where}: kvspec conform {name}:adapter")
     print("then replace each method's body with your engine's call (its comment says which)")
     return 0

@@ -2,9 +2,11 @@
 
     from kvspec.conformance import Adapter, run_suite
 
-Subclass :class:`Adapter`, override the capabilities your implementation has, and
-run ``kvspec conform MODULE:ATTR`` or ``pytest --kvspec-impl MODULE:ATTR`` (the pytest
-plugin, :mod:`kvspec.conformance.plugin`, is installed with kvspec and idle unless an
+Subclass :class:`Adapter` and the capability protocols your implementation answers
+(``class Mine(Adapter, RoutingProtocol)``, from :mod:`kvspec.conformance.adapter.protocols`;
+:class:`FullAdapter` has them all), override their methods, and run
+``kvspec conform MODULE:ATTR`` or ``pytest --kvspec-impl MODULE:ATTR`` (the pytest plugin,
+:mod:`kvspec.conformance.plugin`, is installed with kvspec and idle unless an
 implementation is named). Nothing here imports pytest.
 """
 
@@ -13,6 +15,7 @@ from kvspec.conformance.adapter import (
     Acceptance,
     Adapter,
     AdapterError,
+    FullAdapter,
     NotProvided,
     load_adapter,
     provided_capabilities,
@@ -26,6 +29,7 @@ __all__ = [
     "Adapter",
     "AdapterError",
     "Domain",
+    "FullAdapter",
     "NotProvided",
     "Report",
     "get_check",

@@ -1,8 +1,9 @@
 """The adapter API reference, ``docs/adapter-api.md``, rendered from the code itself.
 
-Everything on the page is read from what the suite runs: the capability table
-(:data:`~kvspec.conformance.adapter.CAPABILITIES`), the base methods' signatures and
-docstrings (:class:`~kvspec.conformance.adapter.Adapter`), the schema of the refusal
+Everything on the page is read from what the suite runs: the capability protocols, family
+by family (:data:`~kvspec.conformance.adapter.PROTOCOLS`), their methods' signatures and
+docstrings, the base's attributes and hooks (:class:`~kvspec.conformance.adapter.Adapter`),
+the schema of the refusal
 methods' ``config`` (:mod:`kvspec.conformance.transfer_config`), the registered checks
 and the obligations they cover (what must be produced, what must be refused), the
 refusals held to an exception type (:data:`~kvspec.conformance.adapter.REFUSAL_TYPES`)
@@ -14,6 +15,7 @@ and the fields of every kvspec type a method takes or returns. ``kvspec adapter 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import re
 import sys
@@ -25,11 +27,12 @@ from typing import Any
 from kvspec.clauses import all_obligations
 from kvspec.conformance import domain as domain_module
 from kvspec.conformance.adapter import (
-    CAPABILITIES,
     DECLARED,
+    PROTOCOLS,
     REFUSAL_TYPES,
     VALIDATORS,
     Adapter,
+    AdapterProtocol,
 )
 from kvspec.conformance.checks import Check, all_checks
 from kvspec.conformance.transfer_config import (
@@ -77,8 +80,7 @@ def render() -> str:
         _contents(),
         _attributes(),
         _config_section(),
-        "## Capabilities\n",
-        *(_capability(name, methods, checks) for name, methods in CAPABILITIES.items()),
+        *(_family(family, protocols, checks) for family, protocols in _by_family().items()),
         _declared(checks),
         _types_section(),
     ]
@@ -95,17 +97,28 @@ def _introduction() -> str:
 (tests/suite/test_adapter_api.py fails when the page and the code disagree). -->
 
 An adapter plugs an implementation into the conformance suite: subclass
-`kvspec.conformance.Adapter`, override the methods of the capabilities your implementation
-has, and run `kvspec conform MODULE:ATTR`. `kvspec adapter new NAME` writes `NAME.py`, an
-adapter that provides every capability by calling kvspec's reference: it passes as it is,
-and each method says which function of an engine goes in its place.
+`kvspec.conformance.Adapter` and the capability protocols your implementation answers,
+override every method of each, and run `kvspec conform MODULE:ATTR`: `class
+MyConnector(Adapter, RoutingProtocol, LayoutsProtocol)` (from
+`kvspec.conformance.adapter.protocols`) implements `sources`, `targets` and `read_layer`.
+`kvspec adapter new NAME` writes `NAME.py`, an adapter implementing every protocol (or
+those of `--with routing,layouts`) by calling kvspec's reference: it passes as it is, and
+each method says which function of an engine goes in its place.
+`kvspec.conformance.FullAdapter` is the base implementing every protocol.
 
 How the suite reads an adapter:
 
-- A **capability** is a set of methods (below); override all of a capability's methods or
-  none. An adapter overriding only some of them, or a method that cannot take the
-  arguments the suite always passes (the base method's required ones), is refused when it
-  loads (exit 2).
+- A **capability** is a protocol: a small class declared in its clause family's folder
+  (`kvspec/conformance/families/<family>/protocol.py`), below family by family, each with
+  its methods. An adapter's capabilities are the protocols it is an instance of, found by
+  type. Override every method of each protocol you name. A protocol named but not fully
+  overridden, a method spelled close to a protocol's, or a method that cannot take the
+  arguments the suite always passes (the protocol method's required ones) is refused when
+  the adapter loads (exit 2).
+- Deprecated, for adapters written before the protocols: an `Adapter` subclass that
+  overrides every method of a capability without naming its protocol is still found
+  (registered as implementing it, with a `DeprecationWarning` naming the protocols to
+  list); overriding only some of a capability's methods is refused at load, as before.
 - A check that needs a capability the adapter does not provide is reported *not
   provided*: never failed, never counted as passed.
 - **Refusing**: a method refuses an input by raising one of the adapter's
@@ -128,10 +141,12 @@ def _contents() -> str:
         "## Contents\n",
         "- [Attributes and hooks](#attributes-and-hooks)",
         "- [The `config` of the refusal methods](#the-config-of-the-refusal-methods)",
-        "- [Capabilities](#capabilities)",
     ]
-    for name, methods in CAPABILITIES.items():
-        lines.append(f"  - [`{name}`](#{_anchor(name)}): {', '.join(f'`{m}`' for m in methods)}")
+    for family, protocols in _by_family().items():
+        lines.append(f"- [The {family} family](#family-{family})")
+        for p in protocols:
+            methods = ", ".join(f"`{m}`" for m in p.methods)
+            lines.append(f"  - [`{p.__name__}`](#{_anchor(p.capability)}): {methods}")
     lines += [
         "- [Capabilities an adapter declares](#capabilities-an-adapter-declares)",
         "- [Types](#types)",
@@ -153,7 +168,8 @@ def _attributes() -> str:
         )
     lines += ["", _markdown(_after_summary(inspect.getdoc(Adapter) or "")), ""]
     for name in HOOKS:
-        lines += [_signature(name), "", _markdown(inspect.getdoc(getattr(Adapter, name)) or ""), ""]
+        hook = getattr(Adapter, name)
+        lines += [_signature(name, hook), "", _markdown(inspect.getdoc(hook) or ""), ""]
     return "\n".join(lines)
 
 
@@ -163,9 +179,13 @@ def _config_section() -> str:
         "## The `config` of the refusal methods\n",
         f"Each refusal method ({validators}) is handed one plain-data configuration, a "
         "`TransferConfig`: the suite holds every configuration it hands out to this "
-        "schema (kvspec/conformance/transfer_config.py). Refusal probes change one fact at "
-        "a time to step outside the spec, so a value may break its type on purpose (a "
-        "size of 0, a head count of `'4'`); the keys never do. Raise to refuse the "
+        "schema (kvspec/conformance/transfer_config.py). Engines refuse a bad configuration "
+        "in different places (parallel sizes where they create process groups, layer "
+        "partitions in their pipeline set-up, the pair of stages in the transfer code, model "
+        "facts where the model loads, the stages' agreement in a handshake): one protocol "
+        "each, so an adapter provides what its engine's code really does. Refusal probes "
+        "change one fact at a time to step outside the spec, so a value may break its type "
+        "on purpose (a size of 0, a head count of `'4'`); the keys never do. Raise to refuse the "
         "configuration; return to accept it.",
         "",
     ]
@@ -198,12 +218,47 @@ def _config_section() -> str:
     return "\n".join(lines)
 
 
-def _capability(name: str, methods: tuple[str, ...], checks: list[Check]) -> str:
+def _by_family() -> dict[str, list[type[AdapterProtocol]]]:
+    """Each family folder's protocols, in the families' order."""
+    found: dict[str, list[type[AdapterProtocol]]] = {}
+    for protocol in PROTOCOLS:
+        found.setdefault(_family_of(protocol), []).append(protocol)
+    return found
+
+
+def _family_of(protocol: type[AdapterProtocol]) -> str:
+    """``routing`` for a protocol declared in ``kvspec/conformance/families/routing/``."""
+    return protocol.__module__.split(".")[-2]
+
+
+def _family(family: str, protocols: list[type[AdapterProtocol]], checks: list[Check]) -> str:
+    package = importlib.import_module(protocols[0].__module__.rsplit(".", 1)[0])
+    lines = [
+        f'<a id="family-{family}"></a>',
+        f"## The {family} family\n",
+        _markdown(_summary(inspect.getdoc(package) or "")),
+        "",
+        f"Its protocols, in `{protocols[0].__module__}`:",
+        "",
+    ]
+    for protocol in protocols:
+        lines.append(_protocol(protocol, checks))
+    return "\n".join(lines)
+
+
+def _protocol(protocol: type[AdapterProtocol], checks: list[Check]) -> str:
+    name = protocol.capability
     mine = [c for c in checks if name in c.needs]
-    lines = [f'<a id="{_anchor(name)}"></a>', f"### `{name}`\n"]
-    for method in methods:
-        lines += [_signature(method), "", _markdown(inspect.getdoc(getattr(Adapter, method)) or "")]
-        lines += ["", *_arguments(method), ""]
+    lines = [
+        f'<a id="{_anchor(name)}"></a>',
+        f"### `{protocol.__name__}`: capability `{name}`\n",
+        _markdown(inspect.getdoc(protocol) or ""),
+        "",
+    ]
+    for method in protocol.methods:
+        function = getattr(protocol, method)
+        lines += [_signature(method, function), "", _markdown(inspect.getdoc(function) or "")]
+        lines += ["", *_arguments(function), ""]
     lines += _obligations(name, mine)
     return "\n".join(lines)
 
@@ -263,9 +318,9 @@ def _types_section() -> str:
 # -- pieces --------------------------------------------------------------------------------
 
 
-def _signature(method: str) -> str:
-    """``**`name(arg: type, ...) -> type`**`` of the base method, without ``self``."""
-    function = getattr(Adapter, method)
+def _signature(method: str, function: Callable[..., Any]) -> str:
+    """``#### `name(arg: type, ...) -> type``` of a protocol method or hook, without
+    ``self``."""
     hints = _hints(function)
     parts, star = [], False
     for param in list(inspect.signature(function).parameters.values())[1:]:
@@ -280,10 +335,9 @@ def _signature(method: str) -> str:
     return f"#### `{method}({', '.join(parts)}) -> {returns}`"
 
 
-def _arguments(method: str) -> list[str]:
-    """The table of ``method``'s arguments and return value, with the kvspec types each
+def _arguments(function: Callable[..., Any]) -> list[str]:
+    """The table of a method's arguments and return value, with the kvspec types each
     names (linked to their section)."""
-    function = getattr(Adapter, method)
     hints = _hints(function)
     rows = ["| argument | type | passed |", "|---|---|---|"]
     for param in list(inspect.signature(function).parameters.values())[1:]:
@@ -325,14 +379,17 @@ def _obligations(capability: str, mine: list[Check]) -> list[str]:
 
 
 def _referenced_types() -> list[type]:
-    """Every kvspec class a capability method or hook names, then the kvspec classes of
+    """Every kvspec class a protocol method or hook names, then the kvspec classes of
     their dataclass fields, in first-seen order."""
     seen: dict[type, None] = {}
     queue: list[Any] = []
     attributes = _hints(Adapter)
     queue += [attributes[name] for name in ATTRIBUTES if name in attributes]
-    for method in [*HOOKS, *(m for ms in CAPABILITIES.values() for m in ms)]:
-        queue += _hints(getattr(Adapter, method)).values()
+    for name in HOOKS:
+        queue += _hints(getattr(Adapter, name)).values()
+    for protocol in PROTOCOLS:
+        for method in protocol.methods:
+            queue += _hints(getattr(protocol, method)).values()
     while queue:
         for cls in _kvspec_classes(queue.pop(0)):
             if cls in seen or _is_typed_dict(cls):

@@ -49,6 +49,7 @@ _CLASS_BOOKKEEPING = frozenset(
         "__orig_bases__",
         "__parameters__",
         "_abc_impl",
+        "__abstractmethods__",  # ABCMeta's, on every adapter subclassing a protocol
     }
 )
 """What every class body defines: no behaviour a check could read."""

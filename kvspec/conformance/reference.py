@@ -7,7 +7,7 @@ from functools import lru_cache
 from typing import Any, cast
 
 from kvspec import __version__
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.domain import EVERYTHING
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.error_cases import OPERATIONS
@@ -63,8 +63,9 @@ def case_group_plan(
     )
 
 
-class ReferenceAdapter(Adapter):
-    """kvspec itself, as an adapter; where the two disagree, the written clause wins."""
+class ReferenceAdapter(FullAdapter):
+    """kvspec itself, as an adapter implementing every protocol; where the two disagree,
+    the written clause wins."""
 
     name = "reference"
     version = __version__

@@ -26,7 +26,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import example as pinned
 
 from kvspec.clauses import all_obligations
-from kvspec.conformance.adapter import Adapter, NotProvided, load_adapter, provided_capabilities
+from kvspec.conformance.adapter import (
+    Adapter,
+    FullAdapter,
+    NotProvided,
+    load_adapter,
+    provided_capabilities,
+)
 from kvspec.conformance.checks import (
     Check,
     Context,
@@ -205,7 +211,7 @@ def run_check(
         result.verdict = NOT_PROVIDED
         result.reason = reason or f"the adapter does not provide {', '.join(missing)}"
         return result
-    ctx = Context(adapter, device)
+    ctx = Context(cast(FullAdapter, adapter), device)  # it implements check.needs
     failures: list[tuple[Example, BaseException]] = []
     outside_why = ""  # why the last example was outside the domain, if told
 

@@ -106,7 +106,7 @@ def test_the_conformance_page_shows_the_example_adapter_verbatim() -> None:
 
 def test_the_readme_shows_a_short_adapter() -> None:
     """The README's adapter (run by test_python_block_runs) stays about twenty lines."""
-    (adapter,) = [b for b in _blocks("README.md", "python") if "(Adapter):" in b]
+    (adapter,) = [b for b in _blocks("README.md", "python") if "(Adapter, " in b]
     assert len(adapter.strip().splitlines()) <= 25
 
 

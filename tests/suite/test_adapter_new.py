@@ -12,8 +12,15 @@ from pathlib import Path
 import pytest
 
 from kvspec.cli import main
+from kvspec.cli import scaffold as template
 from kvspec.cli.adapter import class_name, scaffold
-from kvspec.conformance.adapter import CAPABILITIES, check_adapter, method_capabilities
+from kvspec.conformance.adapter import (
+    CAPABILITIES,
+    DECLARED,
+    check_adapter,
+    protocol_capabilities,
+    protocol_for,
+)
 from kvspec.conformance.checks import all_checks
 from tests.paths import ROOT
 
@@ -71,7 +78,7 @@ def test_the_scaffold_provides_every_capability_and_says_what_goes_in_each(
     path = tmp_path / "engine_adapter.py"
     module = _load(path)
     check_adapter(module.adapter, where="engine_adapter:adapter")
-    assert method_capabilities(module.adapter) == set(CAPABILITIES)
+    assert protocol_capabilities(module.adapter) == set(CAPABILITIES)
     assert type(module.adapter).__name__ == "EngineAdapter"
     assert "kvspec conform engine_adapter:adapter" in (module.__doc__ or "")
 
@@ -96,15 +103,72 @@ def test_the_scaffold_provides_every_capability_and_says_what_goes_in_each(
 
 
 def test_the_scaffold_is_clean_under_the_projects_linter(tmp_path: Path) -> None:
+    """The whole scaffold, and one of each protocol alone (its imports and helpers only)."""
     pytest.importorskip("ruff")
-    path = tmp_path / "linted_adapter.py"
-    path.write_text(scaffold("linted_adapter"))
+    (tmp_path / "linted_adapter.py").write_text(scaffold("linted_adapter"))
+    for capability in CAPABILITIES:
+        one = f"only_{capability.replace('-', '_')}"
+        (tmp_path / f"{one}.py").write_text(scaffold(one, [capability]))
     config = ["--config", str(ROOT / "pyproject.toml")]
+    path = tmp_path
     for command in (["check", *config, str(path)], ["format", "--check", *config, str(path)]):
         done = subprocess.run(
             [sys.executable, "-m", "ruff", *command], capture_output=True, text=True
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_with_writes_only_the_protocols_asked_and_passes_as_written(tmp_path: Path) -> None:
+    """``--with routing,layouts``: the class names those two protocols and holds their
+    methods alone; checked by the commands a user types, every check needing only them
+    passes and every other is not provided."""
+    asked = {"routing", "layouts"}
+    made = subprocess.run(
+        [*_kvspec(), "adapter", "new", "two_adapter", "--with", "routing, layouts"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    path = tmp_path / "two_adapter.py"
+    (cls,) = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]
+    assert [ast.unparse(b) for b in cls.bases] == ["Adapter", "RoutingProtocol", "LayoutsProtocol"]
+    defined = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    assert defined == {m for c in asked for m in CAPABILITIES[c]}
+    module = _load(path)
+    assert protocol_capabilities(module.adapter) == asked
+    check_adapter(module.adapter, where="two_adapter:adapter")
+    ran = subprocess.run(
+        [*_kvspec(), "conform", "two_adapter:adapter", *CONFORM_FLAGS],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    summary = json.loads((tmp_path / "report.json").read_text())["summary"]
+    runnable = [c for c in all_checks() if set(c.needs) <= asked | set(DECLARED)]
+    assert summary["passed"] == len(runnable) > 5, summary
+    assert summary["not provided"] == len(all_checks()) - len(runnable), summary
+
+
+def test_with_refuses_a_name_that_is_no_capability(tmp_path: Path, capsys) -> None:
+    assert main(["adapter", "new", "mine", "--dir", str(tmp_path), "--with", "routng"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvspec adapter: refused: --with names no capability 'routng'")
+    assert "did you mean routing for routng?" in err
+    assert all(name in err for name in CAPABILITIES)
+    assert main(["adapter", "new", "mine", "--dir", str(tmp_path), "--with", ","]) == 2
+    assert "--with names no capability; the capabilities are" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_templates_protocols_are_kvspecs() -> None:
+    """The template names each protocol once, by its capability and class, so ``--with``
+    (read from the template, without importing the suite) knows exactly kvspec's."""
+    sections = [s for s in template.sections() if s.kind == "protocol"]
+    assert sorted(s.key for s in sections) == sorted(CAPABILITIES)
+    for section in sections:
+        assert protocol_for(section.key).__name__ == section.protocol
 
 
 def test_new_never_overwrites_a_file(tmp_path: Path, capsys) -> None:
@@ -154,4 +218,4 @@ def test_a_scaffold_named_adapter_still_loads(tmp_path: Path) -> None:
     """``adapter.py`` holding ``adapter = MyAdapter()``: no clash with ``Adapter``."""
     path = tmp_path / "adapter.py"
     path.write_text(scaffold("adapter"))
-    assert method_capabilities(_load(path).adapter) == set(CAPABILITIES)
+    assert protocol_capabilities(_load(path).adapter) == set(CAPABILITIES)

@@ -47,8 +47,8 @@ def _without_methods(source: str, names: set[str]) -> str:
 @pytest.fixture(scope="module")
 def one_bug_scaffold(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`kvspec adapter new`'s scaffold whose legacy key swaps the two stages (the from
-    stage written where the to stage goes) and whose paged cache methods were deleted (an
-    engine without one)."""
+    stage written where the to stage goes) and whose paged cache protocol was deleted, its
+    methods with it (an engine without one)."""
     where = tmp_path_factory.mktemp("scaffold")
     made = subprocess.run(
         [*_kvspec(), "adapter", "new", "conn_adapter"], cwd=where, capture_output=True, text=True
@@ -67,6 +67,9 @@ def one_bug_scaffold(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "        return legacy_key(request_id, to_stage, from_stage)\n",
     )
     source = _without_methods(source, {"gather", "scatter"})
+    # deleted from the bases and the imports with its methods, as the scaffold says
+    assert source.count("    PagedProtocol,\n") == 2
+    source = source.replace("    PagedProtocol,\n", "")
     assert "def gather" not in source and "def scatter" not in source
     path.write_text(source)
     return where

@@ -11,6 +11,7 @@ import pytest
 from kvspec.clauses import all_clauses
 from kvspec.cli import main
 from kvspec.conformance import Adapter, AdapterError, load_adapter
+from kvspec.conformance.adapter.protocols import LayoutsProtocol, RoutingProtocol
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.reference import ReferenceAdapter
@@ -233,7 +234,7 @@ def test_loading_refuses_malformed_adapters() -> None:
     class Empty(Adapter):
         pass
 
-    with pytest.raises(AdapterError, match="overrides no capability"):
+    with pytest.raises(AdapterError, match="implements no capability protocol"):
         from kvspec.conformance.adapter import check_adapter
 
         check_adapter(Empty(), where="Empty")
@@ -281,7 +282,9 @@ def test_loading_refuses_a_capability_half_written_or_misspelled() -> None:
         def ownd(self, layout, model, rank):
             return range(0), range(0)
 
-    with pytest.raises(AdapterError, match=r"overrides no capability \(did you mean owned for"):
+    with pytest.raises(
+        AdapterError, match=r"implements no capability protocol \(did you mean owned for"
+    ):
         check_adapter(OnlyATypo(), where="mine")
 
 
@@ -290,7 +293,7 @@ def test_loading_refuses_a_method_that_cannot_take_the_suites_arguments() -> Non
     TypeError reported as the implementation's failure."""
     from kvspec.conformance.adapter import check_adapter
 
-    class ForgotDst(Adapter):
+    class ForgotDst(Adapter, RoutingProtocol):
         def sources(self, case):
             return []
 
@@ -300,7 +303,7 @@ def test_loading_refuses_a_method_that_cannot_take_the_suites_arguments() -> Non
     with pytest.raises(AdapterError, match=r"ForgotDst.sources\(self, case\) cannot take"):
         check_adapter(ForgotDst(), where="mine")
 
-    class Generous(Adapter):  # extra optional arguments and **kwargs are fine
+    class Generous(Adapter, RoutingProtocol, LayoutsProtocol):  # extra optional, **kwargs: fine
         def sources(self, case, dst, extra=None):
             return []
 
@@ -340,8 +343,9 @@ def test_a_run_that_checks_nothing_says_so(
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "ports_only.py").write_text(
-        "from kvspec.conformance import Adapter\n\n"
-        "class PortsOnly(Adapter):\n"
+        "from kvspec.conformance import Adapter\n"
+        "from kvspec.conformance.adapter.protocols import PortsProtocol\n\n"
+        "class PortsOnly(Adapter, PortsProtocol):\n"
         "    def kv_port(self, base, stage, rank, replica):\n"
         "        return base\n"
     )
@@ -372,8 +376,9 @@ def test_the_plugin_header_names_an_unversioned_adapter_cleanly(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
-        unversioned_mykv="from kvspec.conformance import Adapter\n\n"
-        "class PortsOnly(Adapter):\n"
+        unversioned_mykv="from kvspec.conformance import Adapter\n"
+        "from kvspec.conformance.adapter.protocols import PortsProtocol\n\n"
+        "class PortsOnly(Adapter, PortsProtocol):\n"
         "    name = 'mykv'\n"
         "    def kv_port(self, base, stage, rank, replica):\n"
         "        return base\n"

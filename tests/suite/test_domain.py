@@ -11,6 +11,12 @@ import pytest
 from kvspec.cli import main
 from kvspec.conformance import Adapter, AdapterError, Domain
 from kvspec.conformance.adapter import check_adapter, provided_capabilities
+from kvspec.conformance.adapter.protocols import (
+    ReceiverProtocol,
+    RoutingProtocol,
+    SenderProtocol,
+    TopologyProtocol,
+)
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import (
     FAILED,
@@ -208,13 +214,15 @@ def test_refusal_is_five_capabilities_and_the_old_validate_provides_all() -> Non
     """An engine refuses sizes, partitions, the stage pair, model facts and the stages'
     agreement in different places; an adapter provides only those its code makes."""
 
-    class TopologyOnly(Adapter):
+    class TopologyOnly(Adapter, TopologyProtocol):
         def validate_topology(self, config):
             pass
 
-    class OldStyle(Adapter):
-        def validate(self, config):
-            pass
+    with pytest.deprecated_call(match="by its methods alone"):
+
+        class OldStyle(Adapter):  # before the protocols: one validate for all five
+            def validate(self, config):
+                pass
 
     assert provided_capabilities(TopologyOnly()) & REFUSALS == {"topology"}
     assert provided_capabilities(OldStyle()) & REFUSALS == REFUSALS
@@ -293,12 +301,17 @@ def test_repeated_deliveries_are_asked_only_where_they_can_happen() -> None:
 
 
 def test_the_marker_and_fp8_scales_are_capabilities_of_their_own() -> None:
-    class PullConnector(ReferenceAdapter):
-        """A receiver without a slice marker, for bfloat16 caches only."""
+    class PullConnector(Adapter, RoutingProtocol, SenderProtocol, ReceiverProtocol):
+        """A receiver without a slice marker (it names no MarkerProtocol), for bfloat16
+        caches only; the reference's methods do the work."""
 
         domain = Domain(dtypes=("bfloat16",))
         slicing_modes = ("sender",)
-        apply_marker = Adapter.apply_marker
+        plan = ReferenceAdapter.plan
+        sources = ReferenceAdapter.sources
+        targets = ReferenceAdapter.targets
+        sender_transform = ReferenceAdapter.sender_transform
+        receiver_combine = ReferenceAdapter.receiver_combine
 
     capabilities = provided_capabilities(PullConnector())
     assert "receiver" in capabilities and not {"marker", "fp8-scales"} & capabilities

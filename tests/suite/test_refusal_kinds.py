@@ -18,7 +18,7 @@ import pytest
 
 from kvspec.clauses import all_obligations
 from kvspec.conformance.adapter import REFUSAL_TYPES
-from kvspec.conformance.adapter.contract import CAPABILITIES
+from kvspec.conformance.adapter.protocols import CAPABILITIES
 from kvspec.conformance.checks import Check, all_checks
 from kvspec.conformance.checks.expectations import UNCLEAR, names_value
 from kvspec.conformance.reference import ReferenceAdapter

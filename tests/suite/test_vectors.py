@@ -10,6 +10,7 @@ import torch
 
 from kvspec.cli import main
 from kvspec.conformance import Adapter, load_adapter
+from kvspec.conformance.adapter.protocols import RoutingProtocol
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.families.groups.block_size_mutants import (
     OneBlockSizeForBoth,
@@ -125,7 +126,7 @@ def test_an_adapter_naming_no_policy_has_its_plans_checked_as_lowest() -> None:
     """Without Adapter.policies the suite draws its routing cases with 'lowest'; the plan
     vectors do the same instead of leaving every plan not applicable."""
 
-    class RoutingOnly(Adapter):
+    class RoutingOnly(Adapter, RoutingProtocol):
         domain = load_adapter("reference").domain
 
         def sources(self, case, dst):

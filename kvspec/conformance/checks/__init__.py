@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 from hypothesis import strategies as st
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import Adapter, FullAdapter
 
 Example = dict[str, Any]
 E = TypeVar("E")
@@ -43,9 +43,13 @@ class Vacuous(Exception):
 
 @dataclass(frozen=True)
 class Context:
-    """What a check runs with: the adapter, its capabilities, and the tensor device."""
+    """What a check runs with: the adapter, its capabilities, and the tensor device.
 
-    adapter: Adapter
+    ``adapter`` is typed as implementing every protocol (:class:`FullAdapter`): a check
+    calls only the protocols its ``needs`` name, and the runner runs it only on an
+    adapter found to implement them all."""
+
+    adapter: FullAdapter
     device: str = "cpu"
 
 

@@ -4,9 +4,11 @@ golden-vector builders and error cases, and never imports another family.
 A family folder is a package of :data:`FAMILIES`, its ``__init__`` naming the clause
 families it holds (``CLAUSE_FAMILIES``); its modules are found by name: ``checks.py``
 and ``*_checks.py`` (checks), ``mutants.py`` and ``*_mutants.py`` (mutants),
-``errors.py`` (error cases), ``vectors.py`` and ``*_vectors.py`` (vector families, exported in
-the order :data:`kvspec.conformance.vectors.FAMILIES` declares). A check or mutant lies in
-the folder of a clause family it serves. What families share is in
+``errors.py`` (error cases), ``vectors.py`` and ``*_vectors.py`` (vector families, exported
+in the order :data:`kvspec.conformance.vectors.FAMILIES` declares), ``protocol.py`` (the
+family's adapter capability protocols, gathered by
+:mod:`kvspec.conformance.adapter.protocols`). A check or mutant lies in the folder of a
+clause family it serves. What families share is in
 :mod:`kvspec.conformance.draws` (drawing inputs: transfer cases on tensors, and its
 ``hybrids``, ``records`` and ``messages``) and :mod:`kvspec.conformance.refusals`
 (probing refusals).

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 
 Case = dict[str, Any]
 Tensors = dict[str, torch.Tensor]
@@ -30,7 +30,7 @@ class Family:
     name: str
     needs: tuple[str, ...]
     export: Callable[[random.Random], tuple[list[Case], Tensors]]
-    check: Callable[[Adapter, Case, Tensors], str | None]
+    check: Callable[[FullAdapter, Case, Tensors], str | None]
 
 
 class NotApplicable(Exception):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import PINNED, sample_cases
 from kvspec.memory.cache_layout import get_layout
@@ -97,7 +97,7 @@ def _registered(entry: dict[str, Any]) -> tuple[RegisteredCache, list[int]]:
     return RegisteredCache.from_dict(data), list(entry["block_ids"])
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     transfer = TransferCase.from_dict(case)
     if not adapter.supports(transfer):
         raise NotApplicable("outside the adapter's declared domain")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Any, cast
 
-from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.adapter import FullAdapter, provided_capabilities
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.conformance.vectors.sampling import small_hybrids
 from kvspec.memory.presets import STATE_PRESETS
@@ -76,7 +76,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, {}
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     model = ModelShape.from_dict(case["model"])
     where = {k: case[k] for k in ("attn_tp", "attn_tp_rank", "page_size")}
     for block, part, unit, element, offset in case["offsets"]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import cast
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import hybrid_cases
 from kvspec.strategies import TransferCase
@@ -54,7 +54,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, {}
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     transfer = TransferCase.from_dict(case)
     if transfer.policy not in adapter.drawn_policies:
         raise NotApplicable(f"policy {transfer.policy!r} not implemented by the adapter")

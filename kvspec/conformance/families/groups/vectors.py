@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from kvspec.conformance.adapter import Adapter, NotProvided
+from kvspec.conformance.adapter import FullAdapter, NotProvided
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import hybrid_cases
 from kvspec.strategies import TransferCase
@@ -187,7 +187,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, {}
 
 
-def _check_block_sizes(adapter: Adapter, case: Case, transfer: TransferCase) -> str | None:
+def _check_block_sizes(adapter: FullAdapter, case: Case, transfer: TransferCase) -> str | None:
     """A plan with the sender's and the receiver's own block sizes [WINDOW-2, BLOCK-1]."""
     for tp, want in case.get("derived_block_sizes", {}).items():
         try:
@@ -226,7 +226,7 @@ def _check_block_sizes(adapter: Adapter, case: Case, transfer: TransferCase) -> 
     return None
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     transfer = TransferCase.from_dict(case)
     if transfer.policy not in adapter.drawn_policies:
         raise NotApplicable(f"policy {transfer.policy!r} not implemented by the adapter")

@@ -16,7 +16,7 @@ import random
 
 import torch
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.conformance.vectors.sampling import layer_tensors, load_layer
 from kvspec.memory.cache_layout import CROSS_LAYER, CacheShape, empty_cache, kv_views
@@ -70,7 +70,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, tensors
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     cache = load_layer(tensors, case["cache"])
     page = case.get("page_size")
     got = adapter.read_layer(cache, case["layout"], **({"page_size": page} if page else {}))

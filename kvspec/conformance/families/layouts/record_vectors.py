@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.memory.cache_layout import RECORDS, CacheShape, empty_cache, field_views, get_layout
 from kvspec.tensors.dtypes import bits_view, torch_dtype
@@ -57,7 +57,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, tensors
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     spec = get_layout(case["layout"])
     element = torch_dtype(case["dtype"]) if spec.element is None else torch.uint8
     cache = tensors[case["cache"]].clone().view(element)

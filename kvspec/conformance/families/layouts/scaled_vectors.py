@@ -14,7 +14,7 @@ import random
 
 import torch
 
-from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.adapter import FullAdapter, provided_capabilities
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.memory.cache_layout import SCALED, CacheShape, empty_cache, field_views, get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES
@@ -117,7 +117,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return bits_view(tensor.contiguous()).view(torch.uint8)
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     spec = get_layout(case["layout"])
     if "fill" in case:
         if "record-oracle" not in provided_capabilities(adapter):

@@ -11,7 +11,7 @@ import random
 
 import torch
 
-from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.adapter import FullAdapter, provided_capabilities
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.conformance.vectors.sampling import layer_tensors, load_layer, vector_layouts
 from kvspec.memory.cache_layout import LAYOUTS, CacheShape, detect_layout, empty_cache, kv_views
@@ -73,7 +73,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, tensors
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     cache = load_layer(tensors, case["cache"])
     provided = provided_capabilities(adapter)
     if "layouts" in provided:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.naming.keys import legacy_key, rank_aware_key
 
@@ -65,7 +65,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, {}
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     make = adapter.rank_aware_key if case["kind"] == "rank_aware" else adapter.legacy_key
     try:
         got = make(**case["args"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.adapter import FullAdapter, provided_capabilities
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.naming.ports import PortScheme, port, rank_port
 from kvspec.topology.stage import StageLayout
@@ -55,7 +55,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, {}
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     try:
         if "layout" in case:
             if "dp-ports" not in provided_capabilities(adapter):

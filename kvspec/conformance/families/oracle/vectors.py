@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.conformance.vectors.sampling import TOKEN_LAYOUTS
 from kvspec.tensors.dtypes import bits_view
@@ -84,7 +84,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, tensors
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     model = ModelShape.from_dict(case["model"])
     region: dict[str, Any] = {
         k: Tokens.from_list(v) if v and isinstance(v[0], list) else range(*v)

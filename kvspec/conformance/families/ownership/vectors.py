@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import PARALLEL, PINNED, sample_cases
 from kvspec.topology.model import ModelShape
@@ -65,7 +65,7 @@ def _parallel_cases(start: int) -> list[Case]:
     ]
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     layout, model = StageLayout.from_dict(case["layout"]), ModelShape.from_dict(case["model"])
     if not adapter.domain.holds_stage(layout, model):
         raise NotApplicable("outside the adapter's declared domain")

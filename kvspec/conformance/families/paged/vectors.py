@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.conformance.vectors.sampling import layer_tensors, load_layer, vector_layouts
 from kvspec.memory.cache_layout import get_layout, layouts_for
@@ -83,7 +83,7 @@ def _case(
     )
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     scales = tensors[case["scales"]] if case["scales"] else None
     cache = PagedCache(
         case["layout"],

@@ -10,7 +10,7 @@ from typing import cast
 
 import torch
 
-from kvspec.conformance.adapter import Adapter, provided_capabilities
+from kvspec.conformance.adapter import FullAdapter, provided_capabilities
 from kvspec.conformance.draws import difference
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import PARALLEL, PINNED, sample_cases, sample_parallel
@@ -71,7 +71,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, tensors
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     transfer = TransferCase.from_dict(case)
     if not adapter.domain.holds(transfer) or not adapter.supports(transfer):
         raise NotApplicable("outside the adapter's declared domain")

@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from kvspec.conformance.adapter import Adapter
+from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, Tensors
 from kvspec.conformance.vectors.sampling import PINNED, sample_cases
 from kvspec.tensors.dtypes import bits_view
@@ -57,7 +57,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
     return cases, tensors
 
 
-def check(adapter: Adapter, case: Case, tensors: Tensors) -> str | None:
+def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     frames = [tensors[n].numpy().tobytes() for n in case["frames"]]
     got = adapter.decode(frames)
     if got.request_id != case["request_id"] or got.metadata() != case["metadata"]:
