@@ -15,7 +15,7 @@ import sys
 import torch
 
 from benchmarks.figure import Figure, compare, memcpy
-from kvspec.memory.cache_layout import CacheShape, convert, empty_cache
+from kvspec.memory.cache_layout import CacheShape, convert, empty_cache, get_layout
 from kvspec.memory.descriptors import (
     RegisteredCache,
     execute_descriptors,
@@ -77,7 +77,7 @@ def descriptors_per_1k(
             owner = rank_ownership(stage, model, rank)
             needed = blocks_needed(tokens, block_size)
             cache = RegisteredCache(
-                layout,
+                get_layout(layout),
                 len(owner.layers),
                 needed * 2,
                 block_size,

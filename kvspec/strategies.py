@@ -20,7 +20,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvspec.forms import build, read_form
-from kvspec.memory.cache_layout import CacheShape, get_layout, layouts_for
+from kvspec.memory.cache_layout import LAYOUTS, CacheShape, holds_attention
 from kvspec.memory.paged import blocks_needed
 from kvspec.naming.keys import LegacyKey, RankAwareKey
 from kvspec.naming.ports import COMPATIBLE, DeployedStage, Deployment, PortScheme
@@ -364,10 +364,12 @@ def paged_layouts(
 
     token_major always has block size 1 [LAYOUT-2].
     """
-    layout = draw(st.sampled_from(layouts_for(attention)))
-    if not get_layout(layout).paged:
-        return layout, 1
-    return layout, draw(st.integers(1, max_block_size))
+    # layouts_for(attention)'s layouts, in its order, as values
+    held = [spec for spec in LAYOUTS.values() if holds_attention(spec, attention)]
+    layout = draw(st.sampled_from(held))
+    if not layout.paged:
+        return layout.name, 1
+    return layout.name, draw(st.integers(1, max_block_size))
 
 
 @st.composite

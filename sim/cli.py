@@ -70,6 +70,7 @@ from kvspec.console.stage_options import (
     model_from_args,
     parallel_knobs,
 )
+from kvspec.memory.cache_layout import get_layout
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
@@ -320,8 +321,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
         stages=stages,
         model=model,
-        src_layout=args.src_layout or default_layout,
-        dst_layout=args.dst_layout or default_layout,
+        src_layout=get_layout(args.src_layout or default_layout),  # parsed here, once
+        dst_layout=get_layout(args.dst_layout or default_layout),
         src_block_size=args.src_block_size,
         dst_block_size=args.dst_block_size,
         requests=args.requests,

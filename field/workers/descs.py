@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.descriptors import (
     Descriptor,
     RegisteredCache,
@@ -133,9 +134,10 @@ def transfer_plan(source_tp: int, target_tp: int, model: ModelShape) -> Transfer
 def registered_cache(
     layout: str, model: ModelShape, *, num_blocks: int, block_size: int, heads: int
 ) -> RegisteredCache:
-    """A rank's registered cache as kvspec describes it: every layer, ``heads`` heads."""
+    """A rank's registered cache as kvspec describes it: every layer, ``heads`` heads;
+    ``layout`` is the name the engine's job states, resolved here."""
     return RegisteredCache(
-        layout,
+        get_layout(layout),
         model.num_layers,
         num_blocks,
         block_size,

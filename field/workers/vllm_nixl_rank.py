@@ -384,11 +384,11 @@ class Rank:
 
     # -- the oracle's prefill ---------------------------------------------------------
     def paged(self) -> Any:
+        from kvspec.memory.cache_layout import get_layout
         from kvspec.memory.paged import PagedCache
 
-        return PagedCache(
-            self.job["kvspec_layout"], tuple(self.layer_caches()), block_size=self.worker.block_size
-        )
+        layout = get_layout(self.job["kvspec_layout"])  # the job file names it
+        return PagedCache(layout, tuple(self.layer_caches()), block_size=self.worker.block_size)
 
     def model_shape(self) -> Any:
         from kvspec.topology.model import ModelShape

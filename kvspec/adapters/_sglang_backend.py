@@ -63,15 +63,15 @@ def pointer_regions(cache: RegisteredCache) -> list[str]:
     V of each layer...]`` for an MHA token pool, one latent per layer for MLA
     (``MHATokenToKVPool.get_contiguous_buf_infos``, ``MLATokenToKVPool``)."""
     names = list(cache.regions())
-    if cache.layout == "sglang_mha":
+    if cache.layout.name == "sglang_mha":
         return [f"L{i}.K" for i in range(cache.num_layers)] + [
             f"L{i}.V" for i in range(cache.num_layers)
         ]
-    if cache.layout == "sglang_mla":
+    if cache.layout.name == "sglang_mla":
         return names
     raise ValueError(
         f"SGLang's senders address its own token pools (sglang_mha, sglang_mla); a "
-        f"{cache.layout} cache is not one [DESC-1]"
+        f"{cache.layout.name} cache is not one [DESC-1]"
     )
 
 

@@ -199,7 +199,7 @@ def region_plan(cache: RegisteredCache, first_layer: int) -> dict[str, list[Any]
     if cache.spec.tuple_form or cache.spec.cross_layer:
         raise ValueError(
             f"vLLM's Mooncake connector registers one block-contiguous tensor per layer; a "
-            f"{cache.layout} cache is not one [DESC-1]"
+            f"{cache.layout.name} cache is not one [DESC-1]"
         )
     names = list(cache.regions())
     block = cache.tensor_bytes() // cache.num_blocks

@@ -145,7 +145,7 @@ def view_of(cache: RegisteredCache) -> torch.Tensor:
     spec = cache.spec
     if spec.tuple_form or spec.cross_layer or set(spec.axes) != set(LOGICAL_AXES):
         raise ValueError(
-            f"a {cache.layout} cache is not vLLM's per-layer [B, H, N, C] view under a "
+            f"a {cache.layout.name} cache is not vLLM's per-layer [B, H, N, C] view under a "
             "stride order [DESC-1]"
         )
     element = cache.element_size()

@@ -157,7 +157,7 @@ def _registered(
             "(--dtype) [LAYOUT-6]"
         )
     cache = RegisteredCache(
-        layout,
+        spec,
         len(owner.layers),
         total,
         block_size,

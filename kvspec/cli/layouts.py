@@ -305,7 +305,6 @@ def render_state(info: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def render_one(layout: CacheLayout) -> str:
-    from kvspec.memory.cache_layout import get_layout
 
     info = describe(layout)
     lines = [
@@ -325,7 +324,7 @@ def render_one(layout: CacheLayout) -> str:
                 f"  {name if i == 0 else '':<15} {e['field']} [{', '.join(e['axes'])}]{split}"
             )
     if layout.per_layer:
-        tuple_of = layout.kv_axis is not None and get_layout(layout.per_layer).tuple_form
+        tuple_of = layout.kv_axis is not None and layout.layer_layout.tuple_form
         views = "(K, V): index 0 and 1 of its K/V axis, views" if tuple_of else "(a view)"
         lines.append(f"  each layer      reads as {layout.per_layer} {views}")
     if layout.source is None:
@@ -442,7 +441,7 @@ def convert_report(args: argparse.Namespace) -> dict[str, Any]:
     for tensor in tensors:
         raw = tensor.view(torch.uint8)
         raw.copy_(torch.randint(0, 256, raw.shape, generator=generator, dtype=torch.uint8))
-    page = block_size if source.merged_tokens else None
+    page = source.page_size(block_size)
     to_block = args.to_block_size or (block_size if target.paged else 1)
     out = convert(cache, source, target, block_size=to_block, source_block_size=page)
     back = convert(
@@ -450,7 +449,7 @@ def convert_report(args: argparse.Namespace) -> dict[str, Any]:
         target,
         source,
         block_size=block_size,
-        source_block_size=to_block if target.merged_tokens else None,
+        source_block_size=target.page_size(to_block),
     )
     want = field_views(cache, source, block_size=page)
     got = field_views(back, source, block_size=page)

@@ -26,7 +26,7 @@ unit) and ``slots_lo`` (slot % unit), and place the two parts apart: that is how
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import torch
@@ -247,6 +247,12 @@ class CacheLayout:
     """The one block (page) size the layout has, e.g. 128 for SGLang's MXFP8 interleave."""
     head_dim_multiple: int | None = None
     """head_dim must be a multiple of this (vLLM's NVFP4 swizzle: 64) [LAYOUT-8]."""
+    layer_form: CacheLayout | None = field(default=None, compare=False, repr=False)
+    """The per-layer preset's value (``per_layer`` is its name), set where the layout is
+    read; not part of the layout's identity, which ``per_layer`` already states."""
+    origin: str | None = field(default=None, compare=False, repr=False)
+    """The path of the layout file it was read from (None: a preset or kvspec's own form);
+    how it is written back where it is serialized (:attr:`ref`)."""
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.axes if a not in AXES]
@@ -261,6 +267,45 @@ class CacheLayout:
             )
         if ("layers" in self.axes) != (self.per_layer is not None):
             raise ValueError(f"layout {self.name}: a layers axis needs its per-layer preset")
+        if self.layer_form is not None and self.layer_form.name != self.per_layer:
+            raise ValueError(
+                f"layout {self.name}: its per-layer layout is {self.per_layer!r}, not "
+                f"{self.layer_form.name!r} [LAYOUT-5]"
+            )
+
+    @property
+    def ref(self) -> str:
+        """The text that names it wherever it is written (a configuration's JSON, a report):
+        its layout file's path, or its preset name [LAYOUT-1, LAYOUT-5]."""
+        return self.origin or self.name
+
+    @property
+    def layer_layout(self) -> CacheLayout:
+        """The layout each layer reads as: the per-layer preset's value for a cross-layer
+        layout, the layout itself otherwise [LAYOUT-5]."""
+        if self.per_layer is None:
+            return self
+        if self.layer_form is None:
+            raise ValueError(
+                f"layout {self.name}: its per-layer layout {self.per_layer!r} was not read "
+                "with it; read the layout from its file or a preset [LAYOUT-5]"
+            )
+        return self.layer_form
+
+    def page_size(self, block_size: int | None) -> int | None:
+        """The page size a reader must be told for a cache of ``block_size``: the block size
+        for a token pool (its shape does not say it), None for any other layout [LAYOUT-5]."""
+        return block_size if self.merged_tokens else None
+
+    def tensors(self, kv: int | None = None) -> int:
+        """K and V (2) or a latent (1): the layout's own count, else ``kv`` (token_major holds
+        either), else 2 [LAYOUT-1]."""
+        return self.kv_tensors or kv or 2
+
+    def cell_bytes(self, dtype: str, head_dim: int, kv: int | None = None) -> int:
+        """Bytes of one (layer, token, head) cell: every field of every part, inline scales
+        and side fields included [LAYOUT-6, LAYOUT-8]."""
+        return sum(f.nbytes(dtype, head_dim) for f in self.fields(kv))
 
     @property
     def kv_axis(self) -> int | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvspec.memory.cache_layout import PRESETS, CacheShape, get_layout, read_as
+from kvspec.memory.cache_layout import PRESETS, CacheShape, read_as
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 
 
@@ -51,7 +51,7 @@ def readings(
     heads: int | None = None,
     head_dim: int | None = None,
     block_size: int | None = None,
-    layouts: Iterable[str | CacheLayout] | None = None,
+    layouts: Iterable[CacheLayout] | None = None,
 ) -> list[Reading]:
     """Every layout of ``layouts`` (every preset by default) that a cache of one tensor
     (``shapes`` of one shape) or a tuple of tensors fits, in the presets' order
@@ -59,8 +59,7 @@ def readings(
     if not shapes or any(not s or any(d < 0 for d in s) for s in shapes):
         raise ValueError(f"shapes {list(map(list, shapes))}: each shape needs sizes >= 0")
     found = []
-    for ref in PRESETS.values() if layouts is None else layouts:
-        spec = get_layout(ref)
+    for spec in PRESETS.values() if layouts is None else layouts:
         element, cache_dtype = _element(spec, dtype)
         tensors = tuple(
             torch.empty(tuple(s), dtype=FIELD_DTYPES[element], device="meta") for s in shapes

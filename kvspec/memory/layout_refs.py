@@ -2,20 +2,19 @@
 
 A layout reference is a preset name (``flash_attn``) or the path of a layout file
 (anything ending in ``.json``; no preset name has a dot, so the two never meet). A file
-is read once per process for each (path, modification time, size) and checked against
-the presets: its ``per_layer`` must name one, and its name may be a preset's only when
-it describes that very preset [LAYOUT-1, LAYOUT-5, SLAYOUT-1]. Every process that is
-handed the same path reads the same file, so a reference crosses process boundaries as
-the string it is.
+is checked against the presets: its ``per_layer`` must name one, and its name may be a
+preset's only when it describes that very preset [LAYOUT-1, LAYOUT-5, SLAYOUT-1].
 
-Once read, a file's cache layout is also known by its name in that process
-(:func:`read_name`), as a preset's is, since values made from a layout keep its name
-(a paged cache, a registered region). Two files that give one name to two different
-layouts are refused: which one the name means would be ambiguous.
+Reading a file changes no state but a cache of what was read, keyed by (path,
+modification time, size): the value returned is the layout, and whoever reads it holds it
+and hands it on. Its name is not registered anywhere, so a file's layout is never found
+by its name; the value remembers its file (:attr:`CacheLayout.origin`), which is how it is
+written back where a configuration is serialized (:attr:`CacheLayout.ref`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -24,14 +23,12 @@ from kvspec.memory.layout_files import LayoutFileError, is_layout_file, read_lay
 from kvspec.memory.layout_model import CacheLayout, StateCacheLayout
 from kvspec.memory.presets import PRESETS
 
-__all__ = ["is_layout_file", "read_cache_file", "read_file", "read_name", "read_state_file"]
-
-_BY_NAME: dict[str, tuple[str, CacheLayout]] = {}
-"""The cache layouts of the files read in this process, by name: (path, layout)."""
+__all__ = ["is_layout_file", "read_cache_file", "read_file", "read_state_file"]
 
 
 def read_file(path: str | Path) -> CacheLayout | StateCacheLayout:
-    """The layout (cache or state) in the file at ``path`` [LAYOUT-5, SLAYOUT-1]."""
+    """The layout (cache or state) in the file at ``path`` [LAYOUT-5, SLAYOUT-1]; a cache
+    layout remembers ``path`` as its :attr:`~CacheLayout.origin`."""
     try:
         stat = os.stat(path)
     except OSError as error:
@@ -46,21 +43,8 @@ def _read(path: str, mtime_ns: int, size: int) -> CacheLayout | StateCacheLayout
     del mtime_ns, size  # the cache's key: an edited file is read again
     layout = read_layout_file(path, known=PRESETS)
     if isinstance(layout, CacheLayout):
-        seen = _BY_NAME.get(layout.name)
-        if seen is not None and seen[0] != path and seen[1] != layout:
-            raise LayoutFileError(
-                f"layout file {path}: field 'name' is {layout.name!r}, the name of another "
-                f"layout, read from {seen[0]}: which one the name means would be ambiguous; "
-                "give each layout a name of its own"
-            )
-        _BY_NAME[layout.name] = (path, layout)
+        return dataclasses.replace(layout, origin=path)
     return layout
-
-
-def read_name(name: str) -> CacheLayout | None:
-    """The cache layout called ``name`` among the files read in this process, or None."""
-    seen = _BY_NAME.get(name)
-    return seen[1] if seen else None
 
 
 def read_cache_file(path: str | Path) -> CacheLayout:

@@ -29,6 +29,7 @@ from kvspec.memory.cache_layout import (
     CacheLayout,
     CacheShape,
     LayerCache,
+    LayoutRef,
     cache_dtype,
     cache_shape,
     describe_cache,
@@ -37,6 +38,7 @@ from kvspec.memory.cache_layout import (
     get_layout,
     kv_views,
     layer_views,
+    require_layout,
 )
 from kvspec.tensors.copying import copy_bits, gather_blocks, scatter_blocks
 from kvspec.tensors.dtypes import bit_equal, torch_dtype
@@ -127,7 +129,7 @@ class PagedCache:
     for a cross-layer layout ``base`` is the one tensor every layer is a view of.
     """
 
-    layout: str
+    layout: CacheLayout
     layers: tuple[LayerCache, ...]
     scales: torch.Tensor | None = None
     block_size: int | None = None
@@ -136,7 +138,7 @@ class PagedCache:
     dtype: str = field(init=False)
 
     def __post_init__(self) -> None:
-        spec = get_layout(self.layout)
+        spec = require_layout("PagedCache.layout", self.layout)
         object.__setattr__(self, "layers", tuple(self.layers))
         if not self.layers:
             raise ValueError("a paged cache holds at least one layer; got none")
@@ -169,26 +171,26 @@ class PagedCache:
     def cross_layer(
         cls,
         tensor: torch.Tensor,
-        layout: str | CacheLayout,
+        layout: CacheLayout,
         scales: torch.Tensor | None = None,
         block_size: int | None = None,
     ) -> PagedCache:
         """A paged cache over one cross-layer tensor: layer i is a view of index i of its
         layers axis [LAYOUT-5]; a token pool's ``block_size`` is its page size."""
-        spec = get_layout(layout)
+        spec = require_layout("PagedCache.cross_layer's layout", layout)
         layers = layer_views(tensor, spec, block_size=block_size)
-        return cls(spec.name, layers, scales, block_size=block_size, base=tensor)
+        return cls(spec, layers, scales, block_size=block_size, base=tensor)
 
     @property
-    def layer_layout(self) -> str:
+    def layer_layout(self) -> CacheLayout:
         """The layout each layer reads as: the per-layer preset of a cross-layer layout."""
-        return get_layout(self.layout).per_layer or self.layout
+        return self.layout.layer_layout
 
     def _shape(self, layer: LayerCache) -> CacheShape:
         return cache_shape(layer, self.layer_layout, block_size=self._pool())
 
     def _pool(self) -> int | None:
-        return self.block_size if get_layout(self.layer_layout).merged_tokens else None
+        return self.layer_layout.page_size(self.block_size)
 
     def views(self, layer: LayerCache) -> tuple[torch.Tensor, ...]:
         """K and V (or the latent) of one of its layers, as views [LAYOUT-2]; a record
@@ -213,7 +215,7 @@ class PagedCache:
 
 
 def empty_paged_cache(
-    layout: str | CacheLayout,
+    layout: LayoutRef,
     *,
     num_layers: int,
     num_blocks: int,
@@ -246,11 +248,11 @@ def empty_paged_cache(
         return PagedCache.cross_layer(base, spec, scales, block_size=block_size)
     shape = CacheShape(kv, num_blocks, block_size, heads, head_dim)
     layers = tuple(empty_cache(spec, shape, dtype, device) for _ in range(num_layers))
-    return PagedCache(spec.name, layers, scales, block_size=block_size)
+    return PagedCache(spec, layers, scales, block_size=block_size)
 
 
 def empty_model_cache(
-    layout: str | CacheLayout,
+    layout: LayoutRef,
     model: ModelShape,
     *,
     num_blocks: int,
@@ -435,7 +437,7 @@ def scatter_request(
     ):
         shown = ["seq" if w is None else w for w in want]
         raise ValueError(
-            f"KV of shape {list(data.shape)} does not fit a {cache.layout} paged cache of "
+            f"KV of shape {list(data.shape)} does not fit a {cache.layout.name} paged cache of "
             f"{cache.num_layers} layers, each a {describe_cache(cache.layers[0])}: expected "
             f"[layers, kv, seq, heads, head_dim] = {shown} [PAGED-4]"
         )

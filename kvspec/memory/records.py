@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from kvspec.clause import Clause, must, refuses
-from kvspec.memory.cache_layout import get_layout
+from kvspec.memory.cache_layout import LayoutRef, get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, SCALED_DTYPES, CacheLayout, Field
 from kvspec.memory.paged import PagedCache, check_block_ids, check_same_scales
 from kvspec.memory.planes import at_slots, check_scaled, smallest_block, unit_of
@@ -128,7 +128,7 @@ def _rows(spec: CacheLayout, model: ModelShape) -> tuple[tuple[Field, ...], ...]
     return (fields[:at], fields[at:])
 
 
-def carrier_model(model: ModelShape, layout: str | CacheLayout) -> ModelShape:
+def carrier_model(model: ModelShape, layout: LayoutRef) -> ModelShape:
     """The model a record cache's requests travel as: ``model`` with head_dim the bytes of
     one K/V row of a cell, in one-byte elements of its dtype [LAYOUT-7].
 
@@ -156,7 +156,7 @@ def carrier_model(model: ModelShape, layout: str | CacheLayout) -> ModelShape:
 
 
 def record_rows(
-    fields: Mapping[str, torch.Tensor], model: ModelShape, layout: str | CacheLayout
+    fields: Mapping[str, torch.Tensor], model: ModelShape, layout: LayoutRef
 ) -> torch.Tensor:
     """A request's fields (each ``[layers, seq, heads, width]``) as the rows it travels as,
     ``[layers, kv, seq, heads, row bytes]`` in one-byte elements of ``model``'s dtype: each
@@ -174,9 +174,7 @@ def record_rows(
     return data.view(torch_dtype(model.dtype))
 
 
-def row_fields(
-    rows: torch.Tensor, model: ModelShape, layout: str | CacheLayout
-) -> dict[str, torch.Tensor]:
+def row_fields(rows: torch.Tensor, model: ModelShape, layout: LayoutRef) -> dict[str, torch.Tensor]:
     """The fields of rows ``[layers, kv, seq, heads, row bytes]``, each ``[layers, seq, heads,
     width]`` in its own dtype, bit for bit [LAYOUT-7]."""
     spec = get_layout(layout)
@@ -229,11 +227,9 @@ def scatter_rows(
     scatter_fields(row_fields(kv.data.to(cache.device), model, cache.layout), cache, block_ids)
 
 
-def check_holds(layout: str | CacheLayout, model: ModelShape) -> CacheLayout:
+def check_holds(layout: LayoutRef, model: ModelShape) -> CacheLayout:
     """The layout, if its cells can hold ``model``'s cache; else refused [ORACLE-6, LAYOUT-5]."""
-    spec = get_layout(layout)
-    if spec.cross_layer:
-        spec = get_layout(spec.per_layer)
+    spec = get_layout(layout).layer_layout
     if spec.kv_tensors not in (model.kv_tensors, None):
         holds = "K and V" if spec.kv_tensors == 2 else "one latent"
         raise ValueError(
@@ -267,10 +263,9 @@ def check_holds(layout: str | CacheLayout, model: ModelShape) -> CacheLayout:
     return spec
 
 
-def cell_bytes(layout: str | CacheLayout, model: ModelShape) -> int:
+def cell_bytes(layout: LayoutRef, model: ModelShape) -> int:
     """Bytes of one (layer, token, head) cell: every field of every part [LAYOUT-6]."""
-    spec = check_holds(layout, model)
-    return sum(f.nbytes(model.dtype, model.head_dim) for f in spec.fields(model.kv_tensors))
+    return check_holds(layout, model).cell_bytes(model.dtype, model.head_dim, model.kv_tensors)
 
 
 def _axis(values: Sequence[int], dim: int, device: torch.device) -> torch.Tensor:
@@ -281,7 +276,7 @@ def _axis(values: Sequence[int], dim: int, device: torch.device) -> torch.Tensor
 
 def record_fill(
     model: ModelShape,
-    layout: str | CacheLayout,
+    layout: LayoutRef,
     request_id: str,
     *,
     tokens: range | Tokens | int,
@@ -357,7 +352,7 @@ def gather_fields(
     """Every field of the request's cells, ``[layers, seq_len, heads, width]`` each, copied
     out of ``cache`` as bits [PAGED-1, LAYOUT-6, DTYPE-2]."""
     blocks, slots = _token_index(cache, block_ids, seq_len)
-    spec = get_layout(cache.layout)
+    spec = cache.layout
     per_layer = [cache.fields(layer) for layer in cache.layers]
     return {
         name: torch.stack(
@@ -376,7 +371,7 @@ def scatter_fields(
     per_layer = [cache.fields(layer) for layer in cache.layers]
     if set(fields) != set(per_layer[0]):
         raise ValueError(
-            f"a {cache.layout} cell holds the fields {', '.join(per_layer[0])}; got "
+            f"a {cache.layout.name} cell holds the fields {', '.join(per_layer[0])}; got "
             f"{', '.join(fields)} [LAYOUT-6]"
         )
     seq_len = None
@@ -387,7 +382,8 @@ def scatter_fields(
             n for w, n in zip(want, data.shape, strict=True) if w is not None
         ]:
             raise ValueError(
-                f"field {name} of shape {list(data.shape)} does not fit a {cache.layout} cache: "
+                f"field {name} of shape {list(data.shape)} does not fit a "
+                f"{cache.layout.name} cache: "
                 f"expected [layers, seq, heads, width] = "
                 f"{['seq' if w is None else w for w in want]} [LAYOUT-6]"
             )
@@ -400,7 +396,7 @@ def scatter_fields(
         seq_len = data.shape[1]
     assert seq_len is not None
     blocks, slots = _token_index(cache, block_ids, seq_len)
-    spec = get_layout(cache.layout)
+    spec = cache.layout
     for layer, views in enumerate(per_layer):
         for name, data in fields.items():
             at = at_slots(unit_of(spec, name), blocks, slots)
@@ -450,7 +446,7 @@ class FieldVerdict:
 def verify_fields(
     fields: Mapping[str, torch.Tensor],
     model: ModelShape,
-    layout: str | CacheLayout,
+    layout: LayoutRef,
     request_id: str,
     *,
     tokens: range | Tokens | int,

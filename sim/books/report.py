@@ -424,8 +424,8 @@ class SimReport:
         )
         lines = [
             f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
-            f"  {ranks} ranks as {where}; caches {c.src_layout} (block {c.src_block_size}) -> "
-            f"{c.dst_layout} (block {c.dst_block_size}); "
+            f"  {ranks} ranks as {where}; caches {c.src_layout.ref} (block {c.src_block_size}) -> "
+            f"{c.dst_layout.ref} (block {c.dst_block_size}); "
             + {"pull": "pulled by descriptors", "write": "written by descriptors, zero-copy"}.get(
                 c.transfer, f"{c.slicing}-side slicing"
             )

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from kvspec.console.args import some_of
 from kvspec.memory.cache_layout import (
     PRESETS,
+    CacheLayout,
     CacheShape,
     empty_cache,
-    get_layout,
     holds_attention,
     layouts_for,
 )
@@ -88,8 +88,8 @@ def check_layouts(config: SimConfig) -> None:
     information, naming the presets each can be paired with [LAYOUT-1, LAYOUT-6, ORACLE-6]."""
     model = config.model
     held = layouts_for(model.attention, cross_layer=True)
-    for flag, name in (("--src-layout", config.src_layout), ("--dst-layout", config.dst_layout)):
-        spec = get_layout(name)
+    for flag, spec in (("--src-layout", config.src_layout), ("--dst-layout", config.dst_layout)):
+        name = spec.ref
         if spec.plain and not holds_attention(spec, model.attention, cross_layer=True):
             holds = {2: "K and V", 1: "one latent"}.get(spec.kv_tensors or 0, "K and V or a latent")
             raise ValueError(
@@ -97,11 +97,11 @@ def check_layouts(config: SimConfig) -> None:
                 f"kv_tensors is {spec.kv_tensors} ({holds}); use one of {some_of(held)} "
                 "[LAYOUT-1]"
             )
-        why = _cannot_hold(name, model)
+        why = _cannot_hold(spec, model)
         if why is not None:
             raise ValueError(
                 f"{flag} {name} cannot hold {model.describe()}: {why}; the presets that can "
-                f"are: {some_of(_holding(config)) or 'none'}"
+                f"are: {some_of([h.name for h in _holding(config)]) or 'none'}"
             )
         if spec.scaled:  # its blocks: whole groups of a split slot axis, a fixed page size
             block = config.src_block_size if flag == "--src-layout" else config.dst_block_size
@@ -113,28 +113,27 @@ def check_layouts(config: SimConfig) -> None:
     src, dst = config.src_layout, config.dst_layout
     if _information(config, src) != _information(config, dst):
         raise ValueError(
-            f"cache layouts {src} -> {dst} do not hold the same information for "
-            f"{model.describe()}: a {src} cell holds {_fields(config, src)}, a {dst} cell "
-            f"{_fields(config, dst)}; nothing is dropped or made up. {src} pairs with "
-            f"{some_of(_pairable(config, src))}; {dst} pairs with "
+            f"cache layouts {src.ref} -> {dst.ref} do not hold the same information for "
+            f"{model.describe()}: a {src.ref} cell holds {_fields(config, src)}, a {dst.ref} "
+            f"cell {_fields(config, dst)}; nothing is dropped or made up. {src.ref} pairs with "
+            f"{some_of(_pairable(config, src))}; {dst.ref} pairs with "
             f"{some_of(_pairable(config, dst))} [LAYOUT-6]"
         )
 
 
-def _information(config: SimConfig, name: str) -> tuple[tuple[str, str, int | str], ...]:
+def _information(config: SimConfig, layout: CacheLayout) -> tuple[tuple[str, str, int | str], ...]:
     model = config.model
-    return get_layout(name).information(model.dtype, model.head_dim, model.kv_tensors)
+    return layout.information(model.dtype, model.head_dim, model.kv_tensors)
 
 
-def _fields(config: SimConfig, name: str) -> str:
-    return ", ".join(f"{f} ({w} x {d})" for f, d, w in _information(config, name))
+def _fields(config: SimConfig, layout: CacheLayout) -> str:
+    return ", ".join(f"{f} ({w} x {d})" for f, d, w in _information(config, layout))
 
 
-def _cannot_hold(name: str, model: ModelShape) -> str | None:
-    """Why preset ``name`` cannot hold ``model``'s cache, or None: every rule of the layout
+def _cannot_hold(spec: CacheLayout, model: ModelShape) -> str | None:
+    """Why ``spec`` cannot hold ``model``'s cache, or None: every rule of the layout
     (K/V count, dtype, fixed width, field alignment), nothing allocated [LAYOUT-5, ORACLE-6]."""
-    spec = get_layout(name)
-    base = get_layout(spec.per_layer or name)
+    base = spec.layer_layout
     block = smallest_block(base)
     try:
         check_holds(spec, model)
@@ -149,15 +148,15 @@ def _cannot_hold(name: str, model: ModelShape) -> str | None:
     return None
 
 
-def _holding(config: SimConfig) -> list[str]:
+def _holding(config: SimConfig) -> list[CacheLayout]:
     """Every preset whose cells can hold the run's model [LAYOUT-5, ORACLE-6]."""
-    return [name for name in PRESETS if _cannot_hold(name, config.model) is None]
+    return [spec for spec in PRESETS.values() if _cannot_hold(spec, config.model) is None]
 
 
-def _pairable(config: SimConfig, name: str) -> list[str]:
-    """The presets that hold the model with the same information as ``name`` [LAYOUT-6]."""
-    want = _information(config, name)
-    return [n for n in _holding(config) if _information(config, n) == want]
+def _pairable(config: SimConfig, layout: CacheLayout) -> list[str]:
+    """The presets that hold the model with the same information as ``layout`` [LAYOUT-6]."""
+    want = _information(config, layout)
+    return [h.name for h in _holding(config) if _information(config, h) == want]
 
 
 def check_host(host: str) -> None:

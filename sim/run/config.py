@@ -9,7 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from kvspec.forms import build, form_list, read_form
-from kvspec.memory.cache_layout import get_layout
+from kvspec.memory.cache_layout import PRESETS, CacheLayout, get_layout, require_layout
 from kvspec.memory.records import carrier_model, cell_bytes
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
@@ -100,8 +100,10 @@ class SimConfig:
 
     stages: tuple[StageLayout, ...]
     model: ModelShape
-    src_layout: str = "flash_attn"
-    dst_layout: str = "flash_attn"
+    src_layout: CacheLayout = PRESETS["flash_attn"]
+    """The source stage's cache layout, a value: a name or file is resolved where it is
+    read (the command line, :meth:`from_dict`) [LAYOUT-1, LAYOUT-5]."""
+    dst_layout: CacheLayout = PRESETS["flash_attn"]
     src_block_size: int = 16
     dst_block_size: int = 16
     requests: int = 8
@@ -132,6 +134,8 @@ class SimConfig:
     """Simulated compute per layer a sender holds, when ``stream`` is not ``off``."""
 
     def __post_init__(self) -> None:
+        require_layout("SimConfig.src_layout", self.src_layout)
+        require_layout("SimConfig.dst_layout", self.dst_layout)
         if len(self.stages) < 2:
             raise ValueError("a run needs at least two stages (a sender and a receiver)")
         if self.content == "groups":
@@ -314,7 +318,7 @@ class SimConfig:
         """The model pushed payloads are planned, cut and merged by: a record cache's
         requests travel as rows of bytes [LAYOUT-7]; every other cache's as the model's."""
         if self.records and self.transfer == "push":
-            plain = get_layout(self.src_layout).plain
+            plain = self.src_layout.plain
             return carrier_model(self.model, self.dst_layout if plain else self.src_layout)
         return self.model
 
@@ -323,8 +327,8 @@ class SimConfig:
         """Bytes of one (layer, token, head) cell of the caches, every field [LAYOUT-6]."""
         return cell_bytes(self.src_layout, self.model)
 
-    def layout_of(self, stage: int) -> tuple[str, int]:
-        """(cache layout name, block size) of a stage: stage 0 the source's, others the target's."""
+    def layout_of(self, stage: int) -> tuple[CacheLayout, int]:
+        """(cache layout, block size) of a stage: stage 0 the source's, others the target's."""
         if stage == 0:
             return self.src_layout, self.src_block_size
         return self.dst_layout, self.dst_block_size
@@ -334,6 +338,8 @@ class SimConfig:
         data["stages"] = [s.to_dict() for s in self.stages]
         data["model"] = self.model.to_dict()
         data["faults"] = self.faults.describe()
+        for key in ("src_layout", "dst_layout"):  # a preset's name, or its file's path
+            data[key] = getattr(self, key).ref
         return data
 
     @classmethod
@@ -356,6 +362,13 @@ class SimConfig:
                     "model": ModelShape.from_dict(form["model"], where="SimConfig.model"),
                     "faults": parse_faults(form["faults"]),
                     "seq_len": form_list("SimConfig.seq_len", form["seq_len"]),
+                    **_read_layouts(form),
                 }
             ),
         )
+
+
+def _read_layouts(form: dict[str, Any]) -> dict[str, CacheLayout]:
+    """The layouts of a configuration's form: each travels as its preset name or its file's
+    path and is read here, where the form is parsed [LAYOUT-1, LAYOUT-5]."""
+    return {key: get_layout(form[key]) for key in ("src_layout", "dst_layout") if key in form}

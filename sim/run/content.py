@@ -15,19 +15,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kvspec.memory.cache_layout import get_layout
+from kvspec.memory.layout_model import CacheLayout
 from kvspec.topology.model import ModelShape
 
 ContentKind = Literal["kv", "records", "groups"]
 CONTENT_KINDS: tuple[ContentKind, ...] = ("kv", "records", "groups")
 
 
-def content_kind(model: ModelShape, src_layout: str, dst_layout: str) -> ContentKind:
+def content_kind(
+    model: ModelShape, src_layout: CacheLayout, dst_layout: CacheLayout
+) -> ContentKind:
     """The content kind of a run of ``model`` between caches of these two layouts: a model
     with layer groups or an indexer moves as group parts [GROUP-3]; a cache whose cells are
     not plain K and V as record rows [LAYOUT-6]; anything else as plain KV."""
     if model.hybrid:
         return "groups"
-    if not all(get_layout(name).plain for name in (src_layout, dst_layout)):
+    if not (src_layout.plain and dst_layout.plain):
         return "records"
     return "kv"

@@ -7,6 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from kvspec.memory.cache_layout import get_layout
 from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
@@ -119,9 +120,9 @@ def domain_runs(
         (case.source, case.target),
         case.model,
         policy=case.policy,
-        src_layout=src_layout,
+        src_layout=get_layout(src_layout),
         src_block_size=src_bs,
-        dst_layout=dst_layout,
+        dst_layout=get_layout(dst_layout),
         dst_block_size=dst_bs,
         requests=2,
         seq_len=(shortest, shortest + 9),

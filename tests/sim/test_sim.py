@@ -25,6 +25,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvspec.memory.cache_layout import PRESETS
 from kvspec.naming.keys import parse_key
 from kvspec.naming.ports import port
 from kvspec.topology.model import ModelShape
@@ -88,8 +89,8 @@ PROCESS_RUNS = {
     "MLA TP4->TP8": dict(
         stages=(StageLayout(4), StageLayout(8)),
         model=ModelShape.mla(3, 16),
-        src_layout="mla",
-        dst_layout="token_major",
+        src_layout=PRESETS["mla"],
+        dst_layout=PRESETS["token_major"],
         dst_block_size=1,
     ),
     "PP on both sides, uneven": dict(
@@ -98,9 +99,9 @@ PROCESS_RUNS = {
     "layouts and block sizes, fp8": dict(
         stages=(StageLayout(2), StageLayout(4)),
         model=ModelShape(2, 4, 8, dtype="float8_e5m2"),
-        src_layout="flashinfer_hnd",
+        src_layout=PRESETS["flashinfer_hnd"],
         src_block_size=16,
-        dst_layout="kv_tuple",
+        dst_layout=PRESETS["kv_tuple"],
         dst_block_size=3,
     ),
     "two replica groups, chunked": dict(
@@ -121,8 +122,8 @@ PROCESS_RUNS = {
     "DCP on the source, MLA TP8 DCP8 -> TP2": dict(
         stages=(StageLayout(8, dcp=8, cp_rule="interleave:1"), StageLayout(2)),
         model=ModelShape.mla(2, 16),
-        src_layout="mla",
-        dst_layout="mla",
+        src_layout=PRESETS["mla"],
+        dst_layout=PRESETS["mla"],
         ranks_per_process=4,
     ),
     "DCP on the target, TP2 -> TP8 DCP2, receiver-side": dict(

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvspec.memory.cache_layout import PRESETS
 from kvspec.memory.descriptors import RegisteredCache, plan_descriptors
 from kvspec.naming.keys import parse_key
 from kvspec.topology.model import ModelShape
@@ -54,38 +55,38 @@ PULL_RUNS = {
     "the issue's example TP8->TP2, packed HND -> SGLang pool": dict(
         stages=(StageLayout(8), StageLayout(2)),
         model=ModelShape(2, 4, 8),
-        src_layout="vllm_packed_hnd",
-        dst_layout="sglang_mha",
+        src_layout=PRESETS["vllm_packed_hnd"],
+        dst_layout=PRESETS["sglang_mha"],
         src_block_size=16,
         dst_block_size=4,
     ),
     "fan-out TP2->TP8, replicated heads, TRT-LLM pool -> cross-layer NHD": dict(
         stages=(StageLayout(2), StageLayout(8)),
         model=MHA,
-        src_layout="trtllm_pool",
-        dst_layout="vllm_packed_nhd_layers",
+        src_layout=PRESETS["trtllm_pool"],
+        dst_layout=PRESETS["vllm_packed_nhd_layers"],
         chunks=2,
     ),
     "PP on both sides, uneven": dict(
         stages=(StageLayout(2, 2), StageLayout(2, 3)),
         model=ModelShape(5, 4, 8),
-        src_layout="flashinfer_hnd",
-        dst_layout="sglang_mha_hnd",
+        src_layout=PRESETS["flashinfer_hnd"],
+        dst_layout=PRESETS["sglang_mha_hnd"],
         dst_block_size=3,
     ),
     "MLA TP4->TP2, SGLang pool -> vLLM MLA": dict(
         stages=(StageLayout(4), StageLayout(2)),
         model=ModelShape.mla(3, 16),
-        src_layout="sglang_mla",
-        dst_layout="vllm_mla",
+        src_layout=PRESETS["sglang_mla"],
+        dst_layout=PRESETS["vllm_mla"],
         src_block_size=2,
     ),
     "TP4 PCP2 interleave:16 -> TP6 (the issue's example), 12 heads": dict(
         stages=(StageLayout(4, cp=2, cp_rule="interleave:16"), StageLayout(6)),
         model=ModelShape(2, 12, 8),
         seq_len=(20, 80),
-        src_layout="vllm_packed_hnd",
-        dst_layout="sglang_mha",
+        src_layout=PRESETS["vllm_packed_hnd"],
+        dst_layout=PRESETS["sglang_mha"],
         dst_block_size=4,
         chunks=2,
     ),
@@ -97,8 +98,8 @@ PULL_RUNS = {
         model=ModelShape(2, 2, 8),
         seq_len=(8, 30),
         requests=4,
-        src_layout="flash_attn_hnd",
-        dst_layout="trtllm_pool",
+        src_layout=PRESETS["flash_attn_hnd"],
+        dst_layout=PRESETS["trtllm_pool"],
         src_block_size=4,
         dst_block_size=4,
         ranks_per_process=4,
@@ -106,30 +107,30 @@ PULL_RUNS = {
     "SGLang's page-major pool -> its HiCache host pool (page_first), TP4->TP2": dict(
         stages=(StageLayout(4), StageLayout(2)),
         model=ModelShape(3, 4, 8),
-        src_layout="sglang_page_major",
-        dst_layout="sglang_host_page_first",
+        src_layout=PRESETS["sglang_page_major"],
+        dst_layout=PRESETS["sglang_host_page_first"],
         src_block_size=4,
         dst_block_size=8,
     ),
     "HiCache layer_first -> page_unified (every later stage), a chain TP2 -> TP4 -> TP1": dict(
         stages=(StageLayout(2), StageLayout(4), StageLayout(1)),
         model=ModelShape(2, 4, 8),
-        src_layout="sglang_host_layer_first",
-        dst_layout="sglang_host_unified",
+        src_layout=PRESETS["sglang_host_layer_first"],
+        dst_layout=PRESETS["sglang_host_unified"],
         src_block_size=2,
     ),
     "HiCache page_first_direct -> vLLM's BHLNC tensor, TP2 -> TP4": dict(
         stages=(StageLayout(2), StageLayout(4)),
         model=ModelShape(2, 4, 8),
-        src_layout="sglang_host_pf_direct",
-        dst_layout="vllm_packed_bhlnc",
+        src_layout=PRESETS["sglang_host_pf_direct"],
+        dst_layout=PRESETS["vllm_packed_bhlnc"],
         src_block_size=3,
     ),
     "a chain TP4 -> TP2 -> TP1, fp8": dict(
         stages=(StageLayout(4), StageLayout(2), StageLayout(1)),
         model=ModelShape(2, 4, 8, dtype="float8_e4m3fn"),
-        src_layout="vllm_packed_nhd",
-        dst_layout="kv_tuple",
+        src_layout=PRESETS["vllm_packed_nhd"],
+        dst_layout=PRESETS["kv_tuple"],
     ),
 }
 
@@ -157,8 +158,8 @@ def test_pull_books_balance(kind: str) -> None:
             kind,
             seed,
             transfer="pull",
-            src_layout="vllm_packed_hnd",
-            dst_layout="flashinfer",
+            src_layout=PRESETS["vllm_packed_hnd"],
+            dst_layout=PRESETS["flashinfer"],
             dst_block_size=3,
         )
         injected = report.fault_keys["injected"].get(kind, [])
@@ -174,7 +175,7 @@ def test_a_read_is_served_only_to_a_verified_receiver_for_its_own_share() -> Non
     """A read from an unknown connection is a stranger's; one naming another receiver's key,
     or asking for other bytes than the spec's list, is refused [sim.net.auth, DESC-1]."""
     plan = plan_transfer(StageLayout(2), StageLayout(2), MHA)
-    cache = RegisteredCache("flash_attn", 2, 3, 4, 2, 8, "bfloat16")
+    cache = RegisteredCache(PRESETS["flash_attn"], 2, 3, 4, 2, 8, "bfloat16")
     made = plan_descriptors(plan, plan.edge(0, 0), cache, [1, 2], cache, [0, 1], range(6))
     rank = SimpleNamespace(  # the path's read-only view of its rank
         strangers=Counter(),

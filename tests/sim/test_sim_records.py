@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import PRESETS
+from kvspec.memory.cache_layout import PRESETS, get_layout
 from kvspec.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
@@ -70,8 +70,8 @@ def _config(src: str, dst: str, transfer: str, tp: tuple[int, int], **more) -> S
     return SimConfig(
         stages=(StageLayout(tp[0]), StageLayout(tp[1])),
         model=_model(src),
-        src_layout=src,
-        dst_layout=dst,
+        src_layout=get_layout(src),
+        dst_layout=get_layout(dst),
         src_block_size=4,
         dst_block_size=3,  # neither divides the other: partial last blocks both sides
         transfer=transfer,
@@ -134,7 +134,10 @@ def test_pairs_of_other_information_are_refused_naming_the_pairable(
     src: str, dst: str, model: ModelShape, named: list[str]
 ) -> None:
     config = SimConfig(
-        stages=(StageLayout(2), StageLayout(1)), model=model, src_layout=src, dst_layout=dst
+        stages=(StageLayout(2), StageLayout(1)),
+        model=model,
+        src_layout=get_layout(src),
+        dst_layout=get_layout(dst),
     )
     with pytest.raises(ValueError, match=r"do not hold the same information") as caught:
         validate(config)
@@ -184,8 +187,8 @@ def record_configs(draw: st.DrawFn) -> SimConfig:
         stages=(case.source, case.target),
         model=case.model,
         policy=case.policy,
-        src_layout=src,
-        dst_layout=dst,
+        src_layout=get_layout(src),
+        dst_layout=get_layout(dst),
         src_block_size=sizes[0],
         dst_block_size=sizes[1],
         transfer=transfer,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvspec.memory.cache_layout import get_layout
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from sim.harness.cluster import run_simulation, validate
@@ -19,8 +20,8 @@ def _config(src, dst, model, transfer, stages, block_sizes) -> SimConfig:
     return SimConfig(
         stages=stages,
         model=model,
-        src_layout=src,
-        dst_layout=dst,
+        src_layout=get_layout(src),
+        dst_layout=get_layout(dst),
         src_block_size=block_sizes[0],
         dst_block_size=block_sizes[1],
         transfer=transfer,

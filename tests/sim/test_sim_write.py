@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvspec.memory.cache_layout import PRESETS, get_layout
 from kvspec.memory.descriptors import (
     RegisteredCache,
     execute_descriptors,
@@ -73,8 +74,8 @@ def test_multi_process_writes(stages, layouts, seq_len) -> None:
         make(
             stages,
             ModelShape(2, 8, 64),
-            src_layout=layouts[0],
-            dst_layout=layouts[1],
+            src_layout=get_layout(layouts[0]),
+            dst_layout=get_layout(layouts[1]),
             seq_len=seq_len,
         )
     )
@@ -90,7 +91,7 @@ def test_write_books_balance(kind: str) -> None:
     dropped or corrupted write fails exactly its request, the rest are verified."""
     for seed in range(4):
         report = runs.faulted_run(
-            kind, seed, transfer="write", dst_layout="flashinfer", dst_block_size=3
+            kind, seed, transfer="write", dst_layout=PRESETS["flashinfer"], dst_block_size=3
         )
         injected = report.fault_keys["injected"].get(kind, [])
         failed = {o.request_id for o in report.outcomes if not o.ok}
@@ -128,8 +129,12 @@ def _caches(
     blocks = -(-seq_len // 16)
     src_heads = len(plan.owner("source", edge.src).heads)
     dst_heads = len(plan.owner("target", edge.dst).heads)
-    src = RegisteredCache(layout, model.num_layers, blocks, 16, src_heads, 64, "bfloat16")
-    dst = RegisteredCache(layout, model.num_layers, blocks, 16, dst_heads, 64, "bfloat16")
+    src = RegisteredCache(
+        get_layout(layout), model.num_layers, blocks, 16, src_heads, 64, "bfloat16"
+    )
+    dst = RegisteredCache(
+        get_layout(layout), model.num_layers, blocks, 16, dst_heads, 64, "bfloat16"
+    )
     src_ids = list(range(blocks))
     dst_ids = src_ids[::-1] if shuffled else src_ids
     gen = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import layouts_for
+from kvspec.memory.cache_layout import PRESETS, layouts_for
 from kvspec.memory.descriptors import (
     Descriptor,
     RegisteredCache,
@@ -189,8 +189,8 @@ def packed_to_pool():
     model = ModelShape(2, 4, 2)
     plan = plan_transfer(StageLayout(8), StageLayout(2), model)
     edge = plan.edges[0]
-    source = RegisteredCache("vllm_packed_hnd", 2, 4, 4, 1, 2, "bfloat16")
-    target = RegisteredCache("sglang_mha", 2, 6, 2, 2, 2, "bfloat16")
+    source = RegisteredCache(PRESETS["vllm_packed_hnd"], 2, 4, 4, 1, 2, "bfloat16")
+    target = RegisteredCache(PRESETS["sglang_mha"], 2, 6, 2, 2, 2, "bfloat16")
     made = plan_descriptors(plan, edge, source, [3, 1], target, [5, 0, 2, 4], range(7))
     return plan, edge, source, target, made
 
@@ -238,7 +238,7 @@ def test_a_region_too_small_for_the_block_ids_is_refused(packed_to_pool) -> None
     with pytest.raises(ValueError, match=need + r"registered with 90 bytes.*\[DESC-2\]"):
         plan_descriptors(plan, edge, source, [3, 1], short, [5, 0, 2, 4], range(7))
     with pytest.raises(ValueError, match=r"not regions of a sglang_mha cache"):
-        RegisteredCache("sglang_mha", 2, 6, 2, 2, 2, "bfloat16", region_bytes={"L9": 1})
+        RegisteredCache(PRESETS["sglang_mha"], 2, 6, 2, 2, 2, "bfloat16", region_bytes={"L9": 1})
     with pytest.raises(ValueError, match=r"PAGED-3"):
         plan_descriptors(plan, edge, source, [3], target, [5, 0, 2, 4], range(7))
 

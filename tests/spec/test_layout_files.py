@@ -68,6 +68,13 @@ def test_the_presets_are_the_old_tables_value_for_value(table: str) -> None:
         value = _plain(dataclasses.asdict(now[old["name"]]))
         if table == "layouts":  # fields CacheLayout gained since then keep their defaults
             assert {k: value.pop(k) for k in added} == added, old["name"]
+            # what the value holds beside its identity: where it was read, its layers' value
+            assert value.pop("origin") is None, old["name"]
+            held = value.pop("layer_form")
+            per_layer = value["per_layer"]
+            assert held == (
+                None if per_layer is None else _plain(dataclasses.asdict(PRESETS[per_layer]))
+            )
         assert value == old, old["name"]
     names = [p["name"] for p in frozen]
     assert [n for n in now if n in names] == names
@@ -119,8 +126,9 @@ def test_the_schema_and_the_reader_name_the_same_fields_and_values() -> None:
     assert defs["state_axes"]["items"]["enum"] == list(STATE_AXES)
     assert published["properties"]["kind"]["enum"] == list(file_format.KINDS)
     assert cache["properties"]["kv_tensors"]["enum"] == [1, 2, None]
-    # CacheLayout's fields are the file's, less kind (what the file holds)
-    fields = [f.name for f in dataclasses.fields(CacheLayout)]
+    # CacheLayout's fields are the file's, less kind (what the file holds); the fields
+    # outside its identity (compare=False) say where it was read, not what it is
+    fields = [f.name for f in dataclasses.fields(CacheLayout) if f.compare]
     assert sorted(fields) == sorted(set(file_format.CACHE_FIELDS) - {"kind"})
     state_fields = [f.name for f in dataclasses.fields(StateCacheLayout)]
     assert sorted(state_fields) == sorted(set(file_format.STATE_FIELDS) - {"kind"})
@@ -154,9 +162,12 @@ def test_a_user_file_reads_back_as_written(tmp_path: Path) -> None:
     )
     assert layout.stride_order == (0, 2, 1, 3) and layout.packed
     assert layout_to_data(layout) == USER
-    # wherever a preset name is taken: the path, and then its name in this process
-    assert get_layout(str(path)) == layout
-    assert get_layout("spec_user_hnd") == layout
+    # wherever a preset name is taken, the path is; the value remembers where it was read
+    assert get_layout(str(path)) == layout and get_layout(str(path)).ref == str(path)
+    assert layout.ref == "spec_user_hnd"  # read_layout_file is no reference's reader
+    # reading the file registered nothing: its name is no reference [LAYOUT-1]
+    with pytest.raises(ValueError, match=r"unknown cache layout 'spec_user_hnd'"):
+        get_layout("spec_user_hnd")
     assert get_layout(str(path)).information("bfloat16", 8) == PRESETS[
         "vllm_packed_hnd"
     ].information("bfloat16", 8)
@@ -173,7 +184,7 @@ def test_a_user_state_file_reads_where_a_state_preset_name_does(tmp_path: Path) 
         get_layout(str(path))
 
 
-def test_a_file_may_not_give_a_preset_or_another_file_s_name_to_another_layout(
+def test_a_file_may_not_give_a_preset_s_name_to_another_layout(
     tmp_path: Path,
 ) -> None:
     taken = {**USER, "name": "vllm_packed_hnd"}  # the preset's name, NHD's stride order
@@ -186,12 +197,15 @@ def test_a_file_may_not_give_a_preset_or_another_file_s_name_to_another_layout(
     same = layout_to_data(PRESETS["vllm_packed_hnd"])  # the very preset: it is that preset
     (tmp_path / "same.json").write_text(json.dumps(same))
     assert get_layout(str(tmp_path / "same.json")) == PRESETS["vllm_packed_hnd"]
+    # two files may give one name to two layouts: no name is registered, each reader
+    # holds its own value, and each is written back as its own file
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     first.write_text(json.dumps({**USER, "name": "spec_twice"}))
     second.write_text(json.dumps({**USER, "name": "spec_twice", "logical": USER["axes"]}))
-    get_layout(str(first))
-    with pytest.raises(LayoutFileError, match=r"b.json: field 'name' is 'spec_twice'.*a.json"):
-        get_layout(str(second))
+    one, two = get_layout(str(first)), get_layout(str(second))
+    assert one.name == two.name == "spec_twice" and one != two
+    assert (one.ref, two.ref) == (str(first), str(second))
+    assert one.stride_order != two.stride_order
 
 
 def test_a_cross_layer_and_a_record_file_read_as_their_presets_do(tmp_path: Path) -> None:

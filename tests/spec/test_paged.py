@@ -7,6 +7,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from kvspec.memory.cache_layout import PRESETS
 from kvspec.memory.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
 from kvspec.strategies import PagedSide, models, paged_sides
 from kvspec.tensors.dtypes import DTYPES, bits_view, raw_bits
@@ -227,7 +228,11 @@ def test_fp8_scales_must_be_the_caches() -> None:
     with pytest.raises(ValueError, match=r"must carry its per-layer K/V scales; none given"):
         scatter_request(RequestKV(request.data), cache, [2, 0])
     with pytest.raises(ValueError, match=r"a paged float8_e4m3fn cache: an float8_e4m3fn cache"):
-        PagedCache("flashinfer", cache.layers)
+        PagedCache(PRESETS["flashinfer"], cache.layers)
+    with pytest.raises(
+        TypeError, match=r"PagedCache.layout is a CacheLayout value, got 'flashinfer'"
+    ):
+        PagedCache("flashinfer", cache.layers)  # type: ignore[arg-type]  # a name, not a value
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

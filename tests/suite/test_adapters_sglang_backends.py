@@ -14,6 +14,7 @@ import pytest
 from kvspec.adapters import _sglang_backend as backend
 from kvspec.adapters import sglang_nixl
 from kvspec.conformance.adapter import BUILTIN
+from kvspec.memory.cache_layout import PRESETS, get_layout
 from kvspec.memory.descriptors import RegisteredCache, judge_descriptors, plan_descriptors
 from kvspec.strategies import TransferCase
 from kvspec.topology.field_policies import SGLANG
@@ -27,15 +28,17 @@ def test_both_backends_have_built_in_names() -> None:
 
 
 def test_pointers_follow_sglangs_order_k_of_every_layer_then_v() -> None:
-    mha = RegisteredCache("sglang_mha", 2, 3, 1, 2, 2, "bfloat16")
+    mha = RegisteredCache(PRESETS["sglang_mha"], 2, 3, 1, 2, 2, "bfloat16")
     plan = backend.AddressPlan.of(mha)
     assert plan.names == ("L0.K", "L1.K", "L0.V", "L1.V")
     assert plan.locate(plan.ptrs[2] + 5) == ("L0.V", 5)
     assert plan.item_lens == [2 * 2 * 2] * 4  # one slot: 2 heads x 2 dims x 2 bytes
-    mla = RegisteredCache("sglang_mla", 2, 3, 1, 1, 2, "bfloat16", tensors_per_layer=1)
+    mla = RegisteredCache(PRESETS["sglang_mla"], 2, 3, 1, 1, 2, "bfloat16", tensors_per_layer=1)
     assert backend.AddressPlan.of(mla).names == ("L0", "L1")
     with pytest.raises(ValueError, match="vllm_packed_hnd"):
-        backend.AddressPlan.of(RegisteredCache("vllm_packed_hnd", 1, 2, 1, 1, 2, "bfloat16"))
+        backend.AddressPlan.of(
+            RegisteredCache(PRESETS["vllm_packed_hnd"], 1, 2, 1, 1, 2, "bfloat16")
+        )
 
 
 def test_pages_of_a_token_range() -> None:
@@ -44,7 +47,9 @@ def test_pages_of_a_token_range() -> None:
 
 
 def test_a_copy_past_a_registered_region_is_refused_naming_it() -> None:
-    short = RegisteredCache("sglang_mha", 1, 2, 1, 1, 2, "bfloat16", region_bytes={"L0.V": 5})
+    short = RegisteredCache(
+        PRESETS["sglang_mha"], 1, 2, 1, 1, 2, "bfloat16", region_bytes={"L0.V": 5}
+    )
     plan = backend.AddressPlan.of(short)
     assert backend.descriptors_of([(plan.ptrs[0], plan.ptrs[1], 4)], plan, plan)[0].length == 4
     with pytest.raises(ValueError, match=r"'L0.V'.*5 registered bytes"):
@@ -118,7 +123,7 @@ def judged(adapter, s, t, heads, edge, layout):  # pragma: no cover - field venv
     case = TransferCase(StageLayout(s), StageLayout(t), model, policy=SGLANG)
     plan = case.plan(adapter.policy_rules.get(case.policy))
     caches = [
-        RegisteredCache.of_rank(layout, stage, model, rank, num_blocks=6, block_size=1)
+        RegisteredCache.of_rank(get_layout(layout), stage, model, rank, num_blocks=6, block_size=1)
         for stage, rank in ((case.source, edge[0]), (case.target, edge[1]))
     ]
     ids, tokens = ([3, 0, 5, 1, 2], [4, 2, 0, 5, 1]), range(1, 5)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kvspec.adapters import vllm_mooncake as mc
+from kvspec.memory.cache_layout import PRESETS
 from kvspec.memory.descriptors import RegisteredCache
 from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
@@ -60,7 +61,7 @@ def test_writes_land_at_their_heads_and_an_unwritten_head_keeps_old_bytes() -> N
 
 
 def test_regions_are_one_block_contiguous_tensor_per_layer() -> None:
-    cache = RegisteredCache("vllm_packed_hnd", 3, 4, 2, 2, 3, "bfloat16")
+    cache = RegisteredCache(PRESETS["vllm_packed_hnd"], 3, 4, 2, 2, 3, "bfloat16")
     plan = mc.region_plan(cache, 5)
     block = 2 * 2 * 2 * 3 * 2  # heads x slots x (K | V) x head_dim x 2 bytes
     assert plan["block_lens"] == plan["kv_block_lens"] == [block] * 3
@@ -69,7 +70,7 @@ def test_regions_are_one_block_contiguous_tensor_per_layer() -> None:
     ptrs = ([plan["base_addrs"][1] + 8], [plan["base_addrs"][2] + 4], [16])
     assert mc.descriptors_of(ptrs, cache, cache) == [("L1", 8, "L2", 4, 16)]
     with pytest.raises(ValueError, match="one block-contiguous tensor per layer"):
-        mc.region_plan(RegisteredCache("kv_tuple", 1, 2, 2, 2, 2, "bfloat16"), 0)
+        mc.region_plan(RegisteredCache(PRESETS["kv_tuple"], 1, 2, 2, 2, 2, "bfloat16"), 0)
 
 
 # -- the engine's own code, where vllm is installed ---------------------------------------

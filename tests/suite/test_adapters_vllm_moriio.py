@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kvspec.adapters import vllm_moriio as mo
+from kvspec.memory.cache_layout import PRESETS, get_layout
 from kvspec.memory.descriptors import RegisteredCache
 from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
@@ -40,12 +41,12 @@ def test_the_contract_is_data() -> None:
     ],
 )
 def test_the_view_has_vllms_logical_shape_and_the_layouts_strides(layout, strides) -> None:
-    view = mo.view_of(RegisteredCache(layout, 2, 4, 3, 2, 3, "bfloat16"))
+    view = mo.view_of(RegisteredCache(get_layout(layout), 2, 4, 3, 2, 3, "bfloat16"))
     assert tuple(view.shape) == (4, 2, 3, 6) and view.stride() == strides
-    mla = mo.view_of(RegisteredCache("vllm_mla", 1, 4, 2, 1, 5, "float32"))
+    mla = mo.view_of(RegisteredCache(PRESETS["vllm_mla"], 1, 4, 2, 1, 5, "float32"))
     assert tuple(mla.shape) == (4, 1, 2, 5) and mla.dtype == torch.float32
     with pytest.raises(ValueError, match=r"not vLLM's per-layer \[B, H, N, C\] view"):
-        mo.view_of(RegisteredCache("flash_attn", 1, 4, 2, 2, 3, "bfloat16"))
+        mo.view_of(RegisteredCache(PRESETS["flash_attn"], 1, 4, 2, 2, 3, "bfloat16"))
 
 
 def test_writes_land_at_their_heads_and_an_unwritten_head_keeps_old_bytes() -> None:

@@ -28,8 +28,7 @@ def holdable_records(adapter: Adapter) -> tuple[str, ...]:
     return tuple(
         n
         for n in domain.record_layouts()
-        if not get_layout(n).cross_layer
-        and kinds[get_layout(n).kv_tensors or 2] in domain.attention
+        if not get_layout(n).cross_layer and kinds[get_layout(n).tensors()] in domain.attention
     )
 
 

@@ -38,9 +38,11 @@ from kvspec.memory.cache_layout.registry import (
     LAYOUTS,
     RECORDS,
     SCALED,
+    LayoutRef,
     get_layout,
     holds_attention,
     layouts_for,
+    require_layout,
 )
 from kvspec.memory.cache_layout.shape import (
     CacheShape,
@@ -64,6 +66,7 @@ __all__ = [
     "CacheShape",
     "Field",
     "LayerCache",
+    "LayoutRef",
     "cache_dtype",
     "cache_shape",
     "convert",
@@ -77,6 +80,7 @@ __all__ = [
     "layer_views",
     "layouts_for",
     "read_as",
+    "require_layout",
 ]
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from kvspec._checks import require_int
-from kvspec.memory.cache_layout.registry import get_layout, layouts_for
+from kvspec.memory.cache_layout.registry import LayoutRef, get_layout, layouts_for
 from kvspec.memory.cache_layout.shape import (
     CacheShape,
     LayerCache,
@@ -32,7 +32,7 @@ from kvspec.tensors.dtypes import dtype_name, torch_dtype
 
 
 def empty_cache(
-    layout: str | CacheLayout, shape: CacheShape, dtype: str, device: str | torch.device = "cpu"
+    layout: LayoutRef, shape: CacheShape, dtype: str, device: str | torch.device = "cpu"
 ) -> LayerCache:
     """A zero-filled cache of ``shape`` in ``layout`` [LAYOUT-1]."""
     return _allocate(get_layout(layout), shape, dtype, device, torch.zeros)
@@ -113,8 +113,8 @@ def _check_holds(spec: CacheLayout, shape: CacheShape) -> None:
 
 def convert(
     cache: LayerCache,
-    source: str | CacheLayout,
-    target: str | CacheLayout,
+    source: LayoutRef,
+    target: LayoutRef,
     *,
     block_size: int | None = None,
     source_block_size: int | None = None,
@@ -158,7 +158,7 @@ def convert(
         )
     views = field_views(cache, src, block_size=source_block_size)
     device = next(iter(views.values())).device
-    page = block_size if dst.merged_tokens else None
+    page = dst.page_size(block_size)
     if out is None:
         # Uninitialised is safe: every slot of the target is written below.
         out = _allocate(dst, out_shape, dtype, device, torch.empty)

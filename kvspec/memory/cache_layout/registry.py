@@ -9,9 +9,18 @@ holds, read from each preset's own fields, so no code lists the presets by name.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from kvspec.memory.layout_model import CacheLayout
-from kvspec.memory.layout_refs import is_layout_file, read_cache_file, read_name
+from kvspec.memory.layout_refs import is_layout_file, read_cache_file
 from kvspec.memory.presets import PRESETS
+
+LayoutRef: TypeAlias = "str | CacheLayout"
+"""A public function's layout argument: the value, or the reference its caller writes (a
+preset's name, a layout file's path), which the function resolves once with
+:func:`get_layout` as it comes in [LAYOUT-1, LAYOUT-5]. Configurations and caches hold the
+value; only a parameter declared a ``LayoutRef`` (or a parse boundary) resolves a name
+(``tests/spec/test_layout_values.py`` holds the package to it)."""
 
 LAYOUTS: dict[str, CacheLayout] = {
     name: layout for name, layout in PRESETS.items() if not layout.cross_layer and layout.plain
@@ -36,22 +45,34 @@ SCALED: dict[str, CacheLayout] = {name: layout for name, layout in PRESETS.items
 
 
 def get_layout(name: object) -> CacheLayout:
-    """The preset called ``name``, or the layout in the layout file ``name`` (a path ending
-    in ``.json``), or a layout file's read in this process by its name; unknown names are
-    refused with the known ones [LAYOUT-1, LAYOUT-5]."""
+    """The layout a reference names: the preset called ``name``, or the layout in the layout
+    file ``name`` (a path ending in ``.json``); a :class:`CacheLayout` is its own value.
+    Unknown names are refused with the known ones [LAYOUT-1, LAYOUT-5].
+
+    This is where a layout's name is parsed: call it where a reference comes in (a command
+    line, a file, a ``from_dict``, an adapter's inputs) and hand the value on from there.
+    A layout file's name is no reference: reading a file registers nothing."""
     if isinstance(name, CacheLayout):
         return name
-    if isinstance(name, str) and name not in PRESETS:
-        if is_layout_file(name):
-            return read_cache_file(name)
-        read = read_name(name)  # a layout file's, read in this process [LAYOUT-5]
-        if read is not None:
-            return read
+    if isinstance(name, str) and name not in PRESETS and is_layout_file(name):
+        return read_cache_file(name)
     if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(
             f"unknown cache layout {name!r}; the layouts are {', '.join(PRESETS)} [LAYOUT-1]"
         )
     return PRESETS[name]
+
+
+def require_layout(where: str, value: object) -> CacheLayout:
+    """``value``, which must be a :class:`CacheLayout` value: what a configuration or cache
+    carries. A name is refused, naming it: it is resolved (:func:`get_layout`) where it was
+    read, and the value handed on [LAYOUT-1, LAYOUT-5]."""
+    if not isinstance(value, CacheLayout):
+        raise TypeError(
+            f"{where} is a CacheLayout value, got {value!r:.80}: resolve a layout's name or "
+            "file where it is read (kvspec.memory.cache_layout.get_layout) and pass the value"
+        )
+    return value
 
 
 def layouts_for(attention: str, *, cross_layer: bool = False) -> tuple[str, ...]:
@@ -62,7 +83,7 @@ def layouts_for(attention: str, *, cross_layer: bool = False) -> tuple[str, ...]
     return tuple(n for n, layout in chosen.items() if holds_attention(layout, attention))
 
 
-def holds_attention(layout: str | CacheLayout, attention: str, *, cross_layer: bool = True) -> bool:
+def holds_attention(layout: LayoutRef, attention: str, *, cross_layer: bool = True) -> bool:
     """Whether ``layout`` (a preset or a layout file) is one of those :func:`layouts_for`
     would list for ``attention``: its cells hold only K and V (or a latent), of the kind's
     count, per layer or, with ``cross_layer``, in one tensor [LAYOUT-1, LAYOUT-5]."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kvspec._checks import require_int
-from kvspec.memory.cache_layout.registry import get_layout
+from kvspec.memory.cache_layout.registry import LayoutRef, get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.planes import check_scaled, side_shape
 from kvspec.tensors.dtypes import dtype_name
@@ -139,7 +139,7 @@ def side_tensors(cache: LayerCache, layout: CacheLayout) -> tuple[torch.Tensor, 
     return tuple(cache[2:])
 
 
-def cache_dtype(cache: LayerCache, layout: str | CacheLayout) -> str:
+def cache_dtype(cache: LayerCache, layout: LayoutRef) -> str:
     """The cache dtype ``cache`` holds when read as ``layout``: its tensors' own, or, for a
     layout that stores records as bytes, the dtype its record is of [DTYPE-1, LAYOUT-5]."""
     return stored_tensors(cache, get_layout(layout))[1]
@@ -165,7 +165,7 @@ def check_alignment(spec: CacheLayout, dtype: str, head_dim: int) -> None:
 
 def cache_shape(
     cache: LayerCache,
-    layout: str | CacheLayout,
+    layout: LayoutRef,
     *,
     heads: int | None = None,
     head_dim: int | None = None,

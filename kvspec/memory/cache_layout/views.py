@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvspec.memory.cache_layout.registry import get_layout
+from kvspec.memory.cache_layout.registry import LayoutRef, get_layout
 from kvspec.memory.cache_layout.shape import (
     CacheShape,
     LayerCache,
@@ -58,12 +58,12 @@ def canonical_records(
         stored = [tensors[0].select(spec.kv_axis, k) for k in range(2)]
     else:
         axes, stored = list(spec.axes), list(tensors)
-    page = shape.block_size if spec.merged_tokens else None
+    page = spec.page_size(shape.block_size)
     return [_canonical(t, axes, page) for t in stored], shape, dtype
 
 
 def field_views(
-    cache: LayerCache, layout: str | CacheLayout, *, block_size: int | None = None
+    cache: LayerCache, layout: LayoutRef, *, block_size: int | None = None
 ) -> dict[str, torch.Tensor]:
     """Every field of ``cache``'s cells, each a view in its own dtype [LAYOUT-5, LAYOUT-6].
 
@@ -124,7 +124,7 @@ def _scaled_views(
 
 
 def kv_views(
-    cache: LayerCache, layout: str | CacheLayout, *, block_size: int | None = None
+    cache: LayerCache, layout: LayoutRef, *, block_size: int | None = None
 ) -> tuple[torch.Tensor, ...]:
     """K and V (or the latent) of ``cache``, each a view [LAYOUT-2].
 
@@ -146,7 +146,7 @@ def kv_views(
 
 
 def layer_views(
-    cache: torch.Tensor, layout: str | CacheLayout, *, block_size: int | None = None
+    cache: torch.Tensor, layout: LayoutRef, *, block_size: int | None = None
 ) -> tuple[LayerCache, ...]:
     """Each layer of a cross-layer ``cache``: index i of its layers axis, a view in the
     layout's per-layer preset [LAYOUT-5]; where that preset is a tuple (K, V), the layer
@@ -159,7 +159,7 @@ def layer_views(
     at = spec.axes.index("layers")
     layers = [cache.select(at, i) for i in range(cache.shape[at])]
     assert spec.per_layer is not None
-    if spec.kv_axis is None or not get_layout(spec.per_layer).tuple_form:
+    if spec.kv_axis is None or not spec.layer_layout.tuple_form:
         return tuple(layers)
     kv = [a for a in spec.axes if a != "layers"].index("kv")
     return tuple((layer.select(kv, 0), layer.select(kv, 1)) for layer in layers)

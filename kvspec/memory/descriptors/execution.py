@@ -13,14 +13,13 @@ from typing import cast
 
 import torch
 
-from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.descriptors.registered import Descriptor
 from kvspec.memory.paged import PagedCache
 
 
 def region_buffers(cache: PagedCache) -> dict[str, torch.Tensor]:
     """Each registered region of ``cache`` as a flat byte view of its memory [DESC-2]."""
-    spec = get_layout(cache.layout)
+    spec = cache.layout
     if spec.cross_layer:
         assert cache.base is not None
         tensors = {"cache": cache.base}

@@ -49,8 +49,8 @@ def _local(held: range, wanted: range, what: str) -> torch.Tensor:
 def _check_same_information(source: RegisteredCache, target: RegisteredCache) -> None:
     if source.information() != target.information():
         raise ValueError(
-            f"a {source.layout} sender's cells hold {source.information()} but the "
-            f"{target.layout} receiver's hold {target.information()}: bytes cannot carry one "
+            f"a {source.layout.name} sender's cells hold {source.information()} but the "
+            f"{target.layout.name} receiver's hold {target.information()}: bytes cannot carry one "
             "into the other [LAYOUT-6, DESC-1]"
         )
 

@@ -23,7 +23,7 @@ import torch
 from kvspec._checks import require_int, show
 from kvspec.errors import FormError
 from kvspec.forms import build, read_form
-from kvspec.memory.cache_layout import CacheShape, get_layout
+from kvspec.memory.cache_layout import CacheShape, get_layout, require_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.paged import PagedCache
 from kvspec.memory.planes import check_scaled, plane_layout, side_shape
@@ -74,7 +74,7 @@ class RegisteredCache:
     layer), ``L{i}.K`` / ``L{i}.V`` (a tuple layout) or ``cache`` (one cross-layer tensor).
     """
 
-    layout: str
+    layout: CacheLayout
     num_layers: int
     num_blocks: int
     block_size: int
@@ -86,7 +86,7 @@ class RegisteredCache:
     """K and V (2) or a latent (1): only token_major, which holds either, needs it."""
 
     def __post_init__(self) -> None:
-        spec = get_layout(self.layout)
+        spec = require_layout("RegisteredCache.layout", self.layout)
         for name in ("num_layers", "num_blocks", "block_size", "heads", "head_dim"):
             require_int(name, getattr(self, name), minimum=1)
         if self.dtype not in FIELD_DTYPES:
@@ -106,7 +106,7 @@ class RegisteredCache:
     @classmethod
     def of_rank(
         cls,
-        layout: str,
+        layout: CacheLayout,
         stage: StageLayout,
         model: ModelShape,
         rank: int,
@@ -132,11 +132,11 @@ class RegisteredCache:
 
     @property
     def spec(self) -> CacheLayout:
-        return get_layout(self.layout)
+        return self.layout
 
     @property
     def kv(self) -> int:
-        return self.spec.kv_tensors or self.tensors_per_layer or 2
+        return self.spec.tensors(self.tensors_per_layer)
 
     def _tensor_count(self) -> int:
         return self.kv + len(self.spec.side) if self.spec.tuple_form else 1
@@ -243,7 +243,7 @@ class RegisteredCache:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "layout": self.layout,
+            "layout": self.layout.ref,
             "num_layers": self.num_layers,
             "num_blocks": self.num_blocks,
             "block_size": self.block_size,
@@ -277,7 +277,12 @@ class RegisteredCache:
             raise FormError(
                 f"RegisteredCache.region_bytes must be a JSON object, got {show(regions)}"
             )
-        return build("RegisteredCache", lambda: cls(**{**form, "region_bytes": dict(regions)}))
+        return build(
+            "RegisteredCache",
+            lambda: cls(
+                **{**form, "layout": get_layout(form["layout"]), "region_bytes": dict(regions)}
+            ),
+        )
 
     @classmethod
     def of(cls, cache: PagedCache, head_dim: int | None = None) -> RegisteredCache:

@@ -13,6 +13,7 @@ names the file, the field and why.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -421,6 +422,8 @@ def _cache_layout(data: dict[str, Any], at: Where, known: Mapping[str, CacheLayo
     rules.check_record(layout, at)
     rules.check_scaled(layout, at)
     rules.check_layers(layout, at, known)
+    if per_layer is not None:  # the value each layer reads as, held, not looked up later
+        layout = replace(layout, layer_form=known[per_layer])
     if name in known and known[name] != layout:
         raise at.error(
             "name",

@@ -150,7 +150,7 @@ class _Setup:
         )
         self.caches = [
             RegisteredCache(
-                side["layout"],
+                get_layout(side["layout"]),  # an example names its layouts
                 len(owner.layers),
                 side["num_blocks"],
                 side["block_size"],
@@ -166,8 +166,9 @@ class _Setup:
             f"{self.case.describe()}, edge {self.src}->{self.dst} (heads {self.edge.heads.start}"
             f"..{self.edge.heads.stop - 1}, layers {self.edge.layers.start}.."
             f"{self.edge.layers.stop - 1}), tokens {self.tokens.start}..{self.tokens.stop - 1}, "
-            f"{self.caches[0].layout} blocks of {self.caches[0].block_size} ids {self.ids[0]} -> "
-            f"{self.caches[1].layout} blocks of {self.caches[1].block_size} ids {self.ids[1]}"
+            f"{self.caches[0].layout.name} blocks of {self.caches[0].block_size} ids "
+            f"{self.ids[0]} -> {self.caches[1].layout.name} blocks of "
+            f"{self.caches[1].block_size} ids {self.ids[1]}"
         )
 
     def reference(self, target: RegisteredCache | None = None) -> DescriptorPlan:

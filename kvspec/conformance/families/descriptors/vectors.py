@@ -59,7 +59,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
             needed = -(-seq_len // block_size)
             num_blocks = needed + rng.randint(0, 2)
             registered = RegisteredCache.of_rank(
-                layout,
+                spec,
                 stage,
                 model,
                 rank,

@@ -33,14 +33,12 @@ from kvspec.tensors.dtypes import bits_view
 
 
 def _pool(example: Example, layout: str | None = None) -> int | None:
-    """A token pool's page size, which its shape does not say [LAYOUT-5]; else None."""
-    return example["shape"]["block_size"] if _is_pool(layout or example["layout"]) else None
-
-
-def _is_pool(layout: str) -> bool:
-    """Whether ``layout`` is a token pool: a preset, or a layout file of one [LAYOUT-5]."""
-    known = layout in PRESETS or is_layout_file(layout)
-    return known and get_layout(layout).merged_tokens
+    """A token pool's page size, which its shape does not say [LAYOUT-5]; else None (and
+    for a name no layout has, drawn to be refused)."""
+    ref = layout or example["layout"]
+    if ref not in PRESETS and not is_layout_file(ref):
+        return None
+    return get_layout(ref).page_size(example["shape"]["block_size"])
 
 
 def _facts(ctx: Context, method: str, example: Example, layout: str | None = None) -> dict:

@@ -45,7 +45,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
             layer, names = layer_tensors(key, cache)
             tensors.update(layer)
             read = [f"{key}/read/{k}" for k in range(2)]
-            page = block_size if spec.merged_tokens else None  # not in a pool's shape
+            page = spec.page_size(block_size)  # not in a pool's shape
             views = kv_views(cache, name, block_size=page)
             tensors.update(dict(zip(read, (v.contiguous() for v in views), strict=True)))
             case: Case = {

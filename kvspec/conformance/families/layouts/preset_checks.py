@@ -118,7 +118,7 @@ def reblock(ctx: Context, example: Example) -> None:
         )
         return
     got = ctx.adapter.convert_layout(cache, source, target, block_size=block_size, **facts)
-    page = block_size if get_layout(target).merged_tokens else None
+    page = get_layout(target).page_size(block_size)
     try:
         have_views = kv_views(got, target, block_size=page)
     except ValueError as error:
@@ -151,7 +151,7 @@ def _no_pools(adapter: Adapter) -> str | None:
 @st.composite
 def _pool_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
     layout = draw(st.sampled_from(_pools(adapter)))
-    kv = get_layout(layout).kv_tensors or 2
+    kv = get_layout(layout).tensors()
     blocks, block_size = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     heads = 1 if kv == 1 else draw(st.integers(1, 3))
     shape = CacheShape(kv, blocks, block_size, heads, draw(st.integers(1, 3)))
@@ -280,8 +280,7 @@ def cross_layer(ctx: Context, example: Example) -> None:
     # A cross-layer cache is one tensor.
     layers = layer_views(cast(torch.Tensor, cache), spec, block_size=page)
     for i, layer in enumerate(layers):
-        assert spec.per_layer is not None
-        want_kv = kv_views(layer, spec.per_layer, block_size=page)
+        want_kv = kv_views(layer, spec.layer_layout, block_size=page)
         for name, want, have in zip("KV", want_kv, got, strict=True):
             have = have[i] if have.dim() == 5 else have
             if tuple(have.shape) != tuple(want.shape) or not torch.equal(
@@ -309,7 +308,7 @@ def _no_records(adapter: Adapter) -> str | None:
 def _record_examples(draw: st.DrawFn, adapter: Adapter, *, aligned: bool = True) -> Example:
     layout = draw(st.sampled_from(adapter.domain.record_layouts()))
     spec = get_layout(layout)
-    kv = spec.kv_tensors or 2
+    kv = spec.tensors()
     if spec.fixed_head_dim is not None:
         head_dim = spec.fixed_head_dim
     elif aligned:

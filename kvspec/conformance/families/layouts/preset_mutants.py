@@ -35,7 +35,7 @@ class PadsTheLastBlock(ReferenceAdapter):
         views = kv_views(cache, source, block_size=page_size)
         out_shape = replace(shape, num_blocks=-(-shape.slots // block_size), block_size=block_size)
         out = empty_cache(target, out_shape, dtype_name(views[0].dtype))
-        page = block_size if get_layout(target).merged_tokens else None
+        page = get_layout(target).page_size(block_size)
         for have, want in zip(views, kv_views(out, target, block_size=page), strict=True):
             rows = have.reshape(*have.shape[:-4], -1, *have.shape[-2:])
             for slot in range(rows.shape[-3]):

@@ -22,7 +22,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
         (name, shape) for name in RECORDS for shape in shapes
     ):
         spec = get_layout(layout)
-        kv = spec.kv_tensors or 2
+        kv = spec.tensors()
         shape = CacheShape(
             kv, blocks, block_size, 1 if kv == 1 else heads, spec.fixed_head_dim or dim
         )

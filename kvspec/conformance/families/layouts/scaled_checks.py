@@ -54,7 +54,7 @@ def _random_bytes(cache: LayerCache, seed: int) -> LayerCache:
 
 
 def _page(example: Example) -> int | None:
-    return example["shape"]["block_size"] if get_layout(example["layout"]).merged_tokens else None
+    return get_layout(example["layout"]).page_size(example["shape"]["block_size"])
 
 
 def _what(example: Example) -> str:

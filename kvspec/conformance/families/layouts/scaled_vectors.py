@@ -56,7 +56,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
                 raw.copy_(torch.randint(0, 256, raw.shape, generator=generator, dtype=torch.uint8))
                 names.append(f"{key}/cache/{j}")
                 tensors[names[-1]] = raw.clone()
-            page = block_size if spec.merged_tokens else None
+            page = spec.page_size(block_size)
             fields = {}
             for name, view in field_views(cache, layout, block_size=page).items():
                 fields[name] = f"{key}/field/{name}"

@@ -32,7 +32,7 @@ def export(rng: random.Random) -> tuple[list[Case], Tensors]:
                 continue
             shape = CacheShape(kv, blocks, block_size if spec.paged else 1, heads, dim)
             cache = empty_cache(name, shape, "bfloat16")
-            page = shape.block_size if spec.merged_tokens else None  # not in a pool's shape
+            page = spec.page_size(shape.block_size)  # not in a pool's shape
             for view in kv_views(cache, name, block_size=page):
                 bits = bits_view(view)
                 bits.copy_(

@@ -191,7 +191,7 @@ class ScatterLosesNonContiguousWrites(ReferenceAdapter):
     HND layouts) reshape copies, and the writes land in the copy."""
 
     def scatter(self, kv, cache, block_ids):
-        if cache.layout.endswith("_hnd"):
+        if cache.layout.name.endswith("_hnd"):
             check_block_ids(
                 block_ids,
                 num_blocks=cache.shape.num_blocks,

@@ -86,7 +86,7 @@ def _case(
 def check(adapter: FullAdapter, case: Case, tensors: Tensors) -> str | None:
     scales = tensors[case["scales"]] if case["scales"] else None
     cache = PagedCache(
-        case["layout"],
+        get_layout(case["layout"]),  # a vector names its layout
         tuple(load_layer(tensors, names) for names in case["layers"]),
         scales,
         block_size=case["block_size"],
