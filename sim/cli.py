@@ -17,6 +17,8 @@ examples:
   python -m sim run --source-tp 8 --source-dp 2 --target-tp 4 --target-dp 2 --kv-heads 2
   python -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 \\
       --faults drop=0.05,dup=0.05,reorder=0.1,delay=1ms,corrupt=0.02,kill=sender:1@0.5
+  python -m sim run --model deepseek-v3-mtp --source-tp 2 --target-tp 2 --requests 2 \\
+      --seq-len 8 --transfer pull --faults dup=0.5,reorder=0.5 --ports os
 
 faults (--faults NAME=VALUE,...): drop=P, dup=P, reorder=P, corrupt=P, garbage=P,
 late=P (probabilities per data message), abort=P (per request, at the receiver),

@@ -33,10 +33,7 @@ from kvspec.transport.streaming import group_layers
 from sim.net import messages
 from sim.paths.datapath import Checked, Incoming, PathPorts
 from sim.paths.pieces import in_layers, pieces_frames, read_pieces
-from sim.paths.regions import ranges_intact
-
-READ_WINDOW = 8
-"""Reads a pull receiver keeps outstanding per source."""
+from sim.paths.regions import ranges_intact, read_head
 
 
 class GroupPath:
@@ -161,7 +158,6 @@ class GroupPull(GroupPath):
     def __init__(self, ep: PathPorts) -> None:
         super().__init__(ep)
         self.pending: dict[int, deque[str]] = defaultdict(deque)
-        self.outstanding: dict[int, set[str]] = defaultdict(set)
         self.read_seq: dict[int, int] = defaultdict(int)
         self.started = False
         self.ready: set[str] = set()
@@ -174,14 +170,17 @@ class GroupPull(GroupPath):
         self.started = True
 
     def progress(self) -> None:
-        """Keep up to :data:`READ_WINDOW` reads outstanding on every source's connection."""
+        """Post every awaited key's read on its source's connection, as far as the pipe
+        takes them: its high-water mark is the window (a read is a hundred bytes; what
+        answers carry is bounded by the pipes the other way), so an answer a fault drops
+        never holds back the reads behind it."""
         ep = self.ep
         if not self.started:
             return
         for src, queue in self.pending.items():
             if ep.inbound.is_dead(src) or ep.inbound.has_ended(src):
                 continue
-            while queue and len(self.outstanding[src]) < READ_WINDOW:
+            while queue:
                 key = queue.popleft()
                 if ep.inbound.awaited(ep.inbound.owner(key)[0]).done:
                     continue
@@ -196,14 +195,7 @@ class GroupPull(GroupPath):
                     self.read_seq[src] -= 1
                     queue.appendleft(key)
                     break
-                self.outstanding[src].add(key)
                 ep.view.stats["reads_posted"] += 1
-
-    def check(
-        self, state: Incoming, src: int, key: str, head: dict[str, Any], frames: list[Any]
-    ) -> Checked:
-        self.outstanding[src].discard(key)
-        return super().check(state, src, key, head, frames)
 
     def post(self, request_id: str) -> None:
         """``request_id`` is in this rank's cache: answer the reads waiting for it."""
@@ -215,16 +207,10 @@ class GroupPull(GroupPath):
         """A read from a verified receiver naming one of its keys, and nothing else; any
         other is refused and counted."""
         ep = self.ep
-        peer, head_frame, body = frames
-        dst = ep.out.receiver_of(peer)
-        if dst is None:
-            ep.view.strangers["kv reads refused"] += 1
+        read = read_head(ep, frames)
+        if read is None:
             return
-        try:
-            head = messages.load(head_frame, limit=messages.MAX_ENVELOPE)
-        except messages.MessageError:
-            ep.view.strangers["kv reads refused"] += 1
-            return
+        (dst, head), body = read, frames[2]
         key = head.get("read")
         known = self.keys_of.get(key) if isinstance(key, str) else None
         if known is None or known[1] != dst or head.get("n") != 0 or body:

@@ -161,6 +161,20 @@ def test_pp_stages_move_their_layers_of_each_group() -> None:
     verified(config)
 
 
+def faulted_hybrid(target: StageLayout, spec: str, seed: int, **overrides: Any) -> SimReport:
+    """Four (or ``requests=``) TP2 -> ``target`` requests of EVERY_KIND in one process
+    under ``spec``."""
+    settings: dict[str, Any] = {
+        "requests": 4,
+        "seq_len": (8, 40),
+        "transport": "inproc",
+        "faults": parse_faults(spec),
+        "seed": seed,
+        **overrides,
+    }
+    return run_simulation(hybrid_run(StageLayout(2), target, EVERY_KIND, **settings))
+
+
 def _failed(report: SimReport) -> dict[str, str]:
     return {o.request_id: o.reasons[0] for o in report.outcomes if not o.ok}
 
@@ -180,17 +194,7 @@ def test_faults_strike_a_hybrid_and_are_booked_key_by_key(
     injected and where observed; dup, reorder and garbage harm nothing, a dropped or
     corrupted message fails exactly its request and every other request verifies."""
     for seed in range(6):
-        config = hybrid_run(
-            StageLayout(2),
-            StageLayout(4),
-            EVERY_KIND,
-            requests=4,
-            seq_len=(8, 40),
-            transport="inproc",
-            faults=parse_faults(spec),
-            seed=seed,
-        )
-        report = run_simulation(config)
+        report = faulted_hybrid(StageLayout(4), spec, seed)
         for kind in kinds:
             assert_booked_alike(report, kind, seed)
         struck = set().union(*(report.faulted_keys(k) for k in kinds))
@@ -233,19 +237,13 @@ def test_a_hybrid_pulled_is_read_key_by_key_and_verified(source: int, target: in
 
 
 def test_a_pulled_hybrid_under_faults_fails_exactly_the_dropped() -> None:
+    """Dropped answers fail exactly their requests; more of them than any read window
+    (24 requests, a third dropped) hold back no read behind them: the run ends, every
+    other request verified."""
     for seed in range(6):
-        config = hybrid_run(
-            StageLayout(2),
-            StageLayout(2),
-            EVERY_KIND,
-            requests=4,
-            seq_len=(8, 40),
-            transfer="pull",
-            transport="inproc",
-            faults=parse_faults("drop=0.3,dup=0.3"),
-            seed=seed,
+        report = faulted_hybrid(
+            StageLayout(2), "drop=0.3,dup=0.3", seed, transfer="pull", requests=24
         )
-        report = run_simulation(config)
         assert_booked_alike(report, "drop", seed)
         assert_booked_alike(report, "dup", seed)
         dropped = {parse_key(k).request_id for k in report.faulted_keys("drop")}
@@ -295,6 +293,14 @@ def test_a_piece_cut_at_layer_bounds_keeps_its_layers_values() -> None:
         assert torch.equal(part.data[0], piece.data[at]) and part.tokens == piece.tokens
     assert in_layers(piece, range(0, 1)) is None
     assert in_layers(piece, range(0, 4)) is piece
+
+
+def test_vllm_block_sizes_without_a_hybrid_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["run", "--kv-heads", "4", "--vllm-block-size", "--quiet", "--ports", "os"])
+    assert code == 2
+    assert "--vllm-block-size derives a hybrid's block sizes" in capsys.readouterr().err
 
 
 def test_sim_run_model_preset(capsys: pytest.CaptureFixture[str]) -> None:
