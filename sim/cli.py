@@ -17,6 +17,8 @@ examples:
   python -m sim run --source-tp 8 --source-dp 2 --target-tp 4 --target-dp 2 --kv-heads 2
   python -m sim run --source-tp 4 --target-tp 2 --kv-heads 4 \\
       --faults drop=0.05,dup=0.05,reorder=0.1,delay=1ms,corrupt=0.02,kill=sender:1@0.5
+  python -m sim run --model deepseek-v3-mtp --source-tp 2 --target-tp 2 --requests 2 \\
+      --seq-len 8 --transfer pull --faults dup=0.5,reorder=0.5 --ports os
 
 faults (--faults NAME=VALUE,...): drop=P, dup=P, reorder=P, corrupt=P, garbage=P,
 late=P (probabilities per data message), abort=P (per request, at the receiver),
@@ -74,12 +76,10 @@ from kvspec.memory.cache_layout import get_layout
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
-from kvspec.topology.model_presets import model_preset
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.stage import StageLayout
 from sim.books.report import SimReport
 from sim.harness.cluster import run_simulation
-from sim.harness.hybrid import HybridRun, run_hybrid
 from sim.harness.progress import ProgressBar
 from sim.harness.validation import exposure, validate
 from sim.net.endpoints import find_free_base
@@ -141,9 +141,10 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
         choices=tuple(MODEL_PRESETS),
         default=None,
         metavar="NAME",
-        help="a named hybrid preset, every layer group moved and verified "
-        f"({', '.join(MODEL_PRESETS)}; OS-assigned ports; the sim.harness.hybrid module says what "
-        "such a run covers)",
+        help="a named hybrid preset, every layer group moved and verified in its own regions, "
+        "by the group plan [GROUP-3], with the other flags as for any model (two TP/PP "
+        f"stages, push or pull, --stream, --faults but abort/late/reuse/restart/fail-nth): "
+        f"{', '.join(MODEL_PRESETS)}",
     )
     model.add_argument(
         "--kv-heads",
@@ -317,14 +318,24 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             StageLayout(args.target_tp, args.target_pp, **groups_from_args(args, "target")),
         )
     model = model_from_args(args)
-    default_layout = "mla" if args.attention == "mla" else "flash_attn"
+    default_layout = "mla" if model.attention == "mla" else "flash_attn"
+    source_block, target_block = args.src_block_size, args.dst_block_size
+    if getattr(args, "vllm_block_size", False):
+        if not model.hybrid:
+            raise ValueError(
+                "--vllm-block-size derives a hybrid's block sizes; it needs --model NAME"
+            )
+        # Each stage's block size as vLLM derives it from the model and its TP, the flags
+        # the user's block size it raises [BLOCK-1]; the two differ by construction.
+        source_block = hybrid_block_size(model, stages[0].attn_tp, block_size=source_block)
+        target_block = hybrid_block_size(model, stages[-1].attn_tp, block_size=target_block)
     return SimConfig(
         stages=stages,
         model=model,
         src_layout=get_layout(args.src_layout or default_layout),  # parsed here, once
         dst_layout=get_layout(args.dst_layout or default_layout),
-        src_block_size=args.src_block_size,
-        dst_block_size=args.dst_block_size,
+        src_block_size=source_block,
+        dst_block_size=target_block,
         requests=args.requests,
         seq_len=parse_seq_len(args.seq_len),
         chunks=args.chunks,
@@ -401,94 +412,7 @@ def _run_once(config: SimConfig, quiet: bool) -> SimReport:
             bar.close()
 
 
-HYBRID_DEFAULTS: dict[str, object] = {
-    "chain": None,
-    "replicas": 1,
-    "chunks": 1,
-    "faults": None,
-    "transfer": "push",
-    "stream": "off",
-    "src_layout": None,
-    "dst_layout": None,
-    "slicing": "sender",
-    "device": "cpu",
-    "host": "127.0.0.1",
-    "base_port": "20000",
-    "ranks_per_process": 1,
-    "transport": "tcp",
-    "unsafe_reuse": False,
-    "verify_after": False,
-}
-"""Options a hybrid run (``--model``) takes only at their defaults: the rest of the
-uniform sim is not wired to layer groups yet (:mod:`sim.harness.hybrid`)."""
-
-
-def hybrid_from_args(args: argparse.Namespace) -> HybridRun:
-    """The hybrid run of ``--model NAME`` [GROUP-1]; options it does not take are refused."""
-    taken = [
-        f"--{name.replace('_', '-')}"
-        for name, default in HYBRID_DEFAULTS.items()
-        if getattr(args, name, default) != default
-    ]
-    if taken:
-        raise ValueError(
-            f"--model {args.model} with {', '.join(taken)}: a hybrid run moves every layer "
-            "group of TP/PP stages on loopback, push, whole requests, on CPU (the "
-            "sim.harness.hybrid module)"
-        )
-    if args.kv_heads is not None:
-        raise ValueError(f"--kv-heads with --model {args.model}: the preset fixes the model")
-    source, target = (
-        StageLayout(args.source_tp, args.source_pp, **groups_from_args(args, "source")),
-        StageLayout(args.target_tp, args.target_pp, **groups_from_args(args, "target")),
-    )
-    model = model_preset(args.model)
-    source_block, target_block = args.src_block_size, args.dst_block_size
-    if args.vllm_block_size:
-        # Each stage's block size as vLLM derives it from the model and its TP, the flags
-        # the user's block size it raises [BLOCK-1]; the two differ by construction.
-        source_block = hybrid_block_size(model, source.attn_tp, block_size=source_block)
-        target_block = hybrid_block_size(model, target.attn_tp, block_size=target_block)
-    return HybridRun(
-        source,
-        target,
-        model,
-        args.model,
-        requests=args.requests,
-        seq_len=parse_seq_len(args.seq_len),
-        block_size=source_block,
-        policy=args.policy,
-        seed=args.seed,
-        timeout=args.timeout,
-        dst_block_size=target_block,
-    )
-
-
-def _run_hybrid_args(args: argparse.Namespace) -> int:
-    try:
-        check_writable(args.json)
-        run = hybrid_from_args(args)
-    except ValueError as error:
-        print(f"{PROG}: refused: {error}", file=sys.stderr)
-        return 2
-    report = run_hybrid(run)
-    if args.json != STDOUT:
-        print(report.render())
-    if args.json:
-        write_json(args.json, report.to_dict())
-    return 0 if report.ok else 1
-
-
 def _run(args: argparse.Namespace, started: tuple[float, str]) -> int:
-    if args.model is not None:
-        return _run_hybrid_args(args)
-    if args.vllm_block_size:
-        print(
-            f"{PROG}: refused: --vllm-block-size derives a hybrid's block sizes; it needs "
-            "--model NAME",
-            file=sys.stderr,
-        )
-        return 2
     try:
         check_writable(args.json)
     except ValueError as error:

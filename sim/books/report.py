@@ -20,6 +20,7 @@ PULL_STATS: tuple[str, ...] = (
     "descriptors",
     "descriptor_bytes",
     "requests_pulled",
+    "reads_posted",
     "reads_refused",
     "onesided_transfers",
     "onesided_descriptors",
@@ -40,6 +41,10 @@ class SimReport:
     planned_bytes: dict[tuple[int, int, int, int], int]
     sender_stats: dict[str, dict[str, Any]]
     receiver_stats: Counter[str] = field(default_factory=Counter)
+    group_bytes: dict[int, int] = field(default_factory=dict)
+    """Of a hybrid, bytes per layer group its verified requests moved [GROUP-3]."""
+    planned_group_bytes: dict[int, int] = field(default_factory=dict)
+    """Of a hybrid, bytes per layer group its group plans move (every group listed)."""
     wall_s: float = 0.0
     transfer_s: float = 0.0
     startup_s: float = 0.0
@@ -274,6 +279,15 @@ class SimReport:
                 for (r, s, src, dst), planned in sorted(self.planned_bytes.items())
             ],
             "bytes_moved": self.bytes_moved,
+            "layer_groups": [
+                {
+                    "group": g,
+                    "kind": self.config.model.layer_groups[g].kind,
+                    "bytes": self.group_bytes.get(g, 0),
+                    "planned_bytes": planned,
+                }
+                for g, planned in sorted(self.planned_group_bytes.items())
+            ],
             "verified": {
                 "requests": self.verified,
                 "of": len(self.outcomes),
@@ -390,9 +404,10 @@ class SimReport:
 
     def descriptor_summary(self) -> dict[str, float] | None:
         """A pull or write run's descriptors: in all, per request (over every receiving
-        rank and source) and bytes per descriptor [DESC-3]; None for a push run."""
-        if self.config.transfer == "push":
-            return None
+        rank and source) and bytes per descriptor [DESC-3]; None for a push run or a
+        hybrid's."""
+        if self.config.transfer == "push" or self.config.content == "groups":
+            return None  # a hybrid's reads name keys, not descriptors [sim.paths.groups]
         count = self.receiver_stats.get("descriptors", 0)
         nbytes = self.receiver_stats.get("descriptor_bytes", 0)
         requests = max(1, self.config.requests * self.config.replicas)
@@ -422,12 +437,23 @@ class SimReport:
                 )
             )
         )
+        caches = (
+            f"layer-group regions (block {c.src_block_size}) -> (block {c.dst_block_size})"
+            if c.content == "groups"
+            else f"caches {c.src_layout.ref} (block {c.src_block_size}) -> "
+            f"{c.dst_layout.ref} (block {c.dst_block_size})"
+        )
         lines = [
             f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
-            f"  {ranks} ranks as {where}; caches {c.src_layout.ref} (block {c.src_block_size}) -> "
-            f"{c.dst_layout.ref} (block {c.dst_block_size}); "
-            + {"pull": "pulled by descriptors", "write": "written by descriptors, zero-copy"}.get(
-                c.transfer, f"{c.slicing}-side slicing"
+            f"  {ranks} ranks as {where}; {caches}; "
+            + (
+                {"pull": "pulled key by key"}.get(c.transfer, "pushed")
+                + " as layer-group pieces [GROUP-3]"
+                if c.content == "groups"
+                else {
+                    "pull": "pulled by descriptors",
+                    "write": "written by descriptors, zero-copy",
+                }.get(c.transfer, f"{c.slicing}-side slicing")
             )
             + f", replica policy {c.policy}, device {c.device}",
             f"  {c.requests} request(s) per group of {c.seq_len[0]}..{c.seq_len[1]} tokens in "
@@ -465,6 +491,20 @@ class SimReport:
                 else f"{mismatched} differ from the plan"
             )
         )
+        if self.planned_group_bytes:  # a hybrid [GROUP-3]
+            lines += ["", "bytes per layer group (moved / the plan's bytes for these requests):"]
+            for g, planned in sorted(self.planned_group_bytes.items()):
+                model = c.model
+                lines.append(
+                    f"  group {g}  {model.layer_groups[g].kind:<7} "
+                    f"{len(model.group_layers(g)):>3} layers  "
+                    f"{human_bytes(self.group_bytes.get(g, 0)):>10} / {human_bytes(planned)}"
+                )
+        if c.content == "groups" and c.transfer == "pull":  # [sim.paths.groups]
+            lines.append(
+                f"  pulled key by key: {self.receiver_stats.get('reads_posted', 0)} reads, "
+                f"{self.receiver_stats.get('reads_refused', 0)} refused"
+            )
         pulled = self.descriptor_summary()
         if pulled is not None:  # pull [sim.paths.pull]
             lines.append(

@@ -33,8 +33,18 @@ class RequestOutcome:
 
 
 def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int]:
-    """(replica, stage, src, dst) -> bytes the plan says the run's requests move [PLAN-5]."""
+    """(replica, stage, src, dst) -> bytes the plan says the run's requests move [PLAN-5];
+    of a hybrid, every layer group's edges between the pair summed [GROUP-3]."""
     planned: dict[tuple[int, int, int, int], int] = defaultdict(int)
+    if config.content == "groups":  # a hybrid's edges, group by group [GROUP-3]
+        for replica in range(config.replicas):
+            workload = Workload(config, replica)
+            for stage in range(config.last_stage):
+                plans = workload.plans(stage)
+                for request in workload.requests:
+                    for g in plans.groups_of(request).edges:
+                        planned[(replica, stage, g.src, g.dst)] += g.nbytes
+        return dict(planned)
     # A record cache moves every field of a cell, inline scales too [LAYOUT-6, DESC-1].
     cell, kv_bytes = config.cell_bytes, config.transfer_model.bytes_per_token_per_head_layer
     for replica in range(config.replicas):
@@ -48,6 +58,33 @@ def planned_edge_bytes(config: SimConfig) -> dict[tuple[int, int, int, int], int
                         e.nbytes(request.seq_len, slicing=config.slicing) // kv_bytes * cell
                     )
     return dict(planned)
+
+
+def planned_group_bytes(config: SimConfig) -> dict[int, int]:
+    """Of a hybrid, layer group -> bytes its group plans move for the run's requests, every
+    group listed [GROUP-3]; of any other model, nothing."""
+    if config.content != "groups":
+        return {}
+    planned = dict.fromkeys(range(len(config.model.layer_groups)), 0)
+    for replica in range(config.replicas):
+        workload = Workload(config, replica)
+        for stage in range(config.last_stage):
+            plans = workload.plans(stage)
+            for request in workload.requests:
+                for g, n in plans.groups_of(request).bytes_by_group().items():
+                    planned[g] += n
+    return planned
+
+
+def measured_group_bytes(results: dict[RankId, dict[str, dict[str, Any]]]) -> dict[int, int]:
+    """Of a hybrid, layer group -> bytes its verified requests moved [GROUP-3]."""
+    moved: dict[int, int] = defaultdict(int)
+    for by_request in results.values():
+        for event in by_request.values():
+            if event["ok"]:
+                for g, n in event.get("group_bytes", {}).items():
+                    moved[int(g)] += n
+    return dict(moved)
 
 
 def outcomes_from(

@@ -35,6 +35,7 @@ from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import Verdict, oracle_kv, oracle_scales, verify
 from kvspec.topology.ownership import RankOwnership, rank_ownership
 from kvspec.transport.payload import Layers, Payload
+from sim.cache.groups import GroupMemory, GroupVerdict
 from sim.cache.pool import BlockPool
 from sim.cache.staging import Slot, StagingRing
 from sim.net.endpoints import RankId
@@ -66,6 +67,9 @@ class RankMemory:
         self.gather_ring: StagingRing | None = None  # a CPU sender's gathered requests
         self.landing: torch.Tensor | None = None  # a CPU receiver's reused shard buffer
         self.pool: BlockPool | None = None  # a pushed-to receiver's blocks [LIFE-1]
+        self.groups: GroupMemory | None = None  # a hybrid's group regions [GROUP-3]
+        if config.content == "groups":
+            self.groups = GroupMemory(config, who, workload)
         if device.type == "cuda":  # pragma: no cover - needs a GPU
             # Every CUDA call of this rank, allocations included, on its own device; copies
             # to and from host memory on a side stream, through a reusable pinned ring.
@@ -90,7 +94,11 @@ class RankMemory:
 
     # -- the cache ------------------------------------------------------------------
     def build(self) -> None:
-        """The empty cache and its block tables (a pushed-to receiver's from its pool)."""
+        """The empty cache and its block tables (a pushed-to receiver's from its pool); of
+        a hybrid, its group regions instead [GROUP-3]."""
+        if self.groups is not None:
+            self.groups.build()
+            return
         layout, block_size = self.config.layout_of(self.who.stage)
         num_blocks, tables = self.workload.block_table(self.who.stage, self.who.rank)
         if self.who.stage > 0 and self.config.transfer == "push":
@@ -116,6 +124,9 @@ class RankMemory:
 
     def fill_from_oracle(self) -> None:
         """Stage 0: every request's KV, as this rank holds it, from the oracle [ORACLE-4]."""
+        if self.groups is not None:
+            self.groups.fill_from_oracle()
+            return
         for request in self.workload.requests:
             if self.held(request):  # else none of it lives here: another DP group's
                 self._fill(request, request.request_id)
@@ -164,11 +175,14 @@ class RankMemory:
         else:
             scatter_request(kv, cache, table)
 
-    def oracle_verdict(self, request_id: str) -> tuple[Verdict | FieldVerdict, int]:
+    def oracle_verdict(self, request_id: str) -> tuple[Verdict | FieldVerdict | GroupVerdict, int]:
         """Every element this rank holds of ``request_id``, against the oracle: its own
         tokens of the request, on its heads and layers [ORACLE-4, ORACLE-5, CP-1]; of a
         record cache, every byte of every field, inline scales included [ORACLE-6].
-        With the verdict, the bytes it compared."""
+        With the verdict, the bytes it compared; of a hybrid, every group region
+        [GROUP-3, ORACLE-5]."""
+        if self.groups is not None:
+            return self.groups.verdict(request_id)
         request = self.requests[request_id]
         if self.config.records:
             fields = gather_fields(self.cache, self.tables[request_id], self.held(request))
@@ -211,7 +225,7 @@ class RankMemory:
         if (
             self.device.type != "cpu"
             or config.transfer != "push"
-            or config.records
+            or config.content != "kv"
             or config.faults.any
         ):
             return

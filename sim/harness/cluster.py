@@ -40,7 +40,13 @@ import zmq
 from kvspec.naming.keys import RankAwareKey, parse_key
 from sim.books.accounting import RANK_FAULTS, Ledger, lifecycle_summary
 from sim.books.report import PULL_STATS, SimReport
-from sim.books.tally import measured_edge_bytes, outcomes_from, planned_edge_bytes
+from sim.books.tally import (
+    measured_edge_bytes,
+    measured_group_bytes,
+    outcomes_from,
+    planned_edge_bytes,
+    planned_group_bytes,
+)
 from sim.harness.hosts import Host, host_main, process_context
 from sim.harness.validation import validate
 from sim.net import messages
@@ -562,6 +568,8 @@ class Cluster:
             outcomes=outcomes_from(self.config, self.results, self._missing_reason),
             edge_bytes=edges,
             planned_bytes=planned_edge_bytes(self.config),
+            group_bytes=measured_group_bytes(self.results),
+            planned_group_bytes=planned_group_bytes(self.config),
             sender_stats=self.sender_stats,
             wall_s=wall,
             transfer_s=max(0.0, end - start) if end else 0.0,

@@ -33,11 +33,14 @@ def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
     """Refuse a run the spec refuses, before any process starts [PLAN-1, PORT-3, LAYOUT-1];
     and a transport this machine cannot run, for ``processes_here`` rank processes
     (by default, every rank of the run on this host)."""
-    check_layouts(config)  # first: a record cache's plans are by its rows [LAYOUT-7]
     workload = Workload(config, 0)  # every group's requests have the same lengths
-    # Requests go round the DP groups by index, so the first prod(dp) of them meet every
-    # pairing of groups [DP-1]: the plans of those, before anything costs O(requests).
-    _check_plans(workload, workload.first(math.prod(s.dp for s in config.stages)))
+    if config.content == "groups":  # a hybrid's regions are its groups', not a paged cache's
+        _check_group_plans(workload)
+    else:
+        check_layouts(config)  # first: a record cache's plans are by its rows [LAYOUT-7]
+        # Requests go round the DP groups by index, so the first prod(dp) of them meet every
+        # pairing of groups [DP-1]: the plans of those, before anything costs O(requests).
+        _check_plans(workload, workload.first(math.prod(s.dp for s in config.stages)))
     for stage, layout in enumerate(config.stages):  # the rules fit the caches [CP-2]
         name = "--src-block-size" if stage == 0 else "--dst-block-size"
         try:
@@ -72,6 +75,24 @@ def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
     check_fits(config)  # O(ranks): before the one check that is O(requests)
     if any(layout.token_shards > 1 for layout in config.stages):
         _check_plans(workload, workload.requests)  # one plan per request length [PLAN-6]
+
+
+def _check_group_plans(workload: Workload) -> None:
+    """A hybrid's group plan of every request length, refused as the spec refuses it: a
+    layout that cannot hold a group's heads or state units [GROUP-3], or a receiver that
+    would need window or chunk tokens its sender has evicted [WINDOW-2], naming the request."""
+    for stage in range(workload.config.last_stage):
+        plans, seen = workload.plans(stage), set()
+        for request in workload.requests:
+            if request.seq_len in seen:
+                continue
+            seen.add(request.seq_len)
+            try:
+                plans.groups_of(request)
+            except ValueError as error:
+                raise ValueError(
+                    f"{request.request_id} ({request.seq_len} tokens): {error}"
+                ) from None
 
 
 def _check_plans(workload: Workload, requests: Sequence[Request]) -> None:

@@ -1,7 +1,7 @@
-"""How the ranks talk: the sim's own messages (:mod:`~sim.net.messages`, and a hybrid run's
-:mod:`~sim.net.group_messages`), the run's secret (:mod:`~sim.net.auth`), where each rank
-listens (:mod:`~sim.net.endpoints`), the largest message each socket accepts
-(:mod:`~sim.net.sizing`), the tensor frames over torch.distributed (:mod:`~sim.net.p2p`)
-and the torchrun workers' store (:mod:`~sim.net.rendezvous`).
+"""How the ranks talk: the sim's own messages (:mod:`~sim.net.messages`), the run's secret
+(:mod:`~sim.net.auth`), where each rank listens (:mod:`~sim.net.endpoints`), the largest
+message each socket accepts (:mod:`~sim.net.sizing`), the tensor frames over
+torch.distributed (:mod:`~sim.net.p2p`) and the torchrun workers' store
+(:mod:`~sim.net.rendezvous`).
 
 Above :mod:`sim.run` only."""

@@ -25,7 +25,14 @@ HEADER_SLACK = 64 << 10
 
 def cache_bytes(config: SimConfig) -> int:
     """Bytes of every rank's paged cache, every stage and replica group, at the longest
-    request length (each rank holds every request of its group)."""
+    request length (each rank holds every request of its group); of a hybrid, of its group
+    regions."""
+    if config.content == "groups":
+        # A hybrid's group regions: each receiver holds exactly what its group plan moves
+        # to it [GROUP-3]; the senders about as much again.
+        workload = Workload(config, 0)
+        longest = max(workload.requests, key=lambda r: r.seq_len)
+        return 2 * config.requests * workload.plans(0).groups_of(longest).nbytes() * config.replicas
     model, total = config.model, 0
     for stage, layout in enumerate(config.stages):
         _, block_size = config.layout_of(stage)
@@ -91,7 +98,23 @@ def max_stream_message(config: SimConfig) -> int:
 
 def max_receiver_message(config: SimConfig) -> int:
     """ZMQ_MAXMSGSIZE of a receiver's KV socket (it limits every frame)."""
+    if config.content == "groups":
+        return max(max_pieces_frame(config), max_stream_message(config), 1 << 20)
     return max(max_data_frame(config), max_stream_message(config), max_pull_range(config), 1 << 20)
+
+
+def max_pieces_frame(config: SimConfig) -> int:
+    """The largest frame of a hybrid's pieces: the most one (group, source, receiver) edge
+    of the run's requests carries [GROUP-3], plus header room (a description lists at
+    most a few pieces per edge)."""
+    workload, largest = Workload(config, 0), 0
+    for stage in range(config.last_stage):
+        book = workload.plans(stage)
+        for seq_len in sorted({r.seq_len for r in workload.requests}):
+            request = next(r for r in workload.requests if r.seq_len == seq_len)
+            edges = book.groups_of(request).edges
+            largest = max(largest, max((e.nbytes for e in edges), default=0))
+    return largest + HEADER_SLACK
 
 
 def _edges(config: SimConfig) -> list[tuple[Edge, int]]:
@@ -138,6 +161,6 @@ def max_router_message(config: SimConfig) -> int:
     """ZMQ_MAXMSGSIZE of a sender's KV socket: hellos, and in a pull run reads."""
     if config.transport in ("nixl", "mooncake"):  # a receiver's metadata [sim.paths.onesided]
         return max(messages.MAX_HANDSHAKE, NIXL_METADATA)
-    if config.transfer != "pull":
+    if config.transfer != "pull" or config.content == "groups":  # a hybrid's reads name a key
         return messages.MAX_HANDSHAKE
     return max(messages.MAX_HANDSHAKE, max_read_message(config))

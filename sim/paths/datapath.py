@@ -61,6 +61,7 @@ class Incoming:
     groups: dict[int, list[tuple[int, Payload]]] = field(
         default_factory=lambda: defaultdict(list)
     )  # streamed [STREAM-1]: each layer group's parts until every source's has arrived
+    group_bytes: Counter[int] = field(default_factory=Counter)  # a hybrid's, per layer group
     started: float = float("inf")  # when the earliest source began computing it
     ready_at: float | None = None  # every layer in the cache
 
@@ -194,7 +195,13 @@ class Outbound(Protocol):
         """Send one payload as a data message, through the run's faults."""
 
     def put_ranges(
-        self, dst: int, key: str, frames: list[Any], slot: Slot | None, algorithm: str
+        self,
+        dst: int,
+        key: str,
+        frames: list[Any],
+        slot: Slot | None,
+        algorithm: str,
+        started: float | None = None,
     ) -> None:
         """Send byte ranges as one data message, through the run's faults."""
 

@@ -48,7 +48,7 @@ from kvspec.memory.descriptors import (
 from kvspec.transport.checksums import checksum_of
 from sim.net import messages
 from sim.paths.datapath import Checked, Incoming, PathPorts
-from sim.paths.regions import RegionPath, ranges_intact
+from sim.paths.regions import RegionPath, ranges_intact, read_head
 
 __all__ = ["READ_WINDOW", "PullAgent", "ranges_intact"]
 
@@ -211,16 +211,10 @@ class PullAgent(RegionPath):
         """A read on the sender's socket: from a verified receiver, for one of its keys,
         asking exactly the spec's list; anything else is refused and counted."""
         ep = self.ep
-        peer, head_frame, body = frames
-        dst = ep.out.receiver_of(peer)
-        if dst is None:
-            ep.view.strangers["kv reads refused"] += 1
+        read = read_head(ep, frames)
+        if read is None:
             return
-        try:
-            head = messages.load(head_frame, limit=messages.MAX_ENVELOPE)
-        except messages.MessageError:
-            ep.view.strangers["kv reads refused"] += 1
-            return
+        (dst, head), body = read, frames[2]
         key, count, seq = head.get("read"), head.get("n"), head.get("seq")
         known = self.keys_of.get(key) if isinstance(key, str) else None
         if (

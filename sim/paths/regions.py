@@ -17,6 +17,7 @@ from kvspec.memory.descriptors import RegisteredCache, region_buffers, share_pos
 from kvspec.memory.paged import blocks_needed
 from kvspec.topology.tokens import Tokens
 from kvspec.transport.checksums import ALGORITHMS, checksum_of, fastest
+from sim.net import messages
 from sim.paths.datapath import Checked, Incoming, PathPorts
 from sim.run.config import SimConfig
 from sim.run.workload import Workload, edge_chunks
@@ -35,6 +36,22 @@ def ranges_intact(head: dict[str, Any], ranges: list[Any], *, required: bool) ->
     if algorithm not in ALGORITHMS:
         return False
     return head.get("ranges_crc") == checksum_of(algorithm, ranges)
+
+
+def read_head(ep: PathPorts, frames: list[bytes]) -> tuple[int, dict[str, Any]] | None:
+    """(receiver, header) of a read ``[route, header, body]`` on a sender's KV socket: from
+    a verified receiver, its header JSON; else None, counted as a stranger's
+    (``kv reads refused``). Whether the read asks for what it may is the path's to judge."""
+    peer, head_frame, _ = frames
+    dst = ep.out.receiver_of(peer)
+    if dst is None:
+        ep.view.strangers["kv reads refused"] += 1
+        return None
+    try:
+        return dst, messages.load(head_frame, limit=messages.MAX_ENVELOPE)
+    except messages.MessageError:
+        ep.view.strangers["kv reads refused"] += 1
+        return None
 
 
 def registered_cache(

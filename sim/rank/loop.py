@@ -41,6 +41,7 @@ from sim.net.endpoints import RankId, all_ranks, bind_endpoint
 from sim.net.p2p import Link
 from sim.net.sizing import max_receiver_message, max_router_message
 from sim.paths.datapath import DataPath, PathPorts, RankView
+from sim.paths.groups import GroupPull, GroupPush
 from sim.paths.pull import PullAgent
 from sim.paths.push import PushPath
 from sim.paths.write import WriteAgent
@@ -62,12 +63,16 @@ PATHS: dict[str, type[PushPath] | type[PullAgent] | type[WriteAgent]] = {
     "write": WriteAgent,
 }
 """The data path of each ``--transfer`` (:mod:`sim.paths.datapath`)."""
+GROUP_PATHS: dict[str, type[GroupPush] | type[GroupPull]] = {"push": GroupPush, "pull": GroupPull}
+"""The data path of each ``--transfer`` of a hybrid's layer groups (:mod:`sim.paths.groups`)."""
 
 
 def path_for(config: SimConfig) -> Any:
-    """The data path class of a run: ``--transfer``'s, or over ``--transport nixl`` or
-    ``mooncake`` the one-sided path (:mod:`sim.paths.nixl`, :mod:`sim.paths.mooncake`, imported only
-    then)."""
+    """The data path class of a run: ``--transfer``'s (a hybrid's: its layer groups'), or
+    over ``--transport nixl`` or ``mooncake`` the one-sided path (:mod:`sim.paths.nixl`,
+    :mod:`sim.paths.mooncake`, imported only then)."""
+    if config.content == "groups":
+        return GROUP_PATHS[config.transfer]
     if config.transport == "nixl":
         from sim.paths.nixl import NixlPath
 

@@ -181,11 +181,16 @@ class Receiver:
             landing.finish(state, received_at)
 
     def expect_keys(self) -> None:
-        """The keys this receiver waits for: one per (request, chunk, plan source) [KEY-4]."""
+        """The keys this receiver waits for: one per (request, chunk, plan source) [KEY-4];
+        of a hybrid, one per plan source (and stream layer group)."""
         assert self.ctx.in_plan is not None
         chunked = self.ctx.config.chunks > 1
         for request in self.ctx.workload.requests:
             waiting: set[str] = set()
+            if self.ctx.config.content == "groups":
+                self._expect_pairs(request, waiting)
+                self._awaits(request, waiting)
+                continue
             plan = self.ctx.in_plan.of(request)
             # An edge's payload is cut into chunks of its own tokens [CHUNK-1, SLICE-4].
             counts = {
@@ -200,12 +205,26 @@ class Receiver:
                         continue
                     waiting.add(key)
                     self.key_owner[key] = (request.request_id, chunk_id, src)
-            self.incoming[request.request_id] = Incoming(
-                request,
-                waiting,
-                keys={k: self.key_owner[k][2] for k in waiting},
-                abort_after=self.ctx.faults.abort_point(request.request_id, len(waiting)),
-            )
+            self._awaits(request, waiting)
+
+    def _awaits(self, request: Request, waiting: set[str]) -> None:
+        self.incoming[request.request_id] = Incoming(
+            request,
+            waiting,
+            keys={k: self.key_owner[k][2] for k in waiting},
+            abort_after=self.ctx.faults.abort_point(request.request_id, len(waiting)),
+        )
+
+    def _expect_pairs(self, request: Request, waiting: set[str]) -> None:
+        """A hybrid request's keys: one per source whose pieces come here (streamed, per
+        stream layer group) [GROUP-3, STREAM-1.2]."""
+        assert self.ctx.in_plan is not None
+        for pk in self.ctx.in_plan.pair_keys(request):
+            if pk.dst == self.ctx.who.rank:
+                waiting.add(pk.key)
+                self.key_owner[pk.key] = (request.request_id, 0, pk.src)
+                if pk.stream is not None:
+                    self.key_group[pk.key] = pk.stream
 
     def _keys(
         self, plan: TransferPlan, request: Request, chunk_id: int, *, chunked: bool
@@ -427,6 +446,7 @@ class Receiver:
                 "started": None if state.started == float("inf") else state.started,
                 "ready": state.ready_at,
                 "edge_bytes": {str(src): n for src, n in state.edge_bytes.items()},
+                "group_bytes": {str(g): n for g, n in state.group_bytes.items()},
                 "elements": verdict.total,  # what the report says was verified
                 "checked_bytes": checked,
             }

@@ -126,8 +126,15 @@ class Sender:
 
     def out_keys(self, request: Request) -> list[tuple[str, int, int]]:
         """(key, target rank, chunk id) of everything this sender sends of ``request``
-        [KEY-4]: each edge's chunks of its own tokens."""
+        [KEY-4]: each edge's chunks of its own tokens; of a hybrid, each receiver's
+        pieces (per stream layer group, streamed) [GROUP-3, STREAM-1.2]."""
         assert self.ctx.out_plan is not None
+        if self.ctx.config.content == "groups":  # a pair's pieces per key [GROUP-3]
+            return [
+                (pk.key, pk.dst, 0)
+                for pk in self.ctx.out_plan.pair_keys(request)
+                if pk.src == self.ctx.who.rank
+            ]
         plan = self.ctx.out_plan.of(request)
         if self.ctx.groups:  # one key per layer group and edge carrying some of it [STREAM-1.2]
             return [
@@ -215,13 +222,20 @@ class Sender:
             self._maybe_restart()
 
     def put_ranges(
-        self, dst: int, key: str, frames: list[Any], slot: Slot | None, algorithm: str
+        self,
+        dst: int,
+        key: str,
+        frames: list[Any],
+        slot: Slot | None,
+        algorithm: str,
+        started: float | None = None,
     ) -> None:
         """Send byte ranges straight from cache memory (a pull answer, a write) as one data
         message: the next sequence number, an envelope whose ``ranges_crc`` covers the
         frames when the run checksums (``algorithm``), through the run's faults
-        [sim.run.faults]. Frames in a staging ``slot`` are copied first when faults may keep
-        them back."""
+        [sim.run.faults]; ``started``, when the sender began computing the request (a
+        streamed run's [STREAM-1]). Frames in a staging ``slot`` are copied first when faults
+        may keep them back."""
         if slot is not None and self.ctx.config.faults.any:  # pragma: no cover - needs a GPU
             frames, slot = [bytes(f) for f in frames], None  # faults keep frames back
         seq = self.next_seq[dst]
@@ -235,6 +249,7 @@ class Sender:
             checksum=checksum,
             ranges_crc=checksum_of(algorithm, frames) if checksum else None,
             ranges_alg=algorithm if checksum else None,
+            started=started,
         )
         self._put_through_faults(dst, key, [head, *frames], seq, slot=slot)
 

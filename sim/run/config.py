@@ -138,12 +138,6 @@ class SimConfig:
         require_layout("SimConfig.dst_layout", self.dst_layout)
         if len(self.stages) < 2:
             raise ValueError("a run needs at least two stages (a sender and a receiver)")
-        if self.content == "groups":
-            raise ValueError(
-                f"{self.model.describe()}: a hybrid model moves as layer-group parts "
-                "[GROUP-3], which the rank loop does not carry yet; run it as "
-                "python -m sim run --model NAME (sim.harness.hybrid)"
-            )
         for name, value, low, high in (
             ("--requests", self.requests, 1, LIMITS.requests),
             ("--chunks", self.chunks, 1, LIMITS.chunks),
@@ -208,6 +202,7 @@ class SimConfig:
                 )
         self._check_reuse()
         self._check_stream()
+        self._check_groups()
         if self.ports not in PORT_MODES:
             raise ValueError(f"--ports must be one of {', '.join(PORT_MODES)}, got {self.ports!r}")
         if not 0 < self.timeout <= LIMITS.timeout_s:  # NaN fails this too
@@ -243,6 +238,49 @@ class SimConfig:
                 f"--faults reuse={f.reuse:g} with {', '.join(dict.fromkeys(failing))}: a "
                 "request failed for another reason is never verified, so its reused blocks "
                 "would go unseen; run reuse=P with dup, reorder, garbage, late or delay only"
+            )
+
+    def _check_groups(self) -> None:
+        """A hybrid model moves as layer-group parts [GROUP-3] over TP and PP stages: one
+        stage pair, whole requests (or streamed by layer groups), pushed or pulled, over
+        ZMQ on the CPU, with the wire and rank faults; what acts on a paged block pool or on
+        token shards is refused by name."""
+        if self.content != "groups":
+            return
+        f = self.faults
+        refused = [
+            name
+            for name, on in (
+                (f"{len(self.stages)} stages", len(self.stages) != 2),
+                (
+                    "token shards or attention-DP groups",
+                    any(s.token_shards > 1 or s.dp > 1 for s in self.stages),
+                ),
+                (f"--chunks {self.chunks}", self.chunks > 1),
+                ("--slicing receiver", self.slicing != "sender"),
+                (f"--transfer {self.transfer}", self.transfer == "write"),
+                (f"--transport {self.transport}", self.transport not in ("tcp", "inproc")),
+                (f"--device {self.device}", self.device != "cpu"),
+                ("--unsafe-reuse", self.unsafe_reuse),
+                ("fp8 scales", self.model.scale_format is not None),
+                *(
+                    (f"--faults {name}", on)
+                    for name, on in (
+                        ("abort", f.abort),
+                        ("late", f.late),
+                        ("reuse", f.reuse),
+                        *((r.kind, True) for r in f.ranks if r.kind in LIFECYCLE_KINDS),
+                    )
+                ),
+            )
+            if on
+        ]
+        if refused:
+            raise ValueError(
+                f"{self.model.describe()} with {', '.join(dict.fromkeys(refused))}: a hybrid "
+                "model moves as layer-group parts [GROUP-3] between two TP/PP stages, whole "
+                "or streamed, pushed or pulled, over tcp or inproc on the CPU; its receivers "
+                "land parts in group regions, not in a paged block pool [LIFE-1..7]"
             )
 
     def _check_stream(self) -> None:

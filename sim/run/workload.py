@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from kvspec.memory.paged import blocks_needed
+from kvspec.naming.keys import rank_aware_key
+from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.ownership import RankOwnership, rank_ownership
 from kvspec.topology.plan import TransferPlan, plan_transfer
+from kvspec.transport.streaming import layer_groups, stream_key
 from sim.run.config import SimConfig
 
 
@@ -121,21 +124,47 @@ def split_tokens(seq_len: int, chunks: int) -> tuple[range, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class PairKey:
+    """One keyed message of a hybrid request: everything sender ``src`` sends receiver
+    ``dst`` of it, every layer group's pieces together, or (streamed) those of the layers
+    of stream group ``stream`` [GROUP-3, STREAM-1.2, KEY-4]."""
+
+    key: str
+    src: int
+    dst: int
+    stream: int | None = None
+    """The stream layer group the message carries (None: the whole request)."""
+
+
 @dataclass
 class PlanBook:
     """The plans of one stage pair (``stage`` -> ``stage + 1``) for a group's requests.
 
     Stages without token shards or attention DP have one plan for every request; others
-    have one per request length and DP ranks [PLAN-6, DP-1], made once each.
+    have one per request length and DP ranks [PLAN-6, DP-1], made once each. A run of
+    ``groups`` content (a hybrid model) moves each request by its group plan instead
+    (:meth:`groups_of`, one per request length [GROUP-3, WINDOW-1]), and its keys,
+    connections and planned bytes are the plan's (source, receiver) pairs.
     """
 
     workload: Workload
     stage: int
     _plans: dict[tuple[int | None, int, int], TransferPlan] = field(default_factory=dict)
+    _group_plans: dict[int, GroupPlan] = field(default_factory=dict)
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the run's requests move as layer-group parts (:mod:`sim.run.content`)."""
+        return self.workload.config.content == "groups"
 
     def of(self, request: Request) -> TransferPlan:
         """The plan that moves ``request``."""
         config, stage = self.workload.config, self.stage
+        if self.hybrid:
+            raise ValueError(
+                f"{config.model.describe()} moves by group plans [GROUP-3]: PlanBook.groups_of"
+            )
         source, target = config.stages[stage], config.stages[stage + 1]
         sharded = source.token_shards > 1 or target.token_shards > 1
         key = (
@@ -155,14 +184,58 @@ class PlanBook:
             )
         return self._plans[key]
 
+    def groups_of(self, request: Request) -> GroupPlan:
+        """The group plan of a hybrid ``request``, each stage's windows aligned to its own
+        block size [GROUP-3, WINDOW-1, WINDOW-2]; one per request length."""
+        if request.seq_len not in self._group_plans:
+            config, stage = self.workload.config, self.stage
+            self._group_plans[request.seq_len] = plan_groups(
+                config.stages[stage],
+                config.stages[stage + 1],
+                config.model,
+                seq_len=request.seq_len,
+                source_block_size=config.layout_of(stage)[1],
+                target_block_size=config.layout_of(stage + 1)[1],
+                policy=config.policy,
+            )
+        return self._group_plans[request.seq_len]
+
+    def pairs_of(self, request: Request) -> tuple[tuple[int, int], ...]:
+        """The (source, receiver) pairs some group edge of ``request`` joins, ascending."""
+        if self.hybrid:
+            return tuple(sorted({(e.src, e.dst) for e in self.groups_of(request).edges}))
+        return tuple((e.src, e.dst) for e in self.of(request).edges)
+
+    def pair_keys(self, request: Request) -> tuple[PairKey, ...]:
+        """Every keyed message of a hybrid ``request``: one per pair, or streamed one per
+        pair and stream layer group holding some layer of the pair's edges [KEY-4,
+        STREAM-1.2]. Sender and receiver both take theirs from here."""
+        config = self.workload.config
+        rid, streams = request.request_id, config.stream_groups
+        if not streams:
+            return tuple(
+                PairKey(rank_aware_key(rid, self.stage, 0, src, dst), src, dst)
+                for src, dst in self.pairs_of(request)
+            )
+        ranges = layer_groups(config.model.num_layers, streams)
+        layers: dict[tuple[int, int], set[int]] = {}
+        for e in self.groups_of(request).edges:
+            layers.setdefault((e.src, e.dst), set()).update(e.layers)
+        return tuple(
+            PairKey(stream_key(rid, self.stage, 0, g, streams, src, dst), src, dst, g)
+            for (src, dst), held in sorted(layers.items())
+            for g, span in enumerate(ranges)
+            if any(layer in span for layer in held)
+        )
+
     def sources_of(self, rank: int) -> tuple[int, ...]:
         """Every source rank ``rank`` receives some request from, ascending [PLAN-3]."""
-        found = {s for r in self.workload.requests for s in self.of(r).sources_of(rank)}
+        found = {s for r in self.workload.requests for s, d in self.pairs_of(r) if d == rank}
         return tuple(sorted(found))
 
     def targets_of(self, rank: int) -> tuple[int, ...]:
         """Every target rank ``rank`` sends some request to, ascending [PLAN-3]."""
-        found = {t for r in self.workload.requests for t in self.of(r).targets_of(rank)}
+        found = {d for r in self.workload.requests for s, d in self.pairs_of(r) if s == rank}
         return tuple(sorted(found))
 
 

@@ -30,8 +30,9 @@ from kvspec.topology.stage import StageLayout
 from kvspec.transport.payload import CACHE_FIELDS, Chunk, Payload
 from kvspec.transport.payload.form import _META_KEYS, _META_OPTIONAL, _TOP_KEYS
 from kvspec.transport.wire import WireError
-from sim.net import group_messages, messages
+from sim.net import messages
 from sim.net.messages import MessageError
+from sim.paths import pieces
 from sim.run.config import SimConfig
 
 FORMS: dict[str, Callable[[Any], object]] = {
@@ -70,7 +71,7 @@ MESSAGE_KEYS = [
     "t",
     "crc",
 ]
-"""The sim's message fields (JSON written by sim.net.messages and sim.net.group_messages)."""
+"""The sim's message fields (JSON written by sim.net.messages and sim.paths.pieces)."""
 KEYS = sorted(
     {f.name for cls in (*FORM_CLASSES, *KINDS.values()) for f in dataclasses.fields(cls)}
     | _TOP_KEYS
@@ -160,7 +161,9 @@ READERS: dict[str, Callable[[bytes], object]] = {
     "read_handshake": messages.read_handshake,
     "read_abort": messages.read_abort,
     "read_single": lambda frame: messages.read_single(frame, limit=messages.MAX_CONTROL),
-    "read_header": lambda frame: group_messages.read_header(frame, run="t" * 32),
+    "read_pieces": lambda frame: pieces.read_pieces(
+        [frame], model=ModelShape(2, 2, 4), src=0, dst=0
+    ),
 }
 
 
@@ -178,7 +181,7 @@ def test_a_hybrid_piece_header_refuses_with_message_error(header: dict, data: by
     model = ModelShape(2, 2, 4)
     _refuses_only_with(
         MessageError,
-        lambda: group_messages.read_piece(header, data, model=model, dst=0, sources=2),
+        lambda: pieces.read_piece(header, data, model=model, src=0, dst=0),
     )
 
 

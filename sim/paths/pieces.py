@@ -1,20 +1,22 @@
-"""The messages of a hybrid run: one piece of one layer group per message, never pickle.
+"""A hybrid request's pieces between one (source, receiver) pair as the frames of one keyed
+data message, never pickle [GROUP-3, STATE-2, INDEX-1].
 
-A piece message is ``[header, data]``: the header the run's token, a space and a JSON
-object naming the request, the group, the sender, the piece's coordinates (layers, and
-heads and tokens for per-token KV [GROUP-3], with the indexer part for an MLA group's
-indexer [INDEX-1], or the state part and the offset it lands at [STATE-2]);
-the data frame the raw elements. Nothing about the data's dtype or shape is read from
-the wire: the receiver derives both from the model it runs and the coordinates, and
-refuses a frame of another length. An *end* message says how many pieces a sender sent
-a receiver. The token is compared (in constant time) before any byte of the JSON is
-parsed, so a stranger without it reaches no parser. See
-:mod:`kvspec.tensors.group_reshard` for the pieces themselves.
+The frames are ``[description, data 0, data 1, ...]``: the description a JSON object
+``{"pieces": [...]}`` naming each piece's coordinates (its group and layers, and heads
+and tokens for per-token KV [GROUP-3], with the indexer part for an MLA group's indexer
+[INDEX-1], or the state part and the offset it lands at [STATE-2]); each data frame one
+piece's raw elements. The message goes as any data message does
+(:meth:`sim.rank.sender.Sender.put_ranges`: an envelope first whose ``ranges_crc``
+covers these frames, through the run's faults), over the pair's verified connection
+(:mod:`sim.net.auth`); the request is the envelope key's, the sender the connection's.
+Nothing about a piece's dtype or shape is read from the wire: the receiver derives both
+from the model it runs and the coordinates, and refuses a frame of another length.
+Streamed [STREAM-1], a piece is cut at the stream's layer bounds (:func:`in_layers`).
+See :mod:`kvspec.tensors.group_reshard` for the pieces themselves.
 """
 
 from __future__ import annotations
 
-import hmac
 import math
 from typing import Any
 
@@ -29,41 +31,79 @@ from kvspec.topology.model import ModelShape
 from kvspec.topology.tokens import Tokens
 from sim.net.messages import MessageError, dump, load, short
 
-VERSION = 1
-MAX_HEADER = 64 << 10
+MAX_DESCRIPTION = 1 << 20
+"""The largest description frame a receiver parses."""
 MAX_DATA = 1 << 31
 
 
-def piece_frames(piece: Piece, *, run: str, request: str) -> list[Any]:
-    """``[header, data]`` of one piece; the data frame shares the tensor's memory."""
-    header: dict[str, Any] = {
-        "v": VERSION,
-        "type": "piece",
-        "request": request,
-        "group": piece.group,
-        "src": piece.src,
-        "layers": list(piece.layers),
-    }
+def in_layers(piece: Piece, layers: range) -> Piece | None:
+    """``piece`` restricted to the layers in ``layers`` (a stream layer group), None when it
+    has none of them [STREAM-1]; its data are views, nothing is copied."""
+    keep = [i for i, layer in enumerate(piece.layers) if layer in layers]
+    if not keep:
+        return None
+    if len(keep) == len(piece.layers):
+        return piece
+    data = piece.data[keep[0] : keep[-1] + 1] if _contiguous(keep) else piece.data[keep]
+    return Piece(
+        piece.group,
+        piece.src,
+        piece.dst,
+        tuple(piece.layers[i] for i in keep),
+        data,
+        piece.heads,
+        piece.tokens,
+        piece.part,
+        piece.dst_offset,
+    )
+
+
+def _contiguous(index: list[int]) -> bool:
+    return index == list(range(index[0], index[-1] + 1))
+
+
+def _describe(piece: Piece) -> dict[str, Any]:
+    about: dict[str, Any] = {"group": piece.group, "layers": list(piece.layers)}
     if piece.heads is not None:
         assert piece.tokens is not None
-        header["heads"] = [piece.heads.start, piece.heads.stop]
-        header["tokens"] = piece.tokens.to_list()
+        about["heads"] = [piece.heads.start, piece.heads.stop]
+        about["tokens"] = piece.tokens.to_list()
         if piece.part is not None:  # an MLA group's indexer part [INDEX-1]
-            header["part"] = piece.part
+            about["part"] = piece.part
     else:
-        header["part"] = piece.part
-        header["dst_offset"] = piece.dst_offset
-    data = piece.data.contiguous().view(torch.uint8).reshape(-1).numpy()
-    return [_with_token(run, header), data.data]  # data.data: memoryview(data)
+        about["part"] = piece.part
+        about["dst_offset"] = piece.dst_offset
+    return about
 
 
-def end_frames(*, run: str, src: int, pieces: int) -> list[bytes]:
-    """The sender's last message to one receiver: how many pieces it sent."""
-    return [_with_token(run, {"v": VERSION, "type": "end", "src": src, "pieces": pieces})]
+def pieces_frames(pieces: list[Piece]) -> list[Any]:
+    """``[description, data...]`` of ``pieces``; each data frame shares its tensor's memory."""
+    frames: list[Any] = [dump({"pieces": [_describe(p) for p in pieces]})]
+    for piece in pieces:
+        data = piece.data.contiguous().view(torch.uint8).reshape(-1).numpy()
+        frames.append(data.data)  # memoryview(data)
+    return frames
 
 
-def _with_token(run: str, header: dict[str, Any]) -> bytes:
-    return run.encode() + b" " + dump(header)
+def read_pieces(frames: list[Any], *, model: ModelShape, src: int, dst: int) -> list[Piece]:
+    """The pieces ``frames`` (``[description, data...]``) carry from ``src`` to ``dst``;
+    anything that does not describe them exactly is refused (:class:`MessageError`)."""
+    if not frames:
+        raise MessageError("a message of pieces has a description frame, got none")
+    about = load(frames[0], limit=MAX_DESCRIPTION)
+    listed = about.get("pieces")
+    if not isinstance(listed, list) or len(listed) != len(frames) - 1:
+        count = len(listed) if isinstance(listed, list) else short(listed)
+        raise MessageError(
+            f"the description lists {count} piece(s); the message has {len(frames) - 1} "
+            "data frame(s)"
+        )
+    out = []
+    for header, data in zip(listed, frames[1:], strict=True):
+        if not isinstance(header, dict):
+            raise MessageError(f"a piece is described by an object, got {short(header)}")
+        out.append(read_piece(header, data, model=model, src=src, dst=dst))
+    return out
 
 
 def _int(header: dict[str, Any], name: str, low: int, high: int) -> int:
@@ -73,29 +113,12 @@ def _int(header: dict[str, Any], name: str, low: int, high: int) -> int:
     return value
 
 
-def read_header(frame: bytes | memoryview, *, run: str) -> dict[str, Any]:
-    """The header of a piece or end message of run ``run``; anything else is refused,
-    and a frame that does not start with the run's token before its JSON is parsed."""
-    token = run.encode() + b" "
-    if len(frame) > MAX_HEADER + len(token):
-        raise MessageError(f"a {len(frame)}-byte header exceeds the {MAX_HEADER}-byte limit")
-    if not hmac.compare_digest(bytes(frame[: len(token)]), token):
-        raise MessageError("a message of another run (its run token does not match)")
-    header = load(frame[len(token) :], limit=MAX_HEADER)
-    if header.get("v") != VERSION:
-        raise MessageError(f"unknown message version {short(header.get('v'))}; this is {VERSION}")
-    if header.get("type") not in ("piece", "end"):
-        raise MessageError(f"unknown message type {short(header.get('type'))}")
-    return header
-
-
 def read_piece(
-    header: dict[str, Any], data: bytes | memoryview, *, model: ModelShape, dst: int, sources: int
+    header: dict[str, Any], data: bytes | memoryview, *, model: ModelShape, src: int, dst: int
 ) -> Piece:
-    """The piece a checked header and its data frame describe; the dtype and shape come
-    from ``model`` and the coordinates, and a data frame of another length is refused."""
+    """The piece a header and its data frame describe; the dtype and shape come from
+    ``model`` and the coordinates, and a data frame of another length is refused."""
     group = _int(header, "group", 0, len(model.layer_groups) - 1)
-    src = _int(header, "src", 0, sources - 1)
     layers = header.get("layers")
     if (
         not isinstance(layers, list)
