@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from kvspec.conformance import get_check, load_adapter, run_check
-from kvspec.profiles import load_profile
+from kvspec.testing.profiles import load_profile
 
 
 def main(engine: str, out_path: str) -> int:

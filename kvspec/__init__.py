@@ -1,6 +1,6 @@
 """kvspec: the executable reference for moving a KV cache between parallel layouts.
 
-Start with :mod:`kvspec.topology.plan` (who sends what to whom) and :mod:`kvspec.clauses`
+Start with :mod:`kvspec.topology.plan` (who sends what to whom) and :mod:`kvspec.core.clauses`
 (every rule, by id). ``kvspec --help`` lists the commands.
 """
 

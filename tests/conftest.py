@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from kvspec.profiles import current_profile_name, load_profile
+from kvspec.testing.profiles import current_profile_name, load_profile
 
 CUDA_REQUIRED = os.environ.get("KVSPEC_REQUIRE_CUDA") == "1"
 

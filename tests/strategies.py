@@ -1,7 +1,7 @@
 """Draws and tensor helpers the test roles share: random raw bits, bit-identical caches,
 and the cache side and run shape of a simulated transfer case.
 
-The spec's own strategies (transfer cases, cache shapes) live in ``kvspec.strategies``,
+The spec's own strategies (transfer cases, cache shapes) live in ``kvspec.testing.strategies``,
 where the conformance suite draws from them too; what is here only the tests use."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from hypothesis import strategies as st
 
 from kvspec.memory.cache_layout import LayerCache, get_layout, layouts_for
-from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import bit_equal, raw_bits, torch_dtype
+from kvspec.topology.case import TransferCase
 from kvspec.topology.stage import StageLayout
 
 

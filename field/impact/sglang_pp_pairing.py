@@ -51,7 +51,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvspec.adapters.sglang import SglangAdapter
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.field_policies import SGLANG
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout

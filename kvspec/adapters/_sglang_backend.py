@@ -32,8 +32,8 @@ from kvspec.conformance.adapter import NotProvided
 from kvspec.conformance.adapter.protocols import DescriptorsProtocol
 from kvspec.conformance.domain import Domain
 from kvspec.memory.descriptors import Descriptor, RegisteredCache
-from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES
+from kvspec.topology.case import TransferCase
 
 BASE = 1 << 40
 """Region ``i`` of a rank (in SGLang's pointer order) is given the address

@@ -73,10 +73,11 @@ from kvspec.conformance.adapter.protocols import (
 )
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
-from kvspec.strategies import TP_SIZES, TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import Shipment
+from kvspec.testing.strategies import TP_SIZES
+from kvspec.topology.case import TransferCase
 from kvspec.topology.field_policies import SGLANG, sglang_rank_ratio
 from kvspec.topology.ownership import layer_partition
 from kvspec.topology.stage import StageLayout

@@ -43,7 +43,7 @@ from kvspec.adapters._sglang_backend import (
     sends_slices,
 )
 from kvspec.adapters.sglang import INSTALL
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 
 NAME = "sglang-mooncake"
 MODULE = "sglang.srt.disaggregation.mooncake.conn"

@@ -42,7 +42,7 @@ from kvspec.adapters._engine import import_engine
 from kvspec.adapters._sglang_backend import AddressPlan, SglangBackendAdapter, sends_slices
 from kvspec.adapters._vllm import parameters
 from kvspec.adapters.sglang import INSTALL
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 
 NAME = "sglang-nixl"
 MODULE = "sglang.srt.disaggregation.nixl.conn"

@@ -84,10 +84,10 @@ from kvspec.conformance.adapter.protocols import (
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.memory.descriptors import Descriptor, RegisteredCache
-from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import Shipment
+from kvspec.topology.case import TransferCase
 from kvspec.topology.field_policies import VLLM_MOONCAKE, vllm_mooncake_write
 from kvspec.topology.model import ModelShape
 

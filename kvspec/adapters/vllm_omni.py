@@ -45,11 +45,11 @@ from kvspec.conformance.adapter.protocols import (
 from kvspec.conformance.domain import Domain
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.memory.cache_layout import describe_cache
-from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, dtype_name
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import Shipment
 from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.case import TransferCase
 from kvspec.transport.payload import CACHE_FIELDS, Payload
 
 NAME = "vllm-omni"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvspec.clauses import all_clauses, clause_table_markdown
+from kvspec.core.clauses import all_clauses, clause_table_markdown
 
 NAME = "clauses"
 HELP = "list the spec's numbered clauses and obligations"

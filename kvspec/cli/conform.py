@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING
 
 from kvspec.console.args import quote
 from kvspec.console.output import check_writable, write_text
-from kvspec.profile_names import PROFILES
-from kvspec.untrusted_input import InputRefused, loads
+from kvspec.core.profile_names import PROFILES
+from kvspec.core.untrusted_input import InputRefused, loads
 
 # The suite (and so torch and Hypothesis) is imported by run(), so that `kvspec --help`
 # and every other command start without it.
@@ -199,7 +199,7 @@ def _refused(args: argparse.Namespace) -> str | None:
         return f"--jobs must be at least 1; got {args.jobs}"
     args.fail_on_tiers = None
     if args.fail_on is not None:
-        from kvspec.tier_names import parse_tiers  # no torch, no Hypothesis
+        from kvspec.core.tier_names import parse_tiers  # no torch, no Hypothesis
 
         try:
             args.fail_on_tiers = parse_tiers(args.fail_on)
@@ -270,7 +270,7 @@ def _coverage(args: argparse.Namespace) -> int:
     from kvspec.conformance.adapter import AdapterError, load_adapter
     from kvspec.conformance.input_coverage import draw_coverage, render_coverage
     from kvspec.conformance.runner import select_checks
-    from kvspec.profile_names import default_profile
+    from kvspec.core.profile_names import default_profile
 
     try:
         adapter = load_adapter(args.impl)

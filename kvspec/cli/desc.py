@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 from kvspec.cli import plan as plan_cli
 from kvspec.console.args import int_in
 from kvspec.console.output import STDOUT, check_writable, write_json
+from kvspec.core.untrusted_input import InputRefused, loads, read_regular_file
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import TransferPlan, plan_transfer
-from kvspec.untrusted_input import InputRefused, loads, read_regular_file
 
 # The layouts and descriptors (and so torch) are imported where they are used, so that
 # `kvspec --help` and every other command start without them.

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvspec.console.args import MAX_HEAD_DIM, MAX_HEADS, int_in, quote
 from kvspec.console.output import STDOUT, add_json_option, check_writable, write_json
-from kvspec.tensors.dtype_names import DTYPE_NAMES
+from kvspec.core.dtype_names import DTYPE_NAMES
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS
 from kvspec.topology.model_presets import model_preset

@@ -57,7 +57,7 @@ from kvspec.console.stage_options import (
     parallel_knobs,
 )
 from kvspec.console.units import human_bytes
-from kvspec.tensors.dtype_names import DTYPE_NAMES
+from kvspec.core.dtype_names import DTYPE_NAMES
 from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS

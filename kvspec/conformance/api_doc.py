@@ -24,7 +24,6 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from kvspec.clauses import all_obligations
 from kvspec.conformance import domain as domain_module
 from kvspec.conformance.adapter import (
     DECLARED,
@@ -46,6 +45,7 @@ from kvspec.conformance.transfer_config import (
     StageConfig,
     TransferConfig,
 )
+from kvspec.core.clauses import all_obligations
 
 COMMAND = "kvspec adapter doc --output docs/adapter-api.md"
 """The command that regenerates the page."""

@@ -68,9 +68,9 @@ def cause_lines(impl: str, causes: Sequence[Cause], *, device: str = "cpu") -> l
     """Per cause: the headline (tier, check, obligation, reachability), the rule, the
     counterexample (and the input wrongly accepted), what happened, the replay and the
     pytest test; its consequences as one line."""
-    from kvspec.clauses import get_clause
     from kvspec.conformance.causes import pytest_test, tier, violated
     from kvspec.conformance.reproduction import reproduction
+    from kvspec.core.clauses import get_clause
 
     lines: list[str] = []
     for n, cause in enumerate(causes, 1):

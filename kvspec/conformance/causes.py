@@ -15,7 +15,7 @@ set of FAILED results):
 1. *the same counterexample*: identical plain data (canonical JSON, keys sorted);
 2. *the same transfer case*: both counterexamples hold (at any depth: ``case``,
    ``tensors.case``, ``base.case``, or at the top) the same
-   :class:`~kvspec.strategies.TransferCase`, compared on all of its fields: ``source``,
+   :class:`~kvspec.topology.case.TransferCase`, compared on all of its fields: ``source``,
    ``target``, ``model``, ``policy``, and where the case has them its own ``seq_len``
    (the plan of token-sharded stages depends on it) and DP ranks. What only varies the
    request's data (the example's ``seed``, its outer ``seq_len``, chunk cuts, a fuzz
@@ -88,7 +88,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from kvspec.clauses import all_clauses, all_obligations
+from kvspec.core.clauses import all_clauses, all_obligations
 
 if TYPE_CHECKING:
     from kvspec.conformance.result import CheckResult
@@ -124,7 +124,7 @@ STRATA: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 """How basic a clause is: strata from what a rank holds to how bytes are named and
 framed, each a tuple of families (``PLAN``) or clauses (``GROUP-3``; a clause entry
-wins over its family's). Within a stratum, clause-table order (:mod:`kvspec.clauses`).
+wins over its family's). Within a stratum, clause-table order (:mod:`kvspec.core.clauses`).
 
 - *ownership*: what each rank holds: stage ranks, the model and its dtype (``DTYPE-1``),
   token rules, heads, layers, the DP group, layer groups and state parts, block sizes.
@@ -344,7 +344,7 @@ _CASE_FIELDS = ("source", "target", "model", "policy", "seq_len", "source_dp", "
 def transfer_case(counterexample: object) -> dict[str, Any] | None:
     """The transfer case a counterexample holds: the first mapping, depth first, with a
     ``source``, a ``target`` and a ``model``, reduced to the fields of
-    :class:`~kvspec.strategies.TransferCase` (defaults filled in); None if it holds none."""
+    :class:`~kvspec.topology.case.TransferCase` (defaults filled in); None if it holds none."""
     stack = [counterexample]
     while stack:
         item = stack.pop(0)
@@ -567,8 +567,8 @@ def render_causes(impl: str, causes: Sequence[Cause]) -> list[str]:
     """The report's lines for ``causes``: per cause a headline line (tier, check,
     violated obligation, reachability), the rule, the counterexample, what happened, how
     to reproduce it (shell, Python, a pytest test), then its consequences, one line each."""
-    from kvspec.clauses import get_clause, get_obligation
     from kvspec.conformance.reproduction import python_reproduction, reproduction
+    from kvspec.core.clauses import get_clause, get_obligation
 
     lines: list[str] = []
     for n, cause in enumerate(causes, 1):

@@ -1,6 +1,6 @@
 """Which checks exercise each obligation, and which mutants they must kill.
 
-Every obligation of every clause [``kvspec.clause.Obligation``] is covered by at least
+Every obligation of every clause [``kvspec.core.clause.Obligation``] is covered by at least
 one check (its ``covers``) and broken by at least one mutant of the corpus
 (:mod:`kvspec.conformance.mutants`); ``kvspec clauses --coverage`` prints the table and
 the project's tests refuse a gap.
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec.clause import Obligation
-from kvspec.clauses import all_obligations
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.mutants import all_mutants
+from kvspec.core.clause import Obligation
+from kvspec.core.clauses import all_obligations
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvspec.memory.cache_layout import PRESETS, get_layout, holds_attention
-from kvspec.strategies import (
-    TP_SIZES,
-    Partitioner,
-    TransferCase,
-    divides,
-    dividing_pairs,
-    transfer_cases,
-)
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, check_dtype
+from kvspec.testing.strategies import TP_SIZES, Partitioner, divides, dividing_pairs, transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ATTENTION_KINDS, SCALE_FORMATS, ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.tokens import RULE_KINDS

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvspec.clauses import SPEC_MODULES, all_clauses, declared_clauses
+from kvspec.core.clauses import SPEC_MODULES, all_clauses, declared_clauses
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.adapter.capabilities import provided_capabilities
 from kvspec.conformance.checks import Check, Example, all_checks
 from kvspec.conformance.runner import hypothesis_test, requested_examples
+from kvspec.core.dtype_names import DTYPE_NAMES
 from kvspec.lifecycle.machine import EVENTS
 from kvspec.memory.presets import PRESETS
-from kvspec.tensors.dtype_names import DTYPE_NAMES
 from kvspec.topology.groups import KINDS
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.tokens import RULE_KINDS

@@ -32,10 +32,10 @@ def _fenced(language: str, text: str) -> list[str]:
 
 def render_markdown(report: Report) -> str:
     """The job summary of ``report`` (see the module's docstring)."""
-    from kvspec.clauses import get_clause
     from kvspec.conformance.causes import group, pytest_test, tier, violated
     from kvspec.conformance.reproduction import reproduction
     from kvspec.conformance.runner import adapter_label
+    from kvspec.core.clauses import get_clause
 
     code = report.exit_code
     verdict = {0: "passed", 1: "failed", 3: "inconclusive"}.get(code, f"exit {code}")

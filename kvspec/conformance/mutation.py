@@ -18,7 +18,7 @@ from typing import Any
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.mutants import Mutant, all_mutants, get_mutant
 from kvspec.conformance.runner import FAILED, checks_covering, run_check, worker_start
-from kvspec.profiles import default_profile
+from kvspec.testing.profiles import default_profile
 
 
 @dataclass
@@ -90,7 +90,7 @@ class MutationReport:
 
 def run_mutant(mutant: Mutant, *, device: str = "cpu", profile: str | None = None) -> MutantResult:
     """The mutant through its obligations' checks, then the rest, until one fails, under
-    ``profile`` (default: :func:`~kvspec.profiles.default_profile`)."""
+    ``profile`` (default: :func:`~kvspec.testing.profiles.default_profile`)."""
     started = time.perf_counter()
     result = MutantResult(mutant.name, mutant.obligations, mutant.bug)
     adapter = mutant.cls()

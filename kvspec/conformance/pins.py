@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.strategies import engine_default
+from kvspec.testing.strategies import engine_default
 
 _CASE_KEYS = frozenset({"source", "target", "model", "policy"})
 

@@ -50,8 +50,8 @@ from kvspec.conformance.runner import (
     select_checks,
 )
 from kvspec.conformance.skips import SkipEntry, read_skips, resolve_skips
-from kvspec.profiles import PROFILES, default_profile
-from kvspec.tier_names import default_fail_on, parse_tiers
+from kvspec.core.tier_names import default_fail_on, parse_tiers
+from kvspec.testing.profiles import PROFILES, default_profile
 
 _STATE = pytest.StashKey[dict[str, Any]]()
 SUITE_DIR = Path(__file__).resolve().parent / "pytest_suite"

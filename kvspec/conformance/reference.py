@@ -19,13 +19,13 @@ from kvspec.memory.records import record_fill, record_rows, row_fields, verify_f
 from kvspec.memory.state_cache import state_offset, state_runs
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.naming.ports import PortScheme, port, rank_port
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv, verify
 from kvspec.tensors.reshard import HEAD_AXIS, SLICING_MODES, Shipment, receive, send
 from kvspec.tensors.slicing import apply_head_slice
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.block_size import hybrid_block_size
+from kvspec.topology.case import TransferCase
 from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow, StateGroup
 from kvspec.topology.model import ModelShape

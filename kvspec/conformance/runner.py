@@ -25,7 +25,6 @@ from typing import Any, cast
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import example as pinned
 
-from kvspec.clauses import all_obligations
 from kvspec.conformance.adapter import (
     Adapter,
     FullAdapter,
@@ -55,7 +54,8 @@ from kvspec.conformance.result import (
 from kvspec.conformance.tiers import TIERS, default_fail_on, tier_of
 from kvspec.conformance.transfer_config import TransferConfig
 from kvspec.conformance.violation import Violation
-from kvspec.profiles import default_profile, profile_settings
+from kvspec.core.clauses import all_obligations
+from kvspec.testing.profiles import default_profile, profile_settings
 
 MIN_EFFECTIVE_EXAMPLES = 20
 """Below this many effective examples a passing check is inconclusive (or below the
@@ -197,7 +197,7 @@ def run_check(
     shrink: bool = True,
     profile: str | None = None,
 ) -> CheckResult:
-    """Run one check under ``profile`` (default: :func:`~kvspec.profiles.default_profile`),
+    """Run one check under ``profile`` (default: :func:`~kvspec.testing.profiles.default_profile`),
     applied to this check alone; ``replay`` runs exactly that example instead of generating.
 
     ``shrink=False`` reports the first failing example as found (faster, for counting

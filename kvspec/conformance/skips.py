@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvspec.conformance.checks import Check
-from kvspec.untrusted_input import InputRefused, read_regular_file
+from kvspec.core.untrusted_input import InputRefused, read_regular_file
 
 MAX_SKIPS_BYTES = 1 << 20
 """A skips file is a few lines; one past a mebibyte is refused unread."""

@@ -18,9 +18,9 @@ Derivation (:func:`tier_of`):
    ``"every"`` and the extra senders are replicas; ``breaks`` where a refusal probe
    crashed instead of refusing);
 2. otherwise the violated obligation decides: the first ``[FAMILY-N.M]`` the message
-   names (:func:`violated_obligation`): a negative obligation (:func:`~kvspec.clause.refuses`)
+   names (:func:`violated_obligation`): a negative obligation (:func:`~kvspec.core.clause.refuses`)
    -> ``accepts-invalid``; a positive obligation of accepting a valid input
-   (:func:`~kvspec.clause.accepts`) -> ``breaks``; any other positive one -> ``corrupts``;
+   (:func:`~kvspec.core.clause.accepts`) -> ``breaks``; any other positive one -> ``corrupts``;
 3. any other exception raised by the implementation (not a Violation) -> ``breaks``.
 
 A message naming no known obligation falls back on the check's first covered obligation.
@@ -32,9 +32,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from kvspec.clause import Obligation
 from kvspec.conformance.violation import Violation
-from kvspec.tier_names import (
+from kvspec.core.clause import Obligation
+from kvspec.core.tier_names import (
     ACCEPTS_INVALID,
     BREAKS,
     CORRUPTS,

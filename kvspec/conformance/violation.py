@@ -4,7 +4,7 @@ tier from the violated obligation otherwise, :mod:`kvspec.conformance.tiers`].""
 
 from __future__ import annotations
 
-from kvspec.tier_names import TIERS
+from kvspec.core.tier_names import TIERS
 
 
 class Violation(AssertionError):

@@ -32,8 +32,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec._checks import show
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import show
 
 CLAUSES = (
     Clause(

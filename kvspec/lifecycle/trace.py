@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec._checks import show
+from kvspec.core.require import show
 from kvspec.lifecycle.machine import Lifecycle, LifecycleError, LifecycleRefusal
 
 

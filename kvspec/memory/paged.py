@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_int
 from kvspec.memory.cache_layout import (
     CacheLayout,
     CacheShape,

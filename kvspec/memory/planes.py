@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout, Field, SideField
 
 CLAUSES = (

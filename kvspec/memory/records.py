@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
 from kvspec.memory.cache_layout import LayoutRef, get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, SCALED_DTYPES, CacheLayout, Field
 from kvspec.memory.paged import PagedCache, check_block_ids, check_same_scales

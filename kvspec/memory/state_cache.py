@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.dtype_names import itemsize
+from kvspec.core.require import require_int
 from kvspec.memory.layout_model import StateCacheLayout
 from kvspec.memory.layout_refs import is_layout_file, read_state_file
 from kvspec.memory.presets import STATE_PRESETS
-from kvspec.tensors.dtype_names import itemsize
 from kvspec.tensors.state_oracle import part_dtype, state_group
 from kvspec.topology.model import ModelShape
 from kvspec.topology.state import part_units

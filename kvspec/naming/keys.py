@@ -36,8 +36,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from kvspec._checks import require_int, show
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_int, show
 from kvspec.topology.plan import TransferPlan
 from kvspec.topology.stage import StageLayout
 

@@ -25,8 +25,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from kvspec._checks import require_choice, require_int
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_choice, require_int
 from kvspec.topology.stage import StageLayout
 
 CLAUSES = (

@@ -3,7 +3,7 @@
 Dtypes are named by strings (``"bfloat16"``) everywhere in the spec so that plans,
 reports and golden vectors stay language-neutral; :func:`torch_dtype` turns a name
 into the torch dtype only where tensors are made. The names, bit layouts and widths
-themselves live in the torch-free :mod:`kvspec.tensors.dtype_names` (re-exported here),
+themselves live in the torch-free :mod:`kvspec.core.dtype_names` (re-exported here),
 so topology arithmetic never loads torch.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from kvspec.clause import Clause, accepts, must, refuses
-from kvspec.tensors.dtype_names import (
+from kvspec.core.clause import Clause, accepts, must, refuses
+from kvspec.core.dtype_names import (
     DTYPE_NAMES,
     FLOAT_FORMATS,
     FP8_DTYPES,

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_int
 from kvspec.tensors.dtypes import FP8_DTYPES, bit_equal, raw_bits, torch_dtype
 from kvspec.topology.model import ModelShape
 

@@ -21,8 +21,8 @@ from typing import overload
 
 import torch
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_int
 from kvspec.tensors.dtypes import FLOAT_FORMATS, raw_bits, torch_dtype
 from kvspec.tensors.kv import SCALES_DTYPE, RequestKV, check_request_kv
 from kvspec.topology.model import ModelShape

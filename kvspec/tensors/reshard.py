@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kvspec._checks import require_choice
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_choice
 from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import bit_equal, torch_dtype
 from kvspec.tensors.kv import RequestKV, check_request_kv

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvspec.clause import Clause, must
+from kvspec.core.clause import Clause, must
 
 FOUR_BIT = "float4_e2m1fn_x2"
 """Two fp4 (e2m1) values a byte, value 2i in the low nibble [ORACLE-8]."""

@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 import torch
 
-from kvspec._checks import require_choice, require_int, show
-from kvspec.clause import Clause, must, refuses
-from kvspec.errors import FormError
-from kvspec.forms import build
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.errors import FormError
+from kvspec.core.forms import build
+from kvspec.core.require import require_choice, require_int, show
 from kvspec.topology.tokens import Tokens
 
 CLAUSES = (

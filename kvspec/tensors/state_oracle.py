@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must
+from kvspec.core.clause import Clause, must
+from kvspec.core.require import require_int
 from kvspec.tensors.dtypes import raw_bits
 from kvspec.tensors.oracle import _start, _values, absorb
 from kvspec.topology.groups import StateGroup

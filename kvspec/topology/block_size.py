@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must
-from kvspec.tensors.dtype_names import check_dtype, itemsize
+from kvspec.core.clause import Clause, must
+from kvspec.core.dtype_names import check_dtype, itemsize
+from kvspec.core.require import require_int
 from kvspec.topology.groups import FullAttention
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import owned_heads

@@ -17,9 +17,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, cast
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtype_names import itemsize
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.dtype_names import itemsize
+from kvspec.core.require import require_int
 from kvspec.topology.groups import FullAttention, StateGroup
 from kvspec.topology.indexer import index_entry_bytes
 from kvspec.topology.model import Attention, ModelShape

@@ -28,11 +28,11 @@ from collections.abc import Mapping
 from dataclasses import Field, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from kvspec._checks import require_choice, require_int, show
-from kvspec.clause import Clause, must, refuses
-from kvspec.errors import FormError
-from kvspec.forms import dataclass_form
-from kvspec.tensors.dtype_names import check_dtype
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.dtype_names import check_dtype
+from kvspec.core.errors import FormError
+from kvspec.core.forms import dataclass_form
+from kvspec.core.require import require_choice, require_int, show
 from kvspec.topology.indexer import check_indexer
 
 CLAUSES = (

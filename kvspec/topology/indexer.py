@@ -14,9 +14,9 @@ all of it. kvspec keeps the two parts apart: ``index`` (float8_e4m3fn values) an
 
 from __future__ import annotations
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtype_names import itemsize
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.dtype_names import itemsize
+from kvspec.core.require import require_int
 
 INDEX_BLOCK = 128
 """Indexer values per float32 scale (vLLM ``quant_block_size``)."""

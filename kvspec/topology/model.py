@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from kvspec._checks import require_choice, require_int
-from kvspec.clause import Clause, must, refuses
-from kvspec.forms import dataclass_form
-from kvspec.tensors.dtype_names import FP8_DTYPES, check_dtype, itemsize
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.dtype_names import FP8_DTYPES, check_dtype, itemsize
+from kvspec.core.forms import dataclass_form
+from kvspec.core.require import require_choice, require_int
 from kvspec.topology.groups import FullAttention, LayerGroup, group_from_dict
 from kvspec.topology.indexer import check_indexer
 
@@ -215,7 +215,7 @@ class ModelShape:
     @classmethod
     def from_dict(cls, data: object, *, where: str = "ModelShape") -> ModelShape:
         """Inverse of :meth:`to_dict`; omitted fields take their defaults, an unknown key
-        or any other value is refused with :class:`~kvspec.errors.FormError`."""
+        or any other value is refused with :class:`~kvspec.core.errors.FormError`."""
         return dataclass_form(
             cls,
             data,

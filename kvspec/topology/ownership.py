@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec._checks import require_int, require_rank
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_int, require_rank
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.tokens import Tokens

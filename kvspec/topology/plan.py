@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec._checks import require_choice, require_int, require_rank
-from kvspec.clause import Clause, accepts, must, refuses
+from kvspec.core.clause import Clause, accepts, must, refuses
+from kvspec.core.require import require_choice, require_int, require_rank
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import (
     RankOwnership,

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec._checks import require_int, require_rank
-from kvspec.clause import Clause, must, refuses
-from kvspec.forms import dataclass_form
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.forms import dataclass_form
+from kvspec.core.require import require_int, require_rank
 from kvspec.topology.tokens import CPRule
 
 CLAUSES = (
@@ -214,7 +214,7 @@ class StageLayout:
     @classmethod
     def from_dict(cls, data: object, *, where: str = "StageLayout") -> StageLayout:
         """Inverse of :meth:`to_dict`; every key but ``tp`` may be omitted, an unknown key
-        or any other value is refused with :class:`~kvspec.errors.FormError`."""
+        or any other value is refused with :class:`~kvspec.core.errors.FormError`."""
         return dataclass_form(cls, data, where=where, required=("tp",), lists=("layer_partition",))
 
     def describe(self) -> str:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from kvspec._checks import require_choice
-from kvspec.clause import Clause, must, refuses
-from kvspec.tensors.dtype_names import itemsize
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.dtype_names import itemsize
+from kvspec.core.require import require_choice
 from kvspec.topology.groups import StateGroup, StatePart
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import check_heads, head_replicas, layer_ranges, owned_heads

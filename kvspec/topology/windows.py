@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import cast
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_int
 from kvspec.topology.groups import ChunkedLocal, FullAttention, SlidingWindow
 from kvspec.topology.tokens import Tokens
 

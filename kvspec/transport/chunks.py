@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.require import require_int
 from kvspec.memory.paged import blocks_needed, blocks_of
 from kvspec.tensors.dtypes import bit_equal
 from kvspec.transport.payload import CACHE_FIELDS, SCALE_FIELDS, Chunk, Payload

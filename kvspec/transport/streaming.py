@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from kvspec._checks import require_int
-from kvspec.clause import Clause, must
+from kvspec.core.clause import Clause, must
+from kvspec.core.require import require_int
 from kvspec.naming.keys import rank_aware_key
 from kvspec.tensors.kv import RequestKV
 from kvspec.topology.plan import TransferPlan

@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from kvspec._checks import INT64_MAX, require_int, show
-from kvspec.clause import Clause, must, refuses
-from kvspec.errors import InputError
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.errors import InputError
+from kvspec.core.require import INT64_MAX, require_int, show
 from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.transport.checksums import ALGORITHMS

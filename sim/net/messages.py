@@ -17,7 +17,7 @@ import math
 import zlib
 from typing import Any, TypeGuard
 
-from kvspec.errors import InputError
+from kvspec.core.errors import InputError
 
 MAX_ENVELOPE = 4096
 MAX_HANDSHAKE = 4096

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-from kvspec.forms import build, form_list, read_form
+from kvspec.core.forms import build, form_list, read_form
 from kvspec.memory.cache_layout import PRESETS, CacheLayout, get_layout, require_layout
 from kvspec.memory.records import carrier_model, cell_bytes
 from kvspec.topology.model import ModelShape
@@ -383,7 +383,7 @@ class SimConfig:
     @classmethod
     def from_dict(cls, data: object) -> SimConfig:
         """Inverse of :meth:`to_dict` (how a rank process receives its run's
-        configuration); anything else is refused with :class:`~kvspec.errors.FormError`."""
+        configuration); anything else is refused with :class:`~kvspec.core.errors.FormError`."""
         fields = {f.name for f in dataclasses.fields(cls) if f.init}
         required = ("stages", "model", "faults", "seq_len")
         form = read_form("SimConfig", data, required=required, optional=fields - set(required))

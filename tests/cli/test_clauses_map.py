@@ -8,13 +8,13 @@ import re
 
 import pytest
 
-from kvspec.clauses import all_clauses
 from kvspec.cli import main
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.families import error_cases
 from kvspec.conformance.family_map import family_map, render_family_map
 from kvspec.conformance.mutants import all_mutants
 from kvspec.conformance.vectors import FAMILIES
+from kvspec.core.clauses import all_clauses
 from tests.paths import ROOT
 
 ERROR_CASES = error_cases()

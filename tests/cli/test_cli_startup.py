@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from kvspec import __version__
-from kvspec.clauses import SPEC_MODULES, read_clauses
 from kvspec.cli import SUBCOMMANDS
+from kvspec.core.clauses import SPEC_MODULES, read_clauses
 
 HEAVY = ("torch", "numpy", "hypothesis")
 """What `kvspec` must start without: torch above all, and what only tensors and the

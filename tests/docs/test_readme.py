@@ -269,7 +269,7 @@ def test_the_clause_families_are_the_ones_the_spec_declares() -> None:
     families = _tool("clause_families")
     committed = (DOCS / "rules.md").read_text()
     assert families.render(committed) == committed, "run: python tools/clause_families.py"
-    from kvspec.clauses import all_clauses
+    from kvspec.core.clauses import all_clauses
 
     for clause in all_clauses().values():
         assert f" {clause.id} {clause.title}" in committed

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvspec.memory.cache_layout import get_layout
-from kvspec.strategies import transfer_cases
+from kvspec.testing.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from sim.books.accounting import BY_REQUEST

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvspec.memory.cache_layout import PRESETS, get_layout
-from kvspec.strategies import transfer_cases
+from kvspec.testing.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvspec.naming.keys import parse_key
-from kvspec.strategies import transfer_cases
 from kvspec.tensors.kv import kv_equal, random_request_kv
 from kvspec.tensors.reshard import send, shard
+from kvspec.testing.strategies import transfer_cases
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout

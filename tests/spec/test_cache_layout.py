@@ -17,8 +17,8 @@ from kvspec.memory.cache_layout import (
     empty_cache,
     kv_views,
 )
-from kvspec.strategies import cache_shapes
 from kvspec.tensors.dtypes import DTYPES, raw_bits
+from kvspec.testing.strategies import cache_shapes
 from tests.strategies import random_bits, same_cache
 
 MHA = ("flash_attn", "flash_attn_hnd", "flashinfer", "flashinfer_hnd", "kv_tuple", "token_major")

@@ -7,10 +7,11 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.strategies import TransferCase, chunk_sizes, transfer_cases
 from kvspec.tensors.kv import random_request_kv
 from kvspec.tensors.reshard import send, shard
 from kvspec.tensors.slicing import HeadSlice
+from kvspec.testing.strategies import chunk_sizes, transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.transport.chunks import coverage, reassemble, split_chunks

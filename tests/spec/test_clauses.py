@@ -2,7 +2,7 @@
 
 import re
 
-from kvspec.clauses import all_clauses, clause_table_markdown
+from kvspec.core.clauses import all_clauses, clause_table_markdown
 from tests.paths import ROOT
 
 CITATION = re.compile(r"\b([A-Z]+)-(\d+)(?:\.\.(\d+))?\b")

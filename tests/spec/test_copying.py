@@ -25,12 +25,13 @@ from kvspec.memory.cache_layout import (
     kv_views,
 )
 from kvspec.memory.paged import empty_paged_cache, gather_request
-from kvspec.strategies import TransferCase, transfer_cases
 from kvspec.tensors import copying
 from kvspec.tensors.copying import copy_bits, gather_blocks, scatter_blocks, wide_bits
 from kvspec.tensors.dtypes import DTYPES, bit_equal, raw_bits, torch_dtype
 from kvspec.tensors.kv import kv_equal, random_request_kv
 from kvspec.tensors.reshard import reshard, shard
+from kvspec.testing.strategies import transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout

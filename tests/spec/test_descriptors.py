@@ -18,9 +18,10 @@ from kvspec.memory.descriptors import (
     share_positions,
 )
 from kvspec.memory.paged import blocks_needed, empty_model_cache, gather_request, scatter_request
-from kvspec.strategies import TransferCase, transfer_cases
 from kvspec.tensors.dtypes import FP8_DTYPES
 from kvspec.tensors.oracle import oracle_kv, oracle_scales
+from kvspec.testing.strategies import transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import plan_transfer

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.tensors import dtype_names, dtypes
+from kvspec.core import dtype_names
+from kvspec.tensors import dtypes
 
 
 def test_the_names_are_the_torch_dtypes_keys_in_order() -> None:

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from kvspec.clauses import all_clauses
 from kvspec.conformance.families import error_cases, modules, owner
 from kvspec.conformance.vectors.errors import EXPORT_ORDER, ordered_cases
+from kvspec.core.clauses import all_clauses
 from kvspec.error_cases import OPERATIONS, ErrorCase
 from kvspec.transport.wire import WireError
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib
 
-from kvspec.clauses import all_clauses
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.families import FAMILIES, modules, owner
 from kvspec.conformance.mutants import all_mutants
+from kvspec.core.clauses import all_clauses
 from tests.import_graph import graph
 
 PREFIX = "kvspec.conformance.families."

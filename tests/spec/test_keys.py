@@ -14,7 +14,8 @@ from kvspec.naming.keys import (
     recv_keys,
     send_keys,
 )
-from kvspec.strategies import TransferCase, keys, request_ids, transfer_cases
+from kvspec.testing.strategies import keys, request_ids, transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 

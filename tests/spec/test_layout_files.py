@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvspec.core.dtype_names import DTYPE_NAMES
 from kvspec.memory.cache_layout import get_layout, layer_views
 from kvspec.memory.layout_files import (
     LayoutFileError,
@@ -39,7 +40,6 @@ from kvspec.memory.layout_model import (
 )
 from kvspec.memory.presets import LAYOUT_PRESETS, PRESETS, STATE_LAYOUT_PRESETS
 from kvspec.memory.state_cache import get_state_layout
-from kvspec.tensors.dtype_names import DTYPE_NAMES
 from tests.user_layouts import engine_hnd
 
 FROZEN = Path(__file__).parent / "fixtures" / "presets_before_files.json"

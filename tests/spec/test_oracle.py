@@ -8,12 +8,13 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.strategies import TransferCase, models, transfer_cases
 from kvspec.tensors import oracle
 from kvspec.tensors.dtypes import DTYPES, FLOAT_FORMATS, bit_equal, raw_bits
 from kvspec.tensors.kv import RequestKV, kv_equal
 from kvspec.tensors.oracle import oracle_kv, oracle_scales, request_value, verify
 from kvspec.tensors.reshard import shard
+from kvspec.testing.strategies import models, transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvspec.strategies import TP_SIZES, head_counts_for, stage_layouts
+from kvspec.testing.strategies import TP_SIZES, head_counts_for, stage_layouts
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import (
     default_layer_partition,

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from kvspec.memory.cache_layout import PRESETS
 from kvspec.memory.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
-from kvspec.strategies import PagedSide, models, paged_sides
 from kvspec.tensors.dtypes import DTYPES, bits_view, raw_bits
 from kvspec.tensors.kv import RequestKV, kv_equal
 from kvspec.tensors.oracle import oracle_kv, oracle_scales
+from kvspec.testing.strategies import PagedSide, models, paged_sides
 from kvspec.topology.model import ModelShape
 
 

@@ -10,9 +10,10 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvspec.memory.paged import PagedCache, empty_paged_cache, gather_request, scatter_request
-from kvspec.strategies import PagedSide, TransferCase, paged_sides, transfer_cases
 from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
 from kvspec.tensors.reshard import reshard
+from kvspec.testing.strategies import PagedSide, paged_sides, transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout

@@ -24,11 +24,12 @@ from kvspec.naming.ports import (
     port,
     rank_port,
 )
-from kvspec.strategies import TransferCase, cp_rules, transfer_cases
 from kvspec.tensors.kv import kv_equal, random_request_kv
 from kvspec.tensors.oracle import oracle_kv, verify
 from kvspec.tensors.reshard import receive, reshard, send, shard
 from kvspec.tensors.slicing import HeadSlice
+from kvspec.testing.strategies import cp_rules, transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.plan import plan_transfer

@@ -1,8 +1,8 @@
 """Every parser refuses with its documented error, for any JSON value (issue 30).
 
-Each ``from_dict`` of the spec raises :class:`~kvspec.errors.FormError` and each message
+Each ``from_dict`` of the spec raises :class:`~kvspec.core.errors.FormError` and each message
 reader of the sim raises :class:`~sim.net.messages.MessageError` (both
-:class:`~kvspec.errors.InputError`) on anything it does not accept: never a ``KeyError``,
+:class:`~kvspec.core.errors.InputError`) on anything it does not accept: never a ``KeyError``,
 ``TypeError`` or ``AttributeError`` from inside. The values that once escaped are pinned
 below; Hypothesis draws the rest from JSON shaped like the forms (their keys, their kinds
 of values) so that it gets past the first key check.
@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvspec.errors import FormError, InputError
+from kvspec.core.errors import FormError, InputError
 from kvspec.memory.descriptors import RegisteredCache
-from kvspec.strategies import TransferCase
 from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import KINDS, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout

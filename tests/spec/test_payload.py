@@ -7,10 +7,11 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.strategies import TransferCase, transfer_cases
 from kvspec.tensors import reshard
 from kvspec.tensors.kv import kv_equal, random_request_kv
 from kvspec.tensors.reshard import send, shard
+from kvspec.testing.strategies import transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout

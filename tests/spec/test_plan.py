@@ -5,7 +5,8 @@ from collections import Counter
 import pytest
 from hypothesis import example, given
 
-from kvspec.strategies import TransferCase, transfer_cases
+from kvspec.testing.strategies import transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import head_replicas, rank_ownership
 from kvspec.topology.plan import plan_transfer

@@ -19,7 +19,7 @@ from kvspec.naming.ports import (
     port_map,
     raw_port,
 )
-from kvspec.strategies import deployments, port_schemes
+from kvspec.testing.strategies import deployments, port_schemes
 from kvspec.topology.stage import StageLayout
 
 TWO_REPLICAS = Deployment(

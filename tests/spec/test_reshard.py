@@ -7,10 +7,11 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.strategies import TransferCase, transfer_cases
 from kvspec.tensors.kv import RequestKV, kv_equal, random_request_kv
 from kvspec.tensors.reshard import HEAD_AXIS, receive, reshard, send, shard
 from kvspec.tensors.slicing import apply_head_slice
+from kvspec.testing.strategies import transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.clauses import get_clause
+from kvspec.core.clauses import get_clause
 from kvspec.topology.tokens import RULE_KINDS, CPRule, rule_kind
 
 KINDS = [rule_kind(name) for name in RULE_KINDS]

@@ -10,9 +10,10 @@ import zmq
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvspec.strategies import TransferCase, transfer_cases
 from kvspec.tensors.kv import random_request_kv
 from kvspec.tensors.reshard import send, shard
+from kvspec.testing.strategies import transfer_cases
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.transport.payload import Payload, payload_equal, payload_from_shipment

@@ -12,9 +12,9 @@ import tracemalloc
 import torch
 from hypothesis import HealthCheck, example, given, settings
 
-from kvspec.strategies import mutated_frames, random_frames
 from kvspec.tensors.kv import random_request_kv
 from kvspec.tensors.reshard import send, shard
+from kvspec.testing.strategies import mutated_frames, random_frames
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import plan_transfer
 from kvspec.topology.stage import StageLayout

@@ -2,7 +2,7 @@
 shared by the tier tests [PLAN-2.2]."""
 
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from kvspec.cli import build_parser
-from kvspec.profile_names import PROFILES
-from kvspec.tier_names import parse_tiers
+from kvspec.core.profile_names import PROFILES
+from kvspec.core.tier_names import parse_tiers
 from tests.paths import ROOT
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is a dev dependency (make test installs it)")

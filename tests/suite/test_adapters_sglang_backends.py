@@ -16,7 +16,7 @@ from kvspec.adapters import sglang_nixl
 from kvspec.conformance.adapter import BUILTIN
 from kvspec.memory.cache_layout import PRESETS, get_layout
 from kvspec.memory.descriptors import RegisteredCache, judge_descriptors, plan_descriptors
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.field_policies import SGLANG
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout

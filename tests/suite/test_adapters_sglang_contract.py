@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from kvspec.adapters import _engine, sglang
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.field_policies import SGLANG
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout

@@ -13,8 +13,8 @@ import torch
 from kvspec.adapters import vllm_moriio as mo
 from kvspec.memory.cache_layout import PRESETS, get_layout
 from kvspec.memory.descriptors import RegisteredCache
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
+from kvspec.topology.case import TransferCase
 from kvspec.topology.field_policies import VLLM_MORIIO
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout

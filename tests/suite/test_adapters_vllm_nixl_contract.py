@@ -55,7 +55,7 @@ def test_serving_accepts_runs_vllms_checks(config, accepted, said) -> None:  # p
 def test_local_consumers_counts_the_notifiers(p, d, heads, monkeypatch) -> None:  # pragma: no cover
     """Each prefill rank hears from exactly as many decode ranks as they announce; a count
     one too high (the prefill would hold the blocks until the abort timeout) is caught."""
-    from kvspec.strategies import TransferCase
+    from kvspec.topology.case import TransferCase
     from kvspec.topology.model import ModelShape
     from kvspec.topology.stage import StageLayout
 

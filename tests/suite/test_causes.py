@@ -13,7 +13,6 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import example as hypothesis_pin
 
-from kvspec.clauses import all_clauses
 from kvspec.conformance import causes, get_check, run_check, run_suite
 from kvspec.conformance.checks import Context
 from kvspec.conformance.families.routing.mutants import ReplicasMergedTwice
@@ -22,6 +21,7 @@ from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import FAILED, PASSED, CheckResult
 from kvspec.conformance.tiers import TIERS
 from kvspec.conformance.violation import Violation
+from kvspec.core.clauses import all_clauses
 
 MERGED_TWICE = get_mutant("ReplicasMergedTwice").spec
 

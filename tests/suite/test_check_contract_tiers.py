@@ -6,8 +6,8 @@ from dataclasses import replace
 from kvspec.conformance.families.transfer.marker_mutants import MarkerLeftUnapplied
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import FAILED, PASSED, get_check, run_check
-from kvspec.strategies import TransferCase
 from kvspec.tensors.reshard import RequestKV
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from tests.suite.replicas import REPLICATED, EveryReplicaSends, holders

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.clauses import all_clauses
 from kvspec.cli import main
 from kvspec.conformance import Adapter, AdapterError, load_adapter
 from kvspec.conformance.adapter.protocols import LayoutsProtocol, RoutingProtocol
@@ -24,7 +23,8 @@ from kvspec.conformance.runner import (
     select_checks,
 )
 from kvspec.conformance.skips import MAX_SKIPS_BYTES, read_skips, resolve_skips
-from kvspec.strategies import TransferCase
+from kvspec.core.clauses import all_clauses
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from tests.paths import ROOT

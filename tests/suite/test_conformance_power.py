@@ -43,7 +43,7 @@ def test_mutant_is_killed_by_a_check_of_its_obligation(mutant) -> None:
 
 
 def test_the_corpus_is_larger_than_the_obligations() -> None:
-    from kvspec.clauses import all_obligations
+    from kvspec.core.clauses import all_obligations
 
     assert len(MUTANTS) >= len(all_obligations()) > 100
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)

@@ -28,7 +28,7 @@ from kvspec.conformance.runner import (
     run_check,
     run_suite,
 )
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import ReplicaChoice
 from kvspec.topology.stage import StageLayout

@@ -15,10 +15,10 @@ import torch
 from kvspec.adapters import _engine, sglang, vllm_nixl, vllm_omni
 from kvspec.conformance import AdapterError, load_adapter
 from kvspec.conformance.adapter import BUILTIN
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.reshard import send, shard
 from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from kvspec.transport.payload import payload_equal, payload_from_shipment
@@ -157,7 +157,7 @@ def test_omni_domain_is_what_omni_does_no_pp_no_mla_no_fp8_and_vllm_030s_layouts
 
 
 def test_omni_contract_names_real_obligations_and_refuses_with_value_error() -> None:
-    from kvspec.clauses import all_obligations
+    from kvspec.core.clauses import all_obligations
 
     known = all_obligations()
     assert set(vllm_omni.SERVING_NEVER_PRODUCES) <= set(known)

@@ -14,9 +14,9 @@ pytest.importorskip("vllm_omni", reason="vllm_omni is not installed; `make field
 
 from kvspec.adapters import vllm_omni
 from kvspec.memory.cache_layout import CacheShape, empty_cache, kv_views
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import random_request_kv
 from kvspec.tensors.reshard import send, shard
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvspec.strategies import dividing_pairs, head_counts_for
+from kvspec.testing.strategies import dividing_pairs, head_counts_for
 from kvspec.topology.field_policies import (
     FIELD_RULES,
     SGLANG,
@@ -253,7 +253,7 @@ def _installed(module: str) -> bool:
 @pytest.mark.skipif(not _installed(ENGINES[SGLANG]), reason="sglang is not installed")
 def test_sglang_rule_is_what_sglang_resolves():  # pragma: no cover - field venv only
     from kvspec.adapters.sglang import SglangAdapter
-    from kvspec.strategies import TransferCase
+    from kvspec.topology.case import TransferCase
 
     adapter = SglangAdapter()
     for source, target, model in deployments(mla=False):

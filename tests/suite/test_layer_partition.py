@@ -6,7 +6,7 @@ from hypothesis import given, settings
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.domain import Domain
-from kvspec.strategies import engine_default
+from kvspec.testing.strategies import engine_default
 from kvspec.topology.ownership import default_layer_partition
 
 

@@ -4,12 +4,12 @@ import re
 
 import pytest
 
-from kvspec.clause import Clause, must, refuses
-from kvspec.clauses import all_clauses, all_obligations, get_obligation
 from kvspec.cli import main
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.coverage import coverage, gaps
 from kvspec.conformance.mutants import all_mutants
+from kvspec.core.clause import Clause, must, refuses
+from kvspec.core.clauses import all_clauses, all_obligations, get_obligation
 from tests.paths import ROOT
 
 

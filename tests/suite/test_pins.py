@@ -11,7 +11,7 @@ from kvspec.conformance.families.routing.checks import POLICY_PINS
 from kvspec.conformance.pins import pins_for
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import PASSED
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.ownership import default_layer_partition
 
 

@@ -9,7 +9,7 @@ from kvspec.conformance.checks.expectations import expect_refused, judging, refu
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import FAILED, PASSED, get_check, run_check
 from kvspec.conformance.violation import Violation
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from kvspec.clauses import all_obligations
 from kvspec.conformance.adapter import REFUSAL_TYPES
 from kvspec.conformance.adapter.protocols import CAPABILITIES
 from kvspec.conformance.checks import Check, all_checks
 from kvspec.conformance.checks.expectations import UNCLEAR, names_value
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.runner import FAILED, PASSED, run_check
+from kvspec.core.clauses import all_obligations
 
 
 class EngineConfigError(Exception):

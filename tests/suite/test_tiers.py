@@ -5,7 +5,6 @@ from types import MappingProxyType
 
 import pytest
 
-from kvspec.clauses import all_obligations
 from kvspec.conformance.adapter import Acceptance
 from kvspec.conformance.families.routing.mutants import ReplicasMergedTwice
 from kvspec.conformance.reference import ReferenceAdapter
@@ -26,7 +25,8 @@ from kvspec.conformance.tiers import (
     violated_obligation,
 )
 from kvspec.conformance.violation import Violation
-from kvspec.strategies import TransferCase
+from kvspec.core.clauses import all_obligations
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 from tests.suite.replicas import REPLICATED, EveryReplicaSends

@@ -3,7 +3,7 @@ its value or raises the documented error with one line naming the input, never a
 exception (a ``RecursionError`` from deep nesting, a ``TypeError`` from a value of the
 wrong kind, a ``ValueError`` from converting a thousand-digit number).
 
-Fuzzed here: the JSON reader every parser shares (:mod:`kvspec.untrusted_input`), the
+Fuzzed here: the JSON reader every parser shares (:mod:`kvspec.core.untrusted_input`), the
 skips file, ``kvspec conform --replay``'s text and ``kvspec desc --check``'s list (the
 layout files have their own, ``tests/spec/test_layout_file_fuzz.py``; ``--faults``,
 ``tests/sim/test_faults_fuzz.py``). ``KVSPEC_FUZZ_EXAMPLES`` raises the count
@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from kvspec.cli import desc as desc_cli
 from kvspec.cli import main
 from kvspec.conformance.skips import read_skips
+from kvspec.core.untrusted_input import InputRefused, loads
 from kvspec.memory.descriptors import judge_descriptors
-from kvspec.untrusted_input import InputRefused, loads
 
 EXAMPLES = int(os.environ.get("KVSPEC_FUZZ_EXAMPLES", 0)) or 2 * settings.default.max_examples
 FUZZ = settings(

@@ -10,7 +10,7 @@ every protocol. An older adapter that overrides a capability's methods without n
 protocol is still found, with a ``DeprecationWarning`` (:class:`Adapter`).
 
 Inputs are kvspec's own frozen dataclasses (:class:`~kvspec.topology.stage.StageLayout`,
-:class:`~kvspec.topology.model.ModelShape`, :class:`~kvspec.strategies.TransferCase`) and
+:class:`~kvspec.topology.model.ModelShape`, :class:`~kvspec.topology.case.TransferCase`) and
 tensors (:class:`~kvspec.tensors.kv.RequestKV`, ``data`` ``[layers, kv, seq, heads, head_dim]``);
 an adapter translates them into its implementation's terms and back.
 

@@ -16,7 +16,7 @@ from kvspec.conformance.adapter.protocol import AdapterProtocol
 from kvspec.conformance.adapter.protocols import PROTOCOLS, EveryProtocol
 from kvspec.conformance.domain import FIRST_RELEASE, Domain
 from kvspec.conformance.transfer_config import TransferConfig
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.plan import ReplicaRule
 
 

@@ -128,12 +128,12 @@ def check(
 
 def all_checks() -> list[Check]:
     """Every registered check, in clause-table order."""
-    from kvspec.clauses import all_clauses
     from kvspec.conformance.families import modules
+    from kvspec.core.clauses import all_clauses
 
     for name in modules("checks"):
         importlib.import_module(name)
-    from kvspec.clauses import all_obligations
+    from kvspec.core.clauses import all_obligations
 
     order = {cid: i for i, cid in enumerate(all_clauses())}
     unknown = sorted(c.id for c in _REGISTRY.values() if c.clause not in order)

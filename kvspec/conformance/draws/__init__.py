@@ -24,12 +24,12 @@ from kvspec.conformance.checks import Context, Example, OutsideDomain, within_do
 from kvspec.conformance.checks.expectations import expect, fail
 from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.paged import blocks_needed
-from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import raw_bits
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.reshard import Shipment, send, shard
 from kvspec.tensors.reshard import edge_marker as spec_marker
 from kvspec.tensors.slicing import HeadSlice
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.plan import Edge, TransferPlan, edge_between
 from kvspec.topology.stage import StageLayout

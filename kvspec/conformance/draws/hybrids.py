@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
-from kvspec.strategies import TP_SIZES
+from kvspec.testing.strategies import TP_SIZES
 
 _STATE_TP = (1, 2, 4)
 """TP sizes every drawn state fits (units are powers of two)."""

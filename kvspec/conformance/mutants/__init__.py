@@ -64,8 +64,8 @@ def mutant(*obligations: str) -> Callable[[type[Adapter]], type[Adapter]]:
 
 def all_mutants() -> list[Mutant]:
     """Every registered mutant, in the order of the first obligation each breaks."""
-    from kvspec.clauses import all_obligations
     from kvspec.conformance.families import modules
+    from kvspec.core.clauses import all_obligations
 
     for name in modules("mutants"):
         importlib.import_module(name)

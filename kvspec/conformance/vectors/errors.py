@@ -15,7 +15,7 @@ from kvspec.conformance.adapter import VALIDATORS, Adapter, provided_capabilitie
 from kvspec.conformance.families import error_cases
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.error_cases import ErrorCase
-from kvspec.strategies import divides
+from kvspec.testing.strategies import divides
 
 EXPORT_ORDER: tuple[str, ...] = (
     "tp-zero",

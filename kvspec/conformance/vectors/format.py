@@ -40,7 +40,7 @@ from kvspec.conformance.families.transfer import vectors as reshard
 from kvspec.conformance.families.wire import vectors as wire
 from kvspec.conformance.vectors import errors
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
-from kvspec.errors import InputError
+from kvspec.core.errors import InputError
 
 FORMAT = "kvspec-golden-vectors"
 VERSION = 1

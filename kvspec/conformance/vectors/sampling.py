@@ -19,7 +19,8 @@ import torch
 from kvspec.conformance.vectors.family import Tensors
 from kvspec.memory.cache_layout import LAYOUTS
 from kvspec.memory.state_cache import state_page
-from kvspec.strategies import TP_SIZES, TransferCase, divides
+from kvspec.testing.strategies import TP_SIZES, divides
+from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import PRESETS as MODEL_PRESETS

@@ -30,7 +30,7 @@ is, :mod:`kvspec.memory.presets` names the files under ``kvspec/memory/layouts/`
 
 from __future__ import annotations
 
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
 from kvspec.memory.cache_layout.conversion import convert, empty_cache
 from kvspec.memory.cache_layout.detection import detect_layout, read_as
 from kvspec.memory.cache_layout.registry import (

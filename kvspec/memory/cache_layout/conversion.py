@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from kvspec._checks import require_int
+from kvspec.core.require import require_int
 from kvspec.memory.cache_layout.registry import LayoutRef, get_layout, layouts_for
 from kvspec.memory.cache_layout.shape import (
     CacheShape,

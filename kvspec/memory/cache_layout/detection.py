@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kvspec._checks import require_int
+from kvspec.core.require import require_int
 from kvspec.memory.cache_layout.shape import CacheShape, LayerCache, cache_shape, describe_cache
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.presets import PRESETS

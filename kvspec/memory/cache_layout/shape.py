@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvspec._checks import require_int
+from kvspec.core.require import require_int
 from kvspec.memory.cache_layout.registry import LayoutRef, get_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.planes import check_scaled, side_shape

@@ -29,7 +29,7 @@ each from the module of its concern:
 
 from __future__ import annotations
 
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
 from kvspec.memory.descriptors.execution import execute_descriptors, region_buffers
 from kvspec.memory.descriptors.judging import DescriptorVerdict, judge_descriptors
 from kvspec.memory.descriptors.planning import (

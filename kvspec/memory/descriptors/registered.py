@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kvspec._checks import require_int, show
-from kvspec.errors import FormError
-from kvspec.forms import build, read_form
+from kvspec.core.errors import FormError
+from kvspec.core.forms import build, read_form
+from kvspec.core.require import require_int, show
 from kvspec.memory.cache_layout import CacheShape, get_layout, require_layout
 from kvspec.memory.layout_model import FIELD_DTYPES, CacheLayout
 from kvspec.memory.paged import PagedCache
@@ -257,7 +257,7 @@ class RegisteredCache:
     @classmethod
     def from_dict(cls, data: object) -> RegisteredCache:
         """Inverse of :meth:`to_dict`; anything else is refused with
-        :class:`~kvspec.errors.FormError`."""
+        :class:`~kvspec.core.errors.FormError`."""
         form = read_form(
             "RegisteredCache",
             data,

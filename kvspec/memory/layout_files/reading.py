@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvspec.core.dtype_names import DTYPE_NAMES
+from kvspec.core.untrusted_input import InputRefused, loads, read_regular_file
 from kvspec.memory.layout_files import rules
 from kvspec.memory.layout_files.format import (
     CACHE_FIELDS,
@@ -50,8 +52,6 @@ from kvspec.memory.layout_model import (
     Source,
     StateCacheLayout,
 )
-from kvspec.tensors.dtype_names import DTYPE_NAMES
-from kvspec.untrusted_input import InputRefused, loads, read_regular_file
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _NAME_MAX = 64

@@ -47,7 +47,7 @@ one module a clause:
 
 from __future__ import annotations
 
-from kvspec.clause import Clause, must, refuses
+from kvspec.core.clause import Clause, must, refuses
 from kvspec.transport.payload.form import (
     CACHE_FIELDS,
     HEAD_AXIS,

@@ -18,9 +18,9 @@ from typing import Any, overload
 
 import torch
 
-from kvspec._checks import require_int, show
-from kvspec.errors import FormError
-from kvspec.forms import build
+from kvspec.core.errors import FormError
+from kvspec.core.forms import build
+from kvspec.core.require import require_int, show
 from kvspec.naming.keys import check_request_id
 from kvspec.tensors.copying import copy_bits
 from kvspec.tensors.dtypes import FP8_DTYPES, bit_equal, check_dtype, torch_dtype

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from kvspec._checks import require_int, show
+from kvspec.core.require import require_int, show
 from kvspec.tensors.dtypes import torch_dtype
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import Shipment, landing_region, landing_shape, receive

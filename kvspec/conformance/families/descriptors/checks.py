@@ -28,7 +28,7 @@ from kvspec.memory.descriptors import (
     share_positions,
 )
 from kvspec.memory.paged import blocks_needed
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout

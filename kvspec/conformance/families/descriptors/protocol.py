@@ -12,7 +12,7 @@ from typing import Any
 from kvspec.conformance.adapter.contract import NotProvided
 from kvspec.conformance.adapter.protocol import AdapterProtocol
 from kvspec.memory.descriptors import RegisteredCache
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 
 
 class DescriptorsProtocol(AdapterProtocol, capability="descriptors"):

@@ -12,7 +12,7 @@ from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tenso
 from kvspec.conformance.vectors.sampling import PINNED, sample_cases
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.descriptors import RegisteredCache, judge_descriptors, plan_descriptors
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 
 DESC_LAYOUT_PAIRS = (

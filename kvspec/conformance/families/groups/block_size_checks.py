@@ -17,8 +17,8 @@ from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.draws.hybrids import STATES, hybrid_tp_sizes
 from kvspec.conformance.families.groups.checks import LOCAL, _case, _cases
-from kvspec.strategies import TransferCase
 from kvspec.topology.block_size import hybrid_block_size
+from kvspec.topology.case import TransferCase
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow, group_from_dict
 from kvspec.topology.model import ModelShape

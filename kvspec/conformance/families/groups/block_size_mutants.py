@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.strategies import TransferCase
 from kvspec.topology.block_size import hybrid_block_size
+from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow
 from kvspec.topology.model import ModelShape
 from kvspec.topology.windows import needed_tokens

@@ -24,7 +24,7 @@ from kvspec.conformance.draws.hybrids import (
     hybrid_tp_sizes,
 )
 from kvspec.conformance.transfer_config import TransferConfig, handed
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import ChunkedLocal, group_from_dict
 from kvspec.topology.model import ModelShape

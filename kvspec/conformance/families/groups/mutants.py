@@ -15,7 +15,7 @@ from typing import Any, cast
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter, case_group_plan
 from kvspec.conformance.transfer_config import TransferConfig
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import (
     KINDS,
     ChunkedLocal,

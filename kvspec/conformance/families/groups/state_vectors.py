@@ -10,7 +10,7 @@ from typing import cast
 from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import hybrid_cases
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import StateGroup
 from kvspec.topology.state import part_units, plan_state_reads
 

@@ -14,8 +14,8 @@ import random
 from kvspec.conformance.adapter import FullAdapter, NotProvided
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import hybrid_cases
-from kvspec.strategies import TransferCase
 from kvspec.topology.block_size import hybrid_block_size
+from kvspec.topology.case import TransferCase
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow, group_from_dict
 from kvspec.topology.model import ModelShape

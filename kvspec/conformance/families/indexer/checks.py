@@ -16,7 +16,8 @@ from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
 from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused
 from kvspec.conformance.transfer_config import handed
-from kvspec.strategies import TP_SIZES, TransferCase
+from kvspec.testing.strategies import TP_SIZES
+from kvspec.topology.case import TransferCase
 from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import FullAttention
 from kvspec.topology.indexer import index_entry_bytes

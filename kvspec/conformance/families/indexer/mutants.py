@@ -10,8 +10,8 @@ from typing import Any
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter, case_group_plan
 from kvspec.conformance.transfer_config import TransferConfig
-from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import itemsize
+from kvspec.topology.case import TransferCase
 from kvspec.topology.indexer import index_entry_bytes
 
 Config = TransferConfig

@@ -28,8 +28,8 @@ from kvspec.memory.cache_layout import (
     kv_views,
 )
 from kvspec.memory.layout_refs import is_layout_file
-from kvspec.strategies import cache_shapes
 from kvspec.tensors.dtypes import bits_view
+from kvspec.testing.strategies import cache_shapes
 
 
 def _pool(example: Example, layout: str | None = None) -> int | None:

@@ -23,7 +23,8 @@ from kvspec.conformance.checks.expectations import (
 from kvspec.conformance.draws import ROUTING_PINS, case_examples, policy_in_domain, spec_plan
 from kvspec.naming.keys import legacy_key, rank_aware_key, recv_keys, send_keys
 from kvspec.naming.ports import PortScheme, port, port_coords, rank_port
-from kvspec.strategies import TransferCase, request_ids
+from kvspec.testing.strategies import request_ids
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 

@@ -17,10 +17,10 @@ from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.draws import no_fp8
-from kvspec.strategies import cp_rules, models
 from kvspec.tensors.dtypes import FP8_DTYPES, bits_view
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv, oracle_scales, verify
+from kvspec.testing.strategies import cp_rules, models
 from kvspec.topology.model import ModelShape
 from kvspec.topology.tokens import CPRule, Tokens
 

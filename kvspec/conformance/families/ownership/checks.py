@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
 from kvspec.conformance.checks.expectations import expect, fail
-from kvspec.strategies import TP_SIZES, cp_rules, head_counts_for
+from kvspec.testing.strategies import TP_SIZES, cp_rules, head_counts_for
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.stage import StageLayout

@@ -21,10 +21,10 @@ from kvspec.conformance.draws import no_fp8
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.paged import PagedCache, blocks_needed, empty_model_cache, gather_request
 from kvspec.memory.paged import scatter_request as spec_scatter
-from kvspec.strategies import models
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, bits_view
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.oracle import oracle_kv, oracle_scales
+from kvspec.testing.strategies import models
 from kvspec.topology.model import ModelShape
 
 

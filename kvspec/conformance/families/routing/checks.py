@@ -13,7 +13,7 @@ from kvspec.conformance.checks import Context, Example, check, within_domain
 from kvspec.conformance.checks.expectations import expect, fail, refused
 from kvspec.conformance.draws import ROUTING_PINS, case_examples, pinned_case, policy_in_domain
 from kvspec.conformance.tiers import DIFFERS
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.ownership import RankOwnership
 from kvspec.topology.plan import POLICIES, Edge, edge_between
 from kvspec.topology.tokens import Tokens

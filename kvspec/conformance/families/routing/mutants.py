@@ -14,8 +14,8 @@ import torch
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.naming.keys import recv_keys, send_keys
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
+from kvspec.topology.case import TransferCase
 from kvspec.topology.ownership import head_replicas, layer_ranges, rank_ownership
 from kvspec.topology.plan import POLICIES, ReplicaChoice, TransferPlan, edge_between
 from kvspec.topology.stage import StageLayout

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from kvspec.conformance.adapter.contract import NotProvided
 from kvspec.conformance.adapter.protocol import AdapterProtocol
 from kvspec.conformance.transfer_config import TransferConfig
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 
 
 class RoutingProtocol(AdapterProtocol, capability="routing"):

@@ -17,7 +17,7 @@ from kvspec.conformance.refusals import Variant, needs_axis, pinned, refusal_che
 from kvspec.conformance.tiers import BREAKS
 from kvspec.conformance.transfer_config import handed
 from kvspec.error_cases import OPERATIONS
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 
 
 @st.composite

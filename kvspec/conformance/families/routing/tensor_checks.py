@@ -14,7 +14,7 @@ from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect
 from kvspec.conformance.draws import TENSOR_PINS, TENSOR_WEIGHT, Setup, tensor_examples
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 

@@ -9,7 +9,7 @@ import random
 from kvspec.conformance.adapter import FullAdapter
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import PARALLEL, PINNED, sample_cases, sample_parallel
-from kvspec.strategies import TransferCase
+from kvspec.topology.case import TransferCase
 
 
 def export(rng: random.Random) -> tuple[list[Case], Tensors]:

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from kvspec.conformance.adapter.contract import NotProvided
 from kvspec.conformance.adapter.protocol import AdapterProtocol
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
+from kvspec.topology.case import TransferCase
 from kvspec.transport.payload import Payload
 
 

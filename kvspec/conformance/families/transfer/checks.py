@@ -28,9 +28,9 @@ from kvspec.conformance.draws import (
     tensor_examples,
     tensor_pins,
 )
-from kvspec.strategies import TransferCase
 from kvspec.tensors.dtypes import FP8_DTYPES, raw_bits
 from kvspec.tensors.reshard import send
+from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
 

@@ -10,10 +10,10 @@ import torch
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import HEAD_AXIS, Shipment
 from kvspec.tensors.slicing import HeadSlice, slice_heads
+from kvspec.topology.case import TransferCase
 from kvspec.topology.ownership import rank_ownership
 from kvspec.topology.tokens import Tokens
 

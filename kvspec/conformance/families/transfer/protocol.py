@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 from kvspec.conformance.adapter.contract import NotProvided
 from kvspec.conformance.adapter.protocol import AdapterProtocol
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV
 from kvspec.tensors.reshard import Shipment
+from kvspec.topology.case import TransferCase
 
 
 class SenderProtocol(AdapterProtocol, capability="sender"):

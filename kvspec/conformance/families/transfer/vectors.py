@@ -14,9 +14,9 @@ from kvspec.conformance.adapter import FullAdapter, provided_capabilities
 from kvspec.conformance.draws import difference
 from kvspec.conformance.vectors.family import Case, Family, NotApplicable, Tensors
 from kvspec.conformance.vectors.sampling import PARALLEL, PINNED, sample_cases, sample_parallel
-from kvspec.strategies import TransferCase
 from kvspec.tensors.kv import RequestKV, random_request_kv
 from kvspec.tensors.reshard import Shipment, edge_marker, send, shard
+from kvspec.topology.case import TransferCase
 
 
 def export(rng: random.Random) -> tuple[list[Case], Tensors]:

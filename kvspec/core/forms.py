@@ -4,7 +4,7 @@ A ``from_dict`` is a parser: its input may be a golden vector, a replay given on
 line or a message. :func:`read_form` checks that the value is an object with the expected
 keys; :func:`build` runs the constructor and turns any refusal into a :class:`FormError`
 that names the form. So for any JSON value a ``from_dict`` returns an object or raises
-``FormError`` (see :mod:`kvspec.errors`).
+``FormError`` (see :mod:`kvspec.core.errors`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvspec._checks import show
-from kvspec.errors import FormError
+from kvspec.core.errors import FormError
+from kvspec.core.require import show
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

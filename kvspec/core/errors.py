@@ -4,7 +4,7 @@ Every parser of data that may come from outside (a JSON form, a wire message, a 
 vector file, a simulator frame) refuses with a subclass of :class:`InputError`, whatever
 the value: never a ``KeyError``, ``TypeError`` or ``AttributeError`` from deep inside. The
 text says what was wrong and where (the form and field, with the offending value shown
-bounded, see :func:`kvspec._checks.show`). ``InputError`` is a ``ValueError``, so code that
+bounded, see :func:`kvspec.core.require.show`). ``InputError`` is a ``ValueError``, so code that
 catches ``ValueError`` (every refusal of the spec's constructors) keeps working.
 """
 

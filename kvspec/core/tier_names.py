@@ -1,4 +1,4 @@
-"""The consequence tiers' names, ``--fail-on``'s parsing and its defaults, without torch.
+"""The consequence tiers' names, ``--fail-on``'s parsing and its defaults (stdlib only).
 
 :mod:`kvspec.conformance.tiers` derives a failure's tier and re-exports these; the
 command line only needs the names (``kvspec conform --fail-on``), and an argument error

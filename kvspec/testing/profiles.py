@@ -11,14 +11,14 @@ user's own project registers. The conformance suite applies its profile to the
 checks it runs, through :func:`profile_settings`; it never loads a profile
 globally, so a user's own Hypothesis profile stays in force for the user's tests.
 Choose one with ``KVSPEC_PROFILE=thorough`` or ``kvspec conform --profile``. The names
-and the choice need no Hypothesis and live in :mod:`kvspec.profile_names`.
+and the choice need no Hypothesis and live in :mod:`kvspec.core.profile_names`.
 """
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-from kvspec.profile_names import PROFILES, default_profile, registered_name
+from kvspec.core.profile_names import PROFILES, default_profile, registered_name
 
 __all__ = [
     "PROFILES",

@@ -1,9 +1,9 @@
 """The names of kvspec's Hypothesis profiles, and which one a run uses, without Hypothesis.
 
-:mod:`kvspec.profiles` registers the profiles themselves, and importing it imports
+:mod:`kvspec.testing.profiles` registers the profiles themselves, and importing it imports
 Hypothesis; the command line only needs their names (``kvspec conform --profile``'s
 choices), and ``kvspec --help`` must not pay for loading Hypothesis. Both are
-re-exported from :mod:`kvspec.profiles`.
+re-exported from :mod:`kvspec.testing.profiles`.
 """
 
 from __future__ import annotations

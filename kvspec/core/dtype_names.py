@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec._checks import show
+from kvspec.core.require import show
 
 DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 """The allowed cache dtypes [DTYPE-1], in the order error messages list them."""

@@ -5,8 +5,8 @@ this module is the single place that gathers them. ``docs/clauses.md`` is produc
 ``kvspec clauses --markdown`` and a test keeps it in step.
 
 Listing the clauses imports none of the spec modules that are not imported yet: each
-``CLAUSES`` is a literal of :class:`~kvspec.clause.Clause`, :func:`~kvspec.clause.must`
-and :func:`~kvspec.clause.refuses`, and is read from the module's source, so that
+``CLAUSES`` is a literal of :class:`~kvspec.core.clause.Clause`, :func:`~kvspec.core.clause.must`
+and :func:`~kvspec.core.clause.refuses`, and is read from the module's source, so that
 ``kvspec clauses`` starts without the tensor modules (and torch). A declaration in any
 other form is read by importing its module.
 """
@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from kvspec.clause import Clause, Obligation, accepts, must, refuses
+from kvspec.core.clause import Clause, Obligation, accepts, must, refuses
 
 SPEC_MODULES: tuple[str, ...] = (
     "kvspec.topology.stage",

@@ -3,7 +3,7 @@
 Every rule kvspec states is a :class:`Clause` with a stable id such as ``HEAD-2``.
 Each spec module declares the clauses it implements in a module-level ``CLAUSES``
 tuple, next to the code that implements them, and cites the ids in its docstrings.
-:mod:`kvspec.clauses` collects them into the one registry from which the clause
+:mod:`kvspec.core.clauses` collects them into the one registry from which the clause
 table in ``docs/clauses.md`` is generated.
 
 A clause's text is split into :class:`Obligation` s: the sentences an implementation
