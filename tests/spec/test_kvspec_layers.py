@@ -36,6 +36,8 @@ LAYERS.update(
         "testing": (("kvspec.testing",), SPEC),
         "console": (("kvspec.console",), SPEC),
         "package": (("kvspec",), set()),  # its __init__: the version, nothing else
+        # the old names of moved modules, kept for users' code; nothing in kvspec imports them
+        "moved": (("kvspec.errors", "kvspec.strategies"), {"core", "testing", "topology"}),
         "conformance": (("kvspec.conformance",), SPEC | {"error_cases", "testing", "package"}),
         "adapters": (("kvspec.adapters",), SPEC | {"testing", "conformance"}),
         "cli": (
@@ -122,3 +124,27 @@ def test_the_core_imports_only_the_standard_library() -> None:
         if layer(name) == "core"
     }
     assert {name: found for name, found in outside.items() if found} == {}
+
+
+def test_the_moved_modules_old_names_still_work_and_say_where_they_went() -> None:
+    """An adapter written by an earlier ``kvspec adapter new`` imports TransferCase from
+    kvspec.strategies, and a caller of the spec catches kvspec.errors.FormError: both run,
+    warned once each, on the very objects of their new homes."""
+    import importlib
+    import warnings
+
+    from kvspec.core.errors import FormError
+    from kvspec.topology.case import TransferCase
+
+    for name in ("kvspec.errors", "kvspec.strategies"):
+        sys.modules.pop(name, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old_errors = importlib.import_module("kvspec.errors")
+        old_strategies = importlib.import_module("kvspec.strategies")
+    assert old_errors.FormError is FormError
+    assert old_strategies.TransferCase is TransferCase
+    assert callable(old_strategies.transfer_cases)  # the rest of the old namespace
+    said = sorted(str(w.message) for w in caught if w.category is DeprecationWarning)
+    assert [m.split(" moved")[0] for m in said] == ["kvspec.errors", "kvspec.strategies"]
+    assert "kvspec.core.errors" in said[0] and "kvspec.topology.case" in said[1]
