@@ -12,6 +12,7 @@ lookup is a layout travelling as a name, which configurations and caches no long
 from __future__ import annotations
 
 import ast
+import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,13 +38,16 @@ BOUNDARIES: dict[str, str] = {
     "kvspec/conformance/adapter/": "adapter inputs: the adapter API hands names",
     "kvspec/conformance/reference.py": "the reference adapter, handed names as any is",
     "kvspec/adapters/": "engine adapters: the names engines and the suite hand them",
-    "kvspec/conformance/families/": "examples and golden vectors name their layouts, and "
-    "the suite hands adapters (and mutants) names: each check reads its example's",
-    "kvspec/conformance/draws/": "draws of examples, which name their layouts",
+    "kvspec/conformance/checks/example_layouts.py": "an example is a JSON form (drawn, "
+    "pinned, replayed, exported): a check reads its example's layout reference here",
+    "kvspec/conformance/families/*/*mutants.py": "mutants are adapters: their methods are "
+    "handed the names the suite hands any adapter",
+    "kvspec/conformance/families/*/*vectors.py": "golden vector builders: a vector is a "
+    "file that names its layouts",
 }
 """The parse boundaries: where a layout's name comes in from outside (a command line, a
 file or form, an adapter's inputs) and is resolved into the value handed on; a path ending
-in ``/`` is a folder."""
+in ``/`` is a folder, one with ``*`` a pattern of files (each must match one)."""
 
 
 @dataclass(frozen=True)
@@ -124,8 +128,14 @@ def lookups_in(source: str, path: str) -> list[Lookup]:
     return found
 
 
+def _matches(path: str, boundary: str) -> bool:
+    if "*" in boundary:
+        return fnmatch.fnmatchcase(path, boundary)
+    return path == boundary or (boundary.endswith("/") and path.startswith(boundary))
+
+
 def is_boundary(path: str) -> bool:
-    return any(path == b or (b.endswith("/") and path.startswith(b)) for b in BOUNDARIES)
+    return any(_matches(path, b) for b in BOUNDARIES)
 
 
 def package_lookups() -> list[Lookup]:
@@ -140,5 +150,10 @@ def package_lookups() -> list[Lookup]:
 
 
 def boundary_files() -> list[Path]:
-    """The files and folders :data:`BOUNDARIES` names, as paths under the root."""
-    return [ROOT / b.rstrip("/") for b in BOUNDARIES]
+    """The files and folders :data:`BOUNDARIES` names, as paths under the root: a pattern's
+    first match (or the pattern itself, which then does not exist, when it matches none)."""
+    found = []
+    for b in BOUNDARIES:
+        matches = sorted(ROOT.glob(b)) if "*" in b else [ROOT / b.rstrip("/")]
+        found.append(matches[0] if matches else ROOT / b)
+    return found

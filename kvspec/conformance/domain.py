@@ -25,7 +25,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvspec.memory.cache_layout import PRESETS, get_layout, holds_attention
+from kvspec.memory.cache_layout import PRESETS, CacheLayout, get_layout, holds_attention
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, check_dtype
 from kvspec.testing.strategies import TP_SIZES, Partitioner, divides, dividing_pairs, transfer_cases
 from kvspec.topology.case import TransferCase
@@ -82,6 +82,7 @@ class Domain:
     dcp_sizes: tuple[int, ...] = (1,)
     cp_rules: tuple[str, ...] = RULE_KINDS
     repeated_deliveries: bool = True
+    _values: dict[str, CacheLayout] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -126,8 +127,9 @@ class Domain:
         unknown = set(self.scale_formats) - set(SCALE_FORMATS)
         if unknown:
             raise ValueError(f"Domain.scale_formats: unknown {sorted(unknown)} [MODEL-1]")
-        for name in self.layouts:
-            get_layout(name)
+        # The adapter's layout names (presets, layout files) are parsed here, once: the
+        # suite hands the adapter its own names and reads the values [LAYOUT-1, LAYOUT-5].
+        object.__setattr__(self, "_values", {name: get_layout(name) for name in self.layouts})
         if not self.pairs():
             raise ValueError("the domain holds no TP pair (check tp_pairs, tp_ratios, tp_sizes)")
         if not self.model_dtypes():
@@ -161,36 +163,42 @@ class Domain:
     def attention_kinds(self, wanted: tuple[str, ...] | None = None) -> tuple[str, ...]:
         return tuple(a for a in self.attention if wanted is None or a in wanted)
 
+    def layout(self, name: str) -> CacheLayout:
+        """The value of one of the domain's layouts, by the name the adapter gave it (the
+        name an example carries, as the adapter is handed it) [LAYOUT-1, LAYOUT-5]; a name
+        outside the domain is refused with the domain's names."""
+        try:
+            return self._values[name]
+        except KeyError:
+            raise ValueError(
+                f"layout {name!r} is not in the domain; it has {sorted(self._values)}"
+            ) from None
+
     def cache_layouts(self, attention: str | None = None) -> tuple[str, ...]:
         """The domain's layouts (that can hold ``attention``'s cache, when given)."""
         kinds = (attention,) if attention else ("mha", "mla")
         return tuple(
             name
-            for name in self.layouts
-            if any(holds_attention(name, kind, cross_layer=True) for kind in kinds)
+            for name, value in self._values.items()
+            if any(holds_attention(value, kind, cross_layer=True) for kind in kinds)
         )
 
     def plain_layouts(self, *, cross_layer: bool = True) -> tuple[str, ...]:
         """The domain's layouts whose cells hold only K and V (or a latent) [LAYOUT-1]."""
         return tuple(
-            n
-            for n in self.layouts
-            if get_layout(n).plain and (cross_layer or not get_layout(n).cross_layer)
+            n for n, v in self._values.items() if v.plain and (cross_layer or not v.cross_layer)
         )
 
     def record_layouts(self) -> tuple[str, ...]:
         """The domain's layouts whose cells carry inline scales or a fixed record [LAYOUT-6]."""
-        return tuple(
-            n for n in self.layouts if not get_layout(n).plain and not get_layout(n).scaled
-        )
+        return tuple(n for n, v in self._values.items() if not v.plain and not v.scaled)
 
     def scaled_layouts(self) -> tuple[str, ...]:
         """The domain's block-scaled layouts, their fields in per-block planes or side
         tensors [LAYOUT-8]: those whose model dtypes the domain has."""
+        dtypes = set(self.model_dtypes())
         return tuple(
-            n
-            for n in self.layouts
-            if get_layout(n).scaled and set(get_layout(n).dtypes or ()) & set(self.model_dtypes())
+            n for n, v in self._values.items() if v.scaled and set(v.dtypes or ()) & dtypes
         )
 
     def holds(self, case: TransferCase) -> bool:

@@ -61,3 +61,18 @@ def test_an_adapter_that_misreads_the_file_s_layout_is_caught(tmp_path: Path) ->
     result = run_check(get_check("LAYOUT-1/read-named"), SwapsKV())
     assert result.verdict == FAILED
     assert f"a {path} " in str(result.reason) and "[LAYOUT-1.1]" in str(result.reason)
+
+
+def test_the_domain_parses_its_layout_names_once_and_hands_values(tmp_path: Path) -> None:
+    """A file in the domain is read when the domain is declared: a later change to the file
+    changes nothing the suite draws from it; a name outside the domain is refused with the
+    domain's names [LAYOUT-1, LAYOUT-5]."""
+    path = _file(tmp_path)
+    domain = Domain(layouts=(path, "flash_attn"))
+    assert domain.layout(path).name == "domain_engine_nhd"
+    assert domain.layout("flash_attn") is PRESETS["flash_attn"]
+    Path(path).write_text("{not json")
+    assert domain.layout(path).name == "domain_engine_nhd"
+    assert domain.plain_layouts() == (path, "flash_attn")
+    with pytest.raises(ValueError, match=r"'vllm_mla' is not in the domain; it has \['"):
+        domain.layout("vllm_mla")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain
-from kvspec.memory.cache_layout import get_layout
+from kvspec.memory.cache_layout import CacheLayout
 from kvspec.memory.planes import smallest_block
 from kvspec.topology.model import ModelShape
 
@@ -28,7 +28,8 @@ def holdable_records(adapter: Adapter) -> tuple[str, ...]:
     return tuple(
         n
         for n in domain.record_layouts()
-        if not get_layout(n).cross_layer and kinds[get_layout(n).tensors()] in domain.attention
+        if not domain.layout(n).cross_layer
+        and kinds[domain.layout(n).tensors()] in domain.attention
     )
 
 
@@ -39,10 +40,9 @@ def no_records(adapter: Adapter) -> str | None:
     return "the adapter's domain has no record layout with a model it holds (fp8 e4m3)"
 
 
-def _model_for(layout: str, layers: int, heads: int, width: int) -> ModelShape:
+def _model_for(spec: CacheLayout, layers: int, heads: int, width: int) -> ModelShape:
     """A model ``layout`` holds: FlashMLA's 576-wide latent, or fp8 MHA of head_dim a
     multiple of 4 (each inline scale stays aligned) [LAYOUT-6]."""
-    spec = get_layout(layout)
     if spec.kv_tensors == 1:
         return ModelShape.mla(layers, spec.fixed_head_dim or 4 * width, dtype=RECORD_DTYPE)
     return ModelShape(layers, heads, 4 * width, dtype=RECORD_DTYPE)
@@ -53,7 +53,10 @@ def record_regions(draw: st.DrawFn, adapter: Adapter) -> Example:
     """A region of a record layout of the domain, with a model it holds [LAYOUT-6, ORACLE-6]."""
     layout = draw(st.sampled_from(holdable_records(adapter)))
     model = _model_for(
-        layout, draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+        adapter.domain.layout(layout),
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 4)),
+        draw(st.integers(1, 3)),
     )
 
     return draw_region(
@@ -121,10 +124,9 @@ def no_scaled(adapter: Adapter) -> str | None:
     return "the domain has no block-scaled layout (NVFP4 pages, MXFP8 side scales) it holds"
 
 
-def scaled_geometry(layout: str) -> tuple[list[int], list[int]]:
-    """head_dims and block sizes ``layout`` holds: multiples of its head_dim multiple and
+def scaled_geometry(spec: CacheLayout) -> tuple[list[int], list[int]]:
+    """head_dims and block sizes ``spec`` holds: multiples of its head_dim multiple and
     of its units, or its fixed block size [LAYOUT-8]."""
-    spec = get_layout(layout)
     multiple = spec.head_dim_multiple or 16
     block = smallest_block(spec)
     blocks = [block] if spec.fixed_block_size else [block, 2 * block]
@@ -133,5 +135,5 @@ def scaled_geometry(layout: str) -> tuple[list[int], list[int]]:
 
 def scaled_dtype(adapter: Adapter, layout: str) -> str:
     """The first of ``layout``'s dtypes in the adapter's domain."""
-    spec = get_layout(layout)
+    spec = adapter.domain.layout(layout)
     return next(d for d in spec.dtypes or () if d in adapter.domain.model_dtypes())

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, within_domain
+from kvspec.conformance.checks.example_layouts import example_layout
 from kvspec.conformance.checks.expectations import expect_refused, fail
-from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.descriptors import (
     DescriptorPlan,
     RegisteredCache,
@@ -39,7 +39,7 @@ def _side(draw: st.DrawFn, adapter: Adapter, attention: str, slots: int) -> dict
     """A registered cache whose request holds ``slots`` token slots (its share's last)."""
     layout = draw(st.sampled_from(adapter.domain.cache_layouts(attention)))
     sizes = [b for b in adapter.domain.block_sizes if b <= 5] or [min(adapter.domain.block_sizes)]
-    block_size = draw(st.sampled_from(sizes)) if get_layout(layout).paged else 1
+    block_size = draw(st.sampled_from(sizes)) if adapter.domain.layout(layout).paged else 1
     needed = blocks_needed(slots, block_size)
     num_blocks = needed + draw(st.integers(0, 2))
     ids = draw(st.permutations(range(num_blocks)))[:needed]
@@ -150,7 +150,7 @@ class _Setup:
         )
         self.caches = [
             RegisteredCache(
-                get_layout(side["layout"]),  # an example names its layouts
+                example_layout(side),
                 len(owner.layers),
                 side["num_blocks"],
                 side["block_size"],

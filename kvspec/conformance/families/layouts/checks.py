@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
+from kvspec.conformance.checks.example_layouts import example_layout
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.tiers import BREAKS
 from kvspec.memory.cache_layout import (
@@ -24,7 +25,6 @@ from kvspec.memory.cache_layout import (
     convert,
     detect_layout,
     empty_cache,
-    get_layout,
     kv_views,
 )
 from kvspec.memory.layout_refs import is_layout_file
@@ -32,19 +32,20 @@ from kvspec.tensors.dtypes import bits_view
 from kvspec.testing.strategies import cache_shapes
 
 
-def _pool(example: Example, layout: str | None = None) -> int | None:
-    """A token pool's page size, which its shape does not say [LAYOUT-5]; else None (and
-    for a name no layout has, drawn to be refused)."""
-    ref = layout or example["layout"]
+def _pool(example: Example, key: str = "layout") -> int | None:
+    """A token pool's page size, which its shape does not say [LAYOUT-5], for the layout
+    ``example`` names under ``key``; else None (and for a name no layout has, drawn to be
+    refused)."""
+    ref = example[key]
     if ref not in PRESETS and not is_layout_file(ref):
         return None
-    return get_layout(ref).page_size(example["shape"]["block_size"])
+    return example_layout(example, key).page_size(example["shape"]["block_size"])
 
 
-def _facts(ctx: Context, method: str, example: Example, layout: str | None = None) -> dict:
+def _facts(ctx: Context, method: str, example: Example, key: str = "layout") -> dict:
     """The keyword a token pool needs (its page size), for an adapter method that takes it;
     an adapter whose method does not is not asked to read token pools [LAYOUT-5]."""
-    page = _pool(example, layout)
+    page = _pool(example, key)
     if page is None:
         return {}
     if not takes(ctx.adapter, method, "page_size"):
@@ -76,7 +77,7 @@ def _random_cache(example: Example, device: str) -> LayerCache:
 def _cache_examples(draw: st.DrawFn, adapter: Adapter, *, min_blocks: int = 0) -> Example:
     domain = adapter.domain
     layout = draw(st.sampled_from(domain.plain_layouts() or domain.layouts))
-    spec = get_layout(layout)
+    spec = domain.layout(layout)
     kinds = [k for k in (2, 1) if "mha" in domain.attention or k == 1]
     kinds = [k for k in kinds if "mla" in domain.attention or k == 2] or [2]
     kv = spec.kv_tensors or draw(st.sampled_from(kinds))
@@ -208,7 +209,7 @@ def _misshapen(draw: st.DrawFn, adapter: Adapter) -> Example:
     """A cache that breaks its named layout in one way: the K/V axis not of size 2, one
     dimension more or less, or K and V of different shapes [LAYOUT-1]."""
     example = draw(_cache_examples(adapter, min_blocks=1))
-    spec = get_layout(example["layout"])
+    spec = example_layout(example)
     defects = ["rank"]
     if spec.kv_axis is not None:
         defects.append("kv-axis")
@@ -218,7 +219,7 @@ def _misshapen(draw: st.DrawFn, adapter: Adapter) -> Example:
 
 
 def _break(cache: Any, example: Example) -> LayerCache:  # cache: a tensor or a tuple
-    spec = get_layout(example["layout"])
+    spec = example_layout(example)
     defect = example["defect"]
     if defect == "kv-axis":  # a third slice on the K/V axis
         axis = cast(int, spec.kv_axis)  # _misshapen draws kv-axis only where there is one
@@ -247,7 +248,7 @@ def refuses_misshapen(ctx: Context, example: Example) -> None:
     expect_refused(
         "LAYOUT-1.3",
         f"a cache of shape {shapes} ({example['defect']}) read as {example['layout']} "
-        f"{get_layout(example['layout']).shape}",
+        f"{example_layout(example).shape}",
         lambda: ctx.adapter.read_layer(
             bad, example["layout"], **_facts(ctx, "read_layer", example)
         ),
@@ -291,8 +292,9 @@ def _conversions(draw: st.DrawFn, adapter: Adapter) -> Example:
     example = draw(_cache_examples(adapter))
     kv = example["shape"]["kv"]
     plain = adapter.domain.plain_layouts()
-    same = [n for n in plain if get_layout(n).kv_tensors in (None, kv)]
-    other = [n for n in plain if get_layout(n).kv_tensors not in (None, kv)]
+    tensors = {n: adapter.domain.layout(n).kv_tensors for n in plain}
+    same = [n for n in plain if tensors[n] in (None, kv)]
+    other = [n for n in plain if tensors[n] not in (None, kv)]
     target = draw(st.sampled_from(other)) if other and draw(st.integers(0, 4)) == 0 else None
     return {**example, "target": target or draw(st.sampled_from(same))}
 
@@ -330,7 +332,7 @@ def converts(ctx: Context, example: Example) -> None:
     got = ctx.adapter.convert_layout(
         cache, source, target, **_facts(ctx, "convert_layout", example)
     )
-    page = _pool(example, target)
+    page = _pool(example, "target")
     for want, have in zip(
         kv_views(expected, target, block_size=page),
         kv_views(got, target, block_size=page),

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
+from kvspec.conformance.checks.example_layouts import example_layout
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.families.layouts.checks import (
     _cache_examples,
@@ -32,7 +33,6 @@ from kvspec.memory.cache_layout import (
     convert,
     empty_cache,
     field_views,
-    get_layout,
     kv_views,
     layer_views,
 )
@@ -51,13 +51,13 @@ def _reblocks(draw: st.DrawFn, adapter: Adapter) -> Example:
     """A cache, a target of the same information and a target block size: one that divides
     the slots (larger or smaller than the source's), or one that does not [LAYOUT-3]."""
     example = draw(_cache_examples(adapter, min_blocks=1))
-    spec = get_layout(example["layout"])
+    spec = example_layout(example)
     same = [
         n
         for n in adapter.domain.plain_layouts()
-        if get_layout(n).kv_tensors in (None, example["shape"]["kv"])
-        and get_layout(n).cross_layer == spec.cross_layer
-        and get_layout(n).paged
+        if adapter.domain.layout(n).kv_tensors in (None, example["shape"]["kv"])
+        and adapter.domain.layout(n).cross_layer == spec.cross_layer
+        and adapter.domain.layout(n).paged
     ]
     target = draw(st.sampled_from(same or [example["layout"]]))
     slots = example["shape"]["num_blocks"] * example["shape"]["block_size"]
@@ -118,7 +118,7 @@ def reblock(ctx: Context, example: Example) -> None:
         )
         return
     got = ctx.adapter.convert_layout(cache, source, target, block_size=block_size, **facts)
-    page = get_layout(target).page_size(block_size)
+    page = example_layout(example, "target").page_size(block_size)
     try:
         have_views = kv_views(got, target, block_size=page)
     except ValueError as error:
@@ -137,7 +137,7 @@ def reblock(ctx: Context, example: Example) -> None:
 
 # token pools [LAYOUT-5.1, LAYOUT-5.3] ------------------------------------------------------
 def _pools(adapter: Adapter) -> list[str]:
-    return [n for n in adapter.domain.plain_layouts() if get_layout(n).merged_tokens]
+    return [n for n in adapter.domain.plain_layouts() if adapter.domain.layout(n).merged_tokens]
 
 
 def _no_pools(adapter: Adapter) -> str | None:
@@ -151,7 +151,7 @@ def _no_pools(adapter: Adapter) -> str | None:
 @st.composite
 def _pool_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
     layout = draw(st.sampled_from(_pools(adapter)))
-    kv = get_layout(layout).tensors()
+    kv = adapter.domain.layout(layout).tensors()
     blocks, block_size = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     heads = 1 if kv == 1 else draw(st.integers(1, 3))
     shape = CacheShape(kv, blocks, block_size, heads, draw(st.integers(1, 3)))
@@ -218,7 +218,7 @@ def token_pool(ctx: Context, example: Example) -> None:
 
 # cross-layer tensors [LAYOUT-5.2] --------------------------------------------------------
 def _cross(adapter: Adapter) -> list[str]:
-    return [n for n in adapter.domain.plain_layouts() if get_layout(n).cross_layer]
+    return [n for n in adapter.domain.plain_layouts() if adapter.domain.layout(n).cross_layer]
 
 
 @st.composite
@@ -272,7 +272,7 @@ def _cross_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
 def cross_layer(ctx: Context, example: Example) -> None:
     _in_domain(ctx, example)
     cache = _random_cache(example, ctx.device)
-    spec = get_layout(example["layout"])
+    spec = example_layout(example)
     facts = _facts(ctx, "read_layer", example)  # a cross-layer token pool's page size
     got = ctx.adapter.read_layer(cache, spec.name, **facts)
     expect(len(got) == 2, f"{_describe(example)}: read {len(got)} tensors, not K and V")
@@ -307,7 +307,7 @@ def _no_records(adapter: Adapter) -> str | None:
 @st.composite
 def _record_examples(draw: st.DrawFn, adapter: Adapter, *, aligned: bool = True) -> Example:
     layout = draw(st.sampled_from(adapter.domain.record_layouts()))
-    spec = get_layout(layout)
+    spec = adapter.domain.layout(layout)
     kv = spec.tensors()
     if spec.fixed_head_dim is not None:
         head_dim = spec.fixed_head_dim
@@ -333,7 +333,7 @@ def _record_examples(draw: st.DrawFn, adapter: Adapter, *, aligned: bool = True)
 
 def _random_record(example: Example, device: str) -> torch.Tensor:
     """A record cache, every byte random (seeded); a misaligned head_dim is built raw."""
-    spec = get_layout(example["layout"])
+    spec = example_layout(example)
     shape = CacheShape(**example["shape"])
     try:
         cache = empty_cache(spec, shape, example["dtype"], device)
@@ -418,11 +418,12 @@ def read_fields(ctx: Context, example: Example) -> None:
 @st.composite
 def _record_conversions(draw: st.DrawFn, adapter: Adapter) -> Example:
     example = draw(_record_examples(adapter))
-    spec = get_layout(example["layout"])
+    spec = example_layout(example)
     targets = [
         n
         for n in adapter.domain.layouts
-        if get_layout(n).kv_tensors == spec.kv_tensors and not get_layout(n).cross_layer
+        if adapter.domain.layout(n).kv_tensors == spec.kv_tensors
+        and not adapter.domain.layout(n).cross_layer
     ]
     return {**example, "target": draw(st.sampled_from(targets))}
 
@@ -482,11 +483,13 @@ def convert_records(ctx: Context, example: Example) -> None:
     "a head_dim that puts an inline scale off its alignment is refused",
     needs=("fields",),
     strategy=lambda adapter: _record_examples(adapter, aligned=False).filter(
-        lambda e: get_layout(e["layout"]).fixed_head_dim is None
+        lambda e: example_layout(e).fixed_head_dim is None
     ),
     missing=lambda adapter: (
         None
-        if any(get_layout(n).fixed_head_dim is None for n in adapter.domain.record_layouts())
+        if any(
+            adapter.domain.layout(n).fixed_head_dim is None for n in adapter.domain.record_layouts()
+        )
         else "the domain holds no inline-scale layout with a free head_dim"
     ),
     examples=(

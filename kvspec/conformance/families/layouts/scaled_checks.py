@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
+from kvspec.conformance.checks.example_layouts import example_layout
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.draws.records import (
     no_scaled,
@@ -22,14 +23,14 @@ from kvspec.conformance.draws.records import (
     scaled_geometry,
 )
 from kvspec.conformance.families.layouts.checks import _shape_dict
-from kvspec.memory.cache_layout import CacheShape, LayerCache, empty_cache, field_views, get_layout
+from kvspec.memory.cache_layout import CacheLayout, CacheShape, LayerCache, empty_cache, field_views
 from kvspec.tensors.dtypes import bits_view
 
 
 @st.composite
 def _scaled_caches(draw: st.DrawFn, adapter: Adapter) -> Example:
     layout = draw(st.sampled_from(adapter.domain.scaled_layouts()))
-    head_dims, block_sizes = scaled_geometry(layout)
+    head_dims, block_sizes = scaled_geometry(adapter.domain.layout(layout))
     shape = CacheShape(
         2,
         draw(st.integers(1, 3)),
@@ -54,7 +55,7 @@ def _random_bytes(cache: LayerCache, seed: int) -> LayerCache:
 
 
 def _page(example: Example) -> int | None:
-    return get_layout(example["layout"]).page_size(example["shape"]["block_size"])
+    return example_layout(example).page_size(example["shape"]["block_size"])
 
 
 def _what(example: Example) -> str:
@@ -81,10 +82,9 @@ _READ_PINS: tuple[Example, ...] = (
 )
 
 
-def _obligation(layout: str, field: str) -> str:
+def _obligation(spec: CacheLayout, field: str) -> str:
     """Which LAYOUT-8 obligation a wrong field breaks: a split field's slots (8.2), a
     side field's tensor (8.3), a plane's place (8.1)."""
-    spec = get_layout(layout)
     plane = spec.placement(field)
     if plane is not None and plane.split:
         return "LAYOUT-8.2"
@@ -119,7 +119,7 @@ def read_planes(ctx: Context, example: Example) -> None:
             f"expected {sorted(want)} [LAYOUT-8.1]"
         )
     for name, w in want.items():
-        h, rule = have[name], _obligation(layout, name)
+        h, rule = have[name], _obligation(ctx.adapter.domain.layout(layout), name)
         if tuple(h.shape) != tuple(w.shape) or h.element_size() != w.element_size():
             fail(
                 f"{what}: field {name} reads as {h.dtype} {list(h.shape)}, expected {w.dtype} "
@@ -147,7 +147,7 @@ def _unholdable(draw: st.DrawFn, adapter: Adapter) -> Example:
     """A block-scaled cache of a block size its unit does not divide (or not its fixed
     one), of a head_dim off its multiple, or with a side tensor of another shape."""
     example = draw(_scaled_caches(adapter))
-    spec = get_layout(example["layout"])
+    spec = example_layout(example)
     units = [p.unit for p in (*spec.planes, *(s.plane for s in spec.side)) if p.unit]
     kinds = (
         (["block"] if units or spec.fixed_block_size else [])
@@ -159,7 +159,7 @@ def _unholdable(draw: st.DrawFn, adapter: Adapter) -> Example:
 
 def _bad_cache(example: Example, device: str) -> tuple[LayerCache, int | None]:
     """The tensors an engine might hand over that the layout cannot hold."""
-    spec = get_layout(example["layout"])
+    spec = example_layout(example)
     shape = CacheShape(**example["shape"])
     page = _page(example)
     if example["bad"] == "head_dim":  # a multiple of 16 that is not one of 32 (or 64)

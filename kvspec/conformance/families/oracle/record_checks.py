@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check
+from kvspec.conformance.checks.example_layouts import example_layout
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.draws.records import (
     RECORD_DTYPE,
@@ -22,7 +23,6 @@ from kvspec.conformance.draws.records import (
     record_regions,
     record_setup,
 )
-from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.records import ORACLE_FIELDS, record_fill, verify_fields
 from kvspec.tensors.dtypes import FLOAT_FORMATS, bits_view
 from kvspec.topology.model import ModelShape
@@ -80,7 +80,7 @@ def record_fields(ctx: Context, example: Example) -> None:
 def _record_corruptions(draw: st.DrawFn, adapter: Adapter) -> Example:
     example = draw(record_regions(adapter))
     model = ModelShape.from_dict(example["model"])
-    fields = get_layout(example["layout"]).fields(model.kv_tensors)
+    fields = example_layout(example).fields(model.kv_tensors)
     flips = draw(
         st.lists(
             st.tuples(st.sampled_from([f.name for f in fields]), st.integers(0, 2**20)),
@@ -132,7 +132,7 @@ def _unholdable(draw: st.DrawFn, adapter: Adapter) -> Example:
     example = draw(record_regions(adapter))
     model = ModelShape.from_dict(example["model"])
     others = [d for d in adapter.domain.model_dtypes() if d != RECORD_DTYPE]
-    if get_layout(example["layout"]).kv_tensors == 1 and (not others or draw(st.booleans())):
+    if example_layout(example).kv_tensors == 1 and (not others or draw(st.booleans())):
         model = ModelShape.mla(model.num_layers, draw(st.sampled_from([64, 512])), RECORD_DTYPE)
     elif others:
         dtype = draw(st.sampled_from(others))

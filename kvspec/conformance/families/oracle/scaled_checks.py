@@ -19,7 +19,6 @@ from kvspec.conformance.draws.records import (
     scaled_dtype,
     scaled_geometry,
 )
-from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.records import ORACLE_FIELDS, record_fill
 from kvspec.tensors.dtypes import bits_view
 from kvspec.tensors.scaled_oracle import E8M0, FOUR_BIT, unpack_fp4
@@ -29,7 +28,7 @@ from kvspec.topology.model import ModelShape
 @st.composite
 def _scaled_regions(draw: st.DrawFn, adapter: Adapter) -> Example:
     layout = draw(st.sampled_from(adapter.domain.scaled_layouts()))
-    head_dims, _ = scaled_geometry(layout)
+    head_dims, _ = scaled_geometry(adapter.domain.layout(layout))
     model = ModelShape(
         draw(st.integers(1, 3)),
         draw(st.integers(1, 4)),
@@ -97,7 +96,7 @@ def scaled_fill(ctx: Context, example: Example) -> None:
         set(got) == set(expected),
         f"{what}: the fill has fields {sorted(got)}, a cell has {sorted(expected)} [ORACLE-8.3]",
     )
-    spec = get_layout(layout)
+    spec = ctx.adapter.domain.layout(layout)
     for f in spec.fields(model.kv_tensors):
         want, have = expected[f.name], got[f.name]
         dtype, _ = f.resolve(model.dtype, model.head_dim)

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
+from kvspec.conformance.checks.example_layouts import example_layout
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
 from kvspec.conformance.draws import no_fp8
-from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.paged import PagedCache, blocks_needed, empty_model_cache, gather_request
 from kvspec.memory.paged import scatter_request as spec_scatter
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES, bits_view
@@ -32,7 +32,7 @@ from kvspec.topology.model import ModelShape
 def _side(draw: st.DrawFn, adapter: Adapter, *, attention: str, seq_len: int) -> dict:
     """A layout and block size of the domain, and a block table for ``seq_len`` tokens."""
     layout = draw(st.sampled_from(adapter.domain.cache_layouts(attention)))
-    paged = get_layout(layout).paged
+    paged = adapter.domain.layout(layout).paged
     block_size = draw(st.sampled_from(adapter.domain.block_sizes)) if paged else 1
     needed = blocks_needed(seq_len, block_size)
     num_blocks = needed + draw(st.integers(0 if needed else 1, 3))
@@ -80,7 +80,7 @@ def _in_domain(ctx: Context, example: Example) -> None:
         or any(
             s["block_size"] not in domain.block_sizes
             for s in example["sides"]
-            if get_layout(s["layout"]).paged
+            if example_layout(s).paged
         )
     ):
         raise OutsideDomain
