@@ -206,7 +206,9 @@ def run_check(
     started = time.perf_counter()
     result = CheckResult(check, PASSED)
     missing = sorted(set(check.needs) - provided_capabilities(adapter))
-    reason = None if not check.missing else check.missing(adapter)
+    # A check's own ``missing`` may call the capabilities it needs: ask it only of an
+    # adapter that has them.
+    reason = None if missing or not check.missing else check.missing(adapter)
     if missing or reason:
         result.verdict = NOT_PROVIDED
         result.reason = reason or f"the adapter does not provide {', '.join(missing)}"

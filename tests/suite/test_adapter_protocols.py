@@ -31,7 +31,7 @@ from kvspec.conformance.adapter.protocols import (
 from kvspec.conformance.checks import all_checks
 from kvspec.conformance.families import FAMILIES
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.conformance.runner import PASSED, get_check, run_check
+from kvspec.conformance.runner import NOT_PROVIDED, PASSED, get_check, run_check
 from tests.import_graph import graph
 
 FAMILY_PREFIX = "kvspec.conformance.families."
@@ -190,3 +190,21 @@ def test_a_protocol_declares_methods() -> None:
 
         class Empty(AdapterProtocol, capability="empty"):
             pass
+
+
+def test_a_check_of_a_capability_not_provided_asks_the_adapter_nothing() -> None:
+    """Every check runs on an adapter of routing alone: those needing more are "not
+    provided", and none calls a method the adapter lacks (a check's own ``missing`` probe
+    included: the token-pool check asked for ``read_layer`` and raised AttributeError)."""
+
+    class RoutingOnly(Adapter, RoutingProtocol):
+        plan = ReferenceAdapter.plan
+        sources = ReferenceAdapter.sources
+        targets = ReferenceAdapter.targets
+
+    adapter = RoutingOnly()
+    for check in all_checks():
+        if set(check.needs) <= {"routing"}:
+            continue
+        result = run_check(check, adapter, max_examples=1)
+        assert result.verdict == NOT_PROVIDED, (check.id, result.verdict, result.reason)
