@@ -36,7 +36,9 @@ operating system pick each sender's port, which the sender reports to its receiv
 
 security: every run draws a secret; ranks prove it in signed handshakes, and only
 proven peers are sent KV or heard on the control plane. Anything else is dropped and
-counted under "strangers". Binding beyond loopback (--host) prints what is exposed.
+counted under "strangers". Binding beyond loopback (--host) prints what is exposed;
+--require-loopback refuses it. --transport mooncake, whose engine authenticates no
+peer, runs only with --allow-unauthenticated-transport, and its report says so first.
 
 exit status: 0 every request verified; 1 a request failed, a rank failed, or the run
 hit its deadline; 2 the configuration is refused or the ranks could not start (with
@@ -237,6 +239,20 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     where.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="(cpu)")
     where.add_argument("--host", default="127.0.0.1", help="address senders bind (127.0.0.1)")
     where.add_argument(
+        "--require-loopback",
+        action="store_true",
+        help="refuse a run any of whose ports would listen beyond loopback (a --host "
+        "elsewhere, or --transport mooncake, whose engine binds every interface), naming "
+        "the interface",
+    )
+    where.add_argument(
+        "--allow-unauthenticated-transport",
+        action="store_true",
+        help="run --transport mooncake anyway: its engine authenticates no peer, so anyone "
+        "who reaches its port (any local user) can read and write every rank's cache; the "
+        "report says so in its first lines",
+    )
+    where.add_argument(
         "--ports",
         choices=PORT_MODES,
         default="spec",
@@ -344,6 +360,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         policy=args.policy,
         device=args.device,
         host=args.host,
+        require_loopback=args.require_loopback,
+        allow_unauthenticated_transport=args.allow_unauthenticated_transport,
         ports=args.ports,
         base_port=20000 if args.base_port == "auto" else _port(args.base_port),
         faults=parse_faults(args.faults),

@@ -14,7 +14,7 @@ from typing import Any
 from kvspec.console.units import human_bytes
 from sim.books.accounting import BY_REQUEST, MESSAGE_FAULTS, RANK_FAULTS, count
 from sim.books.tally import RequestOutcome
-from sim.run.config import ENGINE_NAMES, ONE_SIDED, SimConfig
+from sim.run.config import ENGINE_NAMES, ONE_SIDED, UNAUTHENTICATED, SimConfig
 
 PULL_STATS: tuple[str, ...] = (
     "descriptors",
@@ -444,6 +444,14 @@ class SimReport:
             f"{c.dst_layout.ref} (block {c.dst_block_size})"
         )
         lines = [
+            *(
+                [
+                    f"UNAUTHENTICATED TRANSPORT (--allow-unauthenticated-transport): {c.transport}"
+                    f" lets anyone who reaches its port read and write the ranks' caches"
+                ]
+                if c.allow_unauthenticated_transport and c.transport in UNAUTHENTICATED
+                else []
+            ),
             f"kvspec sim: {chain}, {c.model.describe()}, {c.replicas} replica group(s)",
             f"  {ranks} ranks as {where}; {caches}; "
             + (

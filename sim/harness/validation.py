@@ -25,7 +25,7 @@ from sim.net import messages
 from sim.net.endpoints import all_ranks, check_ports
 from sim.net.p2p import check_transport
 from sim.net.sizing import check_fits
-from sim.run.config import ONE_SIDED, ONE_SIDED_LIBRARIES, SimConfig
+from sim.run.config import ONE_SIDED, ONE_SIDED_LIBRARIES, UNAUTHENTICATED, SimConfig
 from sim.run.workload import Request, Workload
 
 
@@ -70,6 +70,9 @@ def validate(config: SimConfig, *, processes_here: int | None = None) -> None:
         check_transport(config, processes_here or -(-ranks // config.ranks_per_process))
     if config.transport != "inproc":
         check_host(config.host)
+        exposed = exposure(config) if config.require_loopback else None
+        if exposed:
+            raise ValueError(f"--require-loopback with --host {config.host}: {exposed}")
         if config.ports == "spec":
             check_ports(config)
     check_fits(config)  # O(ranks): before the one check that is O(requests)
@@ -200,13 +203,8 @@ def exposure(config: SimConfig) -> str | None:
     """What a run bound beyond loopback exposes, or None for a loopback run."""
     if config.transport == "inproc":
         return None
-    if config.transport == "mooncake":  # its engine binds every interface [sim.paths.mooncake]
-        return (
-            "the Mooncake transfer engine listens on every interface (its RPC on 0.0.0.0, "
-            "its TCP data port on *), which the sim cannot hold to loopback: any host that "
-            "can reach this one can connect to those ports. Its peers' metadata travels only "
-            "over the run's authenticated connections."
-        )
+    if config.transport in UNAUTHENTICATED:  # Mooncake's engine binds every interface
+        return UNAUTHENTICATED[config.transport] + "."
     address = socket.getaddrinfo(config.host, 0, socket.AF_INET)[0][4][0]
     if ipaddress.ip_address(address).is_loopback:
         return None

@@ -8,7 +8,7 @@ import importlib.util
 import os
 
 from sim.net import messages
-from sim.run.config import SimConfig
+from sim.run.config import UNAUTHENTICATED, SimConfig
 
 FAULTS = {"write": ("drop", "dup", "garbage"), "pull": ()}
 """Wire faults that mean something for a one-sided transfer, per ``--transfer``."""
@@ -40,6 +40,8 @@ def check_onesided(config: SimConfig, module: str, install: str) -> None:
         )
     if config.stream_groups:
         raise ValueError(f"--transport {transport} with --stream {config.stream}: use --stream off")
+    if transport in UNAUTHENTICATED:
+        check_unauthenticated(config)
     if not _loopback(config.host):
         raise ValueError(
             f"--transport {transport} with --host {config.host}: its engine is held to "
@@ -64,6 +66,24 @@ def check_onesided(config: SimConfig, module: str, install: str) -> None:
     why = unloadable(module)
     if why is not None:
         raise ValueError(f"--transport {transport} needs {module}, which {why}: {install}")
+
+
+def check_unauthenticated(config: SimConfig) -> None:
+    """Refuse a run over an engine of :data:`UNAUTHENTICATED`: always under
+    ``--require-loopback`` (it names the interface), otherwise unless the user allowed it."""
+    why = UNAUTHENTICATED[config.transport]
+    if config.require_loopback:
+        raise ValueError(
+            f"--require-loopback with --transport {config.transport}: {why}; the sim cannot "
+            "hold it to 127.0.0.1. Use --transport nixl (its peers need the metadata the run "
+            "sends over its authenticated connections)"
+        )
+    if not config.allow_unauthenticated_transport:
+        raise ValueError(
+            f"--transport {config.transport}: {why}. Pass --allow-unauthenticated-transport "
+            "to run it anyway on a host only you use (the report then says so first), or use "
+            "--transport nixl"
+        )
 
 
 def quiet_engines() -> None:

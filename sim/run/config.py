@@ -41,6 +41,18 @@ ONE_SIDED_LIBRARIES: dict[str, tuple[str, str]] = {
     ),
 }
 """Each one-sided transport's module, and how to install it."""
+UNAUTHENTICATED: dict[str, str] = {
+    "mooncake": "the Mooncake transfer engine authenticates no peer and listens on every "
+    "interface (its RPC port on 0.0.0.0, its TCP data port on *): anyone who reaches that "
+    "port, any local user included, can read and write every rank's registered cache "
+    "without the run's metadata (get_first_buffer_address, then batch_transfer_sync_read or "
+    "_write)",
+}
+"""The one-sided engines that let a stranger in, and how [sim.paths.mooncake]: a run over
+one is refused unless asked for with ``--allow-unauthenticated-transport``
+(:func:`sim.paths.onesided_checks.check_unauthenticated`)."""
+
+
 ENGINE_NAMES: dict[str, str] = {
     "nixl": "NIXL over UCX (TCP loopback)",
     "mooncake": "the Mooncake transfer engine (TCP loopback)",
@@ -114,6 +126,12 @@ class SimConfig:
     policy: str = "lowest"
     device: str = "cpu"
     host: str = "127.0.0.1"
+    require_loopback: bool = False
+    """Refuse a run any of whose ports would listen beyond loopback, naming the interface."""
+    allow_unauthenticated_transport: bool = False
+    """Run a one-sided engine that authenticates no peer (Mooncake's), which anyone who
+    reaches its port can read and write through; refused without it
+    (:mod:`sim.paths.onesided_checks`), and the report's first lines then say so."""
     ports: str = "spec"
     base_port: int = 20000
     faults: FaultSpec = field(default_factory=FaultSpec)

@@ -49,10 +49,11 @@ GQA = ModelShape(2, 4, 16)
 
 def make(source_tp: int, transfer: str, transport: str = "nixl", **overrides) -> SimConfig:
     """A small one-sided run from TP``source_tp`` to TP2, over OS-assigned ports."""
+    allowed = {"allow_unauthenticated_transport": transport == "mooncake"}
     return runs.small_run(
         (StageLayout(source_tp), StageLayout(2)),
         GQA,
-        **{"transport": transport, "transfer": transfer, "requests": 3, **overrides},
+        **{"transport": transport, "transfer": transfer, "requests": 3, **allowed, **overrides},
     )
 
 
@@ -335,3 +336,51 @@ def test_reuse_is_refused_beside_faults_that_fail_a_request_first(other: str) ->
     faults = parse_faults(f"reuse=0.2,{other}")
     with pytest.raises(ValueError, match=rf"--faults reuse=0.2 with {other.split('=')[0]}"):
         runs.small_run((StageLayout(4), StageLayout(2)), GQA, faults=faults)
+
+
+def refusal_of(config: SimConfig) -> str | None:
+    """What :func:`validate` refuses ``config`` for, or None."""
+    try:
+        validate(config)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_a_mooncake_run_is_refused_unless_an_unauthenticated_engine_is_allowed() -> None:
+    """Mooncake's engine lets anyone who reaches its port read and write the ranks' caches
+    (issue 45): a run over it needs the user's explicit flag; NIXL needs none (where NIXL
+    is absent, the refusal is that, not authentication)."""
+    with pytest.raises(
+        ValueError,
+        match=r"^--transport mooncake: the Mooncake transfer engine authenticates no peer .*"
+        r"any local user included, can read and write every rank's registered cache.*"
+        r"Pass --allow-unauthenticated-transport",
+    ):
+        validate(make(4, "write", "mooncake", allow_unauthenticated_transport=False))
+    assert "authenticat" not in (refusal_of(make(4, "write", "nixl")) or "")
+
+
+def test_require_loopback_refuses_mooncake_naming_the_interface() -> None:
+    for allowed in (False, True):
+        config = make(
+            4, "pull", "mooncake", require_loopback=True, allow_unauthenticated_transport=allowed
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"^--require-loopback with --transport mooncake: .*RPC port on 0\.0\.0\.0",
+        ):
+            validate(config)
+    assert "loopback" not in (refusal_of(make(4, "pull", "nixl", require_loopback=True)) or "")
+
+
+@pytest.mark.parametrize("transport", [t for t in ENGINES if t.id == "mooncake"])
+def test_an_allowed_mooncake_run_says_so_in_its_first_line(transport: str) -> None:
+    report = run_simulation(make(4, "write", transport, requests=1))
+    runs.assert_all_verified(report)
+    first = report.render().splitlines()[0]
+    assert first.startswith(
+        "UNAUTHENTICATED TRANSPORT (--allow-unauthenticated-transport): mooncake lets anyone"
+    )
+    nixl = make(4, "write", "nixl", allow_unauthenticated_transport=True)  # nothing to say
+    assert SimReport(nixl, [], {}, {}, {}).render().startswith("kvspec sim: ")
