@@ -37,7 +37,7 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 SPEC_TESTS := tests/spec
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
-.PHONY: setup run test check smoke test-gpu stress fuzz headlines bench vectors notebooks field field-report clean
+.PHONY: setup run test check smoke test-gpu stress fuzz faults headlines bench vectors notebooks field field-report clean
 
 setup:
 	@VENV=$(VENV) TORCH='$(TORCH)' TORCH_INDEX='$(TORCH_INDEX)' tools/bootstrap.sh
@@ -78,6 +78,12 @@ FUZZ_EXAMPLES ?= 100000
 FUZZ_TESTS := tests/spec/test_layout_file_fuzz.py tests/suite/test_user_input_fuzz.py tests/sim/test_faults_fuzz.py
 fuzz: setup
 	KVSPEC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTEST) -q -p no:cacheprovider $(FUZZ_TESTS)
+
+# The fault matrix at a real size (issue 45.5): every fault each transport accepts, on
+# every transport, at 2,048 tokens a request (tests/sim/test_faults_at_size.py); make test
+# runs two samples of it.
+faults: setup
+	KVSPEC_FAULT_MATRIX=1 $(PYTEST) -q -p no:cacheprovider tests/sim/test_faults_at_size.py
 
 # The headline accuracy over the whole own mutant corpus (issue 43): about an hour of one
 # CPU, so not part of make test (which runs the headline tests of single causes).

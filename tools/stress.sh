@@ -7,7 +7,7 @@ set -uo pipefail
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-20}
 WORKERS=${WORKERS:-auto}
-TESTS=${TESTS:-tests/sim/test_sim.py tests/sim/test_sim_pull.py tests/sim/test_sim_lifecycle.py tests/sim/test_streaming.py tests/sim/test_sim_p2p.py tests/sim/test_sim_write.py tests/sim/test_sim_nixl.py tests/sim/test_sim_scaled.py tests/sim/test_hostile_sequences.py}
+TESTS=${TESTS:-tests/sim/test_sim.py tests/sim/test_sim_pull.py tests/sim/test_sim_lifecycle.py tests/sim/test_streaming.py tests/sim/test_sim_p2p.py tests/sim/test_sim_write.py tests/sim/test_sim_nixl.py tests/sim/test_sim_scaled.py tests/sim/test_hostile_sequences.py tests/sim/test_strangers_every_socket.py}
 cores=$(nproc)
 hogs=()
 cleanup() { for pid in "${hogs[@]}"; do kill "$pid" 2>/dev/null; done; }
