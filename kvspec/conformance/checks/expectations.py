@@ -78,6 +78,33 @@ def noting() -> Iterator[dict[str, str]]:
         _NOTES.reset(token)
 
 
+Judged = tuple[str | None, tuple[object, ...]]
+"""One refusal probe as the judge saw it: (its obligation, the values it must name)."""
+
+_JUDGED: contextvars.ContextVar[list[Judged] | None] = contextvars.ContextVar(
+    "kvspec_conformance_judged", default=None
+)
+
+
+@contextmanager
+def recording() -> Iterator[list[Judged]]:
+    """Record every refusal probe judged inside (:func:`expect_refused`, :func:`refused`):
+    its obligation and the offending values it was given to be named, so a test can
+    walk every probe of every check and find those judged by exception type alone."""
+    judged: list[Judged] = []
+    token = _JUDGED.set(judged)
+    try:
+        yield judged
+    finally:
+        _JUDGED.reset(token)
+
+
+def _record(obligation: str | None, values: tuple[object, ...]) -> None:
+    judged = _JUDGED.get()
+    if judged is not None:
+        judged.append((obligation, values))
+
+
 def _note(about: str, text: str) -> None:
     notes = _NOTES.get()
     if notes is not None:
@@ -181,6 +208,7 @@ def refused(
     crash: :class:`Violation`, tier ``breaks``, saying what was raised. A refusal whose
     message names none of ``naming`` is noted ``unclear`` (:func:`noting`)."""
     values = tuple(naming)
+    _record(obligation, values)
     try:
         call()
     except Exception as error:
@@ -262,6 +290,7 @@ def expect_refused(
     a replica's identical bytes, from an engine whose replicas all write); None derives it
     from ``obligation``."""
     values = tuple(naming)
+    _record(obligation, values)
     given = None if accepted is None else plain(accepted)
     try:
         got = call()

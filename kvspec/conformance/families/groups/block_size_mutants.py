@@ -94,6 +94,31 @@ class RefusesBlocksThatDoNotDivide(ReferenceAdapter):
         return super().window_tokens(case, seq_len, target_block_size, target_block_size)
 
 
+@mutant("WINDOW-2.3", unclear=True)
+class EvictionRefusedWithoutRange(ReferenceAdapter):
+    """Refuses a receiver that needs tokens the sender evicted, as it must, with "the
+    sender has evicted tokens the receiver needs", naming neither block size nor the
+    evicted token range the clause asks for."""
+
+    def window_tokens(
+        self, case: TransferCase, seq_len: int, source_block_size: int, target_block_size: int
+    ) -> Tokens:
+        for group in case.model.layer_groups:
+            if not isinstance(group, SlidingWindow | ChunkedLocal):
+                continue
+            needed = needed_tokens(group, seq_len, target_block_size)
+            held = needed_tokens(group, seq_len, source_block_size)
+            if needed is None or held is None or not len(needed):
+                continue
+            first_held = held.ranges[0].start if len(held) else seq_len
+            if needed.ranges[0].start < first_held:
+                raise ValueError(
+                    "the sender has evicted tokens the receiver needs: use one block size "
+                    "for sliding-window and chunked layers"
+                )
+        return super().window_tokens(case, seq_len, source_block_size, target_block_size)
+
+
 # BLOCK-1 -------------------------------------------------------------------------------------
 @mutant("BLOCK-1.1")
 class StatePageAtTp1(ReferenceAdapter):

@@ -23,6 +23,7 @@ from kvspec.conformance.refusals import (
     tp_pp_only,
     valid_configs,
 )
+from kvspec.conformance.transfer_config import attention_tp
 from kvspec.topology.tokens import RULE_KINDS, CPRule, rule_kind
 
 
@@ -48,6 +49,18 @@ def _uneven_replication(draw: st.DrawFn, adapter: Adapter) -> Example:
     heads = draw(st.integers(2, tp - 1).filter(lambda h: tp % h))
     config["model"] = mha_model(num_layers=config["model"]["num_layers"], heads=heads)
     return config
+
+
+def _head_split(config: Example) -> tuple[object, ...]:
+    """The numbers a refused head split must name: H and the attention-TP size of each side
+    whose split satisfies neither HEAD-1 nor HEAD-2 ("with both numbers in the error")."""
+    heads = config["model"]["num_kv_heads"]
+    found: list[object] = []
+    for side in ("source", "target"):
+        tp = attention_tp(config[side])
+        if (heads >= tp and heads % tp) or (heads < tp and tp % heads):
+            found += [heads, tp]
+    return tuple(found)
 
 
 @st.composite
@@ -133,6 +146,7 @@ refusal_check(
     missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 1 else "only TP1",
     method="validate_model",
     pins=pinned(ERROR_CASES, "HEAD-1"),
+    offending=_head_split,
 )
 
 
@@ -145,6 +159,7 @@ refusal_check(
     missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 2 else "no TP above 2",
     method="validate_model",
     pins=pinned(ERROR_CASES, "HEAD-2"),
+    offending=_head_split,
 )
 
 
