@@ -225,8 +225,9 @@ def changed_values(before: object, after: object) -> tuple[object, ...]:
     probe made from a valid input changed, so the values its refusal should name. Dicts
     and lists of one length are compared item by item; a changed list also counts as
     itself (and, when its length changed, as its length and each of its leaves); a key
-    ``before`` lacks, as each of its leaves."""
-    if before == after:
+    ``before`` lacks, as each of its leaves. A value of another type is changed though it
+    compares equal (``True`` for ``1``, ``1.0`` for ``1``: a probe of "not an integer")."""
+    if _same(before, after):
         return ()
     if isinstance(after, dict):
         was = before if isinstance(before, dict) else {}
@@ -240,6 +241,17 @@ def changed_values(before: object, after: object) -> tuple[object, ...]:
             return (after, *inner)
         return (after, len(after), *_leaves(after)[1:])
     return (after,)
+
+
+def _same(before: object, after: object) -> bool:
+    """Equal, and of one type leaf by leaf (``True == 1`` in Python, not here)."""
+    if type(before) is not type(after):
+        return False
+    if isinstance(before, dict) and isinstance(after, dict):
+        return before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
+    if isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)):
+        return len(before) == len(after) and all(map(_same, before, after))
+    return before == after
 
 
 def _leaves(value: object) -> list[object]:

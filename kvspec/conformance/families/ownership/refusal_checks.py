@@ -312,6 +312,28 @@ def _bad_groups(adapter: Adapter, config: Example) -> list[Variant]:
     return found
 
 
+def _rule_facts(config: Example) -> tuple[object, ...]:
+    """What a pinned CP-2 case's refusal must name ("refused with the values"): the token
+    rule of each sharded side, its block size and the request's length."""
+    found: list[object] = []
+    for side in ("source", "target"):
+        if config[side].get("cp", 1) * config[side].get("dcp", 1) > 1:
+            found.append(config[side].get("cp_rule"))
+            found.append(config.get(f"{side}_block_size"))
+    found.append(config.get("seq_len"))
+    return tuple(v for v in found if v is not None)
+
+
+def _dcp_facts(config: Example) -> tuple[object, ...]:
+    """What a pinned CP-3 case's refusal must name ("refused with the values"): each side's
+    dcp and attention-TP size, and the heads."""
+    found: list[object] = []
+    for side in ("source", "target"):
+        if config[side].get("dcp", 1) > 1:
+            found += [config[side]["dcp"], attention_tp(config[side])]
+    return (*found, config["model"]["num_kv_heads"]) if found else ()
+
+
 def _with_shards(adapter: Adapter) -> st.SearchStrategy[Example]:
     return valid_configs(adapter).filter(lambda e: _sharded_side(e) is not None)
 
@@ -339,6 +361,7 @@ refusal_check(
     variants=_unfit_rules,
     missing=lambda a: None if a.domain.token_shards else "the adapter's domain has no CP",
     pins=pinned(ERROR_CASES, "CP-2"),
+    offending=_rule_facts,
 )
 
 
@@ -352,6 +375,7 @@ refusal_check(
     variants=_bad_dcp,
     missing=needs_axis("dcp_sizes", "the adapter's domain has no decode context parallelism"),
     pins=pinned(ERROR_CASES, "CP-3"),
+    offending=_dcp_facts,
 )
 
 
