@@ -90,11 +90,6 @@ EXEMPT: dict[str, str] = {
 """Negative obligations of an asking clause with nothing in the input to name."""
 
 NOT_YET_ROUTED: dict[str, str] = {
-    "PLAN-1.1": "the side and the rule are not handed to the judge",
-    "LAYOUT-1.3": "the cache's shape is not handed to the judge",
-    "LAYOUT-4.2": "the candidate layouts are not handed to the judge",
-    "LAYOUT-4.4": "the layouts' shapes are not handed to the judge",
-    "SLAYOUT-1.3": "the unknown state layout name is not handed to the judge",
     "PAYLOAD-1.1": "the payload probes give no values",
     "PAYLOAD-1.2": "the payload probes give no values",
     "PAYLOAD-1.3": "the payload probes give no values",
@@ -103,7 +98,6 @@ NOT_YET_ROUTED: dict[str, str] = {
     "CHUNK-2.4": "the missing final chunk is not handed to the judge",
     "CHUNK-2.5": "the repeated or overlapping chunk is not handed to the judge",
     "CHUNK-2.6": "the chunk past the final one is not handed to the judge",
-    "WIRE-4.3": "the repeated key or the non-strict constant is not handed to the judge",
 }
 """Obligations whose clause asks for values but whose probes the judge still decides by
 exception type alone (some or all of them): the debt this test keeps from growing. An

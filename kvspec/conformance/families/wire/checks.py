@@ -370,22 +370,35 @@ def _not_strict_json(frames: list[bytes]) -> list[Probe]:
     for key in ("request_id", "format", "metadata"):
         decoy = json.dumps({key: header[key] if key != "request_id" else "other-request"})[1:-1]
         found.append(
-            ("WIRE-4.3", f"the key {key!r} twice", [("{" + decoy + "," + text[1:]).encode(), *rest])
+            (
+                "WIRE-4.3",
+                f"the key {key!r} twice",
+                [("{" + decoy + "," + text[1:]).encode(), *rest],
+                (key,),
+            )
         )
     for field in ("block_size", "seq_len"):
         for constant in ("NaN", "Infinity"):
             bad = text.replace(f'"{field}":{header["metadata"][field]}', f'"{field}":{constant}', 1)
-            found.append(("WIRE-4.3", f"{field} {constant}", [bad.encode(), *rest]))
+            found.append(("WIRE-4.3", f"{field} {constant}", [bad.encode(), *rest], (constant,)))
     found.append(
         (
             "WIRE-4.3",
             "version 1.0",
             [text.replace('"version":1', '"version":1.0', 1).encode(), *rest],
+            ("1.0",),
         )
     )
     layer = header["tensors"][0]["layer"]
     floated = text.replace(f'"layer":{layer}', f'"layer":{layer}.0', 1)
-    found.append(("WIRE-4.3", f"a tensor layer written {layer}.0", [floated.encode(), *rest]))
+    found.append(
+        (
+            "WIRE-4.3",
+            f"a tensor layer written {layer}.0",
+            [floated.encode(), *rest],
+            (f"{layer}.0",),
+        )
+    )
     return found
 
 
