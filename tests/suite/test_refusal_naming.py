@@ -9,7 +9,7 @@ values to be named, so a message that names none of them is noted ``unclear``. H
 reference runs through every check that covers a negative obligation, the judge
 recording each probe (:func:`~kvspec.conformance.checks.expectations.recording`), and a
 probe of such an obligation that gives no values fails the test, unless the obligation
-is exempt (nothing in the input to name) or listed as not yet routed.
+is exempt (nothing in the input to name).
 """
 
 from __future__ import annotations
@@ -89,20 +89,6 @@ EXEMPT: dict[str, str] = {
 }
 """Negative obligations of an asking clause with nothing in the input to name."""
 
-NOT_YET_ROUTED: dict[str, str] = {
-    "PAYLOAD-1.1": "the payload probes give no values",
-    "PAYLOAD-1.2": "the payload probes give no values",
-    "PAYLOAD-1.3": "the payload probes give no values",
-    "PAYLOAD-1.4": "the payload probes give no values",
-    "CHUNK-2.3": "the missing token ranges and chunk ids are not handed to the judge",
-    "CHUNK-2.4": "the missing final chunk is not handed to the judge",
-    "CHUNK-2.5": "the repeated or overlapping chunk is not handed to the judge",
-    "CHUNK-2.6": "the chunk past the final one is not handed to the judge",
-}
-"""Obligations whose clause asks for values but whose probes the judge still decides by
-exception type alone (some or all of them): the debt this test keeps from growing. An
-entry whose probes all give values fails the test, so the list only shrinks."""
-
 MUST_NAME = {o for obligations in ASKING.values() for o in obligations} - set(EXEMPT)
 
 
@@ -115,7 +101,7 @@ def test_the_asking_clauses_are_those_whose_text_asks() -> None:
     for covered in ASKING.values():
         for obligation in covered:
             assert obligations[obligation].kind == "negative", obligation
-    assert set(EXEMPT) | set(NOT_YET_ROUTED) <= {o for c in ASKING.values() for o in c}
+    assert set(EXEMPT) <= {o for c in ASKING.values() for o in c}
 
 
 @pytest.fixture(scope="module")
@@ -143,10 +129,7 @@ def test_every_probe_of_an_asking_obligation_goes_through_the_judge_with_values(
         for obligation in MUST_NAME
         if not all(named for _, named in probes[obligation])
     }
-    new = {o: checks for o, checks in unnamed.items() if o not in NOT_YET_ROUTED}
-    assert not new, f"refusal probes judged by exception type alone, though asked: {new}"
-    routed = sorted(set(NOT_YET_ROUTED) - set(unnamed))
-    assert not routed, f"now routed with values, drop them from NOT_YET_ROUTED: {routed}"
+    assert not unnamed, f"refusal probes judged by exception type alone, though asked: {unnamed}"
 
 
 def test_every_asking_obligation_is_probed(probes: dict[str, list[tuple[str, bool]]]) -> None:
