@@ -159,5 +159,10 @@ def test_a_message_mutant_is_noted_by_a_check_of_its_obligation(name: str) -> No
 
 
 def test_the_message_mutants_cover_the_routed_families() -> None:
+    """One message mutant for each family whose probes were routed through the judge with
+    values (issue 44): head splits, window eviction, the wire, the paged scatter, a side
+    that cannot hold the model, detection, the payload a message describes, chunk sets."""
     covered = {o for m in all_mutants() if m.unclear for o in m.obligations}
-    assert {"HEAD-1.2", "HEAD-2.2", "WINDOW-2.3", "WIRE-1.2", "WIRE-3.1"} <= covered
+    routed = {"HEAD-1.2", "HEAD-2.2", "WINDOW-2.3", "WIRE-1.2", "WIRE-3.1", "PAGED-2.1"}
+    routed |= {"PLAN-1.1", "LAYOUT-4.2", "PAYLOAD-1.1", "CHUNK-2.3"}
+    assert routed <= covered
