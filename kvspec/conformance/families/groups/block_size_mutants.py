@@ -15,7 +15,7 @@ from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow
 from kvspec.topology.model import ModelShape
-from kvspec.topology.windows import needed_tokens
+from kvspec.topology.windows import needed_tokens, receiver_tokens
 
 Tokens = dict[tuple[int, int, int], list[tuple[int, int]]]
 
@@ -106,16 +106,18 @@ class EvictionRefusedWithoutRange(ReferenceAdapter):
         for group in case.model.layer_groups:
             if not isinstance(group, SlidingWindow | ChunkedLocal):
                 continue
-            needed = needed_tokens(group, seq_len, target_block_size)
-            held = needed_tokens(group, seq_len, source_block_size)
-            if needed is None or held is None or not len(needed):
-                continue
-            first_held = held.ranges[0].start if len(held) else seq_len
-            if needed.ranges[0].start < first_held:
+            try:
+                receiver_tokens(
+                    group,
+                    seq_len,
+                    source_block_size=source_block_size,
+                    target_block_size=target_block_size,
+                )
+            except ValueError:
                 raise ValueError(
                     "the sender has evicted tokens the receiver needs: use one block size "
                     "for sliding-window and chunked layers"
-                )
+                ) from None
         return super().window_tokens(case, seq_len, source_block_size, target_block_size)
 
 
