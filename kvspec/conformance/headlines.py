@@ -8,7 +8,9 @@ the same family (a PP remainder bug headlined by ``LAYER-1.1`` or by its family'
 basic ``LAYER-2.1`` names the layer split either way; headlined by ``STAGE-1`` or
 ``RESHARD-2`` it sends the reader to the wrong rule). :func:`accuracy` is the share of
 right headlines; docs/conformance.md states it and ``tests/suite/test_headlines.py`` keeps
-it at 95 % or more.
+it at 95 % or more. A mutant whose bug is a refusal's message (``unclear``) fails no check:
+its headline is the first check with an ``unclear`` note and the obligation the note
+cites, tier ``unclear``.
 
 **What is run, exactly.** A check can fail a mutant only if it touches what the mutant
 changed: the profile is derandomized, so a check that reads none of the mutant's
@@ -25,16 +27,21 @@ run's failures, at a fraction of its cost.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.conformance.checks import Check, all_checks
+from kvspec.conformance.checks.expectations import UNCLEAR
 from kvspec.conformance.mutants import Mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.result import FAILED, CheckResult
 from kvspec.conformance.runner import run_check
+
+_CITED_OBLIGATION = re.compile(r"\[([A-Z]+-[0-9]+\.[0-9]+)\]")
+"""The obligation an ``unclear`` note cites, at its end: ``[HEAD-1.2]``."""
 
 _CLASS_BOOKKEEPING = frozenset(
     {
@@ -174,9 +181,14 @@ def run_headline(
         found.checks_run += 1
     found.failures = [r.check.id for r in results if r.verdict == FAILED]
     causes = group(results)
+    noted = [r for r in results if r.notes]
     if causes:
         head = causes[0].headline
         found.headline, found.obligation, found.tier = head.check.id, violated(head), causes[0].tier
+    elif noted:  # nothing failed; the first unclear refusal is what the report leads with
+        cited = _CITED_OBLIGATION.findall(noted[0].notes[0])
+        found.headline, found.obligation = noted[0].check.id, cited[-1] if cited else None
+        found.tier = UNCLEAR
     found.seconds = time.perf_counter() - started
     return found
 

@@ -3,7 +3,10 @@
 Each mutant (:mod:`kvspec.conformance.mutants`) runs through the checks that cover the
 obligations it breaks first, then through the rest of the suite, and is *killed* at the
 first check that fails; one that passes every check *survives*. A survivor is a missing
-check. Counterexamples are not shrunk here: the question is whether, not how small.
+check. A mutant whose bug is a refusal's message (registered ``unclear``) is killed at
+the first check that fails or carries an ``unclear`` note: its refusals are refusals, so
+no verdict fails, but the report names the message that names none of the offending
+values. Counterexamples are not shrunk here: the question is whether, not how small.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ def run_mutant(mutant: Mutant, *, device: str = "cpu", profile: str | None = Non
         result.checks_run += 1
         if outcome.verdict == FAILED:
             result.killed_by, result.reason = check.id, outcome.reason
+            break
+        if mutant.unclear and outcome.notes:
+            result.killed_by, result.reason = check.id, outcome.notes[0]
             break
     result.seconds = time.perf_counter() - started
     return result

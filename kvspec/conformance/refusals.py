@@ -8,7 +8,9 @@ message changed one thing at a time (a :data:`Probe`), each handed to the adapte
 
 What counts as a refusal is judged by
 :func:`~kvspec.conformance.checks.expectations.expect_refused`: an exception of the
-adapter's declared refusal types, naming the values a variant changed.
+adapter's declared refusal types, naming the offending values: those a variant changed,
+those a configuration drawn (or pinned) invalid as a whole has wrong (a check's
+``offending``), those a message probe declares.
 """
 
 from __future__ import annotations
@@ -76,10 +78,14 @@ def refusal_check(
     missing: Callable[[Adapter], str | None] | None = None,
     pins: tuple[Example, ...] = (),
     variants: Callable[[Adapter, Example], list[Variant]] | None = None,
+    offending: Callable[[Example], tuple[object, ...]] | None = None,
 ) -> None:
     """A check that ``method`` refuses each configuration, or (with ``variants``) every
-    variant of each valid configuration, each one step outside the spec's domain. The
-    check counts as declared where this is called (its family's module), not here."""
+    variant of each valid configuration, each one step outside the spec's domain. A
+    variant's refusal must name what it changed; a configuration drawn or pinned invalid
+    as a whole, the values ``offending`` finds wrong in it (a head split's H and tp),
+    where the clause asks for them. The check counts as declared where this is called
+    (its family's module), not here."""
     declared_in = sys._getframe(1).f_globals["__name__"]
 
     @check(
@@ -106,12 +112,15 @@ def refusal_check(
             def validate(probe: Example = probe) -> object:
                 return getattr(ctx.adapter, method)(copy.deepcopy(probe))
 
+            if varied:
+                naming = changed_values(config, probe)
+            else:  # drawn or pinned invalid: what the check finds wrong, if it says
+                naming = offending(probe) if offending is not None else ()
             expect_refused(
                 obligation,
                 f"configuration {probe} ({what})",
                 validate,
-                # a variant names what it changed; a drawn invalid config: its type decides
-                naming=changed_values(config, probe) if varied else (),
+                naming=naming,
                 accepted=probe,
             )
 
@@ -143,15 +152,22 @@ def pinned(cases: Iterable[ErrorCase], clause: str) -> tuple[Example, ...]:
     return tuple(c.args for c in cases if c.op == "transfer" and c.clause == clause)
 
 
-Probe = tuple[str, str, list[bytes]]
-"""A message one change away from a valid one: (obligation, what was changed, the frames)."""
+Probe = tuple[str, str, list[bytes]] | tuple[str, str, list[bytes], tuple[object, ...]]
+"""A message one change away from a valid one: (obligation, what was changed, the frames)
+and, where the clause asks a refusal to name them, the offending values (a format, a
+key, a length, a layer) [WIRE-4]; without them the exception's type alone decides."""
 
 
 def refuse_all(ctx: Context, setup: Setup, probes: list[Probe]) -> None:
-    """Expect the adapter's ``decode`` to refuse every probe's frames [WIRE, PAYLOAD-1]."""
-    for obligation, what, frames in probes:
+    """Expect the adapter's ``decode`` to refuse every probe's frames, naming the values a
+    probe declares [WIRE, PAYLOAD-1]."""
+    for probe in probes:
+        obligation, what, frames = probe[:3]
+        naming = probe[3] if len(probe) > 3 else ()
 
         def decode(frames: list[bytes] = frames) -> Payload:
             return ctx.adapter.decode(frames)
 
-        expect_refused(obligation, f"{setup.case.describe()}: a message with {what}", decode)
+        expect_refused(
+            obligation, f"{setup.case.describe()}: a message with {what}", decode, naming=naming
+        )

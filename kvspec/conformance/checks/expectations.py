@@ -78,6 +78,33 @@ def noting() -> Iterator[dict[str, str]]:
         _NOTES.reset(token)
 
 
+Judged = tuple[str | None, tuple[object, ...]]
+"""One refusal probe as the judge saw it: (its obligation, the values it must name)."""
+
+_JUDGED: contextvars.ContextVar[list[Judged] | None] = contextvars.ContextVar(
+    "kvspec_conformance_judged", default=None
+)
+
+
+@contextmanager
+def recording() -> Iterator[list[Judged]]:
+    """Record every refusal probe judged inside (:func:`expect_refused`, :func:`refused`):
+    its obligation and the offending values it was given to be named, so a test can
+    walk every probe of every check and find those judged by exception type alone."""
+    judged: list[Judged] = []
+    token = _JUDGED.set(judged)
+    try:
+        yield judged
+    finally:
+        _JUDGED.reset(token)
+
+
+def _record(obligation: str | None, values: tuple[object, ...]) -> None:
+    judged = _JUDGED.get()
+    if judged is not None:
+        judged.append((obligation, values))
+
+
 def _note(about: str, text: str) -> None:
     notes = _NOTES.get()
     if notes is not None:
@@ -181,6 +208,7 @@ def refused(
     crash: :class:`Violation`, tier ``breaks``, saying what was raised. A refusal whose
     message names none of ``naming`` is noted ``unclear`` (:func:`noting`)."""
     values = tuple(naming)
+    _record(obligation, values)
     try:
         call()
     except Exception as error:
@@ -197,8 +225,9 @@ def changed_values(before: object, after: object) -> tuple[object, ...]:
     probe made from a valid input changed, so the values its refusal should name. Dicts
     and lists of one length are compared item by item; a changed list also counts as
     itself (and, when its length changed, as its length and each of its leaves); a key
-    ``before`` lacks, as each of its leaves."""
-    if before == after:
+    ``before`` lacks, as each of its leaves. A value of another type is changed though it
+    compares equal (``True`` for ``1``, ``1.0`` for ``1``: a probe of "not an integer")."""
+    if _same(before, after):
         return ()
     if isinstance(after, dict):
         was = before if isinstance(before, dict) else {}
@@ -212,6 +241,17 @@ def changed_values(before: object, after: object) -> tuple[object, ...]:
             return (after, *inner)
         return (after, len(after), *_leaves(after)[1:])
     return (after,)
+
+
+def _same(before: object, after: object) -> bool:
+    """Equal, and of one type leaf by leaf (``True == 1`` in Python, not here)."""
+    if type(before) is not type(after):
+        return False
+    if isinstance(before, dict) and isinstance(after, dict):
+        return before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
+    if isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)):
+        return len(before) == len(after) and all(map(_same, before, after))
+    return before == after
 
 
 def _leaves(value: object) -> list[object]:
@@ -262,6 +302,7 @@ def expect_refused(
     a replica's identical bytes, from an engine whose replicas all write); None derives it
     from ``obligation``."""
     values = tuple(naming)
+    _record(obligation, values)
     given = None if accepted is None else plain(accepted)
     try:
         got = call()

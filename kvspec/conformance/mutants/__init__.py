@@ -9,6 +9,13 @@ runs the whole corpus through the whole suite and reports the kill rate.
 
 Mutants are written from the rule text, not from the checks: a mutant nobody kills is
 a missing check, never a reason to drop the mutant.
+
+A mutant registered ``unclear`` has a bug in a refusal's message only: it refuses what
+it must, with the right exception type, but names none of the offending values its
+clause asks for ("invalid head split"). No verdict fails for that (a refusal is judged by
+its type; the message is an ``unclear`` quality note, issue 43), so such a mutant is
+killed by the first check of the run that carries an ``unclear`` note
+(:mod:`kvspec.conformance.mutation`): the suite saw the message and said so.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ class Mutant:
 
     cls: type[Adapter]
     obligations: tuple[str, ...]
+    unclear: bool = False
+    """Its bug is a refusal's message that names none of the offending values: an
+    ``unclear`` note kills it."""
 
     @property
     def name(self) -> str:
@@ -45,8 +55,9 @@ class Mutant:
 _REGISTRY: dict[str, Mutant] = {}
 
 
-def mutant(*obligations: str) -> Callable[[type[Adapter]], type[Adapter]]:
-    """Register the decorated adapter class as a mutant breaking ``obligations``."""
+def mutant(*obligations: str, unclear: bool = False) -> Callable[[type[Adapter]], type[Adapter]]:
+    """Register the decorated adapter class as a mutant breaking ``obligations`` (with
+    ``unclear``: by refusing with a message that names none of the offending values)."""
 
     def register(cls: type[Adapter]) -> type[Adapter]:
         if not obligations:
@@ -56,7 +67,7 @@ def mutant(*obligations: str) -> Callable[[type[Adapter]], type[Adapter]]:
         if cls.__name__ in _REGISTRY:
             raise RuntimeError(f"mutant {cls.__name__} is registered twice")
         cls.name = f"mutant:{cls.__name__}"
-        _REGISTRY[cls.__name__] = Mutant(cls, tuple(obligations))
+        _REGISTRY[cls.__name__] = Mutant(cls, tuple(obligations), unclear)
         return cls
 
     return register

@@ -131,32 +131,46 @@ def _token_range(whole: Payload, start: int, stop: int, chunk: Chunk) -> Payload
 Probe = tuple[str, str, list[Payload]]
 
 
-def _incomplete(whole: Payload, chunks: list[Payload], rng: random.Random) -> list[Probe]:
-    """Sets that are missing something or can never be valid [CHUNK-2]."""
+Named = tuple[str, str, list[Payload], tuple[object, ...]]
+"""A probe with the values its refusal must name: (obligation, what, the chunks, values)."""
+
+
+def _incomplete(whole: Payload, chunks: list[Payload], rng: random.Random) -> list[Named]:
+    """Sets that are missing something or can never be valid [CHUNK-2], each with the chunk
+    ids its refusal must name ("refused with every problem named")."""
     n = len(chunks)
     gap = rng.randrange(n - 1) if n > 1 else None
-    probes: list[Probe] = []
+    probes: list[Named] = []
     if gap is not None:
+        start = chunks[gap].chunk.token_start
+        missing = f"{start}-{start + chunks[gap].seq_len - 1}"  # its token range, or its id
         probes.append(
-            ("CHUNK-2.3", f"without chunk {gap} of {n}", chunks[:gap] + chunks[gap + 1 :])
+            (
+                "CHUNK-2.3",
+                f"without chunk {gap} of {n}",
+                chunks[:gap] + chunks[gap + 1 :],
+                (gap, missing),
+            )
         )
-    probes.append(("CHUNK-2.4", f"without the final chunk {n - 1}", chunks[:-1]))
+    probes.append(("CHUNK-2.4", f"without the final chunk {n - 1}", chunks[:-1], (n - 1, "final")))
     twice = rng.randrange(n)
-    probes.append(("CHUNK-2.5", f"with chunk {twice} twice", [*chunks, chunks[twice]]))
+    probes.append(("CHUNK-2.5", f"with chunk {twice} twice", [*chunks, chunks[twice]], (twice,)))
     if n > 1:
         i = rng.randrange(n - 1)
         grown = chunks[i]
         start = grown.chunk.token_start
         longer = _token_range(whole, start, start + grown.seq_len + 1, grown.chunk)
         overlapping = [longer if j == i else c for j, c in enumerate(chunks)]
-        probes.append(("CHUNK-2.5", f"chunk {i} one token into chunk {i + 1}", overlapping))
+        probes.append(
+            ("CHUNK-2.5", f"chunk {i} one token into chunk {i + 1}", overlapping, (i, i + 1))
+        )
     last = chunks[-1]
     extra = replace(
         last,
         chunk=Chunk(chunk_id=n, token_start=whole.seq_len, final=False),
         block_ids=(),
     )
-    probes.append(("CHUNK-2.6", f"a chunk {n} past the final one", [*chunks, extra]))
+    probes.append(("CHUNK-2.6", f"a chunk {n} past the final one", [*chunks, extra], (n,)))
     return probes
 
 
@@ -173,7 +187,7 @@ def _incomplete(whole: Payload, chunks: list[Payload], rng: random.Random) -> li
 def refuses_incomplete(ctx: Context, example: Example) -> None:
     setup, whole, chunks = _whole_and_chunks(ctx, example)
     rng = random.Random(setup.seed)
-    for obligation, what, ordered in _incomplete(whole, chunks, rng):
+    for obligation, what, ordered, naming in _incomplete(whole, chunks, rng):
         given = rng.sample(ordered, len(ordered))
         spans = [(c.chunk.chunk_id, c.chunk.token_start, c.seq_len) for c in given]
 
@@ -185,6 +199,7 @@ def refuses_incomplete(ctx: Context, example: Example) -> None:
             f"{setup.case.describe()}: reassembling {len(chunks)} chunks of {whole.seq_len} "
             f"tokens {what} (chunk id, token_start, tokens: {spans})",
             reassemble,
+            naming=naming,
         )
 
 

@@ -192,3 +192,16 @@ class StopsAtFinal(ReferenceAdapter):
         if finals:
             return super().reassemble(ordered[: finals[0] + 1])
         return super().reassemble(chunks)
+
+
+@mutant("CHUNK-2.3", "CHUNK-2.5", "CHUNK-2.6", unclear=True)
+class ReassemblyRefusedWithoutProblem(ReferenceAdapter):
+    """Refuses a chunk set that is incomplete or can never be valid, as it must, with
+    "incomplete or inconsistent chunk set", naming no missing token range, chunk id or
+    repeated chunk, where the clause asks for every problem named."""
+
+    def reassemble(self, chunks):
+        try:
+            return super().reassemble(chunks)
+        except ValueError:
+            raise ValueError("incomplete or inconsistent chunk set") from None

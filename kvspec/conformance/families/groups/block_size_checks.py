@@ -24,6 +24,7 @@ from kvspec.topology.groups import ChunkedLocal, SlidingWindow, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import model_preset
 from kvspec.topology.stage import StageLayout
+from kvspec.topology.windows import needed_tokens
 
 BLOCKS = (1, 2, 3, 4, 8, 12, 16)
 """Block sizes drawn for either side: equal, dividing each other, and neither."""
@@ -107,7 +108,12 @@ def _block_sizes_differ(ctx: Context, example: Example) -> None:
     want = _expected(case, seq_len, sender, receiver)
     call = lambda: ctx.adapter.window_tokens(case, seq_len, sender, receiver)  # noqa: E731
     if isinstance(want, str):
-        expect_refused("WINDOW-2.3", f"{where}: the receiver needs evicted tokens ({want})", call)
+        expect_refused(
+            "WINDOW-2.3",
+            f"{where}: the receiver needs evicted tokens ({want})",
+            call,
+            naming=_evicted(case, seq_len, sender, receiver),
+        )
         return
     try:
         got: Any = call()
@@ -128,6 +134,26 @@ def _block_sizes_differ(ctx: Context, example: Example) -> None:
                 f"the window aligned to the receiver's blocks [WINDOW-2.1]; the implementation "
                 f"says {got.get(key, [])}",
             )
+
+
+def _evicted(case: TransferCase, seq_len: int, sender: int, receiver: int) -> tuple[object, ...]:
+    """What a refusal of evicted tokens must name: the evicted token range of each window
+    or chunk group that has one, as ``first-last`` [WINDOW-2]. Block sizes are not among
+    them: a message that names only a size (one of a handful of small numbers) says
+    nothing about which tokens are missing."""
+    found: list[object] = []
+    for group in case.model.layer_groups:
+        if not isinstance(group, SlidingWindow | ChunkedLocal):
+            continue
+        needed = needed_tokens(group, seq_len, receiver)
+        held = needed_tokens(group, seq_len, sender)
+        if needed is None or held is None or not len(needed):
+            continue
+        first_needed = needed.ranges[0].start
+        first_held = held.ranges[0].start if len(held) else seq_len
+        if first_needed < first_held:
+            found.append(f"{first_needed}-{first_held - 1}")
+    return tuple(found)
 
 
 @st.composite

@@ -15,7 +15,7 @@ from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow
 from kvspec.topology.model import ModelShape
-from kvspec.topology.windows import needed_tokens
+from kvspec.topology.windows import needed_tokens, receiver_tokens
 
 Tokens = dict[tuple[int, int, int], list[tuple[int, int]]]
 
@@ -92,6 +92,33 @@ class RefusesBlocksThatDoNotDivide(ReferenceAdapter):
         if source_block_size % target_block_size:
             raise ValueError(f"blocks of {target_block_size} do not divide {source_block_size}")
         return super().window_tokens(case, seq_len, target_block_size, target_block_size)
+
+
+@mutant("WINDOW-2.3", unclear=True)
+class EvictionRefusedWithoutRange(ReferenceAdapter):
+    """Refuses a receiver that needs tokens the sender evicted, as it must, with "the
+    sender has evicted tokens the receiver needs", naming neither block size nor the
+    evicted token range the clause asks for."""
+
+    def window_tokens(
+        self, case: TransferCase, seq_len: int, source_block_size: int, target_block_size: int
+    ) -> Tokens:
+        for group in case.model.layer_groups:
+            if not isinstance(group, SlidingWindow | ChunkedLocal):
+                continue
+            try:
+                receiver_tokens(
+                    group,
+                    seq_len,
+                    source_block_size=source_block_size,
+                    target_block_size=target_block_size,
+                )
+            except ValueError:
+                raise ValueError(
+                    "the sender has evicted tokens the receiver needs: use one block size "
+                    "for sliding-window and chunked layers"
+                ) from None
+        return super().window_tokens(case, seq_len, source_block_size, target_block_size)
 
 
 # BLOCK-1 -------------------------------------------------------------------------------------

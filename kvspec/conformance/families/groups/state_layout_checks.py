@@ -209,6 +209,8 @@ def _refusals(ctx: Context, example: Example) -> None:
             example["bad_layout"],
             _where(good),
             base,
+            # "refused listing the known ones": the name, or one of them
+            (example["bad_layout"], *STATE_PRESETS),
         ),
         (
             "SLAYOUT-1.4",
@@ -216,6 +218,7 @@ def _refusals(ctx: Context, example: Example) -> None:
             layout,
             bad_page,
             base,
+            (),
         ),
         (
             "SLAYOUT-1.5",
@@ -223,8 +226,9 @@ def _refusals(ctx: Context, example: Example) -> None:
             layout,
             _where(good),
             {**base, "element": example["unit_elements"]},
+            (),
         ),
-        ("SLAYOUT-1.5", "block -1", layout, _where(good), {**base, "block": -1}),
+        ("SLAYOUT-1.5", "block -1", layout, _where(good), {**base, "block": -1}, ()),
     ]
     if example["foreign_unit"] is not None:
         breaks.append(
@@ -234,14 +238,15 @@ def _refusals(ctx: Context, example: Example) -> None:
                 layout,
                 _where(good),
                 {**base, "unit": example["foreign_unit"]},
+                (),
             )
         )
-    for obligation, what, name, sizes, where in breaks:
+    for obligation, what, name, sizes, where, naming in breaks:
 
         def offset(n: str = name, z: dict[str, Any] = sizes, w: dict[str, Any] = where) -> int:
             return ctx.adapter.state_offset(n, model, group, **z, **w)
 
-        expect_refused(obligation, f"{what} (layout {name!r}, {where}) {at}", offset)
+        expect_refused(obligation, f"{what} (layout {name!r}, {where}) {at}", offset, naming=naming)
 
 
 # SLAYOUT-2: maximal runs --------------------------------------------------------------------

@@ -27,6 +27,7 @@ from kvspec.memory.cache_layout import (
     empty_cache,
     kv_views,
 )
+from kvspec.memory.cache_layout.detection import read_as
 from kvspec.memory.layout_refs import is_layout_file
 from kvspec.tensors.dtypes import bits_view
 from kvspec.testing.strategies import cache_shapes
@@ -245,6 +246,7 @@ def refuses_misshapen(ctx: Context, example: Example) -> None:
     _in_domain(ctx, example)
     bad = _break(_random_cache(example, ctx.device), example)
     shapes = [list(t.shape) for t in bad] if isinstance(bad, tuple) else list(bad.shape)
+    tensors = bad if isinstance(bad, tuple) else (bad,)
     expect_refused(
         "LAYOUT-1.3",
         f"a cache of shape {shapes} ({example['defect']}) read as {example['layout']} "
@@ -252,6 +254,8 @@ def refuses_misshapen(ctx: Context, example: Example) -> None:
         lambda: ctx.adapter.read_layer(
             bad, example["layout"], **_facts(ctx, "read_layer", example)
         ),
+        # "refused with its shape": a tensor's, as a list or a tuple
+        naming=[form(t.shape) for t in tensors for form in (list, tuple)],
     )
 
 
@@ -383,6 +387,25 @@ def _detection_cache(example: Example, device: str) -> LayerCache:
     return cache
 
 
+def _candidates(cache: LayerCache, known: dict[str, int]) -> tuple[object, ...]:
+    """What an ambiguous detection must name, "listing every candidate": the layouts the
+    cache fits, given what is known of it [LAYOUT-4]."""
+    facts = {k: known.get(k) for k in ("heads", "head_dim", "block_size")}
+    return tuple(
+        name
+        for name, spec in PRESETS.items()
+        if not spec.cross_layer and read_as(cache, spec, **facts) is not None
+    )
+
+
+def _unfit(cache: LayerCache) -> tuple[object, ...]:
+    """What a detection no layout fits must name: the cache's shape (a tensor's as a list
+    or a tuple), or the layouts it lists [LAYOUT-4]."""
+    tensors = cache if isinstance(cache, tuple) else (cache,)
+    shapes = [form(t.shape) for t in tensors for form in (list, tuple)]
+    return (*shapes, *(name for name, spec in PRESETS.items() if not spec.cross_layer))
+
+
 @check(
     "LAYOUT-4",
     "detect-unambiguous",
@@ -417,6 +440,7 @@ def detect_unambiguous(ctx: Context, example: Example) -> None:
             f"detection of a cache of shape {shape} (knowing {known or 'nothing'}), which "
             f"{'fits several layouts' if ambiguous else 'no layout fits'} ({why})",
             lambda: ctx.adapter.detect_layout(cache, **known),
+            naming=_candidates(cache, known) if ambiguous else _unfit(cache),
         )
         return
     try:

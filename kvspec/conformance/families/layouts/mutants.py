@@ -220,3 +220,16 @@ class NoFitReadAsFlashAttn(ReferenceAdapter):
             if "fits no cache layout" in str(error):
                 return "flash_attn"
             raise
+
+
+@mutant("LAYOUT-4.2", "LAYOUT-4.4", unclear=True)
+class DetectionRefusedWithoutCandidates(ReferenceAdapter):
+    """Refuses a cache that fits several layouts, or none, as it must, with "cannot detect
+    the cache layout; pass it by name", listing neither the candidates nor the layouts'
+    shapes the clause asks for."""
+
+    def detect_layout(self, cache, **known):
+        try:
+            return super().detect_layout(cache, **known)
+        except ValueError:
+            raise ValueError("cannot detect the cache layout; pass it by name") from None

@@ -23,6 +23,7 @@ from kvspec.conformance.refusals import (
     tp_pp_only,
     valid_configs,
 )
+from kvspec.conformance.transfer_config import attention_tp
 from kvspec.topology.tokens import RULE_KINDS, CPRule, rule_kind
 
 
@@ -48,6 +49,18 @@ def _uneven_replication(draw: st.DrawFn, adapter: Adapter) -> Example:
     heads = draw(st.integers(2, tp - 1).filter(lambda h: tp % h))
     config["model"] = mha_model(num_layers=config["model"]["num_layers"], heads=heads)
     return config
+
+
+def _head_split(config: Example) -> tuple[object, ...]:
+    """The numbers a refused head split must name: H and the attention-TP size of each side
+    whose split satisfies neither HEAD-1 nor HEAD-2 ("with both numbers in the error")."""
+    heads = config["model"]["num_kv_heads"]
+    found: list[object] = []
+    for side in ("source", "target"):
+        tp = attention_tp(config[side])
+        if (heads >= tp and heads % tp) or (heads < tp and tp % heads):
+            found += [heads, tp]
+    return tuple(found)
 
 
 @st.composite
@@ -133,6 +146,7 @@ refusal_check(
     missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 1 else "only TP1",
     method="validate_model",
     pins=pinned(ERROR_CASES, "HEAD-1"),
+    offending=_head_split,
 )
 
 
@@ -145,6 +159,7 @@ refusal_check(
     missing=lambda a: None if max(max(p) for p in a.domain.pairs()) > 2 else "no TP above 2",
     method="validate_model",
     pins=pinned(ERROR_CASES, "HEAD-2"),
+    offending=_head_split,
 )
 
 
@@ -297,6 +312,28 @@ def _bad_groups(adapter: Adapter, config: Example) -> list[Variant]:
     return found
 
 
+def _rule_facts(config: Example) -> tuple[object, ...]:
+    """What a pinned CP-2 case's refusal must name ("refused with the values"): the token
+    rule of each sharded side, its block size and the request's length."""
+    found: list[object] = []
+    for side in ("source", "target"):
+        if config[side].get("cp", 1) * config[side].get("dcp", 1) > 1:
+            found.append(config[side].get("cp_rule"))
+            found.append(config.get(f"{side}_block_size"))
+    found.append(config.get("seq_len"))
+    return tuple(v for v in found if v is not None)
+
+
+def _dcp_facts(config: Example) -> tuple[object, ...]:
+    """What a pinned CP-3 case's refusal must name ("refused with the values"): each side's
+    dcp and attention-TP size, and the heads."""
+    found: list[object] = []
+    for side in ("source", "target"):
+        if config[side].get("dcp", 1) > 1:
+            found += [config[side]["dcp"], attention_tp(config[side])]
+    return (*found, config["model"]["num_kv_heads"]) if found else ()
+
+
 def _with_shards(adapter: Adapter) -> st.SearchStrategy[Example]:
     return valid_configs(adapter).filter(lambda e: _sharded_side(e) is not None)
 
@@ -324,6 +361,7 @@ refusal_check(
     variants=_unfit_rules,
     missing=lambda a: None if a.domain.token_shards else "the adapter's domain has no CP",
     pins=pinned(ERROR_CASES, "CP-2"),
+    offending=_rule_facts,
 )
 
 
@@ -337,6 +375,7 @@ refusal_check(
     variants=_bad_dcp,
     missing=needs_axis("dcp_sizes", "the adapter's domain has no decode context parallelism"),
     pins=pinned(ERROR_CASES, "CP-3"),
+    offending=_dcp_facts,
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
@@ -99,6 +99,29 @@ class ReplicationNotChecked(ReferenceAdapter):
             if isinstance(tp, int) and heads < attn and attn % heads:
                 side["tp"] = (attn - attn % heads) * (tp // attn)
         super().validate_model(given)
+
+
+@mutant("HEAD-1.2", "HEAD-2.2", unclear=True)
+class HeadSplitRefusedWithoutNumbers(ReferenceAdapter):
+    """Refuses a head split that satisfies neither HEAD-1 nor HEAD-2 with "invalid head
+    split", naming neither H nor tp, where the clause asks for both numbers."""
+
+    def validate_model(self, config: Config) -> None:
+        heads = config["model"].get("num_kv_heads")
+        for side in sides(config):
+            tp = attention_tp(side)
+            if not (_positive(heads) and _positive(tp)):
+                continue  # another rule's refusal, as the reference words it
+            if heads % tp if heads >= tp else tp % heads:
+                raise ValueError(
+                    "invalid head split: the KV heads must divide evenly over the "
+                    "tensor-parallel ranks, or the ranks over the heads"
+                )
+        super().validate_model(config)
+
+
+def _positive(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 @mutant("LAYER-1.2")

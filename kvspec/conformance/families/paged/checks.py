@@ -264,10 +264,12 @@ def _expect_nothing_written(
     obligation: str,
     what: str,
     call: Callable[[], object],
+    naming: tuple[object, ...] = (),
 ) -> None:
-    """``call`` (a scatter into ``cache``) must be refused and leave the cache untouched."""
+    """``call`` (a scatter into ``cache``) must be refused, naming one of ``naming``, and
+    leave the cache untouched."""
     before = _cache_bits(cache)
-    expect_refused(obligation, what, call)
+    expect_refused(obligation, what, call, naming=naming)
     changed = [
         i
         for i, (a, b) in enumerate(zip(before, _cache_bits(cache), strict=True))
@@ -288,15 +290,17 @@ def _expect_scatter_refused(
     kv: RequestKV,
     obligation: str,
     what: str,
+    naming: tuple[object, ...] = (),
 ) -> None:
-    """Scattering ``kv`` into the side's blocks must be refused, the cache untouched."""
+    """Scattering ``kv`` into the side's blocks must be refused, naming one of ``naming``,
+    the cache untouched."""
 
     def scatter() -> object:
         write: Callable[..., object] = ctx.adapter.scatter  # its result is shown
         return write(kv, cache, list(side["block_ids"]))
 
     described = f"{what} into {_describe(example, side)}"
-    _expect_nothing_written(ctx, example, cache, obligation, described, scatter)
+    _expect_nothing_written(ctx, example, cache, obligation, described, scatter, naming)
 
 
 def _bad_tables(side: dict, kinds: tuple[str, ...]) -> list[tuple[str, str, list]]:
@@ -349,6 +353,7 @@ def _table_refusals(ctx: Context, example: Example, kinds: tuple[str, ...]) -> N
             obligation,
             f"scattering into {what}",
             scatter,
+            (bad, *bad),
         )
 
 
@@ -404,7 +409,12 @@ def refuses_mismatched_kv(ctx: Context, example: Example) -> None:
     for misfit in _MISFITS:
         kv = _misfit(request, misfit, model)
         what = f"scattering {kv.data.dtype} KV of shape {list(kv.data.shape)} ({misfit})"
-        _expect_scatter_refused(ctx, example, side, cache, kv, "PAGED-4.4", what)
+        # "refused with both shapes": the KV's, as a list or a tuple; a dtype by its name
+        shape = [int(n) for n in kv.data.shape]
+        dtype = str(kv.data.dtype)
+        dtypes = (dtype, dtype.removeprefix("torch.")) if misfit == "dtype" else ()
+        naming = (shape, tuple(shape), *dtypes)
+        _expect_scatter_refused(ctx, example, side, cache, kv, "PAGED-4.4", what, naming)
 
 
 @check(
@@ -426,7 +436,10 @@ def fp8_scales(ctx: Context, example: Example) -> None:
     cache = _cache(model, side, ctx.device, fill_seed=example["seed"])
     request = _oracle(model, "req", example["seq_len"], example["seed"], ctx.device)
     assert request.scales is not None and cache.scales is not None
-    variants = [("PAGED-5.2", "without scales", RequestKV(request.data))]
+    # "naming the layer and both values"; missing scales are missing as a whole
+    variants: list[tuple[str, str, RequestKV, tuple[object, ...]]] = [
+        ("PAGED-5.2", "without scales", RequestKV(request.data), ())
+    ]
     for layer in range(model.num_layers):
         for k in range(model.kv_tensors):
             scales = request.scales.clone()
@@ -436,8 +449,9 @@ def fp8_scales(ctx: Context, example: Example) -> None:
                 f"whose {name} scale of layer {layer} is {float(scales[layer, k])}, the "
                 f"cache's {float(cache.scales[layer, k])}"
             )
-            variants.append(("PAGED-5.1", what, RequestKV(request.data, scales)))
-    for obligation, what, kv in variants:
+            values = (float(scales[layer, k]), float(cache.scales[layer, k]))
+            variants.append(("PAGED-5.1", what, RequestKV(request.data, scales), values))
+    for obligation, what, kv, naming in variants:
         _expect_scatter_refused(
-            ctx, example, side, cache, kv, obligation, f"scattering fp8 KV {what}"
+            ctx, example, side, cache, kv, obligation, f"scattering fp8 KV {what}", naming
         )

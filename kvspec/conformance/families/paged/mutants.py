@@ -304,3 +304,24 @@ class MissingScalesTakeTheCaches(ReferenceAdapter):
         if kv.scales is None and cache.scales is not None:
             kv = RequestKV(kv.data, cache.scales)
         return super().scatter(kv, cache, block_ids)
+
+
+@mutant("PAGED-2.1", "PAGED-3.1", unclear=True)
+class ScatterRefusesTableWithoutIds(ReferenceAdapter):
+    """Checks a scatter's block table on its own write path, before the reference's, and
+    refuses a bad one with "invalid block table for this request", naming neither the
+    offending ids, the valid range nor seq_len and the block size the clauses ask for
+    (gathering still names them)."""
+
+    def scatter(self, kv, cache, block_ids):
+        if kv.data.dim() == 5:
+            try:
+                check_block_ids(
+                    block_ids,
+                    num_blocks=cache.shape.num_blocks,
+                    block_size=cache.shape.block_size,
+                    seq_len=kv.data.shape[2],
+                )
+            except ValueError:
+                raise ValueError("invalid block table for this request") from None
+        return super().scatter(kv, cache, block_ids)

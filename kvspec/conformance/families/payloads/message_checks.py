@@ -22,30 +22,45 @@ from kvspec.tensors.dtypes import DTYPES
 def _invalid_payloads(frames: list[bytes], rng: random.Random) -> list[Probe]:
     """The message describing a payload that breaks PAYLOAD-1 in one way each: an unknown
     or missing key, a tensor at odds with the metadata, a missing fp8 scale, a value out
-    of range."""
+    of range; each with the value its refusal must name ("refused, naming the value")."""
     header = header_of(frames)
     found: list[Probe] = []
 
     def changed(
-        obligation: str, what: str, edit: Callable[[dict], None], kept: list[bytes] = frames
+        obligation: str,
+        what: str,
+        edit: Callable[[dict], None],
+        naming: tuple[object, ...],
+        kept: list[bytes] = frames,
     ) -> None:
         copied = copy.deepcopy(header)
         edit(copied)
-        found.append((obligation, what, with_header(kept, copied)))
+        found.append((obligation, what, with_header(kept, copied), naming))
 
-    changed("PAYLOAD-1.1", "an unknown metadata key", lambda h: h["metadata"].update(compression=0))
+    changed(
+        "PAYLOAD-1.1",
+        "an unknown metadata key",
+        lambda h: h["metadata"].update(compression=0),
+        ("compression",),
+    )
     for key in ("block_size", "seq_len", "tp_head_slice", "dtype"):
 
         def drop(h: dict, key: str = key) -> None:
             h["metadata"].pop(key)
 
-        changed("PAYLOAD-1.1", f"no metadata key {key!r}", drop)
+        changed("PAYLOAD-1.1", f"no metadata key {key!r}", drop, (key, f"metadata.{key}"))
     changed(
         "PAYLOAD-1.1",
         "an unknown tp_head_slice key",
         lambda h: h["metadata"]["tp_head_slice"].update(stride=1),
+        ("stride",),
     )
-    changed("PAYLOAD-1.1", "no chunk key 'final'", lambda h: h["metadata"]["chunk"].pop("final"))
+    changed(
+        "PAYLOAD-1.1",
+        "no chunk key 'final'",
+        lambda h: h["metadata"]["chunk"].pop("final"),
+        ("final",),
+    )
     dtype = header["metadata"]["dtype"]
     same = [n for n, d in DTYPES.items() if n != dtype and d.itemsize == DTYPES[dtype].itemsize]
     caches = [i for i, e in enumerate(header["tensors"]) if e["field"].endswith("_cache")]
@@ -60,11 +75,14 @@ def _invalid_payloads(frames: list[bytes], rng: random.Random) -> list[Probe]:
             "PAYLOAD-1.2",
             f"{entry['field']}[{entry['layer']}] of dtype {same[0]} in a {dtype} payload",
             retype,
+            (same[0], f"torch.{same[0]}"),
         )
+    seq_len = header["metadata"]["seq_len"]
     changed(
         "PAYLOAD-1.2",
         "a seq_len one more than its tensors hold",
-        lambda h: h["metadata"].update(seq_len=h["metadata"]["seq_len"] + 1),
+        lambda h: h["metadata"].update(seq_len=seq_len + 1),
+        (seq_len + 1, seq_len),
     )
     scales = [i for i, e in enumerate(header["tensors"]) if e["field"].endswith("_scale")]
     if scales:
@@ -78,11 +96,12 @@ def _invalid_payloads(frames: list[bytes], rng: random.Random) -> list[Probe]:
             "PAYLOAD-1.3",
             f"{header['tensors'][i]['field']} of layer {header['tensors'][i]['layer']} missing",
             unlisted,
+            (header["tensors"][i]["field"],),
             kept,
         )
-    changed("PAYLOAD-1.4", "block_size 0", lambda h: h["metadata"].update(block_size=0))
-    changed("PAYLOAD-1.4", "a block id -1", lambda h: h["block_ids"].append(-1))
-    changed("PAYLOAD-1.4", "an empty request id", lambda h: h.update(request_id=""))
+    changed("PAYLOAD-1.4", "block_size 0", lambda h: h["metadata"].update(block_size=0), (0,))
+    changed("PAYLOAD-1.4", "a block id -1", lambda h: h["block_ids"].append(-1), (-1,))
+    changed("PAYLOAD-1.4", "an empty request id", lambda h: h.update(request_id=""), ("",))
     return found
 
 

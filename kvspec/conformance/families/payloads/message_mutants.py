@@ -15,6 +15,7 @@ from kvspec.conformance.draws.messages import Header, rewritten
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.tensors.dtypes import DTYPES
+from kvspec.transport.wire import WireError
 
 _META_KEYS = ("block_size", "num_layers", "dtype", "seq_len", "tp_head_slice", "chunk")
 _MARKER_KEYS = (
@@ -138,3 +139,19 @@ class OutOfRangeValuesClamped(ReferenceAdapter):
             return header
 
         return super().decode(rewritten(frames, edit))
+
+
+@mutant("PAYLOAD-1.1", "PAYLOAD-1.2", "PAYLOAD-1.4", unclear=True)
+class InvalidPayloadRefusedWithoutValue(ReferenceAdapter):
+    """Refuses a message whose header is well formed but describes an invalid payload, as
+    it must, with "the header describes an invalid payload" and no more: the key or the
+    value that is wrong is logged, not raised (the wire's own refusals keep their words)."""
+
+    def decode(self, frames):
+        try:
+            return super().decode(frames)
+        except WireError as error:
+            vague = "the header describes an invalid payload"
+            if str(error).startswith(vague):
+                raise WireError(vague) from None
+            raise

@@ -15,7 +15,7 @@ from kvspec.conformance.checks.expectations import expect
 from kvspec.conformance.families.routing.errors import ERROR_CASES
 from kvspec.conformance.refusals import Variant, needs_axis, pinned, refusal_check, valid_configs
 from kvspec.conformance.tiers import BREAKS
-from kvspec.conformance.transfer_config import handed
+from kvspec.conformance.transfer_config import attention_tp, handed
 from kvspec.error_cases import OPERATIONS
 from kvspec.topology.case import TransferCase
 
@@ -38,6 +38,18 @@ def _one_side_invalid(draw: st.DrawFn, adapter: Adapter) -> Example:
     return config
 
 
+def _invalid_sides(config: Example) -> tuple[object, ...]:
+    """What a refusal of one invalid side must name ("the error names that side"): the
+    side and its TP size, for each side whose attention TP cannot hold the heads [PLAN-1]."""
+    heads = config["model"]["num_kv_heads"]
+    found: list[object] = []
+    for side in ("source", "target"):
+        tp = attention_tp(config[side])
+        if heads % tp if heads >= tp else tp % heads:
+            found += [side, tp]
+    return tuple(found)
+
+
 refusal_check(
     "PLAN-1",
     "refuses-one-invalid-side",
@@ -46,6 +58,7 @@ refusal_check(
     _one_side_invalid,
     method="validate_model",  # heads over each side's TP: refused where the model loads
     pins=pinned(ERROR_CASES, "PLAN-1"),
+    offending=_invalid_sides,
 )
 
 

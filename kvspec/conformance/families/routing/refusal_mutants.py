@@ -12,7 +12,7 @@ from typing import Literal
 
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
-from kvspec.conformance.transfer_config import TransferConfig, sides
+from kvspec.conformance.transfer_config import TransferConfig, attention_tp, sides
 
 Config = TransferConfig
 
@@ -170,3 +170,19 @@ class ComparesModelsByIdentity(ReferenceAdapter):
         if "target_model" in config and config["target_model"] is not config["model"]:
             raise ValueError("the receiver's model is not the sender's")
         super().validate_agreement(config)
+
+
+@mutant("PLAN-1.1", unclear=True)
+class InvalidSideRefusedWithoutNamingIt(ReferenceAdapter):
+    """Refuses a pair where one side cannot hold the model's heads, as it must, with "this
+    deployment cannot hold the model", naming neither the side nor its TP size."""
+
+    def validate_model(self, config: Config) -> None:
+        heads = config["model"].get("num_kv_heads")
+        for side in sides(config):
+            tp = attention_tp(side)
+            if not (isinstance(heads, int) and isinstance(tp, int)) or min(heads, tp) < 1:
+                continue  # another rule's refusal, as the reference words it
+            if heads % tp if heads >= tp else tp % heads:
+                raise ValueError("this deployment cannot hold the model's KV heads")
+        super().validate_model(config)

@@ -91,7 +91,12 @@ def _other_headers(frames: list[bytes]) -> list[Probe]:
     found: list[Probe] = []
     for value in ("kvspec.transport.payload.v2", "kvspec", "", None):
         found.append(
-            ("WIRE-1.2", f"format {value!r}", with_header(frames, {**header, "format": value}))
+            (
+                "WIRE-1.2",
+                f"format {value!r}",
+                with_header(frames, {**header, "format": value}),
+                (value,),
+            )
         )
     for version in (2, 0, 1.0, "1", True, -1):
         found.append(
@@ -99,14 +104,15 @@ def _other_headers(frames: list[bytes]) -> list[Probe]:
                 "WIRE-1.2",
                 f"version {version!r}",
                 with_header(frames, {**header, "version": version}),
+                (version,),
             )
         )
     for key in sorted(header):
         missing = {k: v for k, v in header.items() if k != key}
-        found.append(("WIRE-1.3", f"no {key!r} key", with_header(frames, missing)))
+        found.append(("WIRE-1.3", f"no {key!r} key", with_header(frames, missing), (key,)))
     for key in ("compression", "Format", "crc", "extra"):
         found.append(
-            ("WIRE-1.3", f"an unknown key {key!r}", with_header(frames, {**header, key: 0}))
+            ("WIRE-1.3", f"an unknown key {key!r}", with_header(frames, {**header, key: 0}), (key,))
         )
     return found
 
@@ -152,11 +158,13 @@ def refuses_over_limits(ctx: Context, example: Example) -> None:
                 "WIRE-2.1",
                 f"num_layers {layers} (max_layers {DEFAULT_LIMITS.max_layers})",
                 with_header(frames, many),
+                (layers,),
             ),
             (
                 "WIRE-2.2",
                 f"a header of more than max_header_bytes {DEFAULT_LIMITS.max_header_bytes}",
                 with_header(frames, long),
+                (DEFAULT_LIMITS.max_header_bytes, len(with_header(frames, long)[0])),
             ),
         ],
     )
@@ -172,28 +180,38 @@ def _mismatched_frames(frames: list[bytes], rng: random.Random) -> list[Probe]:
     header = header_of(frames)
     i = rng.randrange(len(header["tensors"]))
     entry = header["tensors"][i]
+    size = len(frames[i + 1])  # what the entry's shape and dtype need
     found: list[Probe] = [
         (
             "WIRE-3.1",
             f"frame {i + 1} one byte short",
             [*frames[: i + 1], frames[i + 1][:-1], *frames[i + 2 :]],
+            (size - 1, size),
         ),
         (
             "WIRE-3.1",
             f"frame {i + 1} one byte long",
             [*frames[: i + 1], frames[i + 1] + b"\0", *frames[i + 2 :]],
+            (size + 1, size),
         ),
     ]
     for name in _DTYPE_ALIASES:
         aliased = copy.deepcopy(header)
         aliased["tensors"][i]["dtype"] = name
-        found.append(("WIRE-3.2", f"tensors[{i}].dtype {name!r}", with_header(frames, aliased)))
+        found.append(
+            ("WIRE-3.2", f"tensors[{i}].dtype {name!r}", with_header(frames, aliased), (name,))
+        )
     layers = header["metadata"]["num_layers"]
     for layer in (layers, layers + 1):
         past = copy.deepcopy(header)
         past["tensors"][i]["layer"] = layer
         found.append(
-            ("WIRE-3.3", f"tensors[{i}].layer {layer} of {layers}", with_header(frames, past))
+            (
+                "WIRE-3.3",
+                f"tensors[{i}].layer {layer} of {layers}",
+                with_header(frames, past),
+                (layer,),
+            )
         )
     twice = copy.deepcopy(header)
     twice["tensors"].append(dict(entry))
@@ -202,10 +220,19 @@ def _mismatched_frames(frames: list[bytes], rng: random.Random) -> list[Probe]:
             "WIRE-3.3",
             f"tensors[{i}] listed twice (with its frame)",
             [*with_header(frames, twice), frames[i + 1]],
+            (entry["field"],),
         )
     )
-    found.append(("WIRE-3.4", "the last frame missing", frames[:-1]))
-    found.append(("WIRE-3.4", "one frame more than tensor entries", [*frames, frames[-1]]))
+    entries = len(header["tensors"])  # a message has one frame per entry after the header
+    found.append(("WIRE-3.4", "the last frame missing", frames[:-1], (entries - 1, entries)))
+    found.append(
+        (
+            "WIRE-3.4",
+            "one frame more than tensor entries",
+            [*frames, frames[-1]],
+            (entries + 1, entries),
+        )
+    )
     return found
 
 
@@ -343,22 +370,35 @@ def _not_strict_json(frames: list[bytes]) -> list[Probe]:
     for key in ("request_id", "format", "metadata"):
         decoy = json.dumps({key: header[key] if key != "request_id" else "other-request"})[1:-1]
         found.append(
-            ("WIRE-4.3", f"the key {key!r} twice", [("{" + decoy + "," + text[1:]).encode(), *rest])
+            (
+                "WIRE-4.3",
+                f"the key {key!r} twice",
+                [("{" + decoy + "," + text[1:]).encode(), *rest],
+                (key,),
+            )
         )
     for field in ("block_size", "seq_len"):
         for constant in ("NaN", "Infinity"):
             bad = text.replace(f'"{field}":{header["metadata"][field]}', f'"{field}":{constant}', 1)
-            found.append(("WIRE-4.3", f"{field} {constant}", [bad.encode(), *rest]))
+            found.append(("WIRE-4.3", f"{field} {constant}", [bad.encode(), *rest], (constant,)))
     found.append(
         (
             "WIRE-4.3",
             "version 1.0",
             [text.replace('"version":1', '"version":1.0', 1).encode(), *rest],
+            ("1.0",),
         )
     )
     layer = header["tensors"][0]["layer"]
     floated = text.replace(f'"layer":{layer}', f'"layer":{layer}.0', 1)
-    found.append(("WIRE-4.3", f"a tensor layer written {layer}.0", [floated.encode(), *rest]))
+    found.append(
+        (
+            "WIRE-4.3",
+            f"a tensor layer written {layer}.0",
+            [floated.encode(), *rest],
+            (f"{layer}.0",),
+        )
+    )
     return found
 
 
@@ -515,6 +555,7 @@ def crc32c_checksums(ctx: Context, example: tuple[Example, int]) -> None:
         "WIRE-7.3",
         f"{setup.case.describe()}: a header with both crc32 and crc32c, each right",
         lambda: ctx.adapter.decode(with_header(frames, both)),
+        naming=("crc32", "crc32c"),
     )
     damage = _damaged(frames, random.Random(where))
     if damage is None:

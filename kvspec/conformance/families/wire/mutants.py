@@ -20,7 +20,7 @@ from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.tensors.dtypes import DTYPES
 from kvspec.transport.payload import Payload
-from kvspec.transport.wire import WireLimits, decode, encode
+from kvspec.transport.wire import WireError, WireLimits, decode, encode
 
 
 def _crc_dropped(header: Header, frames: list) -> Header:
@@ -86,6 +86,19 @@ class UnknownHeaderKeysIgnored(ReferenceAdapter):
             return {k: v for k, v in header.items() if k in _HEADER_KEYS}
 
         return super().decode(rewritten(frames, edit))
+
+
+@mutant("WIRE-1.2", "WIRE-1.3", "WIRE-2.1", "WIRE-3.1", "WIRE-3.2", "WIRE-3.4", unclear=True)
+class MalformedMessageRefusedWithoutProblem(ReferenceAdapter):
+    """Refuses every malformed message with one WireError("malformed KV message"), a
+    connector's catch-all around its decoder, naming neither the format, the key, the
+    length nor the dtype that is wrong [WIRE-4: "raises WireError naming the problem"]."""
+
+    def decode(self, frames):
+        try:
+            return super().decode(frames)
+        except WireError:
+            raise WireError("malformed KV message") from None
 
 
 @mutant("WIRE-2.1")
