@@ -13,6 +13,8 @@ import torch
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.memory.descriptors import Descriptor, RegisteredCache, _coalesce, share_positions
+from kvspec.memory.descriptors.planning import _element_axis
+from kvspec.memory.layout_model import SPLIT_AXES, CacheLayout, Plane, SideField
 from kvspec.topology.ownership import rank_ownership
 
 
@@ -51,20 +53,28 @@ def _build(
     dst_bs = target_block_size or target.block_size
     parts = []
     for name, (_, _, size) in source.fields().items():
-        sr, s_off = source.addresses(
-            name,
+        src_at = (
             torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - so.layers.start,
             sids[torch.clamp(ts // source.block_size, max=len(sids) - 1)],
             ts % source.block_size,
             src_head,
         )
-        dr, d_off = target.addresses(
-            name,
+        dst_at = (
             torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - do.layers.start,
             dids[torch.clamp(td // dst_bs, max=len(dids) - 1)],
             td % dst_bs,
             heads - do.heads.start,
         )
+        index = None
+        if not (source.contiguous(name) and target.contiguous(name)):
+            # a field whose elements are not consecutive on a side: element by element
+            count = source.element_count(name)
+            index = torch.arange(count, dtype=torch.int64).view(1, 1, 1, -1)
+            src_at = _element_axis(src_at)
+            dst_at = _element_axis(dst_at)
+            size //= count
+        sr, s_off = source.addresses(name, *src_at, index=index)
+        dr, d_off = target.addresses(name, *dst_at, index=index)
         parts.append((sr.flatten(), s_off.flatten(), dr.flatten(), d_off.flatten(), size))
     src_regions, src_offsets, dst_regions, dst_offsets = (
         torch.cat([p[0] for p in parts]),
@@ -194,3 +204,43 @@ class RequestPositionsUnderTokenShards(ReferenceAdapter):
 
     def descriptors(self, case, *edge):
         return _build(self, case, *edge, request_positions=True)
+
+
+@mutant("DESC-2.2")
+class SenderRegionUnchecked(ReferenceAdapter):
+    """Checks the request's block ids against the receiver's registered regions only, the
+    ones it registered itself; the sender's are taken at the size their layout gives, so
+    a request whose bytes run past a sender region's registered end is posted (the
+    clause: inside the region on both sides)."""
+
+    def descriptors(self, case, src, dst, source, *rest):
+        whole = replace(source, region_bytes={})
+        return super().descriptors(case, src, dst, whole, *rest)
+
+
+def _slots_in_order(plane: Plane) -> Plane:
+    """``plane`` with a split slot axis read as one: slot t at t, where slots_hi stood."""
+    if not plane.split:
+        return plane
+    axes = tuple("slots" if a == SPLIT_AXES[0] else a for a in plane.axes if a != SPLIT_AXES[1])
+    return replace(plane, axes=axes, unit=None)
+
+
+def _unsplit(cache: RegisteredCache) -> RegisteredCache:
+    spec: CacheLayout = cache.layout
+    planes = tuple(_slots_in_order(p) for p in spec.planes)
+    side = tuple(SideField(s.field, s.of, _slots_in_order(s.plane)) for s in spec.side)
+    return replace(cache, layout=replace(spec, planes=planes, side=side))
+
+
+@mutant("DESC-1.1")
+class SplitSlotsReadInOrder(ReferenceAdapter):
+    """Addresses a plane or side tensor whose slot axis is split (vLLM's SM100 V scales
+    in 4-token groups, SGLang's MXFP8 scales at slot t % 32, t // 32) as if its slots ran
+    in order, slot t at t: the split is for that field alone, and the connector reads it
+    like the page's other planes (LAYOUT-8: slots_hi = t // unit, slots_lo = t % unit)."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        return super().descriptors(
+            case, src, dst, _unsplit(source), source_ids, _unsplit(target), target_ids, tokens
+        )
