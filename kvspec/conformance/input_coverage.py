@@ -31,6 +31,7 @@ from kvspec.conformance.families.descriptors.checks import (
     layout_kind,
     splits_slots,
 )
+from kvspec.conformance.families.models.refusal_checks import TOGETHER
 from kvspec.conformance.runner import hypothesis_test, requested_examples
 from kvspec.core.dtype_names import DTYPE_NAMES
 from kvspec.lifecycle.machine import EVENTS
@@ -109,10 +110,12 @@ def _declared() -> tuple[Feature, ...]:
 # The gap classes of issue 44 closed after the table's first run ----------------------------
 def _declared_gaps_of_issue_44() -> list[Feature]:
     """Descriptor byte ranges of every layout kind (split slot axes among them) and a
-    bound broken on either side [DESC-1, DESC-2]."""
+    bound broken on either side [DESC-1, DESC-2]; pairs of model facts a handshake sees
+    changed together [MODEL-3]."""
     found = [Feature("layout kind", kind, ("DESC",)) for kind in LAYOUT_KINDS]
     found += [Feature("layout kind", "block-scaled, split slot axis", ("DESC",))]
     found += [Feature("bound broken on", side, ("DESC",)) for side in SIDES]
+    found += [Feature("facts changed together", pair, ("MODEL",)) for pair in TOGETHER]
     return found
 
 
@@ -125,6 +128,8 @@ def _gap_features(key: str, value: object, found: set[str]) -> None:
             found.add("layout kind: block-scaled, split slot axis")
     elif key == "short_side" and value in SIDES:
         found.add(f"bound broken on: {value}")
+    elif key == "together" and value in TOGETHER:
+        found.add(f"facts changed together: {value}")
 
 
 DECLARED: tuple[Feature, ...] = _declared()
