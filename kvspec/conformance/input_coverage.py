@@ -37,6 +37,7 @@ from kvspec.core.dtype_names import DTYPE_NAMES
 from kvspec.lifecycle.machine import EVENTS
 from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.presets import PRESETS
+from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import KINDS
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.tokens import RULE_KINDS
@@ -116,7 +117,27 @@ def _declared_gaps_of_issue_44() -> list[Feature]:
     found += [Feature("layout kind", "block-scaled, split slot axis", ("DESC",))]
     found += [Feature("bound broken on", side, ("DESC",)) for side in SIDES]
     found += [Feature("facts changed together", pair, ("MODEL",)) for pair in TOGETHER]
+    found += [Feature("merged shards", SHARED_LAYERS, ("PAYLOAD",))]
     return found
+
+
+SHARED_LAYERS = "a receiver whose shards share layers, so one can lack a layer another has"
+"""The set of payloads PAYLOAD-3.8's probe needs: one receiver, several senders whose
+edges carry a layer in common, one of them more than one layer [PAYLOAD-3]."""
+
+
+def _shares_layers(example: Mapping[str, Any]) -> bool:
+    """Whether a tensor example's plan has a receiver of :data:`SHARED_LAYERS`."""
+    try:
+        plan = TransferCase.from_dict(example["case"]).plan()
+    except (ValueError, TypeError, KeyError):
+        return False  # an example outside the spec's domain: no plan to merge by
+    for dst in {e.dst for e in plan.edges}:
+        edges = [set(e.layers) for e in plan.edges_to(dst)]
+        for i, mine in enumerate(edges):
+            if len(mine) > 1 and any(mine & other for j, other in enumerate(edges) if j != i):
+                return True
+    return False
 
 
 def _gap_features(key: str, value: object, found: set[str]) -> None:
@@ -148,6 +169,8 @@ def features_of(example: object) -> set[str]:
 
 def _walk(value: object, found: set[str]) -> None:
     if isinstance(value, Mapping):
+        if {"case", "seq_len", "seed"} <= set(value) and _shares_layers(value):
+            found.add(f"merged shards: {SHARED_LAYERS}")
         _stage_pair(value, found)
         _model(value, found)
         if isinstance(value.get("events"), list):
