@@ -34,6 +34,7 @@ def _build(
     target_id_shift: int = 0,
     stop: int | None = None,
     request_positions: bool = False,
+    skip_scales: bool = False,
 ) -> tuple[Descriptor, ...]:
     """A connector's list for the edge :meth:`~kvspec.conformance.adapter.Adapter.descriptors`
     is asked for: every (layer, token, head, field) paired and merged, with the hooks a
@@ -53,6 +54,8 @@ def _build(
     dst_bs = target_block_size or target.block_size
     parts = []
     for name, (_, _, size) in source.fields().items():
+        if skip_scales and name.endswith("_scale"):
+            continue
         src_at = (
             torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - so.layers.start,
             sids[torch.clamp(ts // source.block_size, max=len(sids) - 1)],
@@ -244,3 +247,15 @@ class SplitSlotsReadInOrder(ReferenceAdapter):
         return super().descriptors(
             case, src, dst, _unsplit(source), source_ids, _unsplit(target), target_ids, tokens
         )
+
+
+@mutant("DESC-1.1")
+class ScalesLeftBehind(ReferenceAdapter):
+    """Posts each cell's values and not its scales (vLLM's fp8 per-token-head inline
+    scales, FlashMLA's nope scales, NVFP4's block scales), as a connector that takes
+    scales for per-layer facts shipped apart: the receiver's scale bytes are never
+    written (the clause: each field of each (layer, token, head))."""
+
+    def descriptors(self, case, *edge):
+        super().descriptors(case, *edge)  # the regions checked, as the reference does
+        return _build(self, case, *edge, skip_scales=True)
