@@ -13,7 +13,7 @@ import torch
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.memory.descriptors import Descriptor, RegisteredCache, _coalesce, share_positions
-from kvspec.memory.descriptors.planning import _element_axis
+from kvspec.memory.descriptors.planning import field_atoms
 from kvspec.memory.layout_model import SPLIT_AXES, CacheLayout, Plane, SideField
 from kvspec.topology.ownership import rank_ownership
 
@@ -68,17 +68,7 @@ def _build(
             td % dst_bs,
             heads - do.heads.start,
         )
-        index = None
-        if not (source.contiguous(name) and target.contiguous(name)):
-            # a field whose elements are not consecutive on a side: element by element
-            count = source.element_count(name)
-            index = torch.arange(count, dtype=torch.int64).view(1, 1, 1, -1)
-            src_at = _element_axis(src_at)
-            dst_at = _element_axis(dst_at)
-            size //= count
-        sr, s_off = source.addresses(name, *src_at, index=index)
-        dr, d_off = target.addresses(name, *dst_at, index=index)
-        parts.append((sr.flatten(), s_off.flatten(), dr.flatten(), d_off.flatten(), size))
+        parts.append(field_atoms(source, target, name, size, src_at, dst_at))
     src_regions, src_offsets, dst_regions, dst_offsets = (
         torch.cat([p[0] for p in parts]),
         torch.cat([p[1] for p in parts]),
