@@ -6,7 +6,9 @@ no implementation is ever held to. This module names the corners as data —
 :data:`DECLARED`, read from the spec's own enumerations (every preset, every TP relation
 with every replica policy, every layer-group kind, every state kind with and without
 speculative rows, every lifecycle event and the event sequences the LIFE clauses speak
-of, every token rule and dtype) — reads the features of any example
+of, every token rule and dtype; and, below the issue-44 line, each descriptor layout
+kind and the side a bound is broken on, model facts changed together, a merge whose
+shards share layers) — reads the features of any example
 (:func:`features_of`, a walk over its plain data), and counts what each check draws under
 a profile without running the check (:func:`draw_coverage`: the strategy and the pinned
 examples, exactly as the runner hands them over). A declared feature that its families
@@ -28,14 +30,13 @@ from kvspec.conformance.checks import Check, Example, all_checks
 from kvspec.conformance.families.descriptors.checks import (
     LAYOUT_KINDS,
     SIDES,
-    layout_kind,
-    splits_slots,
+    SPLIT_SLOTS,
+    layout_kinds,
 )
 from kvspec.conformance.families.models.refusal_checks import TOGETHER
 from kvspec.conformance.runner import hypothesis_test, requested_examples
 from kvspec.core.dtype_names import DTYPE_NAMES
 from kvspec.lifecycle.machine import EVENTS
-from kvspec.memory.cache_layout import get_layout
 from kvspec.memory.presets import PRESETS
 from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import KINDS
@@ -114,7 +115,7 @@ def _declared_gaps_of_issue_44() -> list[Feature]:
     bound broken on either side [DESC-1, DESC-2]; pairs of model facts a handshake sees
     changed together [MODEL-3]."""
     found = [Feature("layout kind", kind, ("DESC",)) for kind in LAYOUT_KINDS]
-    found += [Feature("layout kind", "block-scaled, split slot axis", ("DESC",))]
+    found += [Feature("layout kind", SPLIT_SLOTS, ("DESC",))]
     found += [Feature("bound broken on", side, ("DESC",)) for side in SIDES]
     found += [Feature("facts changed together", pair, ("MODEL",)) for pair in TOGETHER]
     found += [Feature("merged shards", SHARED_LAYERS, ("PAYLOAD",))]
@@ -143,10 +144,7 @@ def _shares_layers(example: Mapping[str, Any]) -> bool:
 def _gap_features(key: str, value: object, found: set[str]) -> None:
     """The issue-44 features one key of an example names."""
     if key == "layout" and isinstance(value, str) and value in PRESETS:
-        layout = get_layout(value)
-        found.add(f"layout kind: {layout_kind(layout)}")
-        if splits_slots(layout):
-            found.add("layout kind: block-scaled, split slot axis")
+        found.update(f"layout kind: {kind}" for kind in layout_kinds(value))
     elif key == "short_side" and value in SIDES:
         found.add(f"bound broken on: {value}")
     elif key == "together" and value in TOGETHER:

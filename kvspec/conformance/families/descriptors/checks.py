@@ -44,14 +44,17 @@ LAYOUT_KINDS: tuple[str, ...] = ("plain", "record", "block-scaled")
 records with inline scales [LAYOUT-6], per-block planes and side tensors [LAYOUT-8]."""
 
 
-def layout_kind(layout: CacheLayout) -> str:
-    """Which of :data:`LAYOUT_KINDS` ``layout`` is."""
-    return "plain" if layout.plain else "block-scaled" if layout.scaled else "record"
+SPLIT_SLOTS = "block-scaled, split slot axis"
+"""A block-scaled layout with a plane or side tensor that splits its slot axis [LAYOUT-8]."""
 
 
-def splits_slots(layout: CacheLayout) -> bool:
-    """Whether a plane or side tensor of ``layout`` splits its slot axis [LAYOUT-8]."""
-    return any(p.split for p in (*layout.planes, *(s.plane for s in layout.side)))
+def layout_kinds(name: str) -> tuple[str, ...]:
+    """The kinds an example's layout ``name`` is: one of :data:`LAYOUT_KINDS`, and
+    :data:`SPLIT_SLOTS` too where a plane or side tensor of it splits its slot axis."""
+    layout: CacheLayout = get_layout(name)  # an example names its layouts
+    kind = "plain" if layout.plain else "block-scaled" if layout.scaled else "record"
+    split = any(p.split for p in (*layout.planes, *(s.plane for s in layout.side)))
+    return (kind, SPLIT_SLOTS) if split else (kind,)
 
 
 def _kinds(adapter: Adapter) -> dict[str, tuple[str, ...]]:
