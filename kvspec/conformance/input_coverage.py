@@ -6,7 +6,9 @@ no implementation is ever held to. This module names the corners as data —
 :data:`DECLARED`, read from the spec's own enumerations (every preset, every TP relation
 with every replica policy, every layer-group kind, every state kind with and without
 speculative rows, every lifecycle event and the event sequences the LIFE clauses speak
-of, every token rule and dtype) — reads the features of any example
+of, every token rule and dtype; and, below the issue-44 line, each descriptor layout
+kind and the side a bound is broken on, model facts changed together, a merge whose
+shards share layers) — reads the features of any example
 (:func:`features_of`, a walk over its plain data), and counts what each check draws under
 a profile without running the check (:func:`draw_coverage`: the strategy and the pinned
 examples, exactly as the runner hands them over). A declared feature that its families
@@ -25,10 +27,19 @@ from typing import Any
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.adapter.capabilities import provided_capabilities
 from kvspec.conformance.checks import Check, Example, all_checks
+from kvspec.conformance.checks.example_layouts import example_layout
+from kvspec.conformance.families.descriptors.checks import (
+    LAYOUT_KINDS,
+    SIDES,
+    SPLIT_SLOTS,
+    layout_kinds,
+)
+from kvspec.conformance.families.models.refusal_checks import TOGETHER
 from kvspec.conformance.runner import hypothesis_test, requested_examples
 from kvspec.core.dtype_names import DTYPE_NAMES
 from kvspec.lifecycle.machine import EVENTS
 from kvspec.memory.presets import PRESETS
+from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import KINDS
 from kvspec.topology.plan import POLICIES
 from kvspec.topology.tokens import RULE_KINDS
@@ -95,7 +106,50 @@ def _declared() -> tuple[Feature, ...]:
     found += [Feature("dtype", name, ("DTYPE", "PAGED", "ORACLE")) for name in DTYPE_NAMES]
     found += [Feature("attention", kind, ("MODEL", "HEAD", "PAGED")) for kind in ("mha", "mla")]
     found += [Feature("layer partition", "explicit, uneven", ("LAYER", "PLAN"))]
+    found += _declared_gaps_of_issue_44()
     return tuple(found)
+
+
+# The gap classes of issue 44 closed after the table's first run ----------------------------
+def _declared_gaps_of_issue_44() -> list[Feature]:
+    """Descriptor byte ranges of every layout kind (split slot axes among them) and a
+    bound broken on either side [DESC-1, DESC-2]; pairs of model facts a handshake sees
+    changed together [MODEL-3]."""
+    found = [Feature("layout kind", kind, ("DESC",)) for kind in LAYOUT_KINDS]
+    found += [Feature("layout kind", SPLIT_SLOTS, ("DESC",))]
+    found += [Feature("bound broken on", side, ("DESC",)) for side in SIDES]
+    found += [Feature("facts changed together", pair, ("MODEL",)) for pair in TOGETHER]
+    found += [Feature("merged shards", SHARED_LAYERS, ("PAYLOAD",))]
+    return found
+
+
+SHARED_LAYERS = "a receiver whose shards share layers, so one can lack a layer another has"
+"""The set of payloads PAYLOAD-3.8's probe needs: one receiver, several senders whose
+edges carry a layer in common, one of them more than one layer [PAYLOAD-3]."""
+
+
+def _shares_layers(example: Mapping[str, Any]) -> bool:
+    """Whether a tensor example's plan has a receiver of :data:`SHARED_LAYERS`."""
+    try:
+        plan = TransferCase.from_dict(example["case"]).plan()
+    except (ValueError, TypeError, KeyError):
+        return False  # an example outside the spec's domain: no plan to merge by
+    for dst in {e.dst for e in plan.edges}:
+        edges = [set(e.layers) for e in plan.edges_to(dst)]
+        for i, mine in enumerate(edges):
+            if len(mine) > 1 and any(mine & other for j, other in enumerate(edges) if j != i):
+                return True
+    return False
+
+
+def _gap_features(key: str, value: object, found: set[str]) -> None:
+    """The issue-44 features one key of an example names."""
+    if key == "layout" and isinstance(value, str) and value in PRESETS:
+        found.update(f"layout kind: {k}" for k in layout_kinds(example_layout({key: value}, key)))
+    elif key == "short_side" and value in SIDES:
+        found.add(f"bound broken on: {value}")
+    elif key == "together" and value in TOGETHER:
+        found.add(f"facts changed together: {value}")
 
 
 DECLARED: tuple[Feature, ...] = _declared()
@@ -114,6 +168,8 @@ def features_of(example: object) -> set[str]:
 
 def _walk(value: object, found: set[str]) -> None:
     if isinstance(value, Mapping):
+        if {"case", "seq_len", "seed"} <= set(value) and _shares_layers(value):
+            found.add(f"merged shards: {SHARED_LAYERS}")
         _stage_pair(value, found)
         _model(value, found)
         if isinstance(value.get("events"), list):
@@ -124,6 +180,7 @@ def _walk(value: object, found: set[str]) -> None:
         for key, inner in value.items():
             if key in _LAYOUT_KEYS and isinstance(inner, str) and inner in PRESETS:
                 found.add(f"preset: {inner}")
+            _gap_features(key, inner, found)
             _walk(inner, found)
     elif isinstance(value, list | tuple):
         for inner in value:

@@ -115,6 +115,10 @@ GOLDEN: dict[str, list[tuple[tuple[int, int, int, bool], list[list[int]]]]] = {
         ((8, 2, 1, True), [[0], [4]]),  # selfTpRank % (8 / 2) == 0 sends
         ((8, 4, 1, True), [[0], [2], [4], [6]]),
         ((2, 4, 1, True), [[0], [0], [1], [1]]),  # every context rank sends its domain
+        # fan-ins that do not divide: the domain [d * (P/D), (d+1) * (P/D)) with P/D an
+        # integer division (6 / 4 = 1, 8 / 3 = 2), its first rank sending
+        ((6, 4, 1, True), [[0], [1], [2], [3]]),
+        ((8, 3, 1, True), [[0], [2], [4]]),
     ],
 }
 
@@ -173,6 +177,16 @@ def trtllm_last_of_domain(c: ReplicaChoice) -> int:
     return trtllm_mla_first_of_domain(c)
 
 
+def trtllm_domain_scaled_after(c: ReplicaChoice) -> int:
+    """Mutant: the domain's first rank as ``d * P // D`` (the product divided, as vLLM's
+    formula reads) for ``d * (P / D)`` (the ratio an integer first): the same on every
+    pair that divides, another rank on a fan-in that does not."""
+    p, d_size, d = c.source_attn_tp, c.target_attn_tp, c.receiver_tp_rank
+    if d_size < p:
+        return d * p // d_size
+    return trtllm_mla_first_of_domain(c)
+
+
 def mooncake_rank_zero_only(c: ReplicaChoice) -> int:
     """Mutant: vllm#52516's bug as a rule, the fan-in's first window rank writes every head
     (before the fix only ``local_tp_rank % tp_ratio == 0`` wrote)."""
@@ -219,6 +233,20 @@ def test_each_field_rule_plans_exact_covers_and_chooses_as_its_engine(name):
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_a_one_bug_mutant_of_each_rule_is_killed(name):
     assert violations(MUTANTS[name], name)
+
+
+def test_the_first_of_domain_window_is_told_apart_on_a_non_dividing_fan_in():
+    """TensorRT-LLM's domain with P/D an integer division: a mutant that divides the
+    product instead passes every dividing deployment and pin, and fails the
+    non-dividing fan-in pins (MLA TP6 -> TP4, TP8 -> TP3) [PLAN-4]."""
+    dividing = [(k, want) for k, want in GOLDEN[TRTLLM_MLA] if k[0] % k[1] == 0 or k[1] % k[0] == 0]
+    mutant = trtllm_domain_scaled_after
+    assert plan_violations(mutant, TRTLLM_MLA, mla=True) == []
+    assert all(senders(mutant, p, d, h, mla=m) == want for (p, d, h, m), want in dividing)
+    assert golden_violations(mutant, TRTLLM_MLA) == [
+        "TP6 -> TP4, 1 heads MLA: [[0], [1], [3], [4]], not [[0], [1], [2], [3]]",
+        "TP8 -> TP3, 1 heads MLA: [[0], [2], [5]], not [[0], [2], [4]]",
+    ]
 
 
 def test_the_rules_need_the_stage_sizes():

@@ -137,3 +137,32 @@ def test_the_command_prints_the_table_and_writes_it(tmp_path, capsys) -> None:  
 def test_the_command_refuses_coverage_with_mutants(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["conform", "--mutants", "--coverage"]) == 2
     assert "--coverage draws inputs only" in capsys.readouterr().err
+
+
+def test_the_issue_44_gap_features_are_read() -> None:
+    """Layout kinds (a split slot axis among them), the side a bound is broken on, facts
+    changed together and a merge whose shards share layers, each from its own key."""
+    found = features_of(
+        {
+            "sides": [{"layout": "vllm_nvfp4_hnd"}, {"layout": "vllm_pth_nhd"}],
+            "short_side": "sender",
+            "together": "num_kv_heads and head_dim, one product",
+        }
+    )
+    assert {f for f in found if f.startswith(("layout kind", "bound", "facts"))} == {
+        "layout kind: block-scaled",
+        "layout kind: block-scaled, split slot axis",
+        "layout kind: record",
+        "bound broken on: sender",
+        "facts changed together: num_kv_heads and head_dim, one product",
+    }
+    assert "layout kind: block-scaled, split slot axis" not in features_of(
+        {"layout": "vllm_nvfp4_fa2_hnd"}
+    )
+    model = {"num_layers": 2, "num_kv_heads": 4, "head_dim": 2, "attention": "mha"}
+    shared = {"case": _pair(4, 1, model=model), "seq_len": 2, "seed": 0}
+    apart = {"case": _pair(4, 4, model=model), "seq_len": 2, "seed": 0}
+    name = (
+        "merged shards: a receiver whose shards share layers, so one can lack a layer another has"
+    )
+    assert name in features_of(shared) and name not in features_of(apart)

@@ -73,6 +73,32 @@ def _element_axis(at: _Coords) -> _Coords:
     return layers, blocks, slots, heads
 
 
+def field_atoms(
+    source: RegisteredCache,
+    target: RegisteredCache,
+    name: str,
+    size: int,
+    src_at: _Coords,
+    dst_at: _Coords,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Field ``name``'s (src region, src offset, dst region, dst offset) tensors at the
+    two sides' coordinates, flattened, and each atom's length: the whole field (``size``
+    bytes) per (layer, token, head), or one element where the field's elements are not
+    consecutive on a side [DESC-1, LAYOUT-8]."""
+    index = None
+    if not (source.contiguous(name) and target.contiguous(name)):
+        # One atom per element, which coalescing joins again where both sides run on
+        # [LAYOUT-8, DESC-3].
+        count = source.element_count(name)
+        index = torch.arange(count, dtype=torch.int64).view(1, 1, 1, -1)
+        src_at = _element_axis(src_at)
+        dst_at = _element_axis(dst_at)
+        size //= count
+    sr, so = source.addresses(name, *src_at, index=index)
+    dr, do = target.addresses(name, *dst_at, index=index)
+    return sr.flatten(), so.flatten(), dr.flatten(), do.flatten(), size
+
+
 def _atoms(
     plan: TransferPlan,
     edge: Edge,
@@ -117,18 +143,7 @@ def _atoms(
             td % target.block_size,
             heads_dst,
         )
-        index = None
-        if not (source.contiguous(name) and target.contiguous(name)):
-            # A field whose elements are not consecutive on a side: one atom per element,
-            # which coalescing joins again where both sides run on [LAYOUT-8, DESC-3].
-            count = source.element_count(name)
-            index = torch.arange(count, dtype=torch.int64).view(1, 1, 1, -1)
-            src_at = _element_axis(src_at)
-            dst_at = _element_axis(dst_at)
-            size //= count
-        sr, so = source.addresses(name, *src_at, index=index)
-        dr, do = target.addresses(name, *dst_at, index=index)
-        parts.append((sr.flatten(), so.flatten(), dr.flatten(), do.flatten(), size))
+        parts.append(field_atoms(source, target, name, size, src_at, dst_at))
     if not parts or not len(parts[0][0]):
         empty = torch.zeros(0, dtype=torch.int64)
         return empty, empty, empty, empty, empty

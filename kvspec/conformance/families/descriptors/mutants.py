@@ -13,6 +13,8 @@ import torch
 from kvspec.conformance.mutants import mutant
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.memory.descriptors import Descriptor, RegisteredCache, _coalesce, share_positions
+from kvspec.memory.descriptors.planning import field_atoms
+from kvspec.memory.layout_model import SPLIT_AXES, CacheLayout, Plane, SideField
 from kvspec.topology.ownership import rank_ownership
 
 
@@ -32,6 +34,7 @@ def _build(
     target_id_shift: int = 0,
     stop: int | None = None,
     request_positions: bool = False,
+    skip_scales: bool = False,
 ) -> tuple[Descriptor, ...]:
     """A connector's list for the edge :meth:`~kvspec.conformance.adapter.Adapter.descriptors`
     is asked for: every (layer, token, head, field) paired and merged, with the hooks a
@@ -51,21 +54,21 @@ def _build(
     dst_bs = target_block_size or target.block_size
     parts = []
     for name, (_, _, size) in source.fields().items():
-        sr, s_off = source.addresses(
-            name,
+        if skip_scales and name.endswith("_scale"):
+            continue
+        src_at = (
             torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - so.layers.start,
             sids[torch.clamp(ts // source.block_size, max=len(sids) - 1)],
             ts % source.block_size,
             src_head,
         )
-        dr, d_off = target.addresses(
-            name,
+        dst_at = (
             torch.arange(edge.layers.start, edge.layers.stop).view(-1, 1, 1) - do.layers.start,
             dids[torch.clamp(td // dst_bs, max=len(dids) - 1)],
             td % dst_bs,
             heads - do.heads.start,
         )
-        parts.append((sr.flatten(), s_off.flatten(), dr.flatten(), d_off.flatten(), size))
+        parts.append(field_atoms(source, target, name, size, src_at, dst_at))
     src_regions, src_offsets, dst_regions, dst_offsets = (
         torch.cat([p[0] for p in parts]),
         torch.cat([p[1] for p in parts]),
@@ -194,3 +197,55 @@ class RequestPositionsUnderTokenShards(ReferenceAdapter):
 
     def descriptors(self, case, *edge):
         return _build(self, case, *edge, request_positions=True)
+
+
+@mutant("DESC-2.2")
+class SenderRegionUnchecked(ReferenceAdapter):
+    """Checks the request's block ids against the receiver's registered regions only, the
+    ones it registered itself; the sender's are taken at the size their layout gives, so
+    a request whose bytes run past a sender region's registered end is posted (the
+    clause: inside the region on both sides)."""
+
+    def descriptors(self, case, src, dst, source, *rest):
+        whole = replace(source, region_bytes={})
+        return super().descriptors(case, src, dst, whole, *rest)
+
+
+def _slots_in_order(plane: Plane) -> Plane:
+    """``plane`` with a split slot axis read as one: slot t at t, where slots_hi stood."""
+    if not plane.split:
+        return plane
+    axes = tuple("slots" if a == SPLIT_AXES[0] else a for a in plane.axes if a != SPLIT_AXES[1])
+    return replace(plane, axes=axes, unit=None)
+
+
+def _unsplit(cache: RegisteredCache) -> RegisteredCache:
+    spec: CacheLayout = cache.layout
+    planes = tuple(_slots_in_order(p) for p in spec.planes)
+    side = tuple(SideField(s.field, s.of, _slots_in_order(s.plane)) for s in spec.side)
+    return replace(cache, layout=replace(spec, planes=planes, side=side))
+
+
+@mutant("DESC-1.1")
+class SplitSlotsReadInOrder(ReferenceAdapter):
+    """Addresses a plane or side tensor whose slot axis is split (vLLM's SM100 V scales
+    in 4-token groups, SGLang's MXFP8 scales at slot t % 32, t // 32) as if its slots ran
+    in order, slot t at t: the split is for that field alone, and the connector reads it
+    like the page's other planes (LAYOUT-8: slots_hi = t // unit, slots_lo = t % unit)."""
+
+    def descriptors(self, case, src, dst, source, source_ids, target, target_ids, tokens):
+        return super().descriptors(
+            case, src, dst, _unsplit(source), source_ids, _unsplit(target), target_ids, tokens
+        )
+
+
+@mutant("DESC-1.1")
+class ScalesLeftBehind(ReferenceAdapter):
+    """Posts each cell's values and not its scales (vLLM's fp8 per-token-head inline
+    scales, FlashMLA's nope scales, NVFP4's block scales), as a connector that takes
+    scales for per-layer facts shipped apart: the receiver's scale bytes are never
+    written (the clause: each field of each (layer, token, head))."""
+
+    def descriptors(self, case, *edge):
+        super().descriptors(case, *edge)  # the regions checked, as the reference does
+        return _build(self, case, *edge, skip_scales=True)

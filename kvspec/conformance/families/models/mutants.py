@@ -149,3 +149,23 @@ class MlaLatentDuplicatedAsV(ReferenceAdapter):
             scales = None if out.scales is None else torch.cat([out.scales, out.scales], dim=1)
             return RequestKV(torch.cat([out.data, out.data], dim=1), scales)
         return out
+
+
+@mutant("MODEL-3.2")
+class HeadsTimesHeadDimCompared(ReferenceAdapter):
+    """Compares the two stages' values per token and layer, num_kv_heads x head_dim, as a
+    handshake that checks the block length it will read: each fact changed alone moves
+    the product and is refused, but 8 heads of 64 pass for 4 heads of 128 (the clause:
+    num_kv_heads and head_dim, each)."""
+
+    def validate_agreement(self, config: Config) -> None:
+        given = copy.deepcopy(config)
+        if "target_model" in given:
+            ours, theirs = given["model"], given["target_model"]
+            with contextlib.suppress(TypeError, KeyError):
+                if ours["num_kv_heads"] * ours["head_dim"] == (
+                    theirs["num_kv_heads"] * theirs["head_dim"]
+                ):
+                    theirs["num_kv_heads"] = ours["num_kv_heads"]
+                    theirs["head_dim"] = ours["head_dim"]
+        super().validate_agreement(given)

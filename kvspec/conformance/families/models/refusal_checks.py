@@ -6,11 +6,13 @@ domain (:mod:`kvspec.conformance.refusals`).
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 from hypothesis import strategies as st
 
-from kvspec.conformance.adapter import Adapter
-from kvspec.conformance.checks import Example
+from kvspec.conformance.adapter import VALIDATORS, Adapter
+from kvspec.conformance.checks import Context, Example, check
+from kvspec.conformance.checks.expectations import changed_values, expect_refused
 from kvspec.conformance.families.models.errors import ERROR_CASES
 from kvspec.conformance.refusals import (
     Variant,
@@ -21,6 +23,7 @@ from kvspec.conformance.refusals import (
     tp_pp_only,
     valid_configs,
 )
+from kvspec.conformance.transfer_config import TransferConfig, handed
 from kvspec.tensors.dtypes import DTYPES, FP8_DTYPES
 from kvspec.topology.model import ModelShape
 
@@ -113,3 +116,85 @@ refusal_check(
     pins=(),
     variants=_mismatched_models,
 )
+
+
+TOGETHER: tuple[str, ...] = (
+    "num_kv_heads and head_dim, one product",
+    "head_dim and dtype, one size per token",
+)
+"""Pairs of model facts a receiver's model changes together, keeping what a byte count
+sees: heads x head_dim (the values per token and layer), head_dim x the dtype's itemsize
+(the bytes per token and head) [MODEL-3]."""
+
+
+def _even_head_dim(config: Example) -> Example:
+    """``config`` with its model's head_dim made even (doubled if odd), so it halves."""
+    model = config["model"]
+    if model["head_dim"] % 2 == 0:
+        return config
+    return {**config, "model": {**model, "head_dim": model["head_dim"] * 2}}
+
+
+def _pairs_for(config: Example) -> list[str]:
+    """The pairs of :data:`TOGETHER` that can change together in ``config``'s model: heads
+    only for MHA, a dtype of twice the itemsize only where one exists and no fp8 scale
+    format would change along."""
+    model = ModelShape.from_dict(config["model"])
+    found = []
+    if model.attention == "mha" and not model.groups:
+        found.append(TOGETHER[0])
+    if model.dtype not in FP8_DTYPES and _wider(model.dtype) is not None:
+        found.append(TOGETHER[1])
+    return found
+
+
+def _wider(dtype: str) -> str | None:
+    """A dtype of twice ``dtype``'s itemsize, if any (bfloat16 -> float32)."""
+    size = DTYPES[dtype].itemsize
+    return next((d for d, t in DTYPES.items() if t.itemsize == 2 * size), None)
+
+
+@st.composite
+def together_examples(draw: st.DrawFn, adapter: Adapter) -> Example:
+    """A valid configuration (head_dim even) and a pair of facts its receiver's model
+    changes together [MODEL-3]."""
+    config = draw(valid_configs(adapter).map(_even_head_dim).filter(lambda c: bool(_pairs_for(c))))
+    return {"config": config, "together": draw(st.sampled_from(_pairs_for(config)))}
+
+
+def _changed_together(config: Example, together: str) -> tuple[str, Example]:
+    """(obligation, the receiver's model) with the pair changed, the per-token size kept."""
+    model = config["model"]
+    half = model["head_dim"] // 2
+    if together == TOGETHER[0]:
+        return "MODEL-3.2", {**model, "num_kv_heads": model["num_kv_heads"] * 2, "head_dim": half}
+    wider = _wider(model["dtype"])
+    return "MODEL-3.3", {**model, "dtype": wider, "head_dim": half}
+
+
+@check(
+    "MODEL-3",
+    "refuses-facts-changed-together",
+    "stages whose models differ in two facts that keep a per-token size are refused",
+    needs=(VALIDATORS["validate_agreement"],),
+    strategy=together_examples,
+    examples=(
+        {"config": config_between(2, 2, mha_model(heads=4, head_dim=8)), "together": TOGETHER[0]},
+        {"config": config_between(1, 2, mha_model(heads=2, head_dim=8)), "together": TOGETHER[1]},
+    ),
+    covers=("MODEL-3.2", "MODEL-3.3"),
+)
+def refuses_facts_changed_together(ctx: Context, example: Example) -> None:
+    config = example["config"]
+    obligation, target = _changed_together(config, example["together"])
+    probe = handed({**config, "target_model": ModelShape.from_dict(target).to_dict()})
+    expect_refused(
+        obligation,
+        f"configuration {probe} ({example['together']}: the receiver's model "
+        f"{target['num_kv_heads']} heads of {target['head_dim']} in {target['dtype']}, the "
+        f"sender's {config['model']['num_kv_heads']} of {config['model']['head_dim']} in "
+        f"{config['model']['dtype']})",
+        lambda: ctx.adapter.validate_agreement(cast(TransferConfig, copy.deepcopy(probe))),
+        naming=changed_values(config, probe),
+        accepted=probe,
+    )

@@ -167,34 +167,58 @@ class ChunkNotCompared(ReferenceAdapter):
         return super().merge(case, dst, [(s, replace(p, chunk=chunk)) for s, p in received])
 
 
+def _missing_zero_filled(plan, dst, received) -> tuple[list, set[int]]:
+    """The shards with each layer their edge carries but they lack filled with zeros (a
+    preallocated receiver's buffer), and the layers so filled."""
+    fixed, filled = [], set()
+    for src, p in received:
+        if src in plan.sources_of(dst):
+            missing = [i for i in plan.edge(src, dst).layers if i not in p.layers]
+            if missing and p.layers:
+                first = p.layers[0]
+                fields = {}
+                for name in TENSOR_FIELDS:
+                    values = getattr(p, name)
+                    if values is None or values[first] is None:
+                        continue
+                    filler = (
+                        values[first].clone()
+                        if name in SCALE_FIELDS
+                        else torch.zeros_like(values[first])
+                    )
+                    fields[name] = tuple(
+                        filler if i in missing else t for i, t in enumerate(values)
+                    )
+                p = replace(p, **fields)
+                filled.update(missing)
+        fixed.append((src, p))
+    return fixed, filled
+
+
 @mutant("PAYLOAD-3.8")
 class MissingLayerFilledWithZeros(ReferenceAdapter):
     """Fills a layer missing on one shard with zeros, as a receiver that preallocates does."""
 
     def merge(self, case, dst, received):
-        plan = self.plan(case)
-        fixed = []
-        for src, p in received:
-            if src in plan.sources_of(dst):
-                missing = [i for i in plan.edge(src, dst).layers if i not in p.layers]
-                if missing and p.layers:
-                    first = p.layers[0]
-                    fields = {}
-                    for name in TENSOR_FIELDS:
-                        values = getattr(p, name)
-                        if values is None or values[first] is None:
-                            continue
-                        filler = (
-                            values[first].clone()
-                            if name in SCALE_FIELDS
-                            else torch.zeros_like(values[first])
-                        )
-                        fields[name] = tuple(
-                            filler if i in missing else t for i, t in enumerate(values)
-                        )
-                    p = replace(p, **fields)
-            fixed.append((src, p))
+        fixed, _ = _missing_zero_filled(self.plan(case), dst, received)
         return super().merge(case, dst, fixed)
+
+
+@mutant("PAYLOAD-3.8")
+class LayerOneShardLacksDropped(ReferenceAdapter):
+    """Merges the layers that arrived whole and leaves out a layer one shard lacks though
+    another has it (the receiver keeps what every sender delivered), instead of refusing:
+    the merged payload silently holds a shorter layer list (the clause: a layer present on
+    one shard and missing on another that should carry it is refused)."""
+
+    def merge(self, case, dst, received):
+        fixed, filled = _missing_zero_filled(self.plan(case), dst, received)
+        merged = super().merge(case, dst, fixed)
+        if not filled:
+            return merged
+        return merged.with_layers(
+            lambda values: tuple(None if i in filled else t for i, t in enumerate(values))
+        )
 
 
 @mutant("PAYLOAD-3.9")
