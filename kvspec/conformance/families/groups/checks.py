@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
 from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused
+from kvspec.conformance.draws import spec_plan, spec_rule
 from kvspec.conformance.draws.hybrids import (
     KINDS,
     STATES,
@@ -25,7 +26,6 @@ from kvspec.conformance.draws.hybrids import (
 )
 from kvspec.conformance.transfer_config import TransferConfig, handed
 from kvspec.topology.case import TransferCase
-from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import ChunkedLocal, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
@@ -64,7 +64,10 @@ def _uniform(draw: st.DrawFn, adapter: Adapter) -> Example:
     tps = hybrid_tp_sizes(adapter)
     model = ModelShape(draw(st.integers(1, 8)), draw(st.sampled_from([1, 2, 4, 8])), 4)
     case = TransferCase(
-        StageLayout(draw(st.sampled_from(tps))), StageLayout(draw(st.sampled_from(tps))), model
+        StageLayout(draw(st.sampled_from(tps))),
+        StageLayout(draw(st.sampled_from(tps))),
+        model,
+        draw(st.sampled_from(adapter.drawn_policies)),
     )
     return {"case": case.to_dict(), "seq_len": draw(st.integers(1, 64)), "block_size": 16}
 
@@ -80,7 +83,7 @@ def _uniform(draw: st.DrawFn, adapter: Adapter) -> Example:
 def _uniform_default(ctx: Context, example: Example) -> None:
     case = _case(ctx, example)
     seq_len = example["seq_len"]
-    want = {(0, e.src, e.dst): e.nbytes(seq_len) for e in case.plan().edges}
+    want = {(0, e.src, e.dst): e.nbytes(seq_len) for e in spec_plan(ctx.adapter, case).edges}
     got = dict(ctx.adapter.group_bytes(case, seq_len, example["block_size"]))
     expect(
         got == want,
@@ -244,14 +247,7 @@ def _bytes_per_group(ctx: Context, example: Example) -> None:
     case = _case(ctx, example)
     seq_len, block = example["seq_len"], example["block_size"]
     for length in (seq_len, seq_len + 2 * block + 1):
-        plan = plan_groups(
-            case.source,
-            case.target,
-            case.model,
-            seq_len=length,
-            block_size=block,
-            policy=case.policy,
-        )
+        plan = case.group_plan(length, spec_rule(ctx.adapter, case), block_size=block)
         want = plan.bytes_per_edge()
         got = dict(ctx.adapter.group_bytes(case, length, block))
         for key in sorted(set(want) | set(got)):
@@ -373,9 +369,10 @@ def _reads(ctx: Context, example: Example) -> None:
         if group.per_token or not group.parts():
             continue
         layers = model.group_layers(index)
-        expected_dsts = {
-            r.dst for r in plan_state_reads(source, target, model, index, policy=case.policy)
-        }
+        reads = plan_state_reads(
+            source, target, model, index, policy=case.policy, rule=spec_rule(ctx.adapter, case)
+        )
+        expected_dsts = {r.dst for r in reads}
         for dst in sorted(expected_dsts):
             where = target.locate(dst)
             size = state_elements(group, target.attn_tp)
