@@ -12,7 +12,7 @@ from types import MappingProxyType
 import pytest
 
 from kvspec.conformance.families.groups.replica_rule_mutants import HybridPlannerChoosesLowest
-from kvspec.conformance.input_coverage import HYBRID, draw_coverage
+from kvspec.conformance.input_coverage import HYBRID, draw_coverage, features_of
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.result import FAILED, PASSED
 from kvspec.conformance.runner import run_suite, select_checks
@@ -158,3 +158,24 @@ def test_the_hybrid_draws_are_made_under_the_declared_rule() -> None:
     coverage = draw_coverage(declaring(SGLANG), profile="quick", checks=checks)
     assert coverage.counts["GROUP"][f"policy x hybrid: {SGLANG}"] > 0
     assert coverage.counts["GROUP"]["policy x hybrid: lowest"] == 0
+
+
+def test_a_policy_on_a_hybrid_is_read_only_where_a_replica_can_be_chosen() -> None:
+    hybrid = _hybrid(1).to_dict()
+    uniform = ModelShape(2, 1, 2).to_dict()
+
+    def case(source_tp: int, model: dict[str, object]) -> dict[str, object]:
+        return {"source": {"tp": source_tp}, "target": {"tp": 2}, "model": model, "policy": SGLANG}
+
+    assert f"policy x hybrid: {SGLANG}" in features_of({"case": case(2, hybrid)})
+    assert not {f for f in features_of({"case": case(1, hybrid)}) if "hybrid" in f}  # one sender
+    assert not {f for f in features_of({"case": case(2, uniform)}) if "hybrid" in f}
+
+
+def test_a_policy_no_longer_drawn_on_hybrids_is_a_gap() -> None:
+    class LowestOnly(ReferenceAdapter):
+        policies = ("lowest",)
+
+    coverage = draw_coverage(LowestOnly(), profile="ci", checks=select_checks(["GROUP-3"]))
+    gaps = [f.name for f in coverage.gaps()]
+    assert "policy x hybrid: balanced" in gaps and "policy x hybrid: lowest" not in gaps
