@@ -56,6 +56,10 @@ CLAUSES = (
         obligations=(
             must("every element of a receiver's state is read once, from the same element"),
             must("a part replicated on either side is read at the unit's own offset in the sender"),
+            must(
+                "a replicated unit is read from the holder the plan's policy picks, a declared "
+                "(field) rule's included [PLAN-4]"
+            ),
         ),
     ),
 )

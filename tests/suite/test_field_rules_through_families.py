@@ -11,7 +11,10 @@ from types import MappingProxyType
 
 import pytest
 
-from kvspec.conformance.families.groups.replica_rule_mutants import HybridPlannerChoosesLowest
+from kvspec.conformance.families.groups.replica_rule_mutants import (
+    HybridPlannerChoosesLowest,
+    ReplicatedStateFromLowestHolder,
+)
 from kvspec.conformance.input_coverage import HYBRID, draw_coverage, features_of
 from kvspec.conformance.reference import ReferenceAdapter
 from kvspec.conformance.result import FAILED, PASSED
@@ -148,6 +151,19 @@ def test_a_hybrid_planner_keeping_lowest_is_caught_under_each_rule(name: str) ->
     assert all(
         r.tier != BREAKS and "policy must be one of" not in r.reason for r in failed.values()
     )
+
+
+@pytest.mark.parametrize("name", sorted(FIELD_RULES))
+def test_state_reads_from_the_lowest_holder_are_caught_under_each_rule(name: str) -> None:
+    """The bytes follow the rule, the state reads do not: the values are the same (every
+    holder keeps the same replica), so only the sender tells [STATE-2.3]."""
+    mutant = declaring(name, ReplicatedStateFromLowestHolder)
+    checks = select_checks(["GROUP-3/bytes-per-group", "STATE-2/reads"])
+    report = run_suite(mutant, profile="quick", checks=checks, shrink=False)
+    verdicts = {r.check.id: (r.verdict, r.reason) for r in report.results}
+    assert verdicts["GROUP-3/bytes-per-group"][0] == PASSED
+    verdict, reason = verdicts["STATE-2/reads"]
+    assert verdict == FAILED and "[STATE-2.3, PLAN-4]" in reason and repr(name) in reason
 
 
 # -- the table counts a declared rule's hybrid draws ---------------------------------------

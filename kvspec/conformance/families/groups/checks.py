@@ -29,7 +29,13 @@ from kvspec.topology.case import TransferCase
 from kvspec.topology.groups import ChunkedLocal, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.state import part_offsets, part_units, plan_state_reads, state_elements
+from kvspec.topology.state import (
+    StateRead,
+    part_offsets,
+    part_units,
+    plan_state_reads,
+    state_elements,
+)
 
 LOCAL = ("chunked", "full", "sliding")
 """Kinds drawn beside chunked local attention [LOCAL-1] (KINDS leaves it out, so the
@@ -359,7 +365,7 @@ def _state_values(group: Any, tp: int, attn_rank: int, layer: int) -> list[tuple
             "block_size": 4,
         },
     ),
-    covers=("STATE-2.1", "STATE-2.2"),
+    covers=("STATE-2.1", "STATE-2.2", "STATE-2.3"),
 )
 def _reads(ctx: Context, example: Example) -> None:
     case = _case(ctx, example)
@@ -377,6 +383,7 @@ def _reads(ctx: Context, example: Example) -> None:
             where = target.locate(dst)
             size = state_elements(group, target.attn_tp)
             filled: dict[int, list[Any]] = {}
+            read_from: dict[tuple[int, int], int] = {}  # (layer, element) -> its sender
             for src, layer, src_at, dst_at, length in ctx.adapter.state_reads(case, index, dst):
                 expect(
                     layer in layers,
@@ -401,6 +408,7 @@ def _reads(ctx: Context, example: Example) -> None:
                         "read twice [STATE-2.1]",
                     )
                     mine[dst_at + i] = sender[src_at + i]
+                    read_from[(layer, dst_at + i)] = src
             held = [layer for layer in layers if layer in _layers_of(target, model, dst)]
             for layer in held:
                 want = _state_values(group, target.attn_tp, where.attn_tp_rank, layer)
@@ -417,8 +425,33 @@ def _reads(ctx: Context, example: Example) -> None:
                     "[STATE-2.1, STATE-2.2]",
                 )
                 checked = True
+            _check_senders(case, index, dst, reads, read_from)
     if not checked:
         vacuous()
+
+
+def _check_senders(
+    case: TransferCase,
+    group: int,
+    dst: int,
+    reads: tuple[StateRead, ...],
+    read_from: dict[tuple[int, int], int],
+) -> None:
+    """Every element of receiver ``dst`` came from the sender the plan's policy picks for
+    its unit (the spec's ``reads``, made under the adapter's rule) [STATE-2.3, PLAN-4]."""
+    for r in reads:
+        if r.dst != dst:
+            continue
+        for i in range(r.length):
+            got = read_from.get((r.layer, r.dst_offset + i))
+            expect(
+                got == r.src,
+                f"{case.source.describe()} -> {case.target.describe()}, group {group} "
+                f"{case.model.layer_groups[group].describe()}: receiver {dst} reads part "
+                f"{r.part} of layer {r.layer} (element {r.dst_offset + i}) from source rank "
+                f"{got}, but policy {case.policy!r} picks rank {r.src} of its holders "
+                "[STATE-2.3, PLAN-4]",
+            )
 
 
 def _layers_of(layout: StageLayout, model: ModelShape, rank: int) -> range:
