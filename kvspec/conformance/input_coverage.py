@@ -4,7 +4,8 @@ hit, counted per clause family under a profile (``kvspec conform IMPL --coverage
 A check passes on the examples it is given; a corner its strategy never draws is a corner
 no implementation is ever held to. This module names the corners as data —
 :data:`DECLARED`, read from the spec's own enumerations (every preset, every TP relation
-with every replica policy, every layer-group kind, every state kind with and without
+with every replica policy, every replica policy on a hybrid (its layer groups and state
+reads planned under it), every layer-group kind, every state kind with and without
 speculative rows, every lifecycle event and the event sequences the LIFE clauses speak
 of, every token rule and dtype; and, below the issue-44 line, each descriptor layout
 kind and the side a bound is broken on, model facts changed together, a merge whose
@@ -22,7 +23,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.adapter.capabilities import provided_capabilities
@@ -94,6 +95,7 @@ def _declared() -> tuple[Feature, ...]:
         for r in RELATIONS
         if r != "same TP"
     ]
+    found += [Feature("policy x hybrid", policy, HYBRID) for policy in POLICIES]
     found += [Feature("layer kind", kind, HYBRID) for kind in KINDS]
     found += [
         Feature("state x speculative rows", f"{kind}, {rows}", HYBRID)
@@ -202,15 +204,30 @@ def _stage_pair(value: Mapping[str, Any], found: set[str]) -> None:
     tps = source.get("tp"), target.get("tp")
     if not all(isinstance(t, int) and t > 0 for t in tps):
         return
-    relation = _relation(*tps)  # type: ignore[arg-type]
+    source_tp, target_tp = cast(tuple[int, int], tps)
+    relation = _relation(source_tp, target_tp)
     found.add(f"tp pair: {relation}")
     policy = value.get("policy")
     if isinstance(policy, str) and relation != "same TP":
         found.add(f"policy x tp pair: {policy}, {relation}")
+    if isinstance(policy, str) and source_tp > 1 and _hybrid(value.get("model")):
+        found.add(f"policy x hybrid: {policy}")  # a replica rule reaching the group planner
     for side in (source, target):
         parts = side.get("layer_partition")
         if isinstance(parts, list) and len(set(parts)) > 1:
             found.add("layer partition: explicit, uneven")
+
+
+def _hybrid(model: object) -> bool:
+    """Whether a model's plain data has a layer of one of its groups."""
+    if not isinstance(model, Mapping):
+        return False
+    groups, layers = model.get("groups"), model.get("layers")
+    return (
+        isinstance(groups, list)
+        and isinstance(layers, list)
+        and any(isinstance(i, int) and 0 < i <= len(groups) for i in layers)
+    )
 
 
 def _model(value: Mapping[str, Any], found: set[str]) -> None:

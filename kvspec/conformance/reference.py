@@ -26,7 +26,7 @@ from kvspec.tensors.slicing import apply_head_slice
 from kvspec.tensors.state_oracle import oracle_state
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.case import TransferCase
-from kvspec.topology.group_plan import GroupPlan, plan_groups
+from kvspec.topology.group_plan import GroupPlan
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow, StateGroup
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import rank_ownership
@@ -46,21 +46,19 @@ def _plan(case: TransferCase, rule: ReplicaRule | None) -> TransferPlan:
 
 
 def case_group_plan(
-    case: TransferCase, seq_len: int, *, model: ModelShape | None = None, **block_sizes: int
+    case: TransferCase,
+    seq_len: int,
+    *,
+    rule: ReplicaRule | None = None,
+    model: ModelShape | None = None,
+    **block_sizes: int,
 ) -> GroupPlan:
-    """The group plan [GROUP-3] of a drawn transfer case (its stages, policy and DP groups;
-    ``model`` replaces the case's), for ``seq_len`` tokens; ``block_sizes`` are
-    :func:`plan_groups`' ``block_size`` or ``source_block_size``/``target_block_size``."""
-    return plan_groups(
-        case.source,
-        case.target,
-        case.model if model is None else model,
-        seq_len=seq_len,
-        policy=case.policy,
-        source_dp=case.source_dp,
-        target_dp=case.target_dp,
-        **block_sizes,
-    )
+    """The group plan [GROUP-3] of a drawn transfer case (its stages, policy, under
+    ``rule`` when the policy is an adapter's own [PLAN-4], and DP groups; ``model``
+    replaces the case's), for ``seq_len`` tokens; ``block_sizes`` are
+    :func:`~kvspec.topology.group_plan.plan_groups`' ``block_size`` or
+    ``source_block_size``/``target_block_size``."""
+    return case.group_plan(seq_len, rule, model=model, **block_sizes)
 
 
 class ReferenceAdapter(FullAdapter):
@@ -195,6 +193,7 @@ class ReferenceAdapter(FullAdapter):
             case.model,
             group,
             policy=case.policy,
+            rule=self.policy_rules.get(case.policy),
             source_dp=case.source_dp,
             target_dp=case.target_dp,
         )
@@ -205,7 +204,8 @@ class ReferenceAdapter(FullAdapter):
     def group_bytes(
         self, case: TransferCase, seq_len: int, block_size: int
     ) -> dict[tuple[int, int, int], int]:
-        return case_group_plan(case, seq_len, block_size=block_size).bytes_per_edge()
+        rule = self.policy_rules.get(case.policy)
+        return case_group_plan(case, seq_len, rule=rule, block_size=block_size).bytes_per_edge()
 
     def window_tokens(
         self, case: TransferCase, seq_len: int, source_block_size: int, target_block_size: int
@@ -213,6 +213,7 @@ class ReferenceAdapter(FullAdapter):
         plan = case_group_plan(
             case,
             seq_len,
+            rule=self.policy_rules.get(case.policy),
             source_block_size=source_block_size,
             target_block_size=target_block_size,
         )

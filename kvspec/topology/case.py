@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec.core.forms import build, read_form
+from kvspec.topology.group_plan import GroupPlan, plan_groups
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import RankOwnership, rank_ownership
 from kvspec.topology.plan import ReplicaRule, TransferPlan, plan_transfer
@@ -84,6 +85,31 @@ class TransferCase:
             seq_len=self.seq_len,
             source_dp=self.source_dp,
             target_dp=self.target_dp,
+        )
+
+    def group_plan(
+        self,
+        seq_len: int,
+        rule: ReplicaRule | None = None,
+        *,
+        model: ModelShape | None = None,
+        **block_sizes: int,
+    ) -> GroupPlan:
+        """The spec's plan of every layer group for ``seq_len`` tokens [GROUP-3], its
+        replicas chosen by the case's policy, or by ``rule`` where that policy is not the
+        spec's [PLAN-4], as :meth:`plan`; ``model`` replaces the case's, ``block_sizes``
+        are :func:`~kvspec.topology.group_plan.plan_groups`' ``block_size`` or
+        ``source_block_size``/``target_block_size``."""
+        return plan_groups(
+            self.source,
+            self.target,
+            self.model if model is None else model,
+            seq_len=seq_len,
+            policy=self.policy,
+            rule=rule,
+            source_dp=self.source_dp,
+            target_dp=self.target_dp,
+            **block_sizes,
         )
 
     def owner(self, side: str, rank: int) -> RankOwnership:

@@ -23,7 +23,7 @@ from kvspec.core.require import require_int
 from kvspec.topology.groups import FullAttention, StateGroup
 from kvspec.topology.indexer import index_entry_bytes
 from kvspec.topology.model import Attention, ModelShape
-from kvspec.topology.plan import plan_transfer
+from kvspec.topology.plan import ReplicaRule, plan_transfer, replica_rule
 from kvspec.topology.stage import StageLayout
 from kvspec.topology.state import StateRead, part_itemsize, plan_state_reads
 from kvspec.topology.tokens import Tokens
@@ -161,6 +161,7 @@ def plan_groups(
     seq_len: int,
     block_size: int = 16,
     policy: str = "lowest",
+    rule: ReplicaRule | None = None,
     source_dp: int = 0,
     target_dp: int = 0,
     source_block_size: int | None = None,
@@ -174,7 +175,12 @@ def plan_groups(
     aligned to its blocks, and a plan whose receiver needs tokens the sender has evicted
     is refused [WINDOW-2]; a hybrid's block size per TP is
     :func:`kvspec.topology.block_size.hybrid_block_size` [BLOCK-1].
+
+    ``policy`` and ``rule`` choose every group's replicas as :func:`plan_transfer` does
+    [PLAN-4]: a per-token group's heads and a state group's units alike, so a declared
+    rule (an engine's, :mod:`kvspec.topology.field_policies`) reaches every group.
     """
+    rule = replica_rule(policy, rule)
     require_int("seq_len", seq_len, minimum=0)
     require_int("block_size", block_size, minimum=1)
     sender = block_size if source_block_size is None else source_block_size
@@ -194,14 +200,16 @@ def plan_groups(
                         group,
                         seq_len,
                         (sender, block_size),
-                        policy,
+                        (policy, rule),
                         source_dp,
                         target_dp,
                     )
                 )
             else:
                 edges.extend(
-                    _state_edges(source, target, model, index, group, policy, source_dp, target_dp)
+                    _state_edges(
+                        source, target, model, index, group, (policy, rule), source_dp, target_dp
+                    )
                 )
         except ValueError as error:
             raise ValueError(
@@ -228,16 +236,18 @@ def _token_edges(
     group: FullAttention,
     seq_len: int,
     blocks: tuple[int, int],
-    policy: str,
+    replicas: tuple[str, ReplicaRule],
     source_dp: int,
     target_dp: int,
 ) -> list[GroupEdge]:
     view = group_view(model, group)
+    policy, rule = replicas
     plan = plan_transfer(
         source,
         target,
         view,
         policy=policy,
+        rule=rule,
         seq_len=seq_len,
         source_dp=source_dp,
         target_dp=target_dp,
@@ -280,12 +290,20 @@ def _state_edges(
     model: ModelShape,
     index: int,
     group: StateGroup,
-    policy: str,
+    replicas: tuple[str, ReplicaRule],
     source_dp: int,
     target_dp: int,
 ) -> list[GroupEdge]:
+    policy, rule = replicas
     reads = plan_state_reads(
-        source, target, model, index, policy=policy, source_dp=source_dp, target_dp=target_dp
+        source,
+        target,
+        model,
+        index,
+        policy=policy,
+        rule=rule,
+        source_dp=source_dp,
+        target_dp=target_dp,
     )
     by_pair: dict[tuple[int, int], list[StateRead]] = defaultdict(list)
     for read in reads:

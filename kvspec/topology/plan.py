@@ -197,6 +197,33 @@ SPEC_RULES: dict[str, ReplicaRule] = {
 """The spec's named policies as rules [PLAN-4]."""
 
 
+def replica_rule(policy: str, rule: ReplicaRule | None = None) -> ReplicaRule:
+    """The rule that implements ``policy`` [PLAN-4]: one of :data:`POLICIES` by name, or,
+    with ``rule``, a policy of one's own (a field rule of
+    :mod:`kvspec.topology.field_policies`, an adapter's ``policy_rules``), which needs a
+    name. Every planner takes its replica choice from here, so a declared rule reaches
+    each of them: the uniform plan, a hybrid's layer groups and its state reads."""
+    if rule is None:
+        require_choice("policy", policy, POLICIES)
+        return SPEC_RULES[policy]
+    if not isinstance(policy, str) or not policy:
+        raise ValueError(f"a policy given as a rule needs a name, got {policy!r} [PLAN-4]")
+    return rule
+
+
+def choose_replica(policy: str, rule: ReplicaRule, choice: ReplicaChoice) -> int:
+    """The source TP rank that sends ``choice.head`` to its receiver under ``rule`` (the
+    rule of ``policy``); refused unless it is one of the head's replicas [PLAN-4]."""
+    chosen = rule(choice)
+    if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen not in choice.replicas:
+        shown = list(choice.replicas) if len(choice.replicas) <= 8 else choice.replicas
+        raise ValueError(
+            f"policy {policy!r} chose source TP rank {chosen!r} for head {choice.head} of "
+            f"target rank {choice.receiver_rank}, but only TP ranks {shown} hold it [PLAN-4]"
+        )
+    return chosen
+
+
 @dataclass(frozen=True)
 class Edge:
     """One sender-to-receiver transfer of a request's KV [PLAN-2, PLAN-6, SLICE-1, PLAN-5].
@@ -405,11 +432,7 @@ def plan_transfer(
             "by group "
             "(kvspec.topology.group_plan.plan_groups) [GROUP-3]"
         )
-    if rule is None:
-        require_choice("policy", policy, POLICIES)
-        rule = SPEC_RULES[policy]
-    elif not isinstance(policy, str) or not policy:
-        raise ValueError(f"a policy given as a rule needs a name, got {policy!r} [PLAN-4]")
+    rule = replica_rule(policy, rule)
     check_layouts(source, target, model)
     for name, layout, dp_rank in (("source", source, source_dp), ("target", target, target_dp)):
         try:
@@ -439,7 +462,7 @@ def plan_transfer(
         for pp_rank, shard in _pairs(receiver, source_pp_layers, shards):
             for head in receiver.heads:
                 replicas = _replicas(source, model, source_dp, shard, head)
-                tp_rank = _choose(
+                tp_rank = choose_replica(
                     policy,
                     rule,
                     ReplicaChoice(
@@ -490,19 +513,6 @@ def _replicas(layout: StageLayout, model: ModelShape, dp_rank: int, shard: int, 
     first = holders.start + (dcp_rank - holders.start) % layout.dcp
     base = (dp_rank * layout.cp + cp_rank) * layout.attn_tp
     return range(base + first, base + holders.stop, layout.dcp)
-
-
-def _choose(policy: str, rule: ReplicaRule, choice: ReplicaChoice) -> int:
-    """The source TP rank that sends ``choice.head`` to its receiver; refused unless it is
-    one of the head's replicas [PLAN-4]."""
-    chosen = rule(choice)
-    if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen not in choice.replicas:
-        shown = list(choice.replicas) if len(choice.replicas) <= 8 else choice.replicas
-        raise ValueError(
-            f"policy {policy!r} chose source TP rank {chosen!r} for head {choice.head} of "
-            f"target rank {choice.receiver_rank}, but only TP ranks {shown} hold it [PLAN-4]"
-        )
-    return chosen
 
 
 def _consumer_index(

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from kvspec.core.clause import Clause, must, refuses
 from kvspec.core.dtype_names import itemsize
-from kvspec.core.require import require_choice
 from kvspec.topology.groups import StateGroup, StatePart
 from kvspec.topology.model import ModelShape
 from kvspec.topology.ownership import check_heads, head_replicas, layer_ranges, owned_heads
+from kvspec.topology.plan import ReplicaChoice, ReplicaRule, choose_replica, replica_rule
 from kvspec.topology.stage import StageLayout
 
 CLAUSES = (
@@ -56,6 +56,10 @@ CLAUSES = (
         obligations=(
             must("every element of a receiver's state is read once, from the same element"),
             must("a part replicated on either side is read at the unit's own offset in the sender"),
+            must(
+                "a replicated unit is read from the holder the plan's policy picks, a declared "
+                "(field) rule's included [PLAN-4]"
+            ),
         ),
     ),
 )
@@ -135,11 +139,17 @@ def plan_state_reads(
     group_index: int,
     *,
     policy: str = "lowest",
+    rule: ReplicaRule | None = None,
     source_dp: int = 0,
     target_dp: int = 0,
 ) -> tuple[StateRead, ...]:
-    """Every read that moves state group ``group_index`` of one request [STATE-1, STATE-2]."""
-    require_choice("policy", policy, ("lowest", "balanced"))
+    """Every read that moves state group ``group_index`` of one request [STATE-1, STATE-2].
+
+    A replicated unit's sender is chosen as a replicated head's is [PLAN-4]: by ``policy``,
+    one of kvspec's, or by ``rule`` for a policy of one's own (an engine's field rule),
+    shown the unit's holders as TP ranks of the source's context-parallel rank 0 of the
+    request's DP group."""
+    choose = replica_rule(policy, rule)
     group = model.layer_groups[group_index]
     if group.per_token:
         raise ValueError(f"group {group_index} is {group.kind}, per-token KV, not a state")
@@ -157,9 +167,11 @@ def plan_state_reads(
         for r, a, _ in _holders(source, source_dp, layers, model.num_layers)
         if source.locate(r).cp_rank == 0
     }
+    base = source_dp * source.cp * source.attn_tp  # TP rank of attention-TP rank 0, CP rank 0
     consumers: dict[tuple[int, str, int], int] = defaultdict(int)
     reads: list[StateRead] = []
     for dst, attn_rank, held in _holders(target, target_dp, layers, model.num_layers):
+        dst_tp_rank = target.locate(dst).tp_rank
         for pp, stage in enumerate(src_stages):
             stage_layers = [layer for layer in held if layer in stage]
             if not stage_layers:
@@ -168,10 +180,20 @@ def plan_state_reads(
                 units = owned_heads(part.units, target.attn_tp, attn_rank)
                 chosen = []
                 for unit in units:  # receivers ask in ascending rank order [PLAN-4]
-                    replicas = head_replicas(part.units, source.attn_tp, unit)
+                    holders = head_replicas(part.units, source.attn_tp, unit)
                     index = consumers[(pp, part.name, unit)]
                     consumers[(pp, part.name, unit)] += 1
-                    pick = replicas[0] if policy == "lowest" else replicas[index % len(replicas)]
+                    choice = ReplicaChoice(
+                        head=unit,
+                        replicas=range(base + holders.start, base + holders.stop),
+                        consumer_index=index,
+                        receiver_rank=dst,
+                        receiver_tp_rank=dst_tp_rank,
+                        source_pp_rank=pp,
+                        source_attn_tp=source.attn_tp,
+                        target_attn_tp=target.attn_tp,
+                    )
+                    pick = choose_replica(policy, choose, choice) - base
                     chosen.append((unit, senders[(pp, pick)], pick))
                 runs = _runs(chosen, part, units, source, src_offsets, dst_offsets)
                 for layer in stage_layers:  # every layer of a stage reads the same runs

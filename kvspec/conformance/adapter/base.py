@@ -51,7 +51,10 @@ class Adapter:
       first policy (:mod:`kvspec.conformance.pins`).
     - ``policy_rules``: policies of its own, name -> rule (a function of a
       :class:`~kvspec.topology.plan.ReplicaChoice` returning the sending TP rank), checked against
-      PLAN-2, PLAN-3 and determinism, and routing against the rule [PLAN-4].
+      PLAN-2, PLAN-3 and determinism, and routing against the rule [PLAN-4]. The engines'
+      rules are in :data:`kvspec.topology.field_policies.FIELD_RULES`. Every family's
+      expected values are planned under the declared rule, a hybrid's layer groups,
+      windows and state reads included [GROUP-3, STATE-2].
     - ``slicing_modes``: which of ``"sender"``/``"receiver"`` slicing its sender
       transform can do [SLICE-2].
     - ``coalesces``: its descriptor lists claim to be coalesced into maximal runs, so

@@ -31,7 +31,7 @@ from kvspec.tensors.reshard import edge_marker as spec_marker
 from kvspec.tensors.slicing import HeadSlice
 from kvspec.topology.case import TransferCase
 from kvspec.topology.model import ModelShape
-from kvspec.topology.plan import Edge, TransferPlan, edge_between
+from kvspec.topology.plan import Edge, ReplicaRule, TransferPlan, edge_between
 from kvspec.topology.stage import StageLayout
 from kvspec.transport.payload import (
     Payload,
@@ -48,9 +48,17 @@ def case_examples(adapter: Adapter, **kwargs: Any) -> st.SearchStrategy[Example]
     return cases.map(TransferCase.to_dict)
 
 
+def spec_rule(adapter: Adapter, case: TransferCase) -> ReplicaRule | None:
+    """The adapter's own rule of ``case``'s policy (``Adapter.policy_rules``: a field rule
+    of :mod:`kvspec.topology.field_policies`, or one of its own); None for the spec's
+    ``lowest`` and ``balanced``. Every family's expected plan is made under it, a uniform
+    model's, a hybrid's layer groups' and its state reads' alike [PLAN-4]."""
+    return adapter.policy_rules.get(case.policy)
+
+
 def spec_plan(adapter: Adapter, case: TransferCase) -> TransferPlan:
     """The spec's plan of ``case``, under the adapter's own rule when its policy is one."""
-    return case.plan(adapter.policy_rules.get(case.policy))
+    return case.plan(spec_rule(adapter, case))
 
 
 def pinned_case(tp_s: int, tp_t: int, heads: int, layers: int = 2, **kw: Any) -> Example:

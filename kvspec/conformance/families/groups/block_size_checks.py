@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, check
 from kvspec.conformance.checks.expectations import expect, expect_refused, fail
+from kvspec.conformance.draws import spec_rule
 from kvspec.conformance.draws.hybrids import STATES, hybrid_tp_sizes
 from kvspec.conformance.families.groups.checks import LOCAL, _case, _cases
 from kvspec.topology.block_size import hybrid_block_size
 from kvspec.topology.case import TransferCase
-from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import ChunkedLocal, SlidingWindow, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.model_presets import model_preset
@@ -39,20 +39,16 @@ def _two_blocks(draw: st.DrawFn, adapter: Adapter) -> Example:
 
 
 def _expected(
-    case: TransferCase, seq_len: int, sender: int, receiver: int
+    adapter: Adapter, case: TransferCase, seq_len: int, sender: int, receiver: int
 ) -> dict[tuple[int, int, int], list[tuple[int, int]]] | str:
-    """The reference's tokens per window or chunk edge, or its refusal's text."""
+    """The reference's tokens per window or chunk edge, under the adapter's replica rule
+    [PLAN-4], or its refusal's text."""
     try:
-        plan = plan_groups(
-            case.source,
-            case.target,
-            case.model,
-            seq_len=seq_len,
+        plan = case.group_plan(
+            seq_len,
+            spec_rule(adapter, case),
             source_block_size=sender,
             target_block_size=receiver,
-            policy=case.policy,
-            source_dp=case.source_dp,
-            target_dp=case.target_dp,
         )
     except ValueError as error:
         return str(error)
@@ -105,7 +101,7 @@ def _block_sizes_differ(ctx: Context, example: Example) -> None:
         f"{case.source.describe()} -> {case.target.describe()}, {case.model.describe()}, "
         f"{seq_len} tokens, sender blocks {sender}, receiver blocks {receiver}"
     )
-    want = _expected(case, seq_len, sender, receiver)
+    want = _expected(ctx.adapter, case, seq_len, sender, receiver)
     call = lambda: ctx.adapter.window_tokens(case, seq_len, sender, receiver)  # noqa: E731
     if isinstance(want, str):
         expect_refused(

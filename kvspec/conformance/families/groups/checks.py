@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
 from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused
+from kvspec.conformance.draws import spec_plan, spec_rule
 from kvspec.conformance.draws.hybrids import (
     KINDS,
     STATES,
@@ -25,11 +26,16 @@ from kvspec.conformance.draws.hybrids import (
 )
 from kvspec.conformance.transfer_config import TransferConfig, handed
 from kvspec.topology.case import TransferCase
-from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import ChunkedLocal, group_from_dict
 from kvspec.topology.model import ModelShape
 from kvspec.topology.stage import StageLayout
-from kvspec.topology.state import part_offsets, part_units, plan_state_reads, state_elements
+from kvspec.topology.state import (
+    StateRead,
+    part_offsets,
+    part_units,
+    plan_state_reads,
+    state_elements,
+)
 
 LOCAL = ("chunked", "full", "sliding")
 """Kinds drawn beside chunked local attention [LOCAL-1] (KINDS leaves it out, so the
@@ -64,7 +70,10 @@ def _uniform(draw: st.DrawFn, adapter: Adapter) -> Example:
     tps = hybrid_tp_sizes(adapter)
     model = ModelShape(draw(st.integers(1, 8)), draw(st.sampled_from([1, 2, 4, 8])), 4)
     case = TransferCase(
-        StageLayout(draw(st.sampled_from(tps))), StageLayout(draw(st.sampled_from(tps))), model
+        StageLayout(draw(st.sampled_from(tps))),
+        StageLayout(draw(st.sampled_from(tps))),
+        model,
+        draw(st.sampled_from(adapter.drawn_policies)),
     )
     return {"case": case.to_dict(), "seq_len": draw(st.integers(1, 64)), "block_size": 16}
 
@@ -80,7 +89,7 @@ def _uniform(draw: st.DrawFn, adapter: Adapter) -> Example:
 def _uniform_default(ctx: Context, example: Example) -> None:
     case = _case(ctx, example)
     seq_len = example["seq_len"]
-    want = {(0, e.src, e.dst): e.nbytes(seq_len) for e in case.plan().edges}
+    want = {(0, e.src, e.dst): e.nbytes(seq_len) for e in spec_plan(ctx.adapter, case).edges}
     got = dict(ctx.adapter.group_bytes(case, seq_len, example["block_size"]))
     expect(
         got == want,
@@ -244,14 +253,7 @@ def _bytes_per_group(ctx: Context, example: Example) -> None:
     case = _case(ctx, example)
     seq_len, block = example["seq_len"], example["block_size"]
     for length in (seq_len, seq_len + 2 * block + 1):
-        plan = plan_groups(
-            case.source,
-            case.target,
-            case.model,
-            seq_len=length,
-            block_size=block,
-            policy=case.policy,
-        )
+        plan = case.group_plan(length, spec_rule(ctx.adapter, case), block_size=block)
         want = plan.bytes_per_edge()
         got = dict(ctx.adapter.group_bytes(case, length, block))
         for key in sorted(set(want) | set(got)):
@@ -363,7 +365,7 @@ def _state_values(group: Any, tp: int, attn_rank: int, layer: int) -> list[tuple
             "block_size": 4,
         },
     ),
-    covers=("STATE-2.1", "STATE-2.2"),
+    covers=("STATE-2.1", "STATE-2.2", "STATE-2.3"),
 )
 def _reads(ctx: Context, example: Example) -> None:
     case = _case(ctx, example)
@@ -373,13 +375,15 @@ def _reads(ctx: Context, example: Example) -> None:
         if group.per_token or not group.parts():
             continue
         layers = model.group_layers(index)
-        expected_dsts = {
-            r.dst for r in plan_state_reads(source, target, model, index, policy=case.policy)
-        }
+        reads = plan_state_reads(
+            source, target, model, index, policy=case.policy, rule=spec_rule(ctx.adapter, case)
+        )
+        expected_dsts = {r.dst for r in reads}
         for dst in sorted(expected_dsts):
             where = target.locate(dst)
             size = state_elements(group, target.attn_tp)
             filled: dict[int, list[Any]] = {}
+            read_from: dict[tuple[int, int], int] = {}  # (layer, element) -> its sender
             for src, layer, src_at, dst_at, length in ctx.adapter.state_reads(case, index, dst):
                 expect(
                     layer in layers,
@@ -404,6 +408,7 @@ def _reads(ctx: Context, example: Example) -> None:
                         "read twice [STATE-2.1]",
                     )
                     mine[dst_at + i] = sender[src_at + i]
+                    read_from[(layer, dst_at + i)] = src
             held = [layer for layer in layers if layer in _layers_of(target, model, dst)]
             for layer in held:
                 want = _state_values(group, target.attn_tp, where.attn_tp_rank, layer)
@@ -420,8 +425,33 @@ def _reads(ctx: Context, example: Example) -> None:
                     "[STATE-2.1, STATE-2.2]",
                 )
                 checked = True
+            _check_senders(case, index, dst, reads, read_from)
     if not checked:
         vacuous()
+
+
+def _check_senders(
+    case: TransferCase,
+    group: int,
+    dst: int,
+    reads: tuple[StateRead, ...],
+    read_from: dict[tuple[int, int], int],
+) -> None:
+    """Every element of receiver ``dst`` came from the sender the plan's policy picks for
+    its unit (the spec's ``reads``, made under the adapter's rule) [STATE-2.3, PLAN-4]."""
+    for r in reads:
+        if r.dst != dst:
+            continue
+        for i in range(r.length):
+            got = read_from.get((r.layer, r.dst_offset + i))
+            expect(
+                got == r.src,
+                f"{case.source.describe()} -> {case.target.describe()}, group {group} "
+                f"{case.model.layer_groups[group].describe()}: receiver {dst} reads part "
+                f"{r.part} of layer {r.layer} (element {r.dst_offset + i}) from source rank "
+                f"{got}, but policy {case.policy!r} picks rank {r.src} of its holders "
+                "[STATE-2.3, PLAN-4]",
+            )
 
 
 def _layers_of(layout: StageLayout, model: ModelShape, rank: int) -> range:

@@ -2,7 +2,7 @@
 
 Models are drawn as small MLA models whose own latent, and a draft MLA group beside it,
 may keep an indexer of 128 or 256 values per token; the expected bytes are the spec's
-group plan (:func:`kvspec.topology.group_plan.plan_groups`).
+group plan (:func:`kvspec.topology.group_plan.plan_groups`), under the adapter's replica rule.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from kvspec.conformance.adapter import Adapter
 from kvspec.conformance.checks import Context, Example, OutsideDomain, check, vacuous
 from kvspec.conformance.checks.expectations import changed_values, expect, expect_refused
+from kvspec.conformance.draws import spec_rule
 from kvspec.conformance.transfer_config import handed
 from kvspec.testing.strategies import TP_SIZES
 from kvspec.topology.case import TransferCase
-from kvspec.topology.group_plan import plan_groups
 from kvspec.topology.groups import FullAttention
 from kvspec.topology.indexer import index_entry_bytes
 from kvspec.topology.model import ModelShape
@@ -85,9 +85,7 @@ def _compare(ctx: Context, example: Example, obligation: str) -> None:
     if case.policy not in ctx.adapter.drawn_policies:
         raise OutsideDomain
     seq_len, block = example["seq_len"], example["block_size"]
-    plan = plan_groups(
-        case.source, case.target, case.model, seq_len=seq_len, block_size=block, policy=case.policy
-    )
+    plan = case.group_plan(seq_len, spec_rule(ctx.adapter, case), block_size=block)
     want = plan.bytes_per_edge()
     got = dict(ctx.adapter.group_bytes(case, seq_len, block))
     for edge in plan.edges:
