@@ -84,6 +84,29 @@ def batch_transfer(
     return None
 
 
+START_TRIES = 8
+"""How many engines a rank starts before it gives up on a free port: the engine picks its
+own RPC and data ports, and another process on the host (a rank of this run or of another)
+can take one between its pick and its bind."""
+
+
+def _started(engine_class: Callable[[], Any]) -> Any:
+    """A Mooncake engine started on 127.0.0.1 over TCP, a fresh one tried again when the
+    port it picked was taken meanwhile ("bind: Address already in use")."""
+    for attempt in range(START_TRIES):
+        engine = engine_class()
+        try:
+            status = engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+        except RuntimeError as error:
+            if "Address already in use" not in str(error) or attempt == START_TRIES - 1:
+                raise
+            continue
+        if status != 0:
+            raise RuntimeError("the Mooncake transfer engine did not start on 127.0.0.1 (tcp)")
+        return engine
+    raise AssertionError("unreachable")
+
+
 class MooncakeEngine:
     """A Mooncake ``TransferEngine`` (:class:`sim.paths.onesided.Engine`)."""
 
@@ -94,9 +117,7 @@ class MooncakeEngine:
         quiet_engines()
         from mooncake.engine import TransferEngine
 
-        self.engine: Any = TransferEngine()
-        if self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
-            raise RuntimeError("the Mooncake transfer engine did not start on 127.0.0.1 (tcp)")
+        self.engine: Any = _started(TransferEngine)
         for address, length in regions:
             if self.engine.register_memory(address, length) != 0:
                 raise RuntimeError(f"Mooncake refused to register {length} bytes of DRAM")

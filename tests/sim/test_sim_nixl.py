@@ -384,3 +384,31 @@ def test_an_allowed_mooncake_run_says_so_in_its_first_line(transport: str) -> No
     )
     nixl = make(4, "write", "nixl", allow_unauthenticated_transport=True)  # nothing to say
     assert SimReport(nixl, [], {}, {}, {}).render().startswith("kvspec sim: ")
+
+
+def test_a_mooncake_engine_whose_port_was_taken_meanwhile_is_started_again() -> None:
+    """The engine picks its own ports; another process can bind one between its pick and
+    its bind (seen as 'bind: Address already in use' with parallel runs): a fresh engine
+    is started, and any other error, or the same one every time, is raised."""
+    starts: list[int] = []
+
+    class Flaky:
+        def __init__(self, taken: int, error: str = "bind: Address already in use") -> None:
+            self.taken, self.error = taken, error
+
+        def initialize(self, *args: str) -> int:
+            starts.append(len(starts))
+            if len(starts) <= self.taken:
+                raise RuntimeError(self.error)
+            return 0
+
+    engine = mooncake._started(lambda: Flaky(taken=2))
+    assert isinstance(engine, Flaky) and len(starts) == 3
+    starts.clear()
+    with pytest.raises(RuntimeError, match="Address already in use"):
+        mooncake._started(lambda: Flaky(taken=mooncake.START_TRIES))
+    assert len(starts) == mooncake.START_TRIES
+    starts.clear()
+    with pytest.raises(RuntimeError, match="no memory"):
+        mooncake._started(lambda: Flaky(taken=1, error="no memory"))
+    assert len(starts) == 1
